@@ -1,0 +1,132 @@
+"""Frozen configuration objects shared by the engine, the command line and the UI.
+
+Every field has a default and is validated on construction, so a bad value fails where it is
+made, with a message that names the field, instead of deep inside the decoding loop.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+MODES = ("triforce", "retrieval", "draft", "autoregressive")
+
+
+class ConfigError(ValueError):
+    """An invalid configuration value (the CLI reports it with exit code 2)."""
+
+
+def _check(cond: bool, message: str) -> None:
+    if not cond:
+        raise ConfigError(message)
+
+
+@dataclass(frozen=True)
+class SamplingConfig:
+    """How a token is drawn from logits.
+
+    temperature == 0 means greedy decoding (argmax); otherwise logits are divided by the
+    temperature, then top-k, then top-p (nucleus) filtering is applied -- the same order as
+    Hugging Face's logits warpers. The same warping is applied to every level's law.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = no top-k filtering
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        _check(self.temperature >= 0.0, f"temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        _check(0.0 < self.top_p <= 1.0, f"top_p must be in (0, 1], got {self.top_p}")
+        _check(self.top_k >= 0, f"top_k must be >= 0 (0 = off), got {self.top_k}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature == 0.0
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """Sizes of the three caches.
+
+    budget         tokens the retrieval level attends to (sink chunk + retrieved chunks + recent tokens)
+    chunk_size     tokens per retrieval chunk; a chunk is represented by the mean of its keys
+    recent_tokens  most recent tokens always kept by the retrieval level (None = budget // 8)
+    refresh_every  re-select chunks after this many committed tokens (0 = only on a new prompt)
+    refresh_acceptance  also re-select when the target's acceptance over the last 4 rounds falls
+                   below this fraction (0 = off)
+    draft_sinks    attention-sink tokens kept by the small draft's StreamingLLM cache
+    draft_window   recent tokens kept by the small draft's StreamingLLM cache
+    prefill_chunk  tokens per forward during prefill (bounds attention memory to O(chunk * L))
+    """
+
+    budget: int = 4096
+    chunk_size: int = 8
+    recent_tokens: int | None = None
+    refresh_every: int = 256
+    refresh_acceptance: float = 0.5
+    draft_sinks: int = 16
+    draft_window: int = 240
+    prefill_chunk: int = 1024
+
+    def __post_init__(self) -> None:
+        _check(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
+        _check(
+            self.budget >= 3 * self.chunk_size,
+            f"budget ({self.budget}) must be at least 3 chunks ({3 * self.chunk_size} tokens): "
+            "the sink chunk, one retrieved chunk and the recent tokens",
+        )
+        _check(
+            self.recent_tokens is None or 1 <= self.recent_tokens <= self.budget - 2 * self.chunk_size,
+            f"recent_tokens must be in [1, budget - 2*chunk_size = {self.budget - 2 * self.chunk_size}], "
+            f"got {self.recent_tokens}",
+        )
+        _check(self.refresh_every >= 0, f"refresh_every must be >= 0, got {self.refresh_every}")
+        _check(0.0 <= self.refresh_acceptance <= 1.0, "refresh_acceptance must be in [0, 1]")
+        _check(self.draft_sinks >= 0, f"draft_sinks must be >= 0, got {self.draft_sinks}")
+        _check(self.draft_window >= 1, f"draft_window must be >= 1, got {self.draft_window}")
+        _check(self.prefill_chunk >= 1, f"prefill_chunk must be >= 1, got {self.prefill_chunk}")
+
+    @property
+    def recent(self) -> int:
+        """Recent tokens the retrieval level keeps verbatim (whole chunks, at least one)."""
+        if self.recent_tokens is not None:
+            return self.recent_tokens
+        return max(self.chunk_size, (self.budget // 8) // self.chunk_size * self.chunk_size)
+
+
+@dataclass(frozen=True)
+class SpeculationConfig:
+    """Which levels run and how far each one speculates.
+
+    gamma1  tokens the small draft proposes before the retrieval level verifies them (triforce)
+    gamma2  tokens the full target verifies per round (every speculative mode)
+    """
+
+    mode: str = "triforce"
+    gamma1: int = 2
+    gamma2: int = 6
+    max_new_tokens: int = 128
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
+        _check(self.gamma1 >= 1, f"gamma1 must be >= 1, got {self.gamma1}")
+        _check(self.gamma2 >= 1, f"gamma2 must be >= 1, got {self.gamma2}")
+        _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def uses_draft_model(self) -> bool:
+        return self.mode in ("triforce", "draft")
+
+    @property
+    def uses_retrieval(self) -> bool:
+        return self.mode in ("triforce", "retrieval")
+
+
+@dataclass(frozen=True)
+class GenerationConfig:
+    """Everything one call of `TriForceEngine.generate` needs besides the prompt."""
+
+    sampling: SamplingConfig = field(default_factory=SamplingConfig)
+    speculation: SpeculationConfig = field(default_factory=SpeculationConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)

@@ -1,0 +1,158 @@
+"""The Python entry point: `TriForceEngine`.
+
+    engine = TriForceEngine.from_pretrained("meta-llama/Llama-3.1-8B-Instruct",
+                                            draft="meta-llama/Llama-3.2-1B-Instruct")
+    for event in engine.generate(engine.encode("..."), GenerationConfig()):
+        ...  # Prefilled, ChunksSelected, Drafted, Verified, Committed, ..., Finished
+
+`generate` is a generator of events (see `triforce_core.events`); close it to stop. `run`
+collects one generation into a `GenerationResult`; `run_samples` draws several independent
+samples of one prompt and prefills it only once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterator, Sequence
+
+import torch
+
+from .config import GenerationConfig
+from .events import Committed, Event, Finished, GenerationStats, Prefilled
+from .loading import LoadedModel, check_pair, load_model, resolve_device, resolve_dtype
+from .model import DecoderModel
+from .speculation import Decoder, make_generator
+
+
+class ContextLengthError(ValueError):
+    """Prompt + new tokens exceed the target's context window."""
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    token_ids: list[int]  # generated tokens only
+    levels: list[str]  # levels[i] = level that proposed token_ids[i]
+    text: str
+    stats: GenerationStats
+
+    def as_dict(self) -> dict:
+        return {"token_ids": self.token_ids, "levels": self.levels, "text": self.text}
+
+
+class TriForceEngine:
+    """A target model, an optional small draft sharing its vocabulary, and the tokenizer."""
+
+    def __init__(
+        self,
+        target: DecoderModel,
+        draft: DecoderModel | None = None,
+        tokenizer=None,
+        eos_token_ids: Sequence[int] = (),
+    ):
+        self.target = target
+        self.draft = draft
+        self.tokenizer = tokenizer
+        self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+
+    @classmethod
+    def from_pretrained(
+        cls, target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto"
+    ) -> "TriForceEngine":
+        """Load from hub ids or local folders. Raises ModelLoadError for missing/incompatible models."""
+        dev = resolve_device(device)
+        dt = resolve_dtype(dtype, dev)
+        t: LoadedModel = load_model(target, dev, dt)
+        d = None
+        if draft is not None:
+            d = load_model(draft, dev, dt)
+            check_pair(t, d)
+        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids)
+
+    # -- text ------------------------------------------------------------------------------
+    def encode(self, text: str) -> list[int]:
+        if self.tokenizer is None:
+            raise ValueError("this model has no tokenizer; pass token ids instead of text")
+        return list(self.tokenizer.encode(text))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        if self.tokenizer is None:
+            return ""
+        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+
+    @property
+    def context_window(self) -> int:
+        return self.target.spec.max_position_embeddings
+
+    # -- generation ------------------------------------------------------------------------
+    def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
+        spec = config.speculation
+        n = len(prompt_ids)
+        if n == 0:
+            raise ValueError("the prompt is empty")
+        vocab = self.target.vocab_size
+        bad = [i for i in prompt_ids if not 0 <= int(i) < vocab]
+        if bad:
+            raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        if n + spec.max_new_tokens > self.context_window:
+            raise ContextLengthError(
+                f"prompt ({n} tokens) + max_new_tokens ({spec.max_new_tokens}) = {n + spec.max_new_tokens} "
+                f"exceeds the target's context window of {self.context_window} tokens"
+            )
+        if spec.uses_draft_model and self.draft is None:
+            raise ValueError(f"mode {spec.mode!r} needs a small draft model (--draft)")
+        capacity = n + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
+        detok = self.decode if self.tokenizer is not None else None
+        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok)
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig = GenerationConfig(),
+        on_prefill_progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[Event]:
+        """Yield the events of one generation (see `triforce_core.events`)."""
+        generator = make_generator(config.sampling.seed, self.target.device)
+        decoder = self._decoder(prompt_ids, config, generator)
+        prefilled = decoder.prefill([int(i) for i in prompt_ids], on_prefill_progress)
+        yield prefilled
+        if decoder.selection_event is not None:
+            yield decoder.selection_event
+        yield from decoder.run(prefilled)
+
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> GenerationResult:
+        """Generate to the end and collect the result."""
+        return _collect(self.generate(prompt_ids, config))
+
+    def run_samples(
+        self, prompt_ids: Sequence[int], config: GenerationConfig, num_samples: int
+    ) -> list[GenerationResult]:
+        """`num_samples` independent samples; the prompt is prefilled once and restored between samples."""
+        if num_samples < 1:
+            raise ValueError(f"num_samples must be >= 1, got {num_samples}")
+        generator = make_generator(config.sampling.seed, self.target.device)
+        decoder = self._decoder(prompt_ids, config, generator)
+        prefilled = decoder.prefill([int(i) for i in prompt_ids])
+        decoder.mark()
+        results = []
+        for i in range(num_samples):
+            if i:
+                decoder.restore()
+                prefilled = Prefilled(tokens=0, seconds=0.0, reused_tokens=len(prompt_ids))
+            results.append(_collect(decoder.run(prefilled)))
+        return results
+
+
+def _collect(events: Iterator[Event]) -> GenerationResult:
+    ids: list[int] = []
+    levels: list[str] = []
+    text: list[str] = []
+    stats = None
+    for ev in events:
+        if isinstance(ev, Committed):
+            ids += ev.token_ids
+            levels += ev.levels
+            text.append(ev.text)
+        elif isinstance(ev, Finished):
+            stats = ev.stats
+    assert stats is not None, "generation ended without Finished"
+    return GenerationResult(ids, levels, "".join(text), stats)

@@ -1,0 +1,104 @@
+"""The events a generation yields (a contract: the UI and the CLI render only from these).
+
+A generation is a Python generator of these frozen dataclasses, in this order:
+
+    Prefilled, ChunksSelected?, then per round: Drafted/Verified (lower levels first),
+    Committed, ChunksSelected? (after a refresh), ..., and finally Finished.
+
+Levels are named after who *proposed* a token: "draft" (small model + StreamingLLM cache),
+"retrieval" (target weights over the retrieved KV slice) and "target" (the full verifier's own
+token: a residual resample or a bonus). `Verified.level` names the *verifying* level.
+
+To stop a generation, close the generator (`gen.close()`); the engine checks between rounds,
+so a stop takes effect within one round. No `Finished` follows a close.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Union
+
+LEVELS = ("draft", "retrieval", "target")
+
+
+@dataclass(frozen=True)
+class Prefilled:
+    tokens: int  # prompt tokens run through the target in this prefill
+    seconds: float
+    reused_tokens: int = 0  # prompt tokens whose KV was already cached (prefix reuse)
+
+
+@dataclass(frozen=True)
+class ChunksSelected:
+    """Which KV chunks the retrieval level attends to, aggregated over layers and KV heads.
+
+    chunk_token_spans[i] = (start, end) sequence positions of a chunk chosen by at least one
+    (layer, KV head) pair; scores_or_counts[i] = how many pairs chose it (out of
+    `heads_total`). The sink chunk and the recent tokens are always chosen by all pairs.
+    """
+
+    step: int  # round at which the selection was made (0 = after prefill)
+    chunk_size: int
+    chunk_token_spans: tuple[tuple[int, int], ...]
+    scores_or_counts: tuple[int, ...]
+    context_tokens: int = 0  # sequence length the selection was made at
+    budget: int = 0
+    heads_total: int = 0  # layers x KV heads
+    dense: bool = False  # the whole context fit the budget
+
+
+@dataclass(frozen=True)
+class Drafted:
+    level: str  # "draft" or "retrieval": who proposed the tokens
+    token_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Verified:
+    """Outcome of one verification by `level` ("retrieval" or "target")."""
+
+    level: str
+    accepted: int  # proposed tokens accepted (a prefix)
+    rejected_ids: tuple[int, ...]  # proposed tokens discarded (the first one was rejected)
+    resampled_id: int | None  # replacement drawn after a rejection (None if all accepted)
+    proposed: int = 0
+    bonus_id: int | None = None  # extra token drawn when everything was accepted
+
+
+@dataclass(frozen=True)
+class Committed:
+    """Final tokens, in order. levels[i] labels token_ids[i]; text is their decoded text."""
+
+    token_ids: tuple[int, ...]
+    levels: tuple[str, ...]
+    text: str = ""
+
+
+@dataclass(frozen=True)
+class GenerationStats:
+    prompt_tokens: int
+    new_tokens: int
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float
+    rounds: int  # target forwards during decoding
+    mean_accepted: float  # committed tokens per target forward
+    proposed: dict[str, int] = field(default_factory=dict)  # by verifying level
+    accepted: dict[str, int] = field(default_factory=dict)  # by verifying level
+    acceptance: dict[str, float] = field(default_factory=dict)  # accepted / proposed
+    committed_by_level: dict[str, int] = field(default_factory=dict)
+    refreshes: int = 0  # retrieval re-selections after the first
+    stop_reason: str = ""  # "eos" | "max_new_tokens"
+    mode: str = ""
+    reused_tokens: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class Finished:
+    stats: GenerationStats
+
+
+Event = Union[Prefilled, ChunksSelected, Drafted, Verified, Committed, Finished]

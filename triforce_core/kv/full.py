@@ -1,0 +1,57 @@
+"""The target's full KV cache: every token of the sequence at its absolute position."""
+
+from __future__ import annotations
+
+import torch
+
+from .store import KVStore
+
+
+class FullCache(KVStore):
+    """Key index == absolute position, so sliding-window layers can slice the cache.
+
+    Chunk means for retrieval are cached here and recomputed only for chunks that changed:
+    `low_water` records the shortest length the cache was truncated to since the means were
+    last brought up to date.
+    """
+
+    exact_positions = True
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.low_water = 0
+        self._means: torch.Tensor | None = None  # [L, Hkv, n_chunks_max, D] float32
+        self._means_chunk = 0
+        self._means_valid = 0  # chunks whose mean is up to date
+
+    def view(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        t, s = self.length, k_new.shape[1]
+        self.k[layer, :, t : t + s] = k_new
+        self.v[layer, :, t : t + s] = v_new
+        start = 0 if window is None else max(0, t - window + 1)
+        return self.k[layer, :, start : t + s], self.v[layer, :, start : t + s], start
+
+    def truncate(self, length: int) -> None:
+        super().truncate(length)
+        self.low_water = min(self.low_water, length)
+
+    def chunk_means(self, chunk_size: int, n_chunks: int) -> torch.Tensor:
+        """Mean post-rope key of chunks [0, n_chunks): [L, Hkv, n_chunks, D] float32."""
+        if n_chunks * chunk_size > self.length:
+            raise ValueError("chunk_means beyond the cached tokens")
+        L, Hkv, cap, D = self.k.shape
+        if self._means is None or self._means_chunk != chunk_size:
+            self._means = torch.zeros((L, Hkv, cap // chunk_size, D), dtype=torch.float32, device=self.k.device)
+            self._means_chunk = chunk_size
+            self._means_valid = 0
+        valid = min(self._means_valid, self.low_water // chunk_size)
+        if n_chunks > valid:
+            seg = self.k[:, :, valid * chunk_size : n_chunks * chunk_size]
+            seg = seg.reshape(L, Hkv, n_chunks - valid, chunk_size, D)
+            self._means[:, :, valid:n_chunks] = seg.float().mean(dim=3)
+            valid = n_chunks
+        self._means_valid = valid
+        self.low_water = self.length
+        return self._means[:, :, :n_chunks]

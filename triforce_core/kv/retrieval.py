@@ -1,0 +1,105 @@
+"""The retrieval level's cache: the target's own keys/values, a budget-sized slice of them.
+
+Layout after a selection at sequence length T (all keys post-rope, so each keeps its position):
+
+    [ sink chunk | top-k chunks, per layer and KV head | recent tokens r0..T | committed since | speculative ]
+
+Selection: the full cache is cut into chunks of `chunk_size` tokens, each represented by the
+mean of its keys. For every layer the current queries score every candidate chunk; with
+grouped-query attention the scores of the G query heads sharing a KV head are softmaxed per
+query head over the chunks and summed over the group (an estimate of the attention mass that
+KV head receives). The top-k chunks per (layer, KV head) are gathered. The first chunk
+(attention sink) and the most recent tokens are always kept. When the whole sequence fits the
+budget, the selection is the whole cache (the retrieval level is then the exact target).
+
+After selection, committed tokens are appended by copying their keys/values from the full
+cache (exact, full-attention KV), never recomputed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .full import FullCache
+from .store import KVStore
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What one selection chose. Token spans are [start, end) sequence positions."""
+
+    upto: int  # sequence length the selection was made at
+    chunk_size: int
+    dense: bool  # True when everything fit the budget
+    recent_start: int  # tokens [recent_start, upto) are always kept
+    chunk_counts: torch.Tensor  # [n_chunks] int64: how many (layer, KV head) pairs chose each chunk
+    chunk_ids: torch.Tensor | None  # [L, Hkv, k] chosen chunk indices (None when dense)
+
+    def spans(self) -> list[tuple[int, int, int]]:
+        """(start, end, count) of every chunk chosen by at least one (layer, KV head) pair."""
+        counts = self.chunk_counts.tolist()
+        c = self.chunk_size
+        return [(i * c, min((i + 1) * c, self.upto), n) for i, n in enumerate(counts) if n > 0]
+
+
+class RetrievalCache(KVStore):
+    def __init__(self, full: FullCache, budget: int, chunk_size: int, recent: int, room: int):
+        L, Hkv, _, D = full.k.shape
+        super().__init__(L, Hkv, D, budget + room, full.k.dtype, full.k.device)
+        self.full = full
+        self.budget = budget
+        self.chunk_size = chunk_size
+        self.recent = recent
+        self.selection: Selection | None = None
+
+    def select(self, queries: torch.Tensor, upto: int) -> Selection:
+        """Rebuild the cache from full[:upto] using queries [L, H, D] (post-rope, one position)."""
+        full, C = self.full, self.chunk_size
+        L, Hkv, _, D = full.k.shape
+        if upto > full.length:
+            raise ValueError(f"cannot select over {upto} tokens; the full cache holds {full.length}")
+        n_chunks = (upto + C - 1) // C
+        r0 = max(C, upto - self.recent) // C * C  # recent tokens start on a chunk boundary
+        n_recent = upto - r0
+        k = (self.budget - C - n_recent) // C  # chunks to retrieve among [1, r0 / C)
+        n_cand = r0 // C - 1
+        if upto <= self.budget or k >= n_cand:
+            self.k[:, :, :upto] = full.k[:, :, :upto]
+            self.v[:, :, :upto] = full.v[:, :, :upto]
+            self.length = upto
+            counts = torch.full((n_chunks,), L * Hkv, dtype=torch.long)
+            self.selection = Selection(upto, C, True, 0, counts, None)
+            return self.selection
+        # 1. Score the candidate chunks with the current queries.
+        means = full.chunk_means(C, r0 // C)[:, :, 1:]  # [L, Hkv, n_cand, D]
+        H = queries.shape[1]
+        q = queries.float().reshape(L, Hkv, H // Hkv, D)  # [L, Hkv, G, D]
+        scores = torch.einsum("lhgd,lhcd->lhgc", q, means) * D**-0.5  # [L, Hkv, G, n_cand]
+        mass = scores.softmax(dim=-1).sum(dim=2)  # [L, Hkv, n_cand]
+        # 2. Top-k chunks per (layer, KV head), kept in sequence order.
+        top = mass.topk(k, dim=-1).indices.sort(dim=-1).values + 1  # [L, Hkv, k] chunk ids
+        # 3. Gather: sink chunk, chosen chunks, recent tokens.
+        li = torch.arange(L, device=top.device)[:, None, None]
+        hi = torch.arange(Hkv, device=top.device)[None, :, None]
+        n_sel = k * C
+        for src, dst in ((full.k, self.k), (full.v, self.v)):
+            chunks = src[:, :, :r0].view(L, Hkv, r0 // C, C, D)
+            dst[:, :, :C] = src[:, :, :C]
+            dst[:, :, C : C + n_sel] = chunks[li, hi, top].reshape(L, Hkv, n_sel, D)
+            dst[:, :, C + n_sel : C + n_sel + n_recent] = src[:, :, r0:upto]
+        self.length = C + n_sel + n_recent
+        counts = torch.bincount(top.flatten().cpu(), minlength=n_chunks)
+        counts[0] = L * Hkv
+        counts[r0 // C :] = L * Hkv
+        self.selection = Selection(upto, C, False, r0, counts, top)
+        return self.selection
+
+    def append_from_full(self, start: int, end: int) -> None:
+        """Append the full cache's exact keys/values of sequence positions [start, end)."""
+        n = end - start
+        self.reserve(n)
+        self.k[:, :, self.length : self.length + n] = self.full.k[:, :, start:end]
+        self.v[:, :, self.length : self.length + n] = self.full.v[:, :, start:end]
+        self.length += n

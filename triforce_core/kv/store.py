@@ -1,0 +1,74 @@
+"""Preallocated key/value storage with an explicit length.
+
+All layers live in two tensors, k and v, of shape [L, Hkv, capacity, D]. Writing a token is an
+indexed copy; rolling back after a rejected speculation is setting `length`. Nothing here ever
+grows a tensor with `torch.cat`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class CacheFullError(RuntimeError):
+    """A forward would write past the preallocated capacity."""
+
+
+class KVStore:
+    """K/V for every layer of one model: k, v: [L, Hkv, capacity, D]; slots [0, length) valid."""
+
+    exact_positions = False  # key index == absolute position (FullCache only)
+
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        capacity: int,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        if capacity < 1:
+            raise ValueError(f"cache capacity must be >= 1, got {capacity}")
+        shape = (num_layers, num_kv_heads, capacity, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.capacity = capacity
+        self.length = 0
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.length
+
+    def nbytes(self) -> int:
+        return 2 * self.k.numel() * self.k.element_size()
+
+    def reserve(self, n: int) -> None:
+        """Fail before a forward of n tokens that would not fit."""
+        if self.length + n > self.capacity:
+            raise CacheFullError(
+                f"{type(self).__name__} holds {self.length} of {self.capacity} tokens; "
+                f"cannot add {n} more"
+            )
+
+    def view(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """Write k_new/v_new [Hkv, S, D] after the cached tokens; return keys/values [Hkv, T, D]."""
+        t, s = self.length, k_new.shape[1]
+        self.k[layer, :, t : t + s] = k_new
+        self.v[layer, :, t : t + s] = v_new
+        return self.k[layer, :, : t + s], self.v[layer, :, : t + s], 0
+
+    def advance(self, n: int) -> None:
+        self.length += n
+
+    def truncate(self, length: int) -> None:
+        """Roll back to `length` tokens: O(1), the data past it is simply ignored."""
+        if not 0 <= length <= self.length:
+            raise ValueError(f"cannot truncate a cache of {self.length} tokens to {length}")
+        self.length = length
+
+    def positions(self, logical_start: int, n: int) -> torch.Tensor:
+        """Rotary positions of n new tokens whose sequence index starts at logical_start."""
+        return torch.arange(logical_start, logical_start + n, device=self.k.device)

@@ -1,0 +1,62 @@
+"""StreamingLLM cache for the small draft: attention sinks plus a recent window.
+
+Keys are stored rotated with their *slot* index as position, so positions are re-based inside
+the cache and never exceed sinks + window + slack: a draft trained on a short context keeps
+working at any sequence length. When the window part outgrows window + slack, `compact` moves
+the newest `window` tokens next to the sinks and re-rotates their keys by the shift
+(rotations compose: R(p - s) = R(-s) R(p)). Compaction runs only between rounds, on committed
+tokens, so rolling back a rejected speculation never reaches evicted tokens.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..model import Rotary, apply_rotary
+from .store import KVStore
+
+
+class StreamingCache(KVStore):
+    def __init__(
+        self,
+        num_layers: int,
+        num_kv_heads: int,
+        head_dim: int,
+        sinks: int,
+        window: int,
+        margin: int,
+        rotary: Rotary,
+        dtype: torch.dtype,
+        device: torch.device,
+    ):
+        self.sinks = sinks
+        self.window = window
+        self.slack = max(16, window // 4)
+        self.margin = margin
+        self.rotary = rotary
+        super().__init__(num_layers, num_kv_heads, head_dim, sinks + window + self.slack + margin, dtype, device)
+        self.evicted = 0  # tokens dropped from the middle so far
+
+    def positions(self, logical_start: int, n: int) -> torch.Tensor:
+        # Re-based: a token's position is its slot in the cache, whatever its sequence index.
+        return torch.arange(self.length, self.length + n, device=self.k.device)
+
+    @property
+    def room(self) -> int:
+        """Tokens that can be fed before the next compaction is required."""
+        return self.sinks + self.window + self.slack - self.length
+
+    def compact(self, force: bool = False) -> None:
+        """Evict the middle so that sinks + the newest `window` tokens remain."""
+        keep_from = self.length - self.window
+        if keep_from <= self.sinks:
+            return
+        if not force and self.length <= self.sinks + self.window + self.slack:
+            return
+        shift = keep_from - self.sinks
+        cos, sin = self.rotary.cos_sin(torch.tensor([-shift], device=self.k.device), self.k.dtype, scaled=False)
+        moved = apply_rotary(self.k[:, :, keep_from : self.length].clone(), cos, sin)
+        self.k[:, :, self.sinks : self.sinks + self.window] = moved
+        self.v[:, :, self.sinks : self.sinks + self.window] = self.v[:, :, keep_from : self.length].clone()
+        self.length = self.sinks + self.window
+        self.evicted += shift

@@ -1,0 +1,141 @@
+"""Hub id or local folder -> (model, tokenizer), with device/dtype choice and compatibility checks.
+
+Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (safetensors or
+PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
+`DecoderModel` and the transformers module is dropped.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from .model import DecoderModel, ModelSpec, UnsupportedModelError
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model could not be loaded or the pair is incompatible (one-line message)."""
+
+
+@dataclass
+class LoadedModel:
+    model: DecoderModel
+    tokenizer: Any | None  # a transformers tokenizer, or None when the folder has none
+    eos_token_ids: frozenset[int]
+    name: str
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if device not in ("cpu", "cuda") and not device.startswith("cuda:"):
+        raise ModelLoadError(f"unknown device {device!r}: use auto, cpu or cuda")
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ModelLoadError("device cuda requested but CUDA is not available (this PyTorch build or machine has no GPU)")
+    return torch.device(device)
+
+
+def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
+    """auto = bfloat16 on CUDA, float32 on CPU (CPU attention is several times faster in float32)."""
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in DTYPES:
+        raise ModelLoadError(f"unknown dtype {dtype!r}: use auto, {', '.join(DTYPES)}")
+    return DTYPES[dtype]
+
+
+def _looks_like_path(name: str) -> bool:
+    return (
+        os.path.exists(name)
+        or name.startswith((".", "/", "~"))
+        or name.count("/") > 1
+        or (os.sep != "/" and os.sep in name)
+    )
+
+
+def _check_source(name: str) -> str:
+    if _looks_like_path(name):
+        path = os.path.expanduser(name)
+        if not os.path.isdir(path):
+            raise ModelLoadError(f"model folder not found: {name}")
+        if not os.path.isfile(os.path.join(path, "config.json")):
+            raise ModelLoadError(f"{name} is not a Hugging Face model folder (no config.json)")
+        return path
+    return name
+
+
+def load_config(name: str) -> Any:
+    from transformers import AutoConfig
+
+    source = _check_source(name)
+    try:
+        return AutoConfig.from_pretrained(source)
+    except (OSError, ValueError, KeyError) as e:
+        raise ModelLoadError(f"cannot read the config of {name}: {_first_line(e)}") from e
+
+
+def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """Load one checkpoint. Raises ModelLoadError with a one-line reason."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    source = _check_source(name)
+    config = load_config(name)
+    try:
+        ModelSpec.from_config(config)  # fail before reading gigabytes of weights
+    except UnsupportedModelError as e:
+        raise ModelLoadError(f"{name}: {e}") from e
+    # transformers logs advisory warnings (e.g. about generation flags) while loading.
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+    except (OSError, ValueError, RuntimeError) as e:
+        raise ModelLoadError(f"cannot load the weights of {name}: {_first_line(e)}") from e
+    state = {k: v.detach() for k, v in hf.state_dict().items()}
+    eos: set[int] = set()
+    for source_cfg in (getattr(hf, "generation_config", None), config):
+        ids = getattr(source_cfg, "eos_token_id", None) if source_cfg is not None else None
+        if ids is not None:
+            eos.update([ids] if isinstance(ids, int) else ids)
+    try:
+        model = DecoderModel(config, state, device, dtype)
+    except (UnsupportedModelError, KeyError) as e:
+        raise ModelLoadError(f"{name}: unsupported checkpoint layout ({_first_line(e)})") from e
+    del hf, state
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError, TypeError):
+        tokenizer = None
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        eos.add(int(tokenizer.eos_token_id))
+    return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
+
+
+def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
+    """The small draft must share the target's vocabulary (token id -> string)."""
+    tt, dt = target.tokenizer, draft.tokenizer
+    if tt is not None and dt is not None:
+        tv, dv = tt.get_vocab(), dt.get_vocab()
+        if tv != dv:
+            differ = sum(1 for tok, i in tv.items() if dv.get(tok) != i) + sum(1 for tok in dv if tok not in tv)
+            raise ModelLoadError(
+                f"draft {draft.name} has a different vocabulary from target {target.name} "
+                f"({len(dv)} vs {len(tv)} tokens, {differ} entries differ); the draft must share the target's tokenizer"
+            )
+    elif target.model.vocab_size != draft.model.vocab_size:
+        raise ModelLoadError(
+            f"draft {draft.name} has vocabulary size {draft.model.vocab_size}, target {target.name} has "
+            f"{target.model.vocab_size}; the draft must share the target's tokenizer"
+        )
+    if draft.model.device != target.model.device:
+        raise ModelLoadError("draft and target must be on the same device")
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]

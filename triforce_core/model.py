@@ -1,0 +1,314 @@
+"""A small Llama-family decoder that runs over an explicit cache.
+
+Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
+window), and Qwen2 (q/k/v bias, tied embeddings); multi-head and grouped-query attention.
+The weights come from a Hugging Face checkpoint; Hugging Face's own model is the test oracle.
+
+Why our own forward: TriForce runs the *same* target weights against two different caches (the
+full cache and the retrieval cache), so the cache must be an argument of the forward, not state
+on a module; and the small draft's StreamingLLM cache needs positions re-based inside the cache.
+
+The cache protocol (see `triforce_core.kv`): before a forward of S new tokens the caller checks
+capacity; for each layer the forward calls `cache.view(layer, k_new, v_new, window)`, which
+writes the new keys/values after the cached ones and returns what the new queries attend to,
+the new tokens last; after the last layer it calls `cache.advance(S)`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+import torch.nn.functional as F
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+
+
+class UnsupportedModelError(ValueError):
+    """The checkpoint's architecture is outside what this decoder implements."""
+
+
+class AttentionCache(Protocol):
+    """What the forward needs from a cache (FullCache, RetrievalCache, StreamingCache)."""
+
+    length: int
+    exact_positions: bool  # key index == absolute position (needed for sliding windows)
+
+    def view(
+        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
+    ) -> tuple[torch.Tensor, torch.Tensor, int]: ...
+
+    def advance(self, n: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """The architecture numbers the forward needs, read from a transformers config."""
+
+    model_type: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    max_position_embeddings: int
+    rope_type: str
+    sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        """Bytes of K and V one token occupies in a float32 cache (x element size / 4 otherwise)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+
+    @classmethod
+    def from_config(cls, config: Any) -> "ModelSpec":
+        model_type = getattr(config, "model_type", None)
+        if model_type not in SUPPORTED_MODEL_TYPES:
+            raise UnsupportedModelError(
+                f"unsupported architecture {model_type!r}: supported are {', '.join(SUPPORTED_MODEL_TYPES)} "
+                "(Llama-family decoders)"
+            )
+        act = getattr(config, "hidden_act", "silu")
+        if act != "silu":
+            raise UnsupportedModelError(f"unsupported activation {act!r}: only SwiGLU (silu) is implemented")
+        num_heads = config.num_attention_heads
+        num_kv = getattr(config, "num_key_value_heads", None) or num_heads
+        if num_heads % num_kv:
+            raise UnsupportedModelError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}")
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
+        rope = getattr(config, "rope_parameters", None) or {}
+        rope_type = rope.get("rope_type", "default")
+        if rope_type not in ("default", "linear", "dynamic", "yarn", "llama3", "longrope"):
+            raise UnsupportedModelError(f"unsupported rope type {rope_type!r}")
+        if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
+            raise UnsupportedModelError("partial rotary embeddings are not supported")
+        n_layers = config.num_hidden_layers
+        windows: list[int | None] = [None] * n_layers
+        layer_types = getattr(config, "layer_types", None)
+        sliding = getattr(config, "sliding_window", None)
+        if sliding is not None:
+            if layer_types is not None:
+                windows = [sliding if t == "sliding_attention" else None for t in layer_types]
+            else:
+                windows = [sliding] * n_layers
+        return cls(
+            model_type=model_type,
+            vocab_size=config.vocab_size,
+            hidden_size=config.hidden_size,
+            num_layers=n_layers,
+            num_heads=num_heads,
+            num_kv_heads=num_kv,
+            head_dim=head_dim,
+            rms_norm_eps=config.rms_norm_eps,
+            max_position_embeddings=config.max_position_embeddings,
+            rope_type=rope_type,
+            sliding_windows=tuple(windows),
+        )
+
+
+class Rotary:
+    """Rotary position embeddings; inverse frequencies from transformers' rope utilities."""
+
+    def __init__(self, config: Any, spec: ModelSpec, device: torch.device):
+        self.config = config
+        self.spec = spec
+        self.device = device
+        self.rope_type = spec.rope_type
+        if spec.rope_type == "default":
+            base = config.rope_parameters["rope_theta"]
+            dim = spec.head_dim
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
+        self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
+        self.scaling = float(scaling)
+        self._long: tuple[torch.Tensor, float] | None = None
+
+    def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
+        """Dynamic types depend on the sequence length seen by the forward (as in transformers)."""
+        original = self.spec.max_position_embeddings
+        seq_len = max_position + 1
+        if self.rope_type == "dynamic" and seq_len > original:
+            inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len)
+            return inv.to(self.device, torch.float), float(scaling)
+        if self.rope_type == "longrope":
+            orig = self.config.rope_parameters.get("original_max_position_embeddings", original)
+            if seq_len > orig:
+                if self._long is None:
+                    inv, scaling = ROPE_INIT_FUNCTIONS["longrope"](self.config, self.device, seq_len=orig + 1)
+                    self._long = (inv.to(self.device, torch.float), float(scaling))
+                return self._long
+        return self.inv_freq, self.scaling
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [S] int64 -> cos, sin: [S, head_dim] in `dtype`."""
+        inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
+        freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
+        s = scaling if scaled else 1.0
+        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [..., S, D]; cos/sin: [S, D]."""
+    return x * cos + rotate_half(x) * sin
+
+
+@dataclass
+class ForwardOutput:
+    logits: torch.Tensor | None  # [R, V] float32 for the requested rows
+    queries: torch.Tensor | None  # [L, S, H, D] post-rope queries when captured
+
+
+@dataclass
+class _Layer:
+    attn_norm: torch.Tensor  # [hidden]
+    wqkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
+    bqkv: torch.Tensor | None  # [(H + 2*Hkv) * D]
+    wo: torch.Tensor  # [hidden, H * D]
+    mlp_norm: torch.Tensor  # [hidden]
+    w_gate_up: torch.Tensor  # [2 * I, hidden]
+    w_down: torch.Tensor  # [hidden, I]
+
+
+class DecoderModel:
+    """Llama-family weights plus a forward over an explicit cache. No state besides weights."""
+
+    def __init__(self, config: Any, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+        self.config = config
+        self.spec = ModelSpec.from_config(config)
+        self.device = device
+        self.dtype = dtype
+        s = self.spec
+        get = lambda name: state[name].to(device=device, dtype=dtype)  # noqa: E731
+        self.embed = get("model.embed_tokens.weight")  # [V, hidden]
+        self.lm_head = get("lm_head.weight") if "lm_head.weight" in state else self.embed
+        self.final_norm = get("model.norm.weight")
+        self.layers: list[_Layer] = []
+        for i in range(s.num_layers):
+            p = f"model.layers.{i}."
+            a = p + "self_attn."
+            wqkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")])
+            bqkv = None
+            if a + "q_proj.bias" in state:
+                bqkv = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
+            if a + "o_proj.bias" in state:
+                raise UnsupportedModelError("an output-projection bias is not supported")
+            self.layers.append(
+                _Layer(
+                    attn_norm=get(p + "input_layernorm.weight"),
+                    wqkv=wqkv,
+                    bqkv=bqkv,
+                    wo=get(a + "o_proj.weight"),
+                    mlp_norm=get(p + "post_attention_layernorm.weight"),
+                    w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
+                    w_down=get(p + "mlp.down_proj.weight"),
+                )
+            )
+        self.rotary = Rotary(config, s, device)
+        self.scale = s.head_dim**-0.5
+
+    @property
+    def vocab_size(self) -> int:
+        return self.lm_head.shape[0]
+
+    def weight_bytes(self) -> int:
+        tensors = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        for layer in self.layers:
+            tensors += [t for t in vars(layer).values() if t is not None]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        # Same arithmetic as transformers' LlamaRMSNorm: statistics in float32.
+        xf = x.to(torch.float32)
+        xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        return weight * xf.to(x.dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: AttentionCache,
+        logits_rows: slice | None = slice(None),
+        capture_queries: bool = False,
+    ) -> ForwardOutput:
+        """Run S new tokens through the model, appending their keys/values to `cache`.
+
+        input_ids: [S] int64; positions: [S] int64 rotary positions of the new tokens.
+        logits_rows: which rows to project to the vocabulary (None = none, e.g. in prefill).
+        Returns logits [R, V] in float32 and, when asked, the post-rope queries [L, S, H, D].
+        """
+        s = self.spec
+        S = input_ids.shape[0]
+        H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
+        G = H // Hkv
+        x = self.embed[input_ids]  # [S, hidden]
+        cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
+        masks: dict[tuple[int, int, int | None], torch.Tensor | None] = {}
+        queries = [] if capture_queries else None
+        for i, layer in enumerate(self.layers):
+            h = self._rms_norm(x, layer.attn_norm)
+            qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [S, (H + 2Hkv) * D]
+            q = qkv[:, : H * D].view(S, H, D).transpose(0, 1)  # [H, S, D]
+            k = qkv[:, H * D : (H + Hkv) * D].view(S, Hkv, D).transpose(0, 1)  # [Hkv, S, D]
+            v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)  # [Hkv, S, D]
+            q = apply_rotary(q, cos, sin)
+            k = apply_rotary(k, cos, sin)
+            if queries is not None:
+                queries.append(q.transpose(0, 1))  # [S, H, D]
+            window = s.sliding_windows[i]
+            keys, values, key_start = cache.view(i, k, v, window)  # [Hkv, T, D], new tokens last
+            T = keys.shape[1]
+            mask_key = (T, key_start, window if cache.exact_positions else None)
+            if mask_key not in masks:
+                masks[mask_key] = _attention_mask(S, T, key_start, mask_key[2], G, x.device)
+            mask = masks[mask_key]
+            # Grouped-query attention without copying the cache: the G query heads that share a
+            # KV head are folded into the query-length dimension.
+            qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
+            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
+            out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
+            x = x + F.linear(out, layer.wo)
+            h = self._rms_norm(x, layer.mlp_norm)
+            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+        cache.advance(S)
+        logits = None
+        if logits_rows is not None:
+            xr = self._rms_norm(x[logits_rows], self.final_norm)
+            logits = F.linear(xr, self.lm_head).float()
+        q_out = torch.stack(queries) if queries is not None else None
+        return ForwardOutput(logits=logits, queries=q_out)
+
+
+def _attention_mask(
+    S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device
+) -> torch.Tensor | None:
+    """Boolean mask [G*S, T] (True = attend) for S new queries against T keys, the new ones last.
+
+    Every cached key is in the past of every new query; among the new tokens attention is
+    causal. With a sliding window (only for caches whose key index is the absolute position,
+    key_start being the first key's position), query i at position P_i sees keys > P_i - window.
+    Returns None when nothing needs masking (a single query without window cut).
+    """
+    past = T - S
+    q_idx = torch.arange(S, device=device)[:, None]  # [S, 1]
+    k_idx = torch.arange(T, device=device)[None, :]  # [1, T]
+    visible = k_idx <= past + q_idx
+    if window is not None:
+        q_pos = key_start + past + q_idx
+        visible = visible & (key_start + k_idx > q_pos - window)
+    if bool(visible.all()):
+        return None
+    return visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries

@@ -1,0 +1,104 @@
+"""From logits to laws, and the two verification rules of speculative decoding.
+
+Names follow the papers: p is the verifier's law (the level whose output must be reproduced
+exactly), q the proposer's law, gamma the number of proposed tokens.
+
+Stochastic verification (Leviathan et al. 2023; Chen et al. 2023): proposed token x_i ~ q_i is
+accepted with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection a replacement is
+drawn from the residual norm(max(0, p_i - q_i)) and the rest is discarded; when all gamma are
+accepted a bonus token is drawn from p_gamma. The output then follows p exactly, whatever q is,
+provided each x_i was really drawn from q_i.
+
+Greedy verification: accept while x_i == argmax p_i; then emit argmax p at the first mismatch
+(or the bonus position). The output then equals greedy decoding of the verifier.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .config import SamplingConfig
+
+
+def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:
+    """logits [..., V] -> probabilities [..., V] after temperature, top-k, top-p (in that order).
+
+    The same function produces every level's law, so p and q are warped identically.
+    Must not be called for greedy decoding (temperature 0).
+    """
+    if cfg.greedy:
+        raise ValueError("warp() is for sampling; greedy decoding uses argmax")
+    x = logits.float() / cfg.temperature
+    if cfg.top_k and cfg.top_k < x.shape[-1]:
+        kth = torch.topk(x, cfg.top_k, dim=-1).values[..., -1:]
+        x = x.masked_fill(x < kth, float("-inf"))
+    if cfg.top_p < 1.0:
+        # Keep the smallest set of most likely tokens whose mass reaches top_p (at least one),
+        # as transformers' TopPLogitsWarper: drop tokens whose ascending cumulative mass <= 1 - top_p.
+        sorted_x, order = torch.sort(x, dim=-1, descending=False)
+        cum = sorted_x.softmax(dim=-1).cumsum(dim=-1)
+        drop_sorted = cum <= 1.0 - cfg.top_p
+        drop_sorted[..., -1] = False
+        drop = drop_sorted.scatter(-1, order, drop_sorted)
+        x = x.masked_fill(drop, float("-inf"))
+    return x.softmax(dim=-1)
+
+
+def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
+    """Draw one token id from probs [V]."""
+    return int(torch.multinomial(probs, 1, generator=generator))
+
+
+@dataclass(frozen=True)
+class VerifyResult:
+    """Outcome of verifying gamma proposed tokens.
+
+    accepted   how many proposed tokens were accepted (a prefix)
+    token      the verifier's own next token: a residual resample after a rejection, or the
+               bonus token when all were accepted
+    bonus      True when `token` is the bonus (everything accepted)
+    """
+
+    accepted: int
+    token: int
+    bonus: bool
+
+
+def verify_greedy(draft_tokens: list[int], p_logits: torch.Tensor) -> VerifyResult:
+    """draft_tokens: gamma ids; p_logits: [gamma + 1, V] verifier logits at each position."""
+    target = p_logits.argmax(dim=-1).tolist()  # [gamma + 1]
+    n = 0
+    while n < len(draft_tokens) and draft_tokens[n] == target[n]:
+        n += 1
+    return VerifyResult(accepted=n, token=target[n], bonus=n == len(draft_tokens))
+
+
+def verify_stochastic(
+    draft_tokens: list[int],
+    q: torch.Tensor,
+    p: torch.Tensor,
+    generator: torch.Generator | None,
+) -> VerifyResult:
+    """Speculative sampling.
+
+    draft_tokens: gamma ids, each drawn from the matching row of q.
+    q: [gamma, V] proposer law; p: [gamma + 1, V] verifier law (row gamma is the bonus law).
+    """
+    gamma = len(draft_tokens)
+    if gamma:
+        x = torch.tensor(draft_tokens, device=p.device)
+        rows = torch.arange(gamma, device=p.device)
+        p_x, q_x = p[rows, x], q[rows, x]  # [gamma]
+        u = torch.rand(gamma, generator=generator, device=p.device)
+        # accept iff u < p(x)/q(x); written without the division (q(x) > 0 as x ~ q)
+        rejected = (u * q_x >= p_x).nonzero()
+        if rejected.numel():
+            i = int(rejected[0])
+            residual = (p[i] - q[i]).clamp_min(0.0)
+            total = float(residual.sum())
+            # p == q up to rounding makes the residual vanish; then p itself is the residual law.
+            law = residual / total if total > 0.0 else p[i]
+            return VerifyResult(accepted=i, token=sample(law, generator), bonus=False)
+    return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)

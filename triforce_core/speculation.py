@@ -1,0 +1,597 @@
+"""The decoding loop: TriForce's three levels and the single-level modes, one code path.
+
+Structure
+---------
+A *lane* is one model running over one cache; it knows which token ids its cache holds, so
+after any verification it can roll back to the longest common prefix with the current path by
+setting the cache length (O(1)). A *proposer* produces speculative tokens and, for sampling,
+the law each one was drawn from:
+
+    autoregressive   no proposer: the target samples one token per forward
+    draft            Sampler(draft lane)                                   -> target verifies
+    retrieval        Sampler(retrieval lane)                               -> target verifies
+    triforce         Verifier(retrieval lane, Sampler(draft lane), gamma1) -> target verifies
+
+The middle level of TriForce verifies the small draft exactly (residual resampling), so each
+token it emits follows the retrieval level's law p_mid given its prefix; that law is what the
+target's verification uses as q. Every level therefore stays exact, and the committed tokens
+follow the target's (warped) law, or equal its greedy output at temperature 0.
+
+Invariant between rounds: every lane's cache holds the committed sequence except its last
+token, which is "pending" and is the first input of the lane's next forward. (The small
+draft's cache holds only sinks + a recent window of it; the retrieval cache a selection.)
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Iterator
+
+import torch
+
+from .config import GenerationConfig, SamplingConfig
+from .events import ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
+from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
+from .model import DecoderModel
+from .sampling import sample, verify_greedy, verify_stochastic, warp
+
+
+class Lane:
+    """One model over one cache.
+
+    covered  committed tokens accounted for by the cache (for the streaming cache some of them
+             were skipped or evicted on purpose)
+    fed      tokens fed since the last commit, in order (their KV follows the covered part)
+    pending  tokens of the current path not yet fed
+    """
+
+    def __init__(self, model: DecoderModel, cache: KVStore, vocab_size: int):
+        self.model = model
+        self.cache = cache
+        self.vocab_size = vocab_size  # laws are padded/cut to the target's vocabulary
+        self.covered = 0
+        self.fed: list[int] = []
+        self.pending: list[int] = []
+
+    def sync(self, committed: list[int], spec: list[int]) -> None:
+        """Make the lane's path committed + spec: keep the common prefix, drop the rest."""
+        tail = committed[self.covered :] + spec
+        lcp = 0
+        limit = min(len(self.fed), len(tail) - 1)  # at least one token stays pending
+        while lcp < limit and self.fed[lcp] == tail[lcp]:
+            lcp += 1
+        self.cache.truncate(self.cache.length - (len(self.fed) - lcp))
+        del self.fed[lcp:]
+        self.pending = tail[lcp:]
+
+    def advance(self, extra: list[int], capture_queries: bool = False):
+        """Feed pending + extra; return logits [len(extra) + 1, V] predicting after the last
+        pending token and after each extra token (and the forward's queries if asked)."""
+        ids = self.pending + extra
+        if not ids:
+            raise RuntimeError("lane has nothing to feed")
+        first_row = len(self.pending) - 1 if self.pending else 0
+        self.cache.reserve(len(ids))
+        start = self.covered + len(self.fed)
+        positions = self.cache.positions(start, len(ids))
+        out = self.model.forward(
+            torch.tensor(ids, device=self.model.device),
+            positions,
+            self.cache,
+            logits_rows=slice(first_row, None),
+            capture_queries=capture_queries,
+        )
+        self.fed += ids
+        self.pending = []
+        logits = _fit_vocab(out.logits, self.vocab_size)
+        return (logits, out.queries, first_row) if capture_queries else logits
+
+    def commit(self, committed: list[int]) -> None:
+        """After a round: keep only committed tokens; the last committed token stays pending."""
+        self.sync(committed, [])
+        self.covered += len(self.fed)
+        self.fed = []
+
+    def prefill(self, tokens: list[int], chunk: int) -> None:
+        """Feed committed tokens in chunks without computing logits."""
+        for i in range(0, len(tokens), chunk):
+            part = tokens[i : i + chunk]
+            self.cache.reserve(len(part))
+            positions = self.cache.positions(self.covered, len(part))
+            self.model.forward(torch.tensor(part, device=self.model.device), positions, self.cache, logits_rows=None)
+            self.covered += len(part)
+
+
+class StreamingLane(Lane):
+    """The small draft over its StreamingLLM cache."""
+
+    cache: StreamingCache
+
+    def prefill(self, tokens: list[int], chunk: int) -> None:
+        c = self.cache
+        skip_to = len(tokens) - c.window  # only sinks + the last `window` tokens matter
+        if skip_to > c.sinks:
+            self._absorb(tokens[: c.sinks], chunk)
+            self.covered += skip_to - c.sinks
+            c.evicted += skip_to - c.sinks
+            tokens = tokens[skip_to:]
+        self._absorb(tokens, chunk)
+
+    def _absorb(self, tokens: list[int], chunk: int) -> None:
+        """Feed committed tokens, compacting whenever the cache runs out of room."""
+        c = self.cache
+        while tokens:
+            if c.room <= 0:
+                c.compact(force=True)
+            n = min(len(tokens), c.room, chunk)
+            super().prefill(tokens[:n], n)
+            tokens = tokens[n:]
+
+    def commit(self, committed: list[int]) -> None:
+        super().commit(committed)
+        c = self.cache
+        c.compact()
+        backlog = self.pending[:-1]
+        if len(backlog) > c.margin // 2:  # e.g. a new user turn: absorb it like a prefill
+            self.pending = self.pending[-1:]
+            skip = max(0, len(backlog) - c.window)  # older tokens would be evicted anyway
+            self.covered += skip
+            c.evicted += skip
+            self._absorb(backlog[skip:], c.window)
+
+
+class RetrievalLane(Lane):
+    """The target's weights over the retrieval cache; committed KV is copied from the full cache."""
+
+    cache: RetrievalCache
+
+    def commit(self, committed: list[int]) -> None:
+        c = self.cache
+        c.truncate(c.length - len(self.fed))
+        self.fed = []
+        end = len(committed) - 1
+        c.append_from_full(self.covered, end)
+        self.covered = end
+        self.pending = committed[end:]
+
+    def reselect(self, queries: torch.Tensor, committed: list[int]):
+        self.fed = []
+        sel = self.cache.select(queries, len(committed) - 1)
+        self.covered = sel.upto
+        self.pending = committed[sel.upto :]
+        return sel
+
+
+def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Cut or pad (with -inf) a draft's logits to the target's vocabulary size."""
+    v = logits.shape[-1]
+    if v == vocab:
+        return logits
+    if v > vocab:
+        return logits[..., :vocab]
+    pad = logits.new_full((*logits.shape[:-1], vocab - v), float("-inf"))
+    return torch.cat([logits, pad], dim=-1)
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None when greedy)
+    levels: list[str]
+
+
+@dataclass
+class _Counters:
+    proposed: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+
+    def add(self, level: str, proposed: int, accepted: int) -> None:
+        self.proposed[level] = self.proposed.get(level, 0) + proposed
+        self.accepted[level] = self.accepted.get(level, 0) + accepted
+
+
+class Sampler:
+    """Proposes n tokens by sampling its lane autoregressively (or argmax when greedy)."""
+
+    def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None):
+        self.lane = lane
+        self.level = level
+        self.sampling = sampling
+        self.generator = generator
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        self.lane.sync(committed, spec)
+        tokens: list[int] = []
+        laws: list[torch.Tensor] = []
+        logits = self.lane.advance([])[-1]
+        for i in range(n):
+            if self.sampling.greedy:
+                t = int(logits.argmax())
+            else:
+                law = warp(logits, self.sampling)
+                laws.append(law)
+                t = sample(law, self.generator)
+            tokens.append(t)
+            if i < n - 1:
+                logits = self.lane.advance([t])[-1]
+        events.append(Drafted(self.level, tuple(tokens)))
+        return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * n)
+
+    def commit(self, committed: list[int]) -> None:
+        self.lane.commit(committed)
+
+
+class Verifier:
+    """TriForce's middle level: the retrieval lane verifies the small draft, gamma1 at a time."""
+
+    level = "retrieval"
+
+    def __init__(
+        self,
+        lane: RetrievalLane,
+        lower: Sampler,
+        gamma1: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        counters: _Counters,
+    ):
+        self.lane = lane
+        self.lower = lower
+        self.gamma1 = gamma1
+        self.sampling = sampling
+        self.generator = generator
+        self.counters = counters
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        tokens: list[int] = []
+        levels: list[str] = []
+        laws: list[torch.Tensor] = []
+        while len(tokens) < n:
+            # 1. The small draft proposes up to gamma1 tokens.
+            d = self.lower.propose(min(self.gamma1, n - len(tokens)), committed, spec + tokens, events)
+            # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
+            self.lane.sync(committed, spec + tokens)
+            logits = self.lane.advance(d.tokens)  # [g + 1, V]
+            # 3. Exact verification against p_mid.
+            if self.sampling.greedy:
+                r = verify_greedy(d.tokens, logits)
+            else:
+                p_mid = warp(logits, self.sampling)
+                r = verify_stochastic(d.tokens, d.laws, p_mid, self.generator)
+                laws.append(p_mid[: r.accepted + 1])  # the law each emitted token follows
+            self.counters.add(self.level, len(d.tokens), r.accepted)
+            events.append(_verified(self.level, d.tokens, r))
+            tokens += d.tokens[: r.accepted] + [r.token]
+            levels += d.levels[: r.accepted] + [self.level]
+        law = torch.cat(laws)[:n] if laws else None
+        return Proposal(tokens[:n], law, levels[:n])
+
+    def commit(self, committed: list[int]) -> None:
+        self.lower.commit(committed)
+        self.lane.commit(committed)
+
+
+def _verified(level: str, proposed: list[int], r) -> Verified:
+    return Verified(
+        level=level,
+        accepted=r.accepted,
+        rejected_ids=tuple(proposed[r.accepted :]),
+        resampled_id=None if r.bonus else r.token,
+        proposed=len(proposed),
+        bonus_id=r.token if r.bonus else None,
+    )
+
+
+class Decoder:
+    """Caches, lanes and proposers for one prompt; `run` yields the events of one generation.
+
+    `prefill` runs the prompt once; `mark`/`restore` return to the post-prefill state so
+    several samples of one prompt share a single prefill.
+    """
+
+    def __init__(
+        self,
+        target: DecoderModel,
+        draft: DecoderModel | None,
+        config: GenerationConfig,
+        capacity: int,
+        eos_ids: frozenset[int],
+        generator: torch.Generator | None,
+        detokenize=None,
+    ):
+        spec, cc = config.speculation, config.cache
+        if spec.uses_draft_model and draft is None:
+            raise ValueError(f"mode {spec.mode!r} needs a small draft model")
+        self.target, self.draft, self.config = target, draft, config
+        self.eos_ids = frozenset() if spec.ignore_eos else eos_ids
+        self.generator = generator
+        self.detokenize = detokenize
+        ts = target.spec
+        vocab = target.vocab_size
+        margin = self.margin = spec.gamma1 + spec.gamma2 + 8
+        full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, target.dtype, target.device)
+        self.full = Lane(target, full, vocab)
+        self.counters = _Counters()
+        self.retrieval: RetrievalLane | None = None
+        self.small: StreamingLane | None = None
+        if spec.uses_retrieval:
+            room = max(cc.refresh_every, 64) + margin
+            rcache = RetrievalCache(full, cc.budget, cc.chunk_size, cc.recent, room)
+            self.retrieval = RetrievalLane(target, rcache, vocab)
+        if spec.uses_draft_model:
+            ds = draft.spec
+            scache = StreamingCache(
+                ds.num_layers, ds.num_kv_heads, ds.head_dim, cc.draft_sinks, cc.draft_window, margin,
+                draft.rotary, draft.dtype, draft.device,
+            )
+            self.small = StreamingLane(draft, scache, vocab)
+        sampling = config.sampling
+        if spec.mode == "triforce":
+            lower = Sampler(self.small, "draft", sampling, generator)
+            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters)
+        elif spec.mode == "retrieval":
+            self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator)
+        elif spec.mode == "draft":
+            self.proposer = Sampler(self.small, "draft", sampling, generator)
+        else:
+            self.proposer = None
+        self.prompt: list[int] = []
+        self.selection_event: ChunksSelected | None = None
+        self._mark: tuple | None = None
+        self._refreshed = False
+
+    # -- prefill ---------------------------------------------------------------------------
+    def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
+        """Run prompt[:-1] through every lane (the last prompt token stays pending)."""
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        t0 = time.perf_counter()
+        self.prompt = list(prompt)
+        body = self.prompt[:-1]
+        chunk = self.config.cache.prefill_chunk
+        lane = self.full
+        queries = None
+        for i in range(0, len(body), chunk):
+            part = body[i : i + chunk]
+            lane.cache.reserve(len(part))
+            out = lane.model.forward(
+                torch.tensor(part, device=lane.model.device),
+                lane.cache.positions(lane.covered, len(part)),
+                lane.cache,
+                logits_rows=None,
+                capture_queries=self.retrieval is not None and i + chunk >= len(body),
+            )
+            lane.covered += len(part)
+            if out.queries is not None:
+                queries = out.queries[:, -1]  # [L, H, D] of the last prefilled token
+            if on_progress is not None:
+                on_progress(i + len(part), len(body))
+        lane.pending = self.prompt[-1:]
+        if self.small is not None:
+            self.small.prefill(body, chunk)
+            self.small.pending = self.prompt[-1:]
+        if self.retrieval is not None:
+            self._select(queries)
+        _sync_device(self.target.device)
+        return Prefilled(tokens=len(self.prompt), seconds=time.perf_counter() - t0, reused_tokens=0)
+
+    def _select(self, queries: torch.Tensor | None) -> None:
+        if queries is None:  # a one-token prompt: nothing is cached, the selection is empty
+            ts = self.target.spec
+            queries = torch.zeros(ts.num_layers, ts.num_heads, ts.head_dim, device=self.target.device)
+        sel = self.retrieval.reselect(queries, self.prompt)
+        self.selection_event = self._selection_event(sel, 0)
+
+    def _selection_event(self, sel, step: int) -> ChunksSelected:
+        spans = sel.spans()
+        ts = self.target.spec
+        return ChunksSelected(
+            step=step,
+            chunk_size=sel.chunk_size,
+            chunk_token_spans=tuple((a, b) for a, b, _ in spans),
+            scores_or_counts=tuple(n for _, _, n in spans),
+            context_tokens=sel.upto,
+            budget=self.config.cache.budget,
+            heads_total=ts.num_layers * ts.num_kv_heads,
+            dense=sel.dense,
+        )
+
+    def mark(self) -> None:
+        """Remember the post-prefill state (call right after `prefill`)."""
+        snap = []
+        for lane in (self.full, self.retrieval, self.small):
+            if lane is None:
+                snap.append(None)
+                continue
+            c = lane.cache
+            data = None if isinstance(c, FullCache) else (c.k[:, :, : c.length].clone(), c.v[:, :, : c.length].clone())
+            extra = (c.selection, ) if isinstance(c, RetrievalCache) else (getattr(c, "evicted", 0),)
+            snap.append((lane.covered, list(lane.fed), list(lane.pending), c.length, data, extra))
+        self._mark = tuple(snap)
+
+    def restore(self) -> None:
+        """Return to the state saved by `mark` (O(budget + draft window), no prefill)."""
+        assert self._mark is not None, "restore() without mark()"
+        for lane, snap in zip((self.full, self.retrieval, self.small), self._mark):
+            if lane is None:
+                continue
+            covered, fed, pending, length, data, extra = snap
+            c = lane.cache
+            if data is None:
+                c.truncate(length)
+            else:
+                c.k[:, :, :length] = data[0]
+                c.v[:, :, :length] = data[1]
+                c.length = length
+            if isinstance(c, RetrievalCache):
+                c.selection = extra[0]
+            elif isinstance(c, StreamingCache):
+                c.evicted = extra[0]
+            lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
+        self.counters = _Counters()
+        if isinstance(self.proposer, Verifier):
+            self.proposer.counters = self.counters
+
+    # -- decoding --------------------------------------------------------------------------
+    def run(self, prefilled: Prefilled) -> Iterator[Event]:
+        """Decode after `prefill`; yields Drafted/Verified/Committed/ChunksSelected, then Finished."""
+        cfg = self.config
+        spec, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
+        committed = list(self.prompt)
+        n_prompt = len(committed)
+        new_levels: list[str] = []
+        rounds = refreshes = 0
+        since_select = 0
+        recent_acc: deque[float] = deque(maxlen=4)
+        stop_reason = "max_new_tokens"
+        capture = self.retrieval is not None
+        text_state = _TextState(self.detokenize)
+        t0 = time.perf_counter()
+        while True:
+            events: list[Event] = []
+            # 1. Propose (lower levels first; they verify one another on the way).
+            if self.proposer is not None:
+                prop = self.proposer.propose(spec.gamma2, committed, [], events)
+            else:
+                prop = Proposal([], None, [])
+            # 2. The full target scores every proposed token in one forward.
+            self.full.sync(committed, [])
+            if capture:
+                logits, queries, _ = self.full.advance(prop.tokens, capture_queries=True)
+            else:
+                logits = self.full.advance(prop.tokens)
+            rounds += 1
+            # 3. Exact verification against the target's law.
+            if sampling.greedy:
+                r = verify_greedy(prop.tokens, logits)
+            else:
+                p = warp(logits, sampling)
+                if prop.tokens:
+                    r = verify_stochastic(prop.tokens, prop.laws, p, self.generator)
+                else:
+                    r = _bonus_only(p[0], self.generator)
+            if prop.tokens:
+                self.counters.add("target", len(prop.tokens), r.accepted)
+                events.append(_verified("target", prop.tokens, r))
+                recent_acc.append(r.accepted / len(prop.tokens))
+            new = prop.tokens[: r.accepted] + [r.token]
+            levels = prop.levels[: r.accepted] + ["target"]
+            # 4. Stop conditions: EOS (kept in the output) and the token limit.
+            room = spec.max_new_tokens - len(new_levels)
+            for i, t in enumerate(new[:room]):
+                if t in self.eos_ids:
+                    new, levels, stop_reason = new[: i + 1], levels[: i + 1], "eos"
+                    break
+            else:
+                new, levels = new[:room], levels[:room]
+            committed += new
+            new_levels += levels
+            done = stop_reason == "eos" or len(new_levels) >= spec.max_new_tokens
+            # 5. Every lane rolls back to the committed sequence (O(1) per cache).
+            self.full.commit(committed)
+            if self.proposer is not None and not done:
+                self._commit_lower(committed, since_select + len(new), recent_acc, queries if capture else None,
+                                   r.accepted, events, rounds)
+                if self._refreshed:
+                    refreshes += 1
+                    since_select = 0
+                    recent_acc.clear()
+                else:
+                    since_select += len(new)
+            events.append(Committed(tuple(new), tuple(levels), text_state.push(new)))
+            yield from events
+            if done:
+                break
+        _sync_device(self.target.device)
+        decode_s = time.perf_counter() - t0
+        n_new = len(new_levels)
+        acceptance = {
+            k: (self.counters.accepted.get(k, 0) / v if v else 0.0) for k, v in self.counters.proposed.items()
+        }
+        by_level = {name: new_levels.count(name) for name in ("draft", "retrieval", "target")}
+        yield Finished(
+            GenerationStats(
+                prompt_tokens=n_prompt,
+                new_tokens=n_new,
+                prefill_s=prefilled.seconds,
+                decode_s=decode_s,
+                tokens_per_s=n_new / decode_s if decode_s > 0 else 0.0,
+                rounds=rounds,
+                mean_accepted=n_new / rounds if rounds else 0.0,
+                proposed=dict(self.counters.proposed),
+                accepted=dict(self.counters.accepted),
+                acceptance=acceptance,
+                committed_by_level=by_level,
+                refreshes=refreshes,
+                stop_reason=stop_reason,
+                mode=spec.mode,
+                reused_tokens=prefilled.reused_tokens,
+            )
+        )
+
+    def _commit_lower(self, committed, since_select, recent_acc, queries, accepted_row, events, step) -> None:
+        """Roll the lower lanes back to `committed`; re-select retrieval chunks when stale."""
+        self._refreshed = False
+        cc = self.config.cache
+        if self.small is not None:
+            self.small.commit(committed)
+        if self.retrieval is None:
+            return
+        lane = self.retrieval
+        backlog = len(committed) - 1 - lane.covered
+        full_up = lane.cache.length - len(lane.fed) + backlog + self.margin > lane.cache.capacity
+        stale = cc.refresh_every > 0 and since_select >= cc.refresh_every
+        low = (
+            cc.refresh_acceptance > 0
+            and len(recent_acc) == recent_acc.maxlen
+            and sum(recent_acc) / len(recent_acc) < cc.refresh_acceptance
+        )
+        if full_up or ((stale or low) and not lane.cache.selection.dense):
+            # Queries of the row that produced the last committed token: the freshest position.
+            sel = lane.reselect(queries[:, accepted_row], committed)
+            self._refreshed = True
+            events.append(self._selection_event(sel, step))
+        else:
+            lane.commit(committed)
+
+
+class _TextState:
+    """Incremental detokenization: emit only text that is complete (no dangling byte pieces)."""
+
+    def __init__(self, detokenize):
+        self.detokenize = detokenize
+        self.ids: list[int] = []
+        self.emitted = 0
+
+    def push(self, ids: list[int]) -> str:
+        if self.detokenize is None:
+            return ""
+        self.ids += ids
+        text = self.detokenize(self.ids)
+        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
+            return ""
+        out = text[self.emitted :]
+        self.emitted = len(text)
+        return out
+
+
+def _bonus_only(p: torch.Tensor, generator):
+    from .sampling import VerifyResult
+
+    return VerifyResult(accepted=0, token=sample(p, generator), bonus=True)
+
+
+def _sync_device(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
+    g = torch.Generator(device=device)
+    if seed is None:
+        g.seed()
+    else:
+        g.manual_seed(seed)
+    return g
