@@ -92,6 +92,9 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
         raise ModelLoadError(f"{name}: {e}") from e
     # transformers logs advisory warnings (e.g. about generation flags) while loading.
     logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as e:

@@ -1,0 +1,264 @@
+"""Command line: `python -m triforce_core generate ...` (see `--help`).
+
+Bad arguments, a missing model folder or an incompatible model pair give one line
+`error: ...` on stderr and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
+DEMO_TARGET = ASSETS / "target"
+DEMO_DRAFT = ASSETS / "draft"
+
+LEVEL_COLOURS = {"draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit code 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # one line instead of usage + message
+        raise UsageError(message)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = _Parser(
+        prog="python -m triforce_core",
+        description="TriForce: lossless hierarchical speculative decoding for long contexts.",
+    )
+    sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    g = sub.add_parser(
+        "generate",
+        help="generate a continuation of a prompt",
+        description=(
+            "Generate a continuation of a prompt. Greedy output (--temperature 0) equals the target's "
+            "own greedy output token for token in every mode; sampled output follows the target's law."
+        ),
+        epilog=(
+            "Levels: tokens are labelled draft (small model + StreamingLLM cache), retrieval (target "
+            "weights over the retrieved KV chunks) or target (the full verifier's own token). "
+            "Without --json the text streams to stdout (coloured by level on a terminal) and the "
+            "statistics go to stderr."
+        ),
+    )
+    models = g.add_argument_group("models")
+    models.add_argument("--target", help="target: hub id or local folder (default: the embedded demo target)")
+    models.add_argument(
+        "--draft",
+        help="small draft sharing the target's vocabulary (default: the embedded demo draft when --target "
+        "is not given, else none)",
+    )
+    models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
+    models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
+    prompt = g.add_argument_group("prompt (exactly one)")
+    src = prompt.add_mutually_exclusive_group(required=True)
+    src.add_argument("--prompt", help="prompt text (tokenized as is, no chat template)")
+    src.add_argument("--prompt-file", help="file with the prompt text (UTF-8)")
+    src.add_argument("--prompt-ids-file", help="JSON list of token ids, used as is")
+    dec = g.add_argument_group("decoding")
+    dec.add_argument(
+        "--mode",
+        choices=["triforce", "retrieval", "draft", "autoregressive"],
+        help="default triforce (retrieval when no draft model is available)",
+    )
+    dec.add_argument("--max-new-tokens", type=int, default=128)
+    dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    dec.add_argument("--top-p", type=float, default=1.0)
+    dec.add_argument("--top-k", type=int, default=0, help="0 = off")
+    dec.add_argument("--seed", type=int, default=None)
+    dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
+    dec.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (one prefill)")
+    spec = g.add_argument_group("speculation")
+    spec.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens (default 4096)")
+    spec.add_argument("--chunk-size", type=int, default=8, help="retrieval chunk size (default 8)")
+    spec.add_argument("--draft-window", type=int, default=240, help="recent tokens in the draft's cache (default 240)")
+    spec.add_argument("--draft-sinks", type=int, default=16, help="attention-sink tokens in the draft's cache (default 16)")
+    spec.add_argument("--gamma1", type=int, default=2, help="small-draft tokens per retrieval verification (default 2)")
+    spec.add_argument("--gamma2", type=int, default=6, help="tokens the target verifies per round (default 6)")
+    spec.add_argument(
+        "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
+    )
+    g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    return p
+
+
+def _read_prompt(args, engine) -> list[int]:
+    if args.prompt_ids_file is not None:
+        try:
+            ids = json.loads(Path(args.prompt_ids_file).read_text())
+        except FileNotFoundError:
+            raise UsageError(f"prompt ids file not found: {args.prompt_ids_file}") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise UsageError(f"{args.prompt_ids_file} is not valid JSON: {e}") from None
+        if not isinstance(ids, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+            raise UsageError(f"{args.prompt_ids_file} must hold a JSON list of integers")
+        return ids
+    if args.prompt_file is not None:
+        try:
+            text = Path(args.prompt_file).read_text(encoding="utf-8")
+        except FileNotFoundError:
+            raise UsageError(f"prompt file not found: {args.prompt_file}") from None
+        except UnicodeDecodeError:
+            raise UsageError(f"prompt file is not UTF-8 text: {args.prompt_file}") from None
+    else:
+        text = args.prompt
+    if engine.tokenizer is None:
+        raise UsageError("the target has no tokenizer: use --prompt-ids-file")
+    return engine.encode(text)
+
+
+def _configs(args, has_draft: bool):
+    from .config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+
+    mode = args.mode or ("triforce" if has_draft else "retrieval")
+    if mode in ("triforce", "draft") and not has_draft:
+        raise UsageError(f"mode {mode} needs a small draft model: pass --draft")
+    return GenerationConfig(
+        sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+        speculation=SpeculationConfig(
+            mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
+            ignore_eos=args.ignore_eos,
+        ),
+        cache=CacheConfig(
+            budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
+            draft_sinks=args.draft_sinks, refresh_every=args.refresh_every,
+        ),
+    )
+
+
+def _model_names(args) -> tuple[str, str | None]:
+    if args.target is not None:
+        return args.target, args.draft
+    if not DEMO_TARGET.is_dir():
+        raise UsageError(
+            "no --target given and the embedded demo model is not installed "
+            f"({DEMO_TARGET.relative_to(ASSETS.parent.parent)}); pass --target HUB_ID_OR_FOLDER"
+        )
+    draft = args.draft if args.draft is not None else (str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None)
+    return str(DEMO_TARGET), draft
+
+
+def cmd_generate(args) -> int:
+    from .config import ConfigError
+    from .engine import TriForceEngine
+    from .events import Committed, Finished
+
+    if args.num_samples < 1:
+        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
+    try:
+        # Validate every flag before loading gigabytes of weights.
+        _configs(args, has_draft=True)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    target, draft = _model_names(args)
+    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
+    try:
+        config = _configs(args, has_draft=engine.draft is not None)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    prompt = _read_prompt(args, engine)
+    if args.json or args.num_samples > 1:
+        results = engine.run_samples(prompt, config, args.num_samples)
+        if args.json:
+            out = {
+                "samples": [{**r.as_dict(), "stats": r.stats.as_dict()} for r in results],
+                "stats": _summary([r.stats for r in results]),
+            }
+            print(json.dumps(out))
+        else:
+            for i, r in enumerate(results):
+                print(f"--- sample {i + 1}\n{r.text}")
+            print(_stats_line(_summary([r.stats for r in results])), file=sys.stderr)
+        return 0
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    for ev in engine.generate(prompt, config):
+        if isinstance(ev, Committed) and ev.text:
+            if colour:
+                sys.stdout.write(LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m")
+            else:
+                sys.stdout.write(ev.text)
+            sys.stdout.flush()
+        elif isinstance(ev, Finished):
+            sys.stdout.write("\n")
+            print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
+    return 0
+
+
+def _summary(stats: list) -> dict:
+    """Figures over all samples (the single sample's own figures when there is one)."""
+    if len(stats) == 1:
+        return stats[0].as_dict()
+    proposed: dict[str, int] = {}
+    accepted: dict[str, int] = {}
+    for s in stats:
+        for k, v in s.proposed.items():
+            proposed[k] = proposed.get(k, 0) + v
+        for k, v in s.accepted.items():
+            accepted[k] = accepted.get(k, 0) + v
+    new = sum(s.new_tokens for s in stats)
+    decode = sum(s.decode_s for s in stats)
+    rounds = sum(s.rounds for s in stats)
+    return {
+        "samples": len(stats),
+        "prompt_tokens": stats[0].prompt_tokens,
+        "new_tokens": new,
+        "prefill_s": stats[0].prefill_s,
+        "decode_s": decode,
+        "tokens_per_s": new / decode if decode else 0.0,
+        "rounds": rounds,
+        "mean_accepted": new / rounds if rounds else 0.0,
+        "proposed": proposed,
+        "accepted": accepted,
+        "acceptance": {k: accepted.get(k, 0) / v if v else 0.0 for k, v in proposed.items()},
+        "mode": stats[0].mode,
+    }
+
+
+def _stats_line(s: dict) -> str:
+    acc = ", ".join(f"{k} {v:.2f}" for k, v in s.get("acceptance", {}).items()) or "n/a"
+    return (
+        f"[{s['mode']}] {s['new_tokens']} tokens in {s['decode_s']:.2f}s ({s['tokens_per_s']:.1f} tok/s), "
+        f"prefill {s['prefill_s']:.2f}s, {s['mean_accepted']:.2f} tokens/target step, acceptance: {acc}"
+    )
+
+
+try:
+    from torch import OutOfMemoryError as _OutOfMemory
+except ImportError:  # older PyTorch
+    _OutOfMemory = MemoryError
+
+
+def main(argv: list[str] | None = None) -> int:
+    from .config import ConfigError
+    from .engine import ContextLengthError
+    from .loading import ModelLoadError
+
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+        if args.command is None:
+            parser.print_help()
+            return 2
+        return cmd_generate(args)
+    except (UsageError, ConfigError, ModelLoadError, ContextLengthError) as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    except ValueError as e:  # e.g. a token id outside the vocabulary
+        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
+        return 2
+    except (MemoryError, _OutOfMemory):
+        print("error: out of memory; try a shorter prompt, a smaller --budget or --dtype bfloat16", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
