@@ -22,6 +22,8 @@ from transformers import (
 from triforce_core.model import DecoderModel
 
 CPU = torch.device("cpu")
+# The test models are tiny: one thread per op beats spreading microsecond kernels over cores.
+torch.set_num_threads(1)
 VOCAB = 97
 # A larger init than the default 0.02 keeps random logits far from ties, so greedy
 # comparisons are meaningful; 2 layers keep everything fast on 2 cores.

@@ -227,6 +227,7 @@ class Verifier:
     """TriForce's middle level: the retrieval lane verifies the small draft, gamma1 at a time."""
 
     level = "retrieval"
+    verify = staticmethod(verify_stochastic)  # the exact rule (tests swap in broken ones)
 
     def __init__(
         self,
@@ -259,7 +260,7 @@ class Verifier:
                 r = verify_greedy(d.tokens, logits)
             else:
                 p_mid = warp(logits, self.sampling)
-                r = verify_stochastic(d.tokens, d.laws, p_mid, self.generator)
+                r = self.verify(d.tokens, d.laws, p_mid, self.generator)
                 laws.append(p_mid[: r.accepted + 1])  # the law each emitted token follows
             self.counters.add(self.level, len(d.tokens), r.accepted)
             events.append(_verified(self.level, d.tokens, r))
@@ -489,6 +490,8 @@ class Decoder:
             committed += new
             new_levels += levels
             done = stop_reason == "eos" or len(new_levels) >= spec.max_new_tokens
+            # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
+            events.append(Committed(tuple(new), tuple(levels), text_state.push(new)))
             # 5. Every lane rolls back to the committed sequence (O(1) per cache).
             self.full.commit(committed)
             if self.proposer is not None and not done:
@@ -500,7 +503,6 @@ class Decoder:
                     recent_acc.clear()
                 else:
                     since_select += len(new)
-            events.append(Committed(tuple(new), tuple(levels), text_state.push(new)))
             yield from events
             if done:
                 break

@@ -69,6 +69,7 @@ class RetrievalCache(KVStore):
             self.k[:, :, :upto] = full.k[:, :, :upto]
             self.v[:, :, :upto] = full.v[:, :, :upto]
             self.length = upto
+            self.exact_positions = True  # slot == position, so sliding windows apply exactly
             counts = torch.full((n_chunks,), L * Hkv, dtype=torch.long)
             self.selection = Selection(upto, C, True, 0, counts, None)
             return self.selection
@@ -90,6 +91,9 @@ class RetrievalCache(KVStore):
             dst[:, :, C : C + n_sel] = chunks[li, hi, top].reshape(L, Hkv, n_sel, D)
             dst[:, :, C + n_sel : C + n_sel + n_recent] = src[:, :, r0:upto]
         self.length = C + n_sel + n_recent
+        # Slots no longer equal positions: a sliding-window model's window is not applied at this
+        # (approximate) level; the full target, which verifies every token, applies it exactly.
+        self.exact_positions = False
         counts = torch.bincount(top.flatten().cpu(), minlength=n_chunks)
         counts[0] = L * Hkv
         counts[r0 // C :] = L * Hkv

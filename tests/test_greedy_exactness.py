@@ -1,0 +1,125 @@
+"""Greedy output of every mode equals Hugging Face's `generate(do_sample=False)` token for token.
+
+Prompts are longer than the retrieval budget (so retrieval is really sparse) and the small
+draft's window (so StreamingLLM really evicts). A divergence would be tolerated only at a genuine
+near-tie of HF's top-2 logits (gap < 1e-4); the checks report any such case.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+from conftest import DRAFT_OVERRIDES, make_hf, perturbed, to_ours
+
+from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
+
+PROMPT_LEN = 160
+NEW = 40
+TIE_GAP = 1e-4
+CACHE = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_sinks=4, draft_window=32, refresh_every=16)
+GAMMAS = [(1, 3), (2, 6), (3, 9)]
+TARGETS = ["llama_gqa_llama3", "llama_mha", "qwen2_tied", "mistral", "mistral_window"]
+
+
+@functools.lru_cache(maxsize=None)
+def _setup(kind: str):
+    target = make_hf(kind, seed=0)
+    draft = make_hf(kind, seed=11, **DRAFT_OVERRIDES)
+    ids = torch.randint(3, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = target.generate(
+            ids[None],
+            attention_mask=torch.ones(1, PROMPT_LEN, dtype=torch.long),
+            do_sample=False,
+            max_new_tokens=NEW,
+            eos_token_id=None,
+            pad_token_id=0,
+            output_logits=True,
+            return_dict_in_generate=True,
+        )
+    ref = out.sequences[0, PROMPT_LEN:].tolist()
+    gaps = [float(l[0].topk(2).values[0] - l[0].topk(2).values[1]) for l in out.logits]
+    t = to_ours(target)
+    return target, t, to_ours(draft), ids.tolist(), ref, gaps
+
+
+def _assert_same(got: list[int], ref: list[int], gaps: list[float]) -> None:
+    assert len(got) == len(ref)
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if a != b:
+            assert gaps[i] < TIE_GAP, f"diverged from HF at token {i} ({a} != {b}) with top-2 gap {gaps[i]:.3g}"
+            return  # a genuine tie: the continuations legitimately differ from here on
+
+
+def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE) -> GenerationConfig:
+    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True)
+    return GenerationConfig(speculation=spec, cache=cache)
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+def test_autoregressive_matches_hf(kind):
+    _, t, _, ids, ref, gaps = _setup(kind)
+    res = TriForceEngine(t).run(ids, _config("autoregressive", 1, 1))
+    _assert_same(res.token_ids, ref, gaps)
+    assert set(res.levels) == {"target"}
+
+
+CASES = [(k, (2, 6)) for k in TARGETS] + [("llama_gqa_llama3", g) for g in GAMMAS if g != (2, 6)]
+
+
+@pytest.mark.parametrize("kind,gammas", CASES, ids=[f"{k}-g{g[0]}-{g[1]}" for k, g in CASES])
+@pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
+def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas):
+    """A random draft and a sparse retrieval cache: most proposals are rejected."""
+    _, t, d, ids, ref, gaps = _setup(kind)
+    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas))
+    _assert_same(res.token_ids, ref, gaps)
+    assert res.stats.new_tokens == NEW
+    assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
+
+
+@pytest.mark.parametrize("mode", ["triforce", "draft"])
+def test_same_draft_is_always_accepted(mode):
+    """Draft = the target itself with a window covering everything: every proposal is accepted."""
+    _, t, _, ids, ref, gaps = _setup("llama_gqa_llama3")
+    cache = CacheConfig(budget=512, chunk_size=4, draft_sinks=4, draft_window=512)
+    res = TriForceEngine(t, t).run(ids, _config(mode, 2, 6, cache))
+    _assert_same(res.token_ids, ref, gaps)
+    assert res.stats.acceptance["target"] == 1.0
+    if mode == "triforce":
+        assert res.stats.acceptance["retrieval"] == 1.0
+    assert res.stats.mean_accepted > 6  # gamma2 accepted + a bonus per round (last round cut)
+
+
+def test_dense_retrieval_is_always_accepted():
+    """When the prompt fits the budget, the retrieval level is the exact target."""
+    _, t, _, ids, ref, gaps = _setup("qwen2_tied")
+    cache = CacheConfig(budget=1024, chunk_size=4)
+    res = TriForceEngine(t).run(ids, _config("retrieval", 1, 5, cache))
+    _assert_same(res.token_ids, ref, gaps)
+    assert res.stats.acceptance["target"] == 1.0
+
+
+@pytest.mark.parametrize("mode", ["triforce", "draft", "retrieval"])
+def test_partial_acceptance(mode):
+    """A perturbed copy of the target as draft and a wider budget: acceptance strictly in between."""
+    target, t, _, ids, ref, gaps = _setup("llama_gqa_llama3")
+    d = to_ours(perturbed(target, 0.02))
+    cache = CacheConfig(budget=128, chunk_size=4, draft_sinks=4, draft_window=192)
+    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, cache))
+    _assert_same(res.token_ids, ref, gaps)
+    assert 0.05 < res.stats.acceptance["target"] < 0.95
+    assert res.stats.mean_accepted > 1.0
+
+
+def test_no_refresh_and_frequent_refresh_agree():
+    """Refreshing the retrieval selection changes speed, never the output."""
+    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
+    for every in (0, 4):
+        cache = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=every,
+                            refresh_acceptance=0.0)
+        res = TriForceEngine(t, d).run(ids, _config("triforce", 2, 6, cache))
+        _assert_same(res.token_ids, ref, gaps)
+        assert (res.stats.refreshes == 0) == (every == 0)

@@ -1,0 +1,154 @@
+"""Sampled output follows the target's exact law, at every level.
+
+With a 16-token vocabulary the joint law of the first two generated tokens (256 cells) is
+computed exactly from Hugging Face's model and its own logits warpers; thousands of samples
+from each mode are compared with it by a chi-square test (p > 1e-3 must hold).
+
+Negative control: the same test on a deliberately broken verifier -- one that, after a
+rejection, resamples from the verifier's own law instead of the residual norm(max(0, p - q))
+(the public reference implementation's bug) -- must fail (p < 1e-3), proving the test has power.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+import pytest
+import torch
+from conftest import make_hf, to_ours
+from scipy.stats import chisquare
+from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+
+import triforce_core.speculation as speculation
+from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
+from triforce_core.sampling import VerifyResult, sample
+
+V = 16
+PROMPT_LEN = 48
+N_SAMPLES = 3000
+SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
+             initializer_range=0.5, bos_token_id=None, eos_token_id=None)
+# Budget 16 of 47 cached tokens: the retrieval level sees a third of the context.
+CACHE = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _models():
+    target = make_hf("llama_gqa_llama3", seed=21, **SMALL)
+    draft = make_hf("llama_gqa_llama3", seed=22, **{**SMALL, "num_hidden_layers": 1})
+    prompt = torch.randint(0, V, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
+    return target, to_ours(target), to_ours(draft), prompt
+
+
+def _hf_warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
+    warpers = [TemperatureLogitsWarper(temperature)]
+    if top_k:
+        warpers.append(TopKLogitsWarper(top_k))
+    if top_p < 1.0:
+        warpers.append(TopPLogitsWarper(top_p))
+    for w in warpers:
+        logits = w(None, logits)
+    return logits.softmax(-1)
+
+
+@functools.lru_cache(maxsize=None)
+def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """P(x1, x2) under the target, from Hugging Face's forward and logits warpers: [V, V]."""
+    target, _, _, prompt = _models()
+    ids = torch.tensor(prompt)
+    with torch.no_grad():
+        p1 = _hf_warp(target(ids[None]).logits[:, -1].double(), temperature, top_k, top_p)[0]  # [V]
+        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)  # [V, L+1]
+        p2 = _hf_warp(target(both).logits[:, -1].double(), temperature, top_k, top_p)  # [V, V]
+    joint = (p1[:, None] * p2).numpy()
+    return joint / joint.sum()
+
+
+def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
+                  gammas=(2, 4)) -> np.ndarray:
+    _, t, d, prompt = _models()
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True),
+        cache=CACHE,
+    )
+    counts = np.zeros((V, V))
+    for r in TriForceEngine(t, d).run_samples(prompt, cfg, N_SAMPLES):
+        assert len(r.token_ids) == 2
+        counts[r.token_ids[0], r.token_ids[1]] += 1
+    return counts
+
+
+def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
+    """Chi-square goodness of fit; cells expected below 5 are pooled into one."""
+    obs, exp = counts.ravel(), law.ravel() * counts.sum()
+    small = exp < 5
+    o = np.append(obs[~small], obs[small].sum())
+    e = np.append(exp[~small], exp[small].sum())
+    if e[-1] == 0:
+        o, e = o[:-1], e[:-1]
+    return float(chisquare(o, e).pvalue)
+
+
+def broken_verify(draft_tokens, q, p, generator):
+    """The reference implementation's bug: after a rejection, resample from p, not the residual."""
+    gamma = len(draft_tokens)
+    u = torch.rand(gamma, generator=generator)
+    for i, x in enumerate(draft_tokens):
+        if u[i] * q[i, x] >= p[i, x]:
+            return VerifyResult(accepted=i, token=sample(p[i], generator), bonus=False)
+    return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)
+
+
+def test_levels_really_differ():
+    """Power check of the setup itself: the laws the levels propose are far from the target's."""
+    _, t, d, prompt = _models()
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=1.0, seed=0),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True),
+        cache=CACHE,
+    )
+    stats = [r.stats for r in TriForceEngine(t, d).run_samples(prompt, cfg, 200)]
+    acc_mid = sum(s.accepted["retrieval"] for s in stats) / sum(s.proposed["retrieval"] for s in stats)
+    acc_top = sum(s.accepted["target"] for s in stats) / sum(s.proposed["target"] for s in stats)
+    assert acc_mid < 0.8 and acc_top < 0.9, (acc_mid, acc_top)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6])
+@pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
+def test_joint_law_of_two_tokens_is_exact(mode, temperature):
+    p = chi2_pvalue(sample_counts(mode, temperature), exact_joint(temperature))
+    assert p > 1e-3, f"{mode} at T={temperature}: chi-square p = {p:.2e}"
+
+
+def test_autoregressive_sampling_is_exact():
+    p = chi2_pvalue(sample_counts("autoregressive", 1.0), exact_joint(1.0))
+    assert p > 1e-3
+
+
+def test_top_k_top_p_warping_is_exact():
+    """Top-k and top-p are applied identically to every level's law, as Hugging Face does."""
+    p = chi2_pvalue(sample_counts("triforce", 0.8, top_k=10, top_p=0.9), exact_joint(0.8, 10, 0.9))
+    assert p > 1e-3
+
+
+@pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
+def test_negative_control_broken_residual_fails(mode, monkeypatch):
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    p = chi2_pvalue(sample_counts(mode, 1.0), exact_joint(1.0))
+    assert p < 1e-3, f"the broken sampler was not detected in {mode} mode (p = {p:.2e})"
+
+
+def test_negative_control_broken_middle_level_fails(monkeypatch):
+    """Only TriForce's middle level broken (exactly the reference code's bug): still detected."""
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(1.0))
+    assert p < 1e-3, f"a broken middle level was not detected (p = {p:.2e})"
+
+
+def test_negative_control_wrong_temperature_fails():
+    """Sampling at T=1 must not pass as the T=0.6 law: the test distinguishes temperatures."""
+    p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(0.6))
+    assert p < 1e-3
