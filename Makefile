@@ -19,7 +19,7 @@ run: install
 	$(PY) app.py $(ARGS)
 
 test: install
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q tests
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 tests
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -66,7 +66,7 @@ def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.nd
 
 
 def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                  gammas=(2, 4)) -> np.ndarray:
+                  gammas=(2, 2)) -> np.ndarray:
     _, t, d, prompt = _models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),

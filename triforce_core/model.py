@@ -229,6 +229,8 @@ class DecoderModel:
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        if x.dtype == torch.float32:  # one fused op; the same arithmetic as below
+            return F.rms_norm(x, weight.shape, weight, self.spec.rms_norm_eps)
         # Same arithmetic as transformers' LlamaRMSNorm: statistics in float32.
         xf = x.to(torch.float32)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
