@@ -12,10 +12,6 @@ import os
 import sys
 from pathlib import Path
 
-ASSETS = Path(__file__).resolve().parent.parent / "assets" / "models"
-DEMO_TARGET = ASSETS / "target"
-DEMO_DRAFT = ASSETS / "draft"
-
 LEVEL_COLOURS = {"draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
 
 
@@ -133,22 +129,11 @@ def _configs(args, has_draft: bool):
     )
 
 
-def _model_names(args) -> tuple[str, str | None]:
-    if args.target is not None:
-        return args.target, args.draft
-    if not DEMO_TARGET.is_dir():
-        raise UsageError(
-            "no --target given and the embedded demo model is not installed "
-            f"({DEMO_TARGET.relative_to(ASSETS.parent.parent)}); pass --target HUB_ID_OR_FOLDER"
-        )
-    draft = args.draft if args.draft is not None else (str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None)
-    return str(DEMO_TARGET), draft
-
-
 def cmd_generate(args) -> int:
     from .config import ConfigError
     from .engine import TriForceEngine
     from .events import Committed, Finished
+    from .loading import default_model_names
 
     if args.num_samples < 1:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -157,7 +142,7 @@ def cmd_generate(args) -> int:
         _configs(args, has_draft=True)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    target, draft = _model_names(args)
+    target, draft = default_model_names(args.target, args.draft)
     engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
     try:
         config = _configs(args, has_draft=engine.draft is not None)

@@ -10,11 +10,17 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from .model import DecoderModel, ModelSpec, UnsupportedModelError
+
+# The embedded demo pair (see assets/models/README.md once it is installed).
+DEMO_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
+DEMO_TARGET = DEMO_MODELS / "target"
+DEMO_DRAFT = DEMO_MODELS / "draft"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -29,6 +35,24 @@ class LoadedModel:
     tokenizer: Any | None  # a transformers tokenizer, or None when the folder has none
     eos_token_ids: frozenset[int]
     name: str
+
+
+def default_model_names(target: str | None, draft: str | None) -> tuple[str, str | None]:
+    """Fill in the embedded demo pair where no model was named.
+
+    No target: the demo target, and the demo draft unless a draft was named. A named target
+    gets no draft by default (the demo draft would not share its vocabulary).
+    """
+    if target is not None:
+        return target, draft
+    if not DEMO_TARGET.is_dir():
+        raise ModelLoadError(
+            "no target model given and the embedded demo model is not installed (assets/models/target); "
+            "pass --target HUB_ID_OR_FOLDER"
+        )
+    if draft is None and DEMO_DRAFT.is_dir():
+        draft = str(DEMO_DRAFT)
+    return str(DEMO_TARGET), draft
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -82,7 +82,7 @@ class ModelSpec:
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         rope = getattr(config, "rope_parameters", None) or {}
         rope_type = rope.get("rope_type", "default")
-        if rope_type not in ("default", "linear", "dynamic", "yarn", "llama3", "longrope"):
+        if rope_type not in ("default", "linear", "dynamic", "yarn", "llama3"):
             raise UnsupportedModelError(f"unsupported rope type {rope_type!r}")
         if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
             raise UnsupportedModelError("partial rotary embeddings are not supported")
@@ -127,7 +127,6 @@ class Rotary:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
         self.scaling = float(scaling)
-        self._long: tuple[torch.Tensor, float] | None = None
 
     def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
         """Dynamic types depend on the sequence length seen by the forward (as in transformers)."""
@@ -136,13 +135,6 @@ class Rotary:
         if self.rope_type == "dynamic" and seq_len > original:
             inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len)
             return inv.to(self.device, torch.float), float(scaling)
-        if self.rope_type == "longrope":
-            orig = self.config.rope_parameters.get("original_max_position_embeddings", original)
-            if seq_len > orig:
-                if self._long is None:
-                    inv, scaling = ROPE_INIT_FUNCTIONS["longrope"](self.config, self.device, seq_len=orig + 1)
-                    self._long = (inv.to(self.device, torch.float), float(scaling))
-                return self._long
         return self.inv_freq, self.scaling
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
