@@ -35,7 +35,7 @@ from .config import GenerationConfig, SamplingConfig
 from .events import ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
 from .model import DecoderModel
-from .sampling import sample, verify_greedy, verify_stochastic, warp
+from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 
 
 class Lane:
@@ -408,7 +408,10 @@ class Decoder:
                 continue
             c = lane.cache
             data = None if isinstance(c, FullCache) else (c.k[:, :, : c.length].clone(), c.v[:, :, : c.length].clone())
-            extra = (c.selection, ) if isinstance(c, RetrievalCache) else (getattr(c, "evicted", 0),)
+            if isinstance(c, RetrievalCache):
+                extra = (c.selection, c.exact_positions)
+            else:
+                extra = (getattr(c, "evicted", 0),)
             snap.append((lane.covered, list(lane.fed), list(lane.pending), c.length, data, extra))
         self._mark = tuple(snap)
 
@@ -427,7 +430,7 @@ class Decoder:
                 c.v[:, :, :length] = data[1]
                 c.length = length
             if isinstance(c, RetrievalCache):
-                c.selection = extra[0]
+                c.selection, c.exact_positions = extra
             elif isinstance(c, StreamingCache):
                 c.evicted = extra[0]
             lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
@@ -579,9 +582,7 @@ class _TextState:
         return out
 
 
-def _bonus_only(p: torch.Tensor, generator):
-    from .sampling import VerifyResult
-
+def _bonus_only(p: torch.Tensor, generator) -> VerifyResult:
     return VerifyResult(accepted=0, token=sample(p, generator), bonus=True)
 
 

@@ -24,14 +24,9 @@ class FullCache(KVStore):
         self._means_chunk = 0
         self._means_valid = 0  # chunks whose mean is up to date
 
-    def view(
-        self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
-    ) -> tuple[torch.Tensor, torch.Tensor, int]:
-        t, s = self.length, k_new.shape[1]
-        self.k[layer, :, t : t + s] = k_new
-        self.v[layer, :, t : t + s] = v_new
-        start = 0 if window is None else max(0, t - window + 1)
-        return self.k[layer, :, start : t + s], self.v[layer, :, start : t + s], start
+    def window_start(self, window: int | None) -> int:
+        # Slot == position: keys older than the first new query's window need not be read.
+        return 0 if window is None else max(0, self.length - window + 1)
 
     def truncate(self, length: int) -> None:
         super().truncate(length)

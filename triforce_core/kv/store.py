@@ -58,7 +58,12 @@ class KVStore:
         t, s = self.length, k_new.shape[1]
         self.k[layer, :, t : t + s] = k_new
         self.v[layer, :, t : t + s] = v_new
-        return self.k[layer, :, : t + s], self.v[layer, :, : t + s], 0
+        start = self.window_start(window)
+        return self.k[layer, :, start : t + s], self.v[layer, :, start : t + s], start
+
+    def window_start(self, window: int | None) -> int:
+        """First slot the new queries may see (0: every cached key; a mask does the rest)."""
+        return 0
 
     def advance(self, n: int) -> None:
         self.length += n
