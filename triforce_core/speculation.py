@@ -94,14 +94,27 @@ class Lane:
         self.covered += len(self.fed)
         self.fed = []
 
-    def prefill(self, tokens: list[int], chunk: int) -> None:
-        """Feed committed tokens in chunks without computing logits."""
+    def prefill(self, tokens: list[int], chunk: int, capture_last: bool = False, on_progress=None):
+        """Feed committed tokens in chunks without computing logits.
+
+        With capture_last, return the post-rope queries [L, H, D] of the last token fed.
+        """
+        queries = None
         for i in range(0, len(tokens), chunk):
             part = tokens[i : i + chunk]
             self.cache.reserve(len(part))
             positions = self.cache.positions(self.covered, len(part))
-            self.model.forward(torch.tensor(part, device=self.model.device), positions, self.cache, logits_rows=None)
+            last = capture_last and i + chunk >= len(tokens)
+            out = self.model.forward(
+                torch.tensor(part, device=self.model.device), positions, self.cache, logits_rows=None,
+                capture_queries=last,
+            )
             self.covered += len(part)
+            if last:
+                queries = out.queries[:, -1]
+            if on_progress is not None:
+                on_progress(i + len(part), len(tokens))
+        return queries
 
 
 class StreamingLane(Lane):
@@ -353,22 +366,7 @@ class Decoder:
         body = self.prompt[:-1]
         chunk = self.config.cache.prefill_chunk
         lane = self.full
-        queries = None
-        for i in range(0, len(body), chunk):
-            part = body[i : i + chunk]
-            lane.cache.reserve(len(part))
-            out = lane.model.forward(
-                torch.tensor(part, device=lane.model.device),
-                lane.cache.positions(lane.covered, len(part)),
-                lane.cache,
-                logits_rows=None,
-                capture_queries=self.retrieval is not None and i + chunk >= len(body),
-            )
-            lane.covered += len(part)
-            if out.queries is not None:
-                queries = out.queries[:, -1]  # [L, H, D] of the last prefilled token
-            if on_progress is not None:
-                on_progress(i + len(part), len(body))
+        queries = lane.prefill(body, chunk, capture_last=self.retrieval is not None, on_progress=on_progress)
         lane.pending = self.prompt[-1:]
         if self.small is not None:
             self.small.prefill(body, chunk)
