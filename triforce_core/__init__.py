@@ -6,10 +6,46 @@ Public API:
 Importing this package has no side effects (no model is loaded, nothing is downloaded).
 """
 
-from .config import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
-from .engine import ContextLengthError, GenerationResult, TriForceEngine
-from .events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
-from .loading import ModelLoadError
+from typing import TYPE_CHECKING
+
+# Names are resolved on first use, so that light parts (document ingestion, the command
+# line's --help) do not pay for importing torch and transformers.
+_EXPORTS = {
+    "CacheConfig": "config",
+    "ConfigError": "config",
+    "GenerationConfig": "config",
+    "SamplingConfig": "config",
+    "SpeculationConfig": "config",
+    "ContextLengthError": "engine",
+    "GenerationResult": "engine",
+    "TriForceEngine": "engine",
+    "ChunksSelected": "events",
+    "Committed": "events",
+    "Drafted": "events",
+    "Finished": "events",
+    "GenerationStats": "events",
+    "Prefilled": "events",
+    "Verified": "events",
+    "ModelLoadError": "loading",
+}
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .config import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
+    from .engine import ContextLengthError, GenerationResult, TriForceEngine
+    from .events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
+    from .loading import ModelLoadError
+
+
+def __getattr__(name: str):
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'triforce_core' has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CacheConfig",

@@ -82,7 +82,39 @@ def build_parser() -> argparse.ArgumentParser:
         "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
     )
     g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    i = sub.add_parser(
+        "ingest",
+        help="extract the text of a document (txt, md, html, pdf, epub, docx)",
+        description=(
+            "Extract the text of a document: .txt/.md (any encoding), .html (visible text), .pdf "
+            "(page by page), .epub (spine order), .docx. The content is checked against the "
+            "extension, archives are read with size caps, and extraction runs in a separate "
+            "process with a time limit."
+        ),
+        epilog="On failure: exit code 2 and one line `error: FILE: reason` on stderr.",
+    )
+    i.add_argument("file", metavar="FILE")
+    i.add_argument("--json", action="store_true", help='print {"text", "format", "chars", "pages"} as JSON')
+    i.add_argument("--max-mb", type=float, default=50.0, help="largest file accepted, in MB (default 50)")
+    i.add_argument("--timeout", type=float, default=60.0, help="time limit for extraction in seconds (default 60)")
     return p
+
+
+def cmd_ingest(args) -> int:
+    from .documents import DocumentError, load_document
+
+    if args.max_mb <= 0 or args.timeout <= 0:
+        raise UsageError("--max-mb and --timeout must be positive")
+    try:
+        doc = load_document(args.file, max_bytes=int(args.max_mb * 1_000_000), timeout_s=args.timeout)
+    except DocumentError as e:
+        raise UsageError(f"{args.file}: {e}") from None
+    if args.json:
+        print(json.dumps(doc.as_json(), ensure_ascii=False))
+    else:
+        sys.stdout.write(doc.text if doc.text.endswith("\n") else doc.text + "\n")
+    return 0
 
 
 def _read_prompt(args, engine) -> list[int]:
@@ -214,23 +246,32 @@ def _stats_line(s: dict) -> str:
     )
 
 
-try:
-    from torch import OutOfMemoryError as _OutOfMemory
-except ImportError:  # older PyTorch
-    _OutOfMemory = MemoryError
-
-
 def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    try:
+        args = parser.parse_args(argv)
+    except UsageError as e:
+        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+        return 2
+    if args.command is None:
+        parser.print_help()
+        return 2
+    if args.command == "ingest":  # no torch needed
+        try:
+            return cmd_ingest(args)
+        except UsageError as e:
+            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt:
+            return 130
+
+    from torch import OutOfMemoryError as _OutOfMemory
+
     from .config import ConfigError
     from .engine import ContextLengthError
     from .loading import ModelLoadError
 
-    parser = build_parser()
     try:
-        args = parser.parse_args(argv)
-        if args.command is None:
-            parser.print_help()
-            return 2
         return cmd_generate(args)
     except (UsageError, ConfigError, ModelLoadError, ContextLengthError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)

@@ -1,0 +1,369 @@
+#!/usr/bin/env python3
+"""Train the embedded demo pair: a long-context Llama target and a small Llama draft.
+
+Everything runs offline on a CPU (about 75 minutes on 2 cores with the defaults):
+
+1. text: the Python documentation sources and the standard library's docstrings
+   (``demo_corpus``); the tutorial and the FAQ are held out;
+2. tokenizer: byte-level BPE with a chat template, trained with Hugging Face ``tokenizers``;
+3. target: multi-head attention so that its KV cache dominates at long context, trained on
+   1K-token windows with PoSE-style skipped position ids (positions up to 16K), a large rope
+   base, then 4K-token windows; a share of every batch is a synthetic copy task ("What follows
+   «quote»?") whose answer must be copied from far back in a document;
+4. draft: a much smaller model on 512-token windows, distilled from the target.
+
+Both models are saved in bfloat16 safetensors with the tokenizer under ``assets/models``.
+Seeded and deterministic for a given machine and library versions.
+
+    python scripts/train_demo_models.py               # full run
+    python scripts/train_demo_models.py --quick       # a two-minute smoke run into a scratch folder
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import demo_corpus  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}"
+    "<|{{ message['role'] }}|>\n{{ message['content'] }}<|end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
+)
+MAX_POSITION = 16384
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+# --------------------------------------------------------------------------------------
+# tokenizer
+# --------------------------------------------------------------------------------------
+def train_tokenizer(texts: list[str], vocab_size: int, out: Path):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, min_frequency=2, special_tokens=SPECIALS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer=trainer)
+    bos = tok.token_to_id("<|endoftext|>")
+    tok.post_processor = processors.TemplateProcessing(
+        single="<|endoftext|> $A", pair="<|endoftext|> $A $B", special_tokens=[("<|endoftext|>", bos)]
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<|endoftext|>", eos_token="<|end|>", pad_token="<|endoftext|>",
+        additional_special_tokens=SPECIALS[1:], model_max_length=MAX_POSITION,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    fast.save_pretrained(out)
+    return fast
+
+
+def encode_plain(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+# --------------------------------------------------------------------------------------
+# examples
+# --------------------------------------------------------------------------------------
+class Batcher:
+    """Language-model windows and copy-task conversations, with PoSE position ids."""
+
+    def __init__(self, tok, docs: list[str], stream: np.ndarray, seed: int, copy_share: float,
+                 pose_share: float, max_position: int = MAX_POSITION):
+        self.tok, self.docs, self.stream = tok, docs, stream
+        self.rng = random.Random(seed)
+        self.copy_share, self.pose_share, self.max_position = copy_share, pose_share, max_position
+        self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
+        self.pad = self.bos
+        self.chars_per_token = 3.2
+
+    def positions(self, n: int) -> list[int]:
+        if self.rng.random() >= self.pose_share or n >= self.max_position:
+            return list(range(n))
+        split = self.rng.randint(n // 8, n - 1)
+        skip = self.rng.randint(0, self.max_position - n)
+        return list(range(split)) + list(range(split + skip, n + skip))
+
+    def lm_example(self, n: int):
+        start = self.rng.randrange(0, len(self.stream) - n - 1)
+        ids = [self.bos] + self.stream[start:start + n - 1].tolist()
+        return ids, [1.0] * n
+
+    def document_text(self, chars: int) -> str:
+        parts, total = [], 0
+        i = self.rng.randrange(len(self.docs))
+        while total < chars:
+            d = self.docs[i % len(self.docs)]
+            parts.append(d)
+            total += len(d)
+            i += 1
+        text = "\n".join(parts)
+        start = self.rng.randrange(0, max(1, len(text) - chars))
+        # start at a paragraph or at least a word start
+        nl = text.find("\n", start)
+        start = nl + 1 if 0 <= nl < start + 400 else start
+        return text[start:start + chars]
+
+    def copy_example(self, n: int):
+        """A conversation: a document, then 1-4 "what follows «quote»?" questions and answers."""
+        while True:
+            questions = self.rng.randint(1, 4)
+            doc = self.document_text(int(self.chars_per_token * (n - 60 * questions - 8)))
+            messages = []
+            for k in range(questions):
+                picked = demo_corpus.pick_passage(doc, self.rng)
+                if picked is None:
+                    break
+                quote, cont = picked
+                q = self.rng.choice(demo_corpus.QUESTIONS).format(q=quote)
+                content = f"{doc}\n\n{q}" if k == 0 else q
+                messages += [{"role": "user", "content": content}, {"role": "assistant", "content": cont}]
+            if not messages:
+                continue
+            text = self.tok.apply_chat_template(messages, tokenize=False)
+            enc = self.tok(text, add_special_tokens=False, return_offsets_mapping=True)
+            ids, offsets = enc["input_ids"], enc["offset_mapping"]
+            if len(ids) > n:
+                self.chars_per_token *= 0.97
+                continue
+            # answer tokens: everything after "<|assistant|>\n" up to and including "<|end|>"
+            spans, pos = [], 0
+            for m in messages[1::2]:
+                a = text.index("<|assistant|>\n" + m["content"] + "<|end|>", pos) + len("<|assistant|>\n")
+                b = a + len(m["content"]) + len("<|end|>")
+                spans.append((a, b))
+                pos = b
+            weights = [0.0] * len(ids)
+            for i, (s, e) in enumerate(offsets):
+                if any(a <= s and e <= b and e > s for a, b in spans):
+                    weights[i] = 1.0
+            is_answer = weights
+            lm = [1.0] * len(ids)
+            pad = n - len(ids)
+            if pad > 24:
+                self.chars_per_token *= 1.01
+            return ids + [self.pad] * pad, lm + [0.0] * pad, is_answer + [0.0] * pad
+
+    def batch(self, b: int, n: int):
+        ids, pos, lm_w, ans_w = [], [], [], []
+        for _ in range(b):
+            if self.rng.random() < self.copy_share:
+                x, w, a = self.copy_example(n)
+            else:
+                x, w = self.lm_example(n)
+                a = [0.0] * n
+            ids.append(x)
+            lm_w.append(w)
+            ans_w.append(a)
+            pos.append(self.positions(n))
+        t = torch.tensor
+        return t(ids), t(pos), t(lm_w), t(ans_w)
+
+
+def lm_losses(logits, ids, lm_w, ans_w):
+    """Mean next-token loss over LM-weighted tokens, and over answer tokens."""
+    logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
+    nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    w = lm_w[:, 1:] * (1 - ans_w[:, 1:])
+    a = ans_w[:, 1:]
+    lm = (nll * w).sum() / w.sum().clamp_min(1)
+    ans = (nll * a).sum() / a.sum().clamp_min(1)
+    return lm, ans, a.sum()
+
+
+def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
+    if step < warmup:
+        return peak * (step + 1) / warmup
+    progress = (step - warmup) / max(1, total - warmup)
+    return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_model(tok, hidden, layers, heads, inter, theta, max_pos):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(
+        vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
+        num_key_value_heads=heads, intermediate_size=inter, max_position_embeddings=max_pos,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, initializer_range=0.02,
+        rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
+        bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id, tok.bos_token_id],
+        pad_token_id=tok.pad_token_id, attn_implementation="sdpa",
+    )
+    return LlamaForCausalLM(cfg)
+
+
+def train_target(model, batcher, phases, peak_lr, warmup, log_every, ckpt: Path):
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    total = sum(steps for steps, _, _ in phases)
+    step, t0 = 0, time.time()
+    hist = []
+    model.train()
+    for steps, b, n in phases:
+        for _ in range(steps):
+            ids, pos, lm_w, ans_w = batcher.batch(b, n)
+            for g in opt.param_groups:
+                g["lr"] = lr_at(step, total, peak_lr, warmup)
+            logits = model(input_ids=ids, position_ids=pos).logits
+            lm, ans, n_ans = lm_losses(logits, ids, lm_w, ans_w)
+            loss = lm + (ans if n_ans > 0 else 0.0)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            hist.append((lm.item(), ans.item()))
+            step += 1
+            if step % log_every == 0 or step == total:
+                recent = hist[-log_every:]
+                el = time.time() - t0
+                log(f"target step {step}/{total} (len {n}) lm {np.mean([h[0] for h in recent]):.3f} "
+                    f"copy {np.mean([h[1] for h in recent]):.3f}  {el / 60:.1f} min, "
+                    f"eta {el / step * (total - step) / 60:.1f} min")
+            if step % 200 == 0:
+                model.save_pretrained(ckpt)
+    return hist
+
+
+def train_draft(draft, teacher, batcher, steps, b, n, peak_lr, warmup, log_every):
+    opt = torch.optim.AdamW(draft.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    teacher.eval()
+    draft.train()
+    t0, hist = time.time(), []
+    for step in range(steps):
+        ids, _, lm_w, ans_w = batcher.batch(b, n)
+        pos = torch.arange(n).expand(b, n)
+        with torch.no_grad():
+            t_logits = teacher(input_ids=ids, position_ids=pos).logits.float()
+        for g in opt.param_groups:
+            g["lr"] = lr_at(step, steps, peak_lr, warmup)
+        logits = draft(input_ids=ids, position_ids=pos).logits.float()
+        mask = lm_w[:, :-1]
+        kl = (F.kl_div(F.log_softmax(logits[:, :-1], -1), F.log_softmax(t_logits[:, :-1], -1),
+                       log_target=True, reduction="none").sum(-1) * mask).sum() / mask.sum()
+        lm, _, _ = lm_losses(logits, ids, lm_w, torch.zeros_like(ans_w))
+        agree = ((logits[:, :-1].argmax(-1) == t_logits[:, :-1].argmax(-1)).float() * mask).sum() / mask.sum()
+        loss = kl + 0.25 * lm
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(draft.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        hist.append((kl.item(), lm.item(), agree.item()))
+        if (step + 1) % log_every == 0 or step + 1 == steps:
+            r = hist[-log_every:]
+            el = time.time() - t0
+            log(f"draft step {step + 1}/{steps} kl {np.mean([h[0] for h in r]):.3f} lm {np.mean([h[1] for h in r]):.3f} "
+                f"top1-agree {np.mean([h[2] for h in r]):.3f}  {el / 60:.1f} min")
+    return hist
+
+
+def save_bf16(model, tok, out: Path, card_meta: dict):
+    out.mkdir(parents=True, exist_ok=True)
+    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    model.generation_config.eos_token_id = [tok.eos_token_id, tok.bos_token_id]
+    model.generation_config.bos_token_id = tok.bos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.generation_config.save_pretrained(out)
+    tok.save_pretrained(out)
+    (out / "training.json").write_text(json.dumps(card_meta, indent=2) + "\n")
+    model.to(torch.float32)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, default=ROOT / "assets" / "models", help="where target/ and draft/ go")
+    p.add_argument("--work", type=Path, default=ROOT / "artifacts" / "demo-train", help="scratch folder")
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--vocab", type=int, default=4096)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--target-steps", type=int, default=850, help="steps of 4 x 1024 tokens")
+    p.add_argument("--long-steps", type=int, default=200, help="then steps of 1 x 4096 tokens")
+    p.add_argument("--draft-steps", type=int, default=350, help="steps of 16 x 512 tokens")
+    p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
+    a = p.parse_args(argv)
+
+    torch.set_num_threads(a.threads)
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    if a.quick:
+        a.out = a.work / "quick"
+        a.target_steps, a.long_steps, a.draft_steps = 6, 2, 6
+    a.work.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+
+    log("collecting text ...")
+    train_docs, held_docs = demo_corpus.build_corpus()
+    train_texts = [d.text for d in train_docs]
+    log(f"{len(train_docs)} training documents ({sum(map(len, train_texts)) / 1e6:.1f} M chars), "
+        f"{len(held_docs)} held out ({sum(len(d.text) for d in held_docs) / 1e6:.2f} M chars)")
+
+    tok_dir = a.work / "tokenizer"
+    tok = train_tokenizer(train_texts, a.vocab, tok_dir)
+    log(f"tokenizer: {len(tok)} tokens")
+    streams = []
+    for text in train_texts:
+        streams.append(tok.bos_token_id)
+        streams.extend(encode_plain(tok, text))
+    stream = np.asarray(streams, dtype=np.int32)
+    log(f"training stream: {len(stream) / 1e6:.2f} M tokens ({sum(map(len, train_texts)) / len(stream):.2f} chars/token)")
+
+    g = torch.Generator().manual_seed(a.seed)
+    torch.manual_seed(a.seed)
+    target = make_model(tok, 320, 6, 5, 896, 500_000, MAX_POSITION)
+    n_target = sum(p.numel() for p in target.parameters())
+    log(f"target: {n_target / 1e6:.2f} M parameters")
+    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.5, pose_share=0.75)
+    phases = [(a.target_steps, 4, 1024), (a.long_steps, 1, 4096)]
+    t0 = time.time()
+    train_target(target, batcher, phases, peak_lr=2e-3, warmup=min(60, a.target_steps // 3 + 1),
+                 log_every=10 if not a.quick else 1, ckpt=a.work / "target-ckpt")
+    target_minutes = (time.time() - t0) / 60
+    del g
+
+    torch.manual_seed(a.seed + 1)
+    draft = make_model(tok, 128, 2, 2, 384, 10_000, MAX_POSITION)
+    n_draft = sum(p.numel() for p in draft.parameters())
+    log(f"draft: {n_draft / 1e6:.2f} M parameters")
+    dbatcher = Batcher(tok, train_texts, stream, a.seed + 1, copy_share=0.0, pose_share=0.0)
+    t0 = time.time()
+    train_draft(draft, target, dbatcher, a.draft_steps, 16, 512, peak_lr=3e-3,
+                warmup=min(40, a.draft_steps // 3 + 1), log_every=10 if not a.quick else 1)
+    draft_minutes = (time.time() - t0) / 60
+
+    meta = {
+        "seed": a.seed, "threads": a.threads, "torch": torch.__version__,
+        "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
+        "held_out": list(demo_corpus.HELD_OUT_DIRS),
+        "target_phases": [{"steps": s, "batch": b, "length": n} for s, b, n in phases],
+        "draft": {"steps": a.draft_steps, "batch": 16, "length": 512},
+        "target_minutes": round(target_minutes, 1), "draft_minutes": round(draft_minutes, 1),
+        "total_minutes": round((time.time() - t_start) / 60, 1),
+    }
+    save_bf16(target, tok, a.out / "target", {**meta, "role": "target", "parameters": n_target})
+    save_bf16(draft, tok, a.out / "draft", {**meta, "role": "draft", "parameters": n_draft})
+    log(f"saved to {a.out} ({meta['total_minutes']} min in all)")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,564 @@
+"""Document ingestion: .txt/.md/.html/.pdf/.epub/.docx -> text plus a map back to pages/sections.
+
+    doc = load_document("book.epub")          # size limit, magic-byte check, time limit
+    doc.text, doc.format, doc.pages
+    doc.locate(12345)                         # -> "chapter 3: The Tale" / "page 137" / "line 88"
+
+Every failure is a `DocumentError` whose message is one line and names the problem (empty
+file, binary content, malformed or encrypted PDF, no text layer, archive over its limits,
+XML with entity declarations, file too large, extension that disagrees with the content,
+time limit). Extraction runs in a separate process with a time and memory limit, so a
+hostile file can neither hang nor bloat the app; nothing is ever written to disk and
+archives are read entry by entry with caps (never ``extractall``).
+
+This module imports only the standard library at import time; the parsers (pypdf,
+charset-normalizer, defusedxml) load when needed.
+"""
+
+from __future__ import annotations
+
+import bisect
+import io
+import multiprocessing as mp
+import os
+import posixpath
+import re
+import zipfile
+from dataclasses import dataclass, field
+from html.parser import HTMLParser
+from pathlib import Path
+
+MB = 1_000_000
+DEFAULT_MAX_BYTES = 50 * MB  # largest file accepted
+DEFAULT_TIMEOUT_S = 60.0  # wall-clock limit for one extraction
+DEFAULT_MEMORY_BYTES = 2 * 1024 * MB  # address-space limit of the extraction process (Linux)
+ZIP_MAX_ENTRIES = 5_000
+ZIP_MAX_TOTAL = 200 * MB  # total uncompressed bytes read from one archive
+ZIP_MAX_ENTRY = 50 * MB  # uncompressed bytes of one entry
+ZIP_MAX_RATIO = 100  # uncompressed / compressed, for entries above 1 MB
+
+FORMATS = ("txt", "md", "html", "pdf", "epub", "docx")
+EXTENSIONS = {
+    ".txt": "txt", ".text": "txt", ".md": "md", ".markdown": "md", ".html": "html", ".htm": "html",
+    ".xhtml": "html", ".pdf": "pdf", ".epub": "epub", ".docx": "docx",
+}
+FORMAT_NAMES = {"txt": "text", "md": "Markdown", "html": "HTML", "pdf": "PDF", "epub": "EPUB", "docx": "DOCX"}
+
+
+class DocumentError(ValueError):
+    """A document could not be read; the message is one line meant for the user."""
+
+
+@dataclass(frozen=True)
+class Section:
+    start: int  # character offset in Document.text where this page/section begins
+    label: str  # "page 3", "chapter 2: Title", "section: Heading"
+
+
+@dataclass(frozen=True)
+class Document:
+    text: str
+    format: str
+    name: str = ""
+    sections: tuple[Section, ...] = field(default_factory=tuple)
+    pages: int | None = None  # PDF pages (None for formats without pages)
+
+    @property
+    def chars(self) -> int:
+        return len(self.text)
+
+    def locate(self, offset: int) -> str:
+        """Where a character offset lies: the page/section label, else the line number."""
+        offset = max(0, min(int(offset), len(self.text)))
+        if self.sections:
+            i = bisect.bisect_right([s.start for s in self.sections], offset) - 1
+            if i >= 0:
+                return self.sections[i].label
+        return f"line {self.text.count(chr(10), 0, offset) + 1}"
+
+    def as_json(self) -> dict:
+        return {"text": self.text, "format": self.format, "chars": self.chars, "pages": self.pages}
+
+
+# --------------------------------------------------------------------------------------
+# public entry points
+# --------------------------------------------------------------------------------------
+def load_document(
+    path: str | os.PathLike,
+    *,
+    max_bytes: int = DEFAULT_MAX_BYTES,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
+    name: str | None = None,
+) -> Document:
+    """Read and extract a file. ``timeout_s=None`` extracts in this process (no time limit)."""
+    p = Path(path)
+    shown = name or p.name
+    try:
+        size = p.stat().st_size
+    except FileNotFoundError:
+        raise DocumentError("no such file") from None
+    except OSError as e:
+        raise DocumentError(f"cannot read the file ({e.strerror or e})") from None
+    if not p.is_file():
+        raise DocumentError("not a regular file")
+    if size == 0:
+        raise DocumentError("the file is empty")
+    if size > max_bytes:
+        raise DocumentError(f"the file is {size / MB:.1f} MB, over the {max_bytes / MB:.0f} MB limit")
+    data = p.read_bytes()
+    return extract_bytes(data, shown, timeout_s=timeout_s, memory_bytes=memory_bytes)
+
+
+def extract_bytes(
+    data: bytes,
+    name: str,
+    *,
+    timeout_s: float | None = DEFAULT_TIMEOUT_S,
+    memory_bytes: int | None = DEFAULT_MEMORY_BYTES,
+) -> Document:
+    """Extract the text of ``data`` (named ``name``, whose extension is a claim to check)."""
+    if not data:
+        raise DocumentError("the file is empty")
+    if timeout_s is None:
+        return _extract(data, name)
+    return _in_child(data, name, timeout_s, memory_bytes)
+
+
+def detect_format(data: bytes, name: str) -> str:
+    """The format from the content (magic bytes), checked against the name's extension."""
+    ext = Path(name).suffix.lower()
+    claimed = EXTENSIONS.get(ext)
+    if ext and claimed is None:
+        raise DocumentError(f"unsupported file type {ext!r} (supported: {', '.join(sorted(EXTENSIONS))})")
+    actual = _sniff(data)
+    if actual in ("pdf", "epub", "docx", "zip"):
+        if claimed in ("pdf", "epub", "docx") and claimed == actual:
+            return actual
+        what = "a ZIP archive that is neither EPUB nor DOCX" if actual == "zip" else f"a {FORMAT_NAMES[actual]} file"
+        if claimed is None and actual != "zip":
+            return actual
+        raise DocumentError(f"the name says {FORMAT_NAMES.get(claimed, claimed)} but the content is {what}")
+    if claimed in ("pdf", "epub", "docx"):
+        raise DocumentError(f"not a {FORMAT_NAMES[claimed]} file (its content does not start like one; truncated or renamed?)")
+    if actual == "binary":
+        raise DocumentError("binary content, not text (is this really a text file?)")
+    if claimed is None:
+        return "html" if actual == "html" else "txt"
+    return claimed
+
+
+# --------------------------------------------------------------------------------------
+# the extraction process
+# --------------------------------------------------------------------------------------
+def _child(conn, data: bytes, name: str, memory_bytes: int | None) -> None:
+    try:
+        if memory_bytes:
+            try:
+                import resource
+
+                resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+            except (ImportError, ValueError, OSError):
+                pass
+        conn.send(("ok", _extract(data, name)))
+    except DocumentError as e:
+        conn.send(("error", str(e)))
+    except MemoryError:
+        conn.send(("error", "the document needs too much memory to extract"))
+    except RecursionError:
+        conn.send(("error", "the document is nested too deeply to extract"))
+    except Exception as e:  # an unexpected parser failure is still the file's fault
+        conn.send(("error", f"could not extract text ({type(e).__name__}: {_one_line(e)})"))
+    finally:
+        conn.close()
+
+
+def _in_child(data: bytes, name: str, timeout_s: float, memory_bytes: int | None) -> Document:
+    ctx = mp.get_context("spawn")
+    parent, child = ctx.Pipe(duplex=False)
+    proc = ctx.Process(target=_child, args=(child, data, name, memory_bytes), daemon=True)
+    proc.start()
+    child.close()
+    try:
+        if not parent.poll(timeout_s):
+            raise DocumentError(f"extraction took longer than {timeout_s:g} s and was stopped")
+        try:
+            status, payload = parent.recv()
+        except EOFError:
+            raise DocumentError("the extraction process died (the file may be hostile or too large)") from None
+    finally:
+        if proc.is_alive():
+            proc.kill()
+        proc.join(5)
+        parent.close()
+    if status == "error":
+        raise DocumentError(payload)
+    return payload
+
+
+def _extract(data: bytes, name: str) -> Document:
+    fmt = detect_format(data, name)
+    if fmt == "pdf":
+        doc = _pdf(data)
+    elif fmt == "epub":
+        doc = _epub(data)
+    elif fmt == "docx":
+        doc = _docx(data)
+    elif fmt == "html":
+        text, sections = html_to_text(_decode_text(data))
+        doc = Document(text, "html", sections=sections)
+    else:
+        text = _decode_text(data)
+        doc = Document(text, fmt, sections=_markdown_sections(text) if fmt == "md" else ())
+    if not doc.text.strip():
+        raise DocumentError("no extractable text" + (" (a scanned PDF? it needs OCR first)" if fmt == "pdf" else ""))
+    return Document(doc.text, doc.format, name, doc.sections, doc.pages)
+
+
+# --------------------------------------------------------------------------------------
+# sniffing and text
+# --------------------------------------------------------------------------------------
+def _sniff(data: bytes) -> str:
+    head = data[:1024]
+    if b"%PDF-" in head:
+        return "pdf"
+    if data[:4] == b"PK\x03\x04":
+        try:
+            names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+        except (zipfile.BadZipFile, ValueError, OSError):
+            return "zip"
+        if "META-INF/container.xml" in names or "mimetype" in names and any(n.endswith(".opf") for n in names):
+            return "epub"
+        if "word/document.xml" in names:
+            return "docx"
+        return "zip"
+    if data[:2] in (b"\xff\xfe", b"\xfe\xff") or data[:3] == b"\xef\xbb\xbf":
+        return "text"
+    sample = data[:8192]
+    if b"\x00" in sample:
+        return "binary"
+    controls = sum(1 for b in sample if b < 9 or 13 < b < 32)
+    if controls > max(8, len(sample) // 100):
+        return "binary"
+    low = sample[:512].lstrip().lower()
+    if low.startswith((b"<!doctype html", b"<html")):
+        return "html"
+    return "text"
+
+
+def _decode_text(data: bytes) -> str:
+    for bom, codec in ((b"\xef\xbb\xbf", "utf-8-sig"), (b"\xff\xfe", "utf-16"), (b"\xfe\xff", "utf-16")):
+        if data.startswith(bom):
+            return _normalise(data.decode(codec, errors="replace"))
+    try:
+        return _normalise(data.decode("utf-8"))
+    except UnicodeDecodeError:
+        pass
+    from charset_normalizer import from_bytes
+
+    best = from_bytes(data).best()
+    if best is None:
+        raise DocumentError("binary content, not text (no text encoding fits it)")
+    return _normalise(str(best))
+
+
+def _normalise(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n").replace("\x00", "")
+    return text
+
+
+def _markdown_sections(text: str) -> tuple[Section, ...]:
+    out = []
+    for m in re.finditer(r"(?m)^(#{1,3})\s+(.+?)\s*#*\s*$", text):
+        out.append(Section(m.start(), f"section: {m.group(2)[:80]}"))
+    return tuple(out)
+
+
+def _one_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:200]
+
+
+# --------------------------------------------------------------------------------------
+# HTML (and the XHTML of EPUB chapters)
+# --------------------------------------------------------------------------------------
+_BLOCK = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article", "header", "footer",
+          "h1", "h2", "h3", "h4", "h5", "h6", "pre", "blockquote", "dd", "dt", "dl", "hr", "figure",
+          "figcaption", "nav", "aside", "main", "td", "th", "title"}
+_HIDDEN = {"script", "style", "noscript", "template", "head", "svg", "math", "iframe", "object"}
+_HEADINGS = {"h1", "h2", "h3"}
+
+
+class _TextParser(HTMLParser):
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.parts: list[str] = []
+        self.hidden = 0
+        self.pre = 0
+        self.heading: list[str] | None = None
+        self.heading_at = 0
+        self.headings: list[tuple[int, str]] = []
+        self.title: list[str] | None = None
+        self.title_text = ""
+
+    def _len(self) -> int:
+        return sum(len(p) for p in self.parts)
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "title":
+            self.title = []
+        if tag in _HIDDEN:
+            self.hidden += 1
+        elif tag in _BLOCK:
+            self.parts.append("\n")
+        if tag == "pre":
+            self.pre += 1
+        if tag in _HEADINGS and not self.hidden:
+            self.heading, self.heading_at = [], self._len()
+        if tag in ("img",) and not self.hidden:
+            alt = dict(attrs).get("alt")
+            if alt:
+                self.parts.append(f" {alt} ")
+
+    def handle_startendtag(self, tag, attrs):
+        if tag in ("br", "hr"):
+            self.parts.append("\n")
+
+    def handle_endtag(self, tag):
+        if tag == "title" and self.title is not None:
+            self.title_text = " ".join("".join(self.title).split())
+            self.title = None
+        if tag in _HIDDEN:
+            self.hidden = max(0, self.hidden - 1)
+        elif tag in _BLOCK:
+            self.parts.append("\n")
+        if tag == "pre":
+            self.pre = max(0, self.pre - 1)
+        if tag in _HEADINGS and self.heading is not None:
+            title = " ".join("".join(self.heading).split())
+            if title:
+                self.headings.append((self.heading_at, title))
+            self.heading = None
+
+    def handle_data(self, data):
+        if self.title is not None:
+            self.title.append(data)
+        if self.hidden:
+            return
+        if not self.pre:
+            data = re.sub(r"\s+", " ", data)
+        self.parts.append(data)
+        if self.heading is not None:
+            self.heading.append(data)
+
+
+def html_to_text(source: str) -> tuple[str, tuple[Section, ...]]:
+    """Visible text of an HTML page and its h1-h3 headings as sections."""
+    parser = _TextParser()
+    try:
+        parser.feed(source)
+        parser.close()
+    except (AssertionError, ValueError) as e:
+        raise DocumentError(f"malformed HTML ({_one_line(e)})") from None
+    raw = "".join(parser.parts)
+    # tidy whitespace while mapping heading offsets to the tidied text
+    text, starts, j = [], [], 0
+    mapping = []
+    out_len = 0
+    for line in raw.split("\n"):
+        cleaned = line.strip()
+        mapping.append((j, out_len))
+        j += len(line) + 1
+        if cleaned:
+            text.append(cleaned)
+            out_len += len(cleaned) + 1
+        elif text and text[-1] != "":
+            text.append("")
+            out_len += 1
+    joined = "\n".join(text).strip("\n")
+    line_starts = [m[0] for m in mapping]
+    for at, title in parser.headings:
+        k = bisect.bisect_right(line_starts, at) - 1
+        starts.append(Section(min(mapping[max(k, 0)][1], len(joined)), f"section: {title[:80]}"))
+    return joined, tuple(starts)
+
+
+# --------------------------------------------------------------------------------------
+# PDF
+# --------------------------------------------------------------------------------------
+def _pdf(data: bytes) -> Document:
+    import logging
+
+    from pypdf import PdfReader
+    from pypdf.errors import DependencyError, FileNotDecryptedError, PdfReadError, PdfStreamError
+
+    logging.getLogger("pypdf").setLevel(logging.ERROR)
+    try:
+        reader = PdfReader(io.BytesIO(data), strict=False)
+        if reader.is_encrypted:
+            try:
+                ok = reader.decrypt("")
+            except (DependencyError, NotImplementedError) as e:
+                raise DocumentError(f"the PDF is encrypted with a method this installation cannot open ({_one_line(e)})") from None
+            if not ok:
+                raise DocumentError("the PDF is encrypted and needs a password")
+        pages = reader.pages
+        n = len(pages)
+        parts, sections, at = [], [], 0
+        for i in range(n):
+            text = (pages[i].extract_text() or "").replace("\x00", "").strip()
+            sections.append(Section(at, f"page {i + 1}"))
+            chunk = text + "\n\n"
+            parts.append(chunk)
+            at += len(chunk)
+    except DocumentError:
+        raise
+    except FileNotDecryptedError:
+        raise DocumentError("the PDF is encrypted and needs a password") from None
+    except (PdfReadError, PdfStreamError, EOFError, KeyError, ValueError, TypeError, AttributeError,
+            IndexError, OSError, AssertionError) as e:
+        raise DocumentError(f"malformed or truncated PDF ({_one_line(e)})") from None
+    if n == 0:
+        raise DocumentError("malformed PDF (it has no pages)")
+    return Document("".join(parts).rstrip() + "\n", "pdf", sections=tuple(sections), pages=n)
+
+
+# --------------------------------------------------------------------------------------
+# ZIP-based formats: EPUB and DOCX
+# --------------------------------------------------------------------------------------
+class _Archive:
+    """Capped, entry-by-entry access to a ZIP archive held in memory."""
+
+    def __init__(self, data: bytes, kind: str):
+        self.kind = kind
+        try:
+            self.zf = zipfile.ZipFile(io.BytesIO(data))
+            infos = self.zf.infolist()
+        except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as e:
+            raise DocumentError(f"malformed {kind} (bad ZIP archive: {_one_line(e)})") from None
+        if len(infos) > ZIP_MAX_ENTRIES:
+            raise DocumentError(f"the {kind} has {len(infos)} entries, over the limit of {ZIP_MAX_ENTRIES}")
+        declared = sum(i.file_size for i in infos)
+        if declared > ZIP_MAX_TOTAL:
+            raise DocumentError(f"the {kind} would unpack to {declared / MB:.0f} MB, over the {ZIP_MAX_TOTAL / MB:.0f} MB limit")
+        for i in infos:
+            self._check(i)
+        self.infos = {i.filename: i for i in infos}
+        self.read_total = 0
+
+    def _check(self, info: zipfile.ZipInfo) -> None:
+        if info.file_size > ZIP_MAX_ENTRY:
+            raise DocumentError(f"{self.kind} entry {info.filename!r} unpacks to {info.file_size / MB:.0f} MB, over the {ZIP_MAX_ENTRY / MB:.0f} MB limit")
+        if info.file_size > MB and info.file_size > ZIP_MAX_RATIO * max(1, info.compress_size):
+            raise DocumentError(f"{self.kind} entry {info.filename!r} is compressed {info.file_size // max(1, info.compress_size)}:1 (a zip bomb?)")
+
+    def has(self, name: str) -> bool:
+        return name in self.infos
+
+    def read(self, name: str) -> bytes:
+        info = self.infos.get(name)
+        if info is None:
+            raise DocumentError(f"malformed {self.kind} (missing entry {name!r})")
+        if info.flag_bits & 0x1:
+            raise DocumentError(f"the {self.kind} is encrypted")
+        limit = min(ZIP_MAX_ENTRY, ZIP_MAX_TOTAL - self.read_total)
+        try:
+            with self.zf.open(info) as f:
+                data = f.read(limit + 1)  # never trust the declared size
+        except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
+            raise DocumentError(f"malformed {self.kind} (entry {name!r}: {_one_line(e)})") from None
+        if len(data) > limit:
+            raise DocumentError(f"the {self.kind} unpacks to more than its declared size (a zip bomb?)")
+        self.read_total += len(data)
+        return data
+
+
+def _xml(data: bytes, what: str):
+    from defusedxml import DefusedXmlException
+    from defusedxml.ElementTree import fromstring
+    from xml.etree.ElementTree import ParseError
+
+    try:
+        return fromstring(data, forbid_dtd=False, forbid_entities=True, forbid_external=True)
+    except DefusedXmlException:
+        raise DocumentError(f"unsafe XML in {what} (entity declarations are not allowed)") from None
+    except ParseError as e:
+        raise DocumentError(f"malformed XML in {what} ({_one_line(e)})") from None
+
+
+def _local(tag: str) -> str:
+    return tag.rsplit("}", 1)[-1]
+
+
+def _epub(data: bytes) -> Document:
+    arc = _Archive(data, "EPUB")
+    container = _xml(arc.read("META-INF/container.xml"), "META-INF/container.xml")
+    rootfile = next((el.get("full-path") for el in container.iter() if _local(el.tag) == "rootfile"), None)
+    if not rootfile:
+        raise DocumentError("malformed EPUB (container.xml names no package file)")
+    opf = _xml(arc.read(rootfile), rootfile)
+    base = posixpath.dirname(rootfile)
+    manifest = {}
+    for el in opf.iter():
+        if _local(el.tag) == "item" and el.get("id") and el.get("href"):
+            manifest[el.get("id")] = (el.get("href"), el.get("media-type", ""))
+    spine = [el.get("idref") for el in opf.iter() if _local(el.tag) == "itemref"]
+    if not spine:
+        raise DocumentError("malformed EPUB (its spine lists no chapters)")
+    parts, sections, at, chapter = [], [], 0, 0
+    for idref in spine:
+        item = manifest.get(idref)
+        if item is None:
+            continue
+        href, media = item
+        if media and "html" not in media and "xml" not in media:
+            continue
+        path = posixpath.normpath(posixpath.join(base, href.split("#")[0]))
+        if not arc.has(path):
+            continue
+        raw = arc.read(path)
+        if b"<!ENTITY" in raw[:4096].upper():
+            raise DocumentError(f"unsafe XML in {path} (entity declarations are not allowed)")
+        text, heads = html_to_text(_decode_text(raw))
+        if not text.strip():
+            continue
+        chapter += 1
+        title = heads[0].label.split(": ", 1)[-1] if heads else ""
+        sections.append(Section(at, f"chapter {chapter}" + (f": {title}" if title else "")))
+        for h in heads[1:]:
+            sections.append(Section(at + h.start, f"chapter {chapter}, {h.label}"))
+        chunk = text.strip() + "\n\n"
+        parts.append(chunk)
+        at += len(chunk)
+    return Document("".join(parts).rstrip() + "\n" if parts else "", "epub", sections=tuple(sections))
+
+
+_W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"
+
+
+def _docx(data: bytes) -> Document:
+    arc = _Archive(data, "DOCX")
+    root = _xml(arc.read("word/document.xml"), "word/document.xml")
+    parts, sections, at = [], [], 0
+    for p in root.iter(f"{_W}p"):
+        style = ""
+        runs = []
+        for el in p.iter():
+            tag = el.tag
+            if tag == f"{_W}pStyle":
+                style = el.get(f"{_W}val", "") or ""
+            elif tag == f"{_W}t" and el.text:
+                runs.append(el.text)
+            elif tag == f"{_W}tab":
+                runs.append("\t")
+            elif tag in (f"{_W}br", f"{_W}cr"):
+                runs.append("\n")
+        line = "".join(runs).strip()
+        if not line:
+            continue
+        if style.lower().startswith(("heading", "title")):
+            sections.append(Section(at, f"section: {line[:80]}"))
+        chunk = line + "\n\n"
+        parts.append(chunk)
+        at += len(chunk)
+    return Document("".join(parts).rstrip() + "\n" if parts else "", "docx", sections=tuple(sections))
