@@ -24,6 +24,43 @@ class _Parser(argparse.ArgumentParser):
         raise UsageError(message)
 
 
+def _add_model_args(g) -> None:
+    models = g.add_argument_group("models")
+    models.add_argument("--target", help="target: hub id or local folder (default: the embedded demo target)")
+    models.add_argument(
+        "--draft",
+        help="small draft sharing the target's vocabulary (default: the embedded demo draft when --target "
+        "is not given, else none)",
+    )
+    models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
+    models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
+
+
+def _add_decoding_args(g) -> None:
+    dec = g.add_argument_group("decoding")
+    dec.add_argument(
+        "--mode",
+        choices=["triforce", "retrieval", "draft", "autoregressive"],
+        help="default triforce (retrieval when no draft model is available)",
+    )
+    dec.add_argument("--max-new-tokens", type=int, default=128)
+    dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    dec.add_argument("--top-p", type=float, default=1.0)
+    dec.add_argument("--top-k", type=int, default=0, help="0 = off")
+    dec.add_argument("--seed", type=int, default=None)
+    dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
+    spec = g.add_argument_group("speculation")
+    spec.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens (default 4096)")
+    spec.add_argument("--chunk-size", type=int, default=8, help="retrieval chunk size (default 8)")
+    spec.add_argument("--draft-window", type=int, default=240, help="recent tokens in the draft's cache (default 240)")
+    spec.add_argument("--draft-sinks", type=int, default=16, help="attention-sink tokens in the draft's cache (default 16)")
+    spec.add_argument("--gamma1", type=int, default=2, help="small-draft tokens per retrieval verification (default 2)")
+    spec.add_argument("--gamma2", type=int, default=6, help="tokens the target verifies per round (default 6)")
+    spec.add_argument(
+        "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
         prog="python -m triforce_core",
@@ -44,44 +81,40 @@ def build_parser() -> argparse.ArgumentParser:
             "statistics go to stderr."
         ),
     )
-    models = g.add_argument_group("models")
-    models.add_argument("--target", help="target: hub id or local folder (default: the embedded demo target)")
-    models.add_argument(
-        "--draft",
-        help="small draft sharing the target's vocabulary (default: the embedded demo draft when --target "
-        "is not given, else none)",
-    )
-    models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
-    models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
+    _add_model_args(g)
     prompt = g.add_argument_group("prompt (exactly one)")
     src = prompt.add_mutually_exclusive_group(required=True)
     src.add_argument("--prompt", help="prompt text (tokenized as is, no chat template)")
     src.add_argument("--prompt-file", help="file with the prompt text (UTF-8)")
     src.add_argument("--prompt-ids-file", help="JSON list of token ids, used as is")
-    dec = g.add_argument_group("decoding")
-    dec.add_argument(
-        "--mode",
-        choices=["triforce", "retrieval", "draft", "autoregressive"],
-        help="default triforce (retrieval when no draft model is available)",
-    )
-    dec.add_argument("--max-new-tokens", type=int, default=128)
-    dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    dec.add_argument("--top-p", type=float, default=1.0)
-    dec.add_argument("--top-k", type=int, default=0, help="0 = off")
-    dec.add_argument("--seed", type=int, default=None)
-    dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
-    dec.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (one prefill)")
-    spec = g.add_argument_group("speculation")
-    spec.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens (default 4096)")
-    spec.add_argument("--chunk-size", type=int, default=8, help="retrieval chunk size (default 8)")
-    spec.add_argument("--draft-window", type=int, default=240, help="recent tokens in the draft's cache (default 240)")
-    spec.add_argument("--draft-sinks", type=int, default=16, help="attention-sink tokens in the draft's cache (default 16)")
-    spec.add_argument("--gamma1", type=int, default=2, help="small-draft tokens per retrieval verification (default 2)")
-    spec.add_argument("--gamma2", type=int, default=6, help="tokens the target verifies per round (default 6)")
-    spec.add_argument(
-        "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
-    )
+    _add_decoding_args(g)
+    g.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (one prefill)")
     g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+
+    c = sub.add_parser(
+        "chat",
+        help="answer questions about a document, as one conversation",
+        description=(
+            "Answer questions about a document as one conversation, with the target's chat template. "
+            "The document is prefilled once; each later question prefills only its own tokens "
+            "(and the previous answer's), reusing the cached document."
+        ),
+        epilog=(
+            "A conversation longer than the target's context window is refused with the numbers, "
+            "unless --truncate is given (then the document's end is cut and the cut is reported)."
+        ),
+    )
+    _add_model_args(c)
+    conv = c.add_argument_group("conversation")
+    conv.add_argument("--document", metavar="FILE", help="txt, md, html, pdf, epub or docx (optional)")
+    conv.add_argument("--question", action="append", required=True, metavar="Q",
+                      help="a question; repeat for several turns, asked in order")
+    conv.add_argument("--system", help="system prompt")
+    conv.add_argument("--truncate", action="store_true",
+                      help="cut the document's end when the conversation would not fit (reported)")
+    conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
+    _add_decoding_args(c)
+    c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     i = sub.add_parser(
         "ingest",
@@ -208,6 +241,71 @@ def cmd_generate(args) -> int:
     return 0
 
 
+def cmd_chat(args) -> int:
+    from .config import ConfigError
+    from .documents import DocumentError, load_document
+    from .engine import TriForceEngine
+    from .events import Committed, Finished, Prefilled
+    from .loading import default_model_names
+    from .session import ChatSession
+
+    try:
+        _configs(args, has_draft=True)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if any(not (q or "").strip() for q in args.question):
+        raise UsageError("--question must not be empty")
+    document = None
+    if args.document is not None:
+        try:
+            document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000))
+        except DocumentError as e:
+            raise UsageError(f"{args.document}: {e}") from None
+    target, draft = default_model_names(args.target, args.draft)
+    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
+    try:
+        config = _configs(args, has_draft=engine.draft is not None)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    if engine.tokenizer is None:
+        raise UsageError("the target has no tokenizer; chat needs one")
+    session = ChatSession(engine, document, system_prompt=args.system, config=config,
+                          allow_truncation=args.truncate)
+    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
+    out_turns = []
+    for q in args.question:
+        if not args.json:
+            print(f"Q: {q}\nA: ", end="", flush=True)
+        for ev in session.ask(q):
+            if args.json:
+                continue
+            if isinstance(ev, Committed) and ev.text:
+                sys.stdout.write((LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m") if colour else ev.text)
+                sys.stdout.flush()
+            elif isinstance(ev, Finished):
+                sys.stdout.write("\n\n")
+                print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
+            elif isinstance(ev, Prefilled):
+                print(f"[prefilled {ev.tokens} tokens, reused {ev.reused_tokens}, {ev.seconds:.2f}s]", file=sys.stderr)
+        turn = session.turns[-1]
+        if turn.truncation is not None:
+            print(f"note: {turn.truncation.message()}", file=sys.stderr)
+        item = {
+            "question": turn.question,
+            "answer": turn.answer,
+            "token_ids": turn.token_ids,
+            "levels": turn.levels,
+            "stats": turn.stats.as_dict(),
+        }
+        if turn.truncation is not None:
+            item["truncation"] = vars(turn.truncation)
+        out_turns.append(item)
+    if args.json:
+        doc = {"chars": len(session.document), "tokens": session.document_tokens}
+        print(json.dumps({"document": doc, "turns": out_turns}))
+    return 0
+
+
 def _summary(stats: list) -> dict:
     """Figures over all samples (the single sample's own figures when there is one)."""
     if len(stats) == 1:
@@ -271,9 +369,13 @@ def main(argv: list[str] | None = None) -> int:
     from .engine import ContextLengthError
     from .loading import ModelLoadError
 
+    from .session import SessionError
+
     try:
+        if args.command == "chat":
+            return cmd_chat(args)
         return cmd_generate(args)
-    except (UsageError, ConfigError, ModelLoadError, ContextLengthError) as e:
+    except (UsageError, ConfigError, ModelLoadError, ContextLengthError, SessionError) as e:
         print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
         return 2
     except ValueError as e:  # e.g. a token id outside the vocabulary

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import bisect
 import io
-import multiprocessing as mp
 import os
 import posixpath
 import re
@@ -132,6 +131,8 @@ def detect_format(data: bytes, name: str) -> str:
     if ext and claimed is None:
         raise DocumentError(f"unsupported file type {ext!r} (supported: {', '.join(sorted(EXTENSIONS))})")
     actual = _sniff(data)
+    if actual == "zip" and claimed in ("epub", "docx"):
+        return claimed  # an archive we cannot classify: the parser says what is wrong with it
     if actual in ("pdf", "epub", "docx", "zip"):
         if claimed in ("pdf", "epub", "docx") and claimed == actual:
             return actual
@@ -151,46 +152,62 @@ def detect_format(data: bytes, name: str) -> str:
 # --------------------------------------------------------------------------------------
 # the extraction process
 # --------------------------------------------------------------------------------------
-def _child(conn, data: bytes, name: str, memory_bytes: int | None) -> None:
-    try:
-        if memory_bytes:
-            try:
-                import resource
+def _child_main() -> None:
+    """Entry point of the extraction process: a pickled request on stdin, a pickled reply on stdout."""
+    import pickle
+    import sys
 
-                resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
-            except (ImportError, ValueError, OSError):
-                pass
-        conn.send(("ok", _extract(data, name)))
+    data, name, memory_bytes = pickle.loads(sys.stdin.buffer.read())
+    if memory_bytes:
+        try:
+            import resource
+
+            resource.setrlimit(resource.RLIMIT_AS, (memory_bytes, memory_bytes))
+        except (ImportError, ValueError, OSError):
+            pass
+    try:
+        reply = ("ok", _extract(data, name))
     except DocumentError as e:
-        conn.send(("error", str(e)))
+        reply = ("error", str(e))
     except MemoryError:
-        conn.send(("error", "the document needs too much memory to extract"))
+        reply = ("error", "the document needs too much memory to extract")
     except RecursionError:
-        conn.send(("error", "the document is nested too deeply to extract"))
+        reply = ("error", "the document is nested too deeply to extract")
     except Exception as e:  # an unexpected parser failure is still the file's fault
-        conn.send(("error", f"could not extract text ({type(e).__name__}: {_one_line(e)})"))
-    finally:
-        conn.close()
+        reply = ("error", f"could not extract text ({type(e).__name__}: {_one_line(e)})")
+    sys.stdout.buffer.write(pickle.dumps(reply))
+    sys.stdout.flush()
+
+
+_PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
+_CHILD_CODE = (
+    "import sys; sys.path.insert(0, sys.argv[1]); "
+    "from triforce_core.documents import _child_main; _child_main()"
+)
 
 
 def _in_child(data: bytes, name: str, timeout_s: float, memory_bytes: int | None) -> Document:
-    ctx = mp.get_context("spawn")
-    parent, child = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(child, data, name, memory_bytes), daemon=True)
-    proc.start()
-    child.close()
+    """Extract in a fresh interpreter (not multiprocessing: no re-import of the caller's __main__)."""
+    import pickle
+    import subprocess
+    import sys
+
     try:
-        if not parent.poll(timeout_s):
-            raise DocumentError(f"extraction took longer than {timeout_s:g} s and was stopped")
-        try:
-            status, payload = parent.recv()
-        except EOFError:
-            raise DocumentError("the extraction process died (the file may be hostile or too large)") from None
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join(5)
-        parent.close()
+        proc = subprocess.run(
+            [sys.executable, "-c", _CHILD_CODE, _PACKAGE_PARENT],
+            input=pickle.dumps((data, name, memory_bytes)), capture_output=True, timeout=timeout_s, check=False,
+        )
+    except subprocess.TimeoutExpired:
+        raise DocumentError(f"extraction took longer than {timeout_s:g} s and was stopped") from None
+    except OSError as e:
+        raise DocumentError(f"could not start the extraction process ({e})") from None
+    try:
+        status, payload = pickle.loads(proc.stdout)
+    except Exception:
+        last = (proc.stderr or b"").decode("utf-8", "replace").strip().splitlines()
+        if last and "MemoryError" in last[-1]:
+            raise DocumentError("the document needs too much memory to extract") from None
+        raise DocumentError(f"the extraction process failed (exit code {proc.returncode})") from None
     if status == "error":
         raise DocumentError(payload)
     return payload
@@ -256,9 +273,16 @@ def _decode_text(data: bytes) -> str:
         pass
     from charset_normalizer import from_bytes
 
-    best = from_bytes(data).best()
+    matches = from_bytes(data)
+    best = matches.best()
     if best is None:
         raise DocumentError("binary content, not text (no text encoding fits it)")
+    # Single-byte code pages often tie; then prefer the most common Western ones.
+    ties = {m.encoding: m for m in matches if m.chaos == best.chaos and m.coherence == best.coherence}
+    for preferred in ("cp1252", "latin_1", "iso8859_15"):
+        if preferred in ties:
+            best = ties[preferred]
+            break
     return _normalise(str(best))
 
 

@@ -84,7 +84,8 @@ class TriForceEngine:
         return self.target.spec.max_position_embeddings
 
     # -- generation ------------------------------------------------------------------------
-    def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
+    def check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> None:
+        """Raise ValueError/ContextLengthError for a prompt this engine cannot run with `config`."""
         spec = config.speculation
         n = len(prompt_ids)
         if n == 0:
@@ -100,9 +101,17 @@ class TriForceEngine:
             )
         if spec.uses_draft_model and self.draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model (--draft)")
-        capacity = n + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
+
+    def make_decoder(self, config: GenerationConfig, capacity: int, generator, **handover) -> Decoder:
+        """A decoder with caches for `capacity` tokens (`handover`: full_cache/history of an earlier one)."""
         detok = self.decode if self.tokenizer is not None else None
-        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok)
+        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok, **handover)
+
+    def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
+        self.check_prompt(prompt_ids, config)
+        spec = config.speculation
+        capacity = len(prompt_ids) + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
+        return self.make_decoder(config, capacity, generator)
 
     def generate(
         self,

@@ -314,7 +314,11 @@ class Decoder:
         eos_ids: frozenset[int],
         generator: torch.Generator | None,
         detokenize=None,
+        full_cache: FullCache | None = None,
+        history: list[int] | None = None,
     ):
+        """`full_cache` + `history` hand over a target cache from an earlier decoder (a chat
+        session whose settings changed): `history[:full_cache.length]` are the tokens it holds."""
         spec, cc = config.speculation, config.cache
         if spec.uses_draft_model and draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model")
@@ -325,8 +329,16 @@ class Decoder:
         ts = target.spec
         vocab = target.vocab_size
         margin = self.margin = spec.gamma1 + spec.gamma2 + 8
-        full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, target.dtype, target.device)
+        if full_cache is None:
+            full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, target.dtype, target.device)
+        else:
+            full = full_cache
+            full.grow(capacity)
         self.full = Lane(target, full, vocab)
+        # Tokens of the current sequence: the full cache holds history[:full.covered].
+        self.history: list[int] = list(history or [])[: full.length]
+        self.full.covered = len(self.history)
+        full.truncate(len(self.history))
         self.counters = _Counters()
         self.retrieval: RetrievalLane | None = None
         self.small: StreamingLane | None = None
@@ -358,7 +370,13 @@ class Decoder:
 
     # -- prefill ---------------------------------------------------------------------------
     def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
-        """Run prompt[:-1] through every lane (the last prompt token stays pending)."""
+        """Make every lane hold prompt[:-1] (the last prompt token stays pending).
+
+        The target's full cache keeps the longest common prefix of what it already holds and
+        the new prompt; only the rest is run through the target (prefix reuse for chat). The
+        small draft's window is rebuilt and the retrieval chunks are re-selected for the new
+        last query.
+        """
         if not prompt:
             raise ValueError("the prompt is empty")
         t0 = time.perf_counter()
@@ -366,15 +384,34 @@ class Decoder:
         body = self.prompt[:-1]
         chunk = self.config.cache.prefill_chunk
         lane = self.full
-        queries = lane.prefill(body, chunk, capture_last=self.retrieval is not None, on_progress=on_progress)
+        held = self.history[: lane.covered]
+        reuse, limit = 0, min(len(held), len(body))
+        while reuse < limit and held[reuse] == body[reuse]:
+            reuse += 1
+        if reuse == len(body) and reuse > 0 and self.retrieval is not None:
+            reuse -= 1  # re-feed one token: the retrieval selection needs the last query
+        need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
+        if need > lane.cache.capacity:
+            lane.cache.grow(need)
+        lane.cache.truncate(reuse)
+        lane.covered, lane.fed, lane.pending = reuse, [], []
+        queries = lane.prefill(body[reuse:], chunk, capture_last=self.retrieval is not None, on_progress=on_progress)
         lane.pending = self.prompt[-1:]
+        self.history = list(self.prompt)
         if self.small is not None:
-            self.small.prefill(body, chunk)
-            self.small.pending = self.prompt[-1:]
+            small = self.small
+            small.cache.truncate(0)
+            small.cache.evicted = 0
+            small.covered, small.fed, small.pending = 0, [], []
+            small.prefill(body, chunk)
+            small.pending = self.prompt[-1:]
         if self.retrieval is not None:
             self._select(queries)
+        self.counters = _Counters()
+        if isinstance(self.proposer, Verifier):
+            self.proposer.counters = self.counters
         _sync_device(self.target.device)
-        return Prefilled(tokens=len(self.prompt), seconds=time.perf_counter() - t0, reused_tokens=0)
+        return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse)
 
     def _select(self, queries: torch.Tensor | None) -> None:
         if queries is None:  # a one-token prompt: nothing is cached, the selection is empty
@@ -441,7 +478,7 @@ class Decoder:
         """Decode after `prefill`; yields Drafted/Verified/Committed/ChunksSelected, then Finished."""
         cfg = self.config
         spec, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
-        committed = list(self.prompt)
+        committed = self.history = list(self.prompt)  # grows in place: the caches' token record
         n_prompt = len(committed)
         new_levels: list[str] = []
         rounds = refreshes = 0

@@ -32,6 +32,11 @@ class FullCache(KVStore):
         super().truncate(length)
         self.low_water = min(self.low_water, length)
 
+    def grow(self, capacity: int) -> None:
+        if capacity > self.capacity:
+            super().grow(capacity)
+            self._means = None  # sized by capacity; recomputed on the next selection
+
     def chunk_means(self, chunk_size: int, n_chunks: int) -> torch.Tensor:
         """Mean post-rope key of chunks [0, n_chunks): [L, Hkv, n_chunks, D] float32."""
         if n_chunks * chunk_size > self.length:

@@ -51,6 +51,19 @@ class KVStore:
                 f"cannot add {n} more"
             )
 
+    def grow(self, capacity: int) -> None:
+        """Reallocate to a larger capacity, keeping the cached slots (between generations only)."""
+        if capacity <= self.capacity:
+            return
+        L, H, _, D = self.k.shape
+        for name in ("k", "v"):
+            old = getattr(self, name)
+            new = torch.zeros((L, H, capacity, D), dtype=old.dtype, device=old.device)
+            new[:, :, : self.length] = old[:, :, : self.length]
+            setattr(self, name, new)
+            del old
+        self.capacity = capacity
+
     def view(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
     ) -> tuple[torch.Tensor, torch.Tensor, int]:

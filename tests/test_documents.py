@@ -1,0 +1,326 @@
+"""Document ingestion on real files built here (fpdf2 PDFs, zipfile EPUBs, python-docx DOCX) and a bad-input corpus."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from triforce_core.documents import DocumentError, extract_bytes, load_document
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def live_children() -> list[int]:
+    """Child processes of this process that still exist (Linux /proc)."""
+    pids = []
+    for task in Path(f"/proc/{os.getpid()}/task").iterdir():
+        pids += [int(x) for x in (task / "children").read_text().split()]
+    return pids
+PARAGRAPH = "The quick brown fox jumps over the lazy dog while the river keeps running to the sea. "
+
+
+# --------------------------------------------------------------------------------------
+# builders
+# --------------------------------------------------------------------------------------
+def make_pdf(path: Path, pages: list[str], user_password: str | None = None, owner_password: str | None = None,
+             draw_only: bool = False) -> Path:
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=11)
+    for text in pages:
+        pdf.add_page()
+        if draw_only:
+            pdf.rect(20, 20, 120, 80, style="F")  # a "scan": marks, no text layer
+        else:
+            pdf.multi_cell(0, 6, text)
+    if owner_password is not None:
+        pdf.set_encryption(owner_password=owner_password, user_password=user_password or "")
+    pdf.output(str(path))
+    return path
+
+
+def make_epub(path: Path, chapters: list[tuple[str, str]], spine_order: list[int] | None = None,
+              extra: dict[str, bytes] | None = None, container: bytes | None = None) -> Path:
+    """A minimal EPUB 3: chapters as (title, body text) in files ch{i}.xhtml, read in spine_order."""
+    order = spine_order if spine_order is not None else list(range(len(chapters)))
+    manifest = "".join(f'<item id="c{i}" href="text/ch{i}.xhtml" media-type="application/xhtml+xml"/>' for i in range(len(chapters)))
+    spine = "".join(f'<itemref idref="c{i}"/>' for i in order)
+    opf = (
+        '<?xml version="1.0" encoding="utf-8"?><package xmlns="http://www.idpf.org/2007/opf" version="3.0">'
+        f'<metadata/><manifest>{manifest}</manifest><spine>{spine}</spine></package>'
+    )
+    with zipfile.ZipFile(path, "w") as z:
+        z.writestr(zipfile.ZipInfo("mimetype"), "application/epub+zip")
+        z.writestr(
+            "META-INF/container.xml",
+            container
+            or b'<?xml version="1.0"?><container version="1.0" xmlns="urn:oasis:names:tc:opendocument:xmlns:container">'
+            b'<rootfiles><rootfile full-path="OEBPS/content.opf" media-type="application/oebps-package+xml"/>'
+            b"</rootfiles></container>",
+        )
+        z.writestr("OEBPS/content.opf", opf)
+        for i, (title, body) in enumerate(chapters):
+            z.writestr(
+                f"OEBPS/text/ch{i}.xhtml",
+                f'<?xml version="1.0" encoding="utf-8"?><html xmlns="http://www.w3.org/1999/xhtml"><head>'
+                f"<title>{title}</title><style>p {{ color: red }}</style></head><body><h1>{title}</h1>"
+                f"<p>{body}</p><script>var hidden = 1;</script></body></html>",
+            )
+        for name, data in (extra or {}).items():
+            z.writestr(name, data, compress_type=zipfile.ZIP_DEFLATED)
+    return path
+
+
+def make_docx(path: Path) -> Path:
+    import docx
+
+    d = docx.Document()
+    d.add_heading("Introduction", level=1)
+    d.add_paragraph("First paragraph of the report. " * 3)
+    d.add_heading("Results", level=1)
+    d.add_paragraph("The measured value was forty-two.")
+    table = d.add_table(rows=1, cols=2)
+    table.rows[0].cells[0].text = "cell A"
+    table.rows[0].cells[1].text = "cell B"
+    d.save(str(path))
+    return path
+
+
+def rewrite_zip_entry(src: Path, dst: Path, name: str, data: bytes) -> Path:
+    with zipfile.ZipFile(src) as zin, zipfile.ZipFile(dst, "w", zipfile.ZIP_DEFLATED) as zout:
+        for info in zin.infolist():
+            zout.writestr(info.filename, data if info.filename == name else zin.read(info.filename))
+    return dst
+
+
+BILLION_LAUGHS = (
+    b'<?xml version="1.0"?><!DOCTYPE lolz [<!ENTITY lol "lol">'
+    + b"".join(b'<!ENTITY lol%d "%s">' % (i, (b"&lol%d;" % (i - 1) if i > 1 else b"&lol;") * 10) for i in range(1, 10))
+    + b']><w:document xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main"><w:body><w:p><w:r>'
+    b"<w:t>&lol9;</w:t></w:r></w:p></w:body></w:document>"
+)
+
+
+# --------------------------------------------------------------------------------------
+# good files
+# --------------------------------------------------------------------------------------
+def test_pdf_pages_and_page_map(tmp_path):
+    path = make_pdf(tmp_path / "book.pdf", [f"Page one. {PARAGRAPH}", f"Second page here. {PARAGRAPH}", "Third and last."])
+    doc = load_document(path)
+    assert doc.format == "pdf" and doc.pages == 3
+    assert "Second page here." in doc.text and "Third and last." in doc.text
+    assert doc.locate(doc.text.index("Second page")) == "page 2"
+    assert doc.locate(doc.text.index("Third and last")) == "page 3"
+    assert doc.as_json() == {"text": doc.text, "format": "pdf", "chars": len(doc.text), "pages": 3}
+
+
+def test_pdf_encrypted_with_empty_user_password_opens(tmp_path):
+    path = make_pdf(tmp_path / "locked.pdf", ["Readable without a password."], owner_password="owner")
+    assert "Readable without a password." in load_document(path).text
+
+
+def test_epub_reads_in_spine_order_with_chapter_labels(tmp_path):
+    chapters = [("Alpha", "First written. " * 5), ("Beta", "Second written. " * 5), ("Gamma", "Third written. " * 5)]
+    path = make_epub(tmp_path / "novel.epub", chapters, spine_order=[2, 0, 1])
+    doc = load_document(path)
+    assert doc.format == "epub"
+    assert doc.text.index("Third written") < doc.text.index("First written") < doc.text.index("Second written")
+    assert "var hidden" not in doc.text and "color: red" not in doc.text
+    assert doc.locate(doc.text.index("First written")) == "chapter 2: Alpha"
+    assert doc.locate(0) == "chapter 1: Gamma"
+
+
+def test_docx_paragraphs_tables_and_headings(tmp_path):
+    doc = load_document(make_docx(tmp_path / "report.docx"))
+    assert doc.format == "docx"
+    assert "The measured value was forty-two." in doc.text and "cell A" in doc.text and "cell B" in doc.text
+    assert doc.locate(doc.text.index("forty-two")) == "section: Results"
+
+
+def test_html_visible_text_only(tmp_path):
+    page = tmp_path / "page.html"
+    page.write_text(
+        "<!DOCTYPE html><html><head><title>T</title><style>body{x:1}</style><script>alert('no')</script></head>"
+        "<body><h1>Heading One</h1><p>Hello &amp; welcome.</p><noscript>enable js</noscript>"
+        "<h2>Part Two</h2><p>Bye&nbsp;now.</p></body></html>",
+        encoding="utf-8",
+    )
+    doc = load_document(page)
+    assert doc.format == "html"
+    assert "Hello & welcome." in doc.text and "Bye now." in doc.text
+    assert "alert" not in doc.text and "x:1" not in doc.text and "enable js" not in doc.text
+    assert doc.locate(doc.text.index("Bye")) == "section: Part Two"
+
+
+@pytest.mark.parametrize(
+    "encoding, text",
+    [
+        ("utf-8", "Ünïcödé text — with “quotes” and 日本語.\n" * 20),
+        ("latin-1", "Le cœur a ses raisons que la raison ne connaît point. Où est la sérénité ? " * 20),
+        ("cp1252", "Smart “quotes” and an em dash — and the euro sign € appear here. " * 20),
+        ("utf-16", "Wide characters with a byte-order mark: café, naïve, façade. " * 20),
+    ],
+)
+def test_text_in_any_encoding(tmp_path, encoding, text):
+    if encoding == "latin-1":
+        text = text.replace("œ", "oe")
+    path = tmp_path / "notes.txt"
+    path.write_bytes(text.encode(encoding))
+    doc = load_document(path)
+    assert doc.format == "txt"
+    assert doc.text.strip() == text.strip()
+
+
+def test_markdown_sections_and_line_numbers(tmp_path):
+    md = tmp_path / "readme.md"
+    md.write_text("# Title\n\nintro\n\n## Usage\n\nrun it\n", encoding="utf-8")
+    doc = load_document(md)
+    assert doc.format == "md" and doc.locate(doc.text.index("run it")) == "section: Usage"
+    txt = tmp_path / "plain.txt"
+    txt.write_text("one\ntwo\nthree\n", encoding="utf-8")
+    plain = load_document(txt)
+    assert plain.locate(plain.text.index("three")) == "line 3"
+
+
+# --------------------------------------------------------------------------------------
+# the bad-input corpus: (builder, expected fragment of the one-line error)
+# --------------------------------------------------------------------------------------
+def _bad_corpus(tmp: Path) -> dict[str, tuple[Path, str]]:
+    good_pdf = make_pdf(tmp / "good.pdf", [PARAGRAPH * 5, PARAGRAPH * 5])
+    data = good_pdf.read_bytes()
+    corpus = {}
+
+    def put(name, content: bytes, expect: str):
+        p = tmp / name
+        p.write_bytes(content)
+        corpus[name] = (p, expect)
+
+    put("empty.txt", b"", "the file is empty")
+    put("binary.txt", bytes(range(256)) * 64, "binary content")
+    put("truncated.pdf", data[: len(data) // 3], "malformed or truncated PDF")
+    put("garbage.pdf", b"%PDF-1.7\n" + bytes(range(256)) * 40, "PDF")
+    corpus["encrypted.pdf"] = (make_pdf(tmp / "encrypted.pdf", ["secret"], user_password="pw", owner_password="own"),
+                               "encrypted and needs a password")
+    corpus["scanned.pdf"] = (make_pdf(tmp / "scanned.pdf", ["", ""], draw_only=True), "no extractable text")
+    # a zip bomb: 60 MB of zeros in one entry
+    corpus["bomb.epub"] = (make_epub(tmp / "bomb.epub", [("A", "a")], extra={"OEBPS/huge.bin": b"\0" * 60_000_000}),
+                           "over the 50 MB limit")
+    corpus["ratio.epub"] = (make_epub(tmp / "ratio.epub", [("A", "a")], extra={"OEBPS/big.bin": b"\0" * 5_000_000}),
+                            "a zip bomb?")
+    corpus["entries.epub"] = (make_epub(tmp / "entries.epub", [("A", "a")],
+                                        extra={f"OEBPS/x{i}.txt": b"x" for i in range(5100)}), "entries, over the limit")
+    corpus["entities.docx"] = (rewrite_zip_entry(make_docx(tmp / "base.docx"), tmp / "entities.docx",
+                                                 "word/document.xml", BILLION_LAUGHS), "entity declarations are not allowed")
+    corpus["entities.epub"] = (make_epub(tmp / "entities.epub", [("A", "a")], container=BILLION_LAUGHS),
+                               "entity declarations are not allowed")
+    corpus["broken.epub"] = (tmp / "broken.epub", "malformed EPUB")
+    (tmp / "broken.epub").write_bytes(make_epub(tmp / "whole.epub", [("A", "text")]).read_bytes()[:300])
+    put("renamed.docx", data, "the name says DOCX but the content is a PDF file")
+    put("notreally.pdf", b"Just some words in a text file.\n" * 10, "not a PDF file")
+    put("program.exe", b"MZ\x90\x00", "unsupported file type '.exe'")
+    put("page.pdf", make_docx(tmp / "d.docx").read_bytes(), "the name says PDF but the content is a DOCX file")
+    return corpus
+
+
+BAD_NAMES = [
+    "empty.txt", "binary.txt", "truncated.pdf", "garbage.pdf", "encrypted.pdf", "scanned.pdf", "bomb.epub",
+    "ratio.epub", "entries.epub", "entities.docx", "entities.epub", "broken.epub", "renamed.docx",
+    "notreally.pdf", "program.exe", "page.pdf",
+]
+
+
+@pytest.fixture(scope="module")
+def bad_corpus(tmp_path_factory):
+    return _bad_corpus(tmp_path_factory.mktemp("bad"))
+
+
+@pytest.mark.parametrize("name", BAD_NAMES)
+def test_bad_input_gives_one_clear_line(bad_corpus, name):
+    path, expect = bad_corpus[name]
+    t0 = time.monotonic()
+    with pytest.raises(DocumentError) as err:
+        load_document(path, timeout_s=30)
+    message = str(err.value)
+    assert expect in message, message
+    assert "\n" not in message and len(message) < 300
+    assert time.monotonic() - t0 < 30
+
+
+def test_size_limit_is_checked_before_reading(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_bytes(b"word " * 3000)
+    with pytest.raises(DocumentError, match=r"over the 0 MB limit|over the .* MB limit"):
+        load_document(path, max_bytes=10_000)
+
+
+def test_time_limit_stops_a_slow_extraction(tmp_path):
+    path = make_pdf(tmp_path / "slow.pdf", [PARAGRAPH * 30] * 5)
+    with pytest.raises(DocumentError, match="took longer than"):
+        load_document(path, timeout_s=0.001)
+    assert not live_children()
+
+
+def test_memory_limit_turns_a_blow_up_into_an_error(tmp_path):
+    path = tmp_path / "big.txt"
+    path.write_text(("Grüße aus der Ferne. " * 1000 + "\n") * 1500, encoding="utf-8")  # 33 MB
+    with pytest.raises(DocumentError, match="needs too much memory"):
+        load_document(path, memory_bytes=100 * 2**20)
+    assert len(load_document(path).text) > 30_000_000  # the default limit is ample
+
+
+def test_bad_inputs_leak_neither_memory_nor_processes(bad_corpus):
+    def rss_mb() -> float:
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+    for name in BAD_NAMES[:6]:  # warm up imports
+        with pytest.raises(DocumentError):
+            load_document(bad_corpus[name][0])
+    before = rss_mb()
+    for _ in range(2):
+        for name in BAD_NAMES:
+            with pytest.raises(DocumentError):
+                load_document(bad_corpus[name][0])
+    assert rss_mb() - before < 30, "the app process grew while rejecting bad files"
+    assert not live_children()
+
+
+def test_in_process_extraction_gives_the_same_result(tmp_path):
+    path = make_pdf(tmp_path / "same.pdf", ["Alpha page.", "Beta page."])
+    assert extract_bytes(path.read_bytes(), "same.pdf", timeout_s=None) == load_document(path)
+
+
+# --------------------------------------------------------------------------------------
+# the command line contract
+# --------------------------------------------------------------------------------------
+def _cli(*args):
+    return subprocess.run([sys.executable, "-m", "triforce_core", "ingest", *args], capture_output=True, text=True,
+                          cwd=REPO_ROOT, timeout=120, check=False)
+
+
+def test_cli_ingest_json(tmp_path):
+    path = make_pdf(tmp_path / "two.pdf", ["Hello page one.", "Hello page two."])
+    out = _cli(str(path), "--json")
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert set(payload) == {"text", "format", "chars", "pages"}
+    assert payload["format"] == "pdf" and payload["pages"] == 2 and payload["chars"] == len(payload["text"])
+    plain = _cli(str(path))
+    assert plain.returncode == 0 and "Hello page two." in plain.stdout
+
+
+def test_cli_ingest_error_is_one_line(bad_corpus):
+    path, expect = bad_corpus["encrypted.pdf"]
+    out = _cli(str(path))
+    assert out.returncode == 2
+    assert out.stdout == ""
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0] == f"error: {path}: the PDF is encrypted and needs a password"

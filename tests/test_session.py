@@ -1,0 +1,242 @@
+"""Chat sessions: the document is prefilled once, later turns reuse it, and answers stay exact."""
+
+from __future__ import annotations
+
+import json
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import DRAFT_OVERRIDES, make_hf, make_tokenizer, perturbed, to_ours
+from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.engine import ContextLengthError, TriForceEngine
+from triforce_core.events import Committed, Finished, Prefilled
+from triforce_core.session import ChatSession, SessionError
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODES = ("triforce", "retrieval", "draft", "autoregressive")
+# Role markers are ordinary words of the word-level test vocabulary, so every token is known.
+TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}w3 {% elif m['role'] == 'user' %}w4 "
+    "{% else %}w5 {% endif %}{{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w5{% endif %}"
+)
+
+
+def words(n: int, seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(7, 97)}" for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def engine():
+    torch.set_num_threads(1)
+    hf = make_hf("llama_gqa_llama3", seed=0)
+    draft = perturbed(hf, 0.02)
+    tok = make_tokenizer()
+    tok.chat_template = TEMPLATE
+    return TriForceEngine(to_ours(hf), to_ours(draft), tok, eos_token_ids=[2])
+
+
+def config(mode: str = "triforce", max_new: int = 12, **cache) -> GenerationConfig:
+    cc = dict(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, refresh_every=16)
+    cc.update(cache)
+    return GenerationConfig(
+        speculation=SpeculationConfig(mode=mode, max_new_tokens=max_new, ignore_eos=True, gamma1=2, gamma2=4),
+        cache=CacheConfig(**cc),
+    )
+
+
+DOCUMENT = words(300, 1)
+Q1, Q2, Q3 = words(6, 2), words(5, 3), words(7, 4)
+
+
+def drain(events):
+    out = {"prefilled": None, "ids": []}
+    for ev in events:
+        if isinstance(ev, Prefilled):
+            out["prefilled"] = ev
+        elif isinstance(ev, Committed):
+            out["ids"] += ev.token_ids
+    return out
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_second_question_reuses_the_document_and_equals_a_fresh_prefill(engine, mode):
+    cfg = config(mode)
+    session = ChatSession(engine, DOCUMENT, system_prompt="w90 w91", config=cfg)
+    prompt1 = session.prompt_ids(Q1)
+    first = drain(session.ask(Q1))
+    assert first["prefilled"].reused_tokens == 0
+    assert session.turns[0].stats.prefill_tokens == len(prompt1)
+    fresh_prompt = session.prompt_ids(Q2)
+    second = drain(session.ask(Q2))
+    stats = session.turns[1].stats
+    assert session.document_tokens == 300
+    # Only the new question, the template and the previous answer are prefilled.
+    assert stats.prefill_tokens <= len(Q2.split()) + len(first["ids"]) + 6
+    assert stats.prefill_tokens + stats.reused_tokens == len(fresh_prompt)
+    assert stats.reused_tokens > 300
+    reference = engine.run(fresh_prompt, cfg)
+    assert second["ids"] == reference.token_ids
+    assert session.cached_tokens() == (fresh_prompt + second["ids"])[: len(session.cached_tokens())]
+
+
+def test_three_turns_with_changed_settings_keep_the_cache(engine):
+    session = ChatSession(engine, DOCUMENT)
+    drain(session.ask(Q1, config("triforce")))
+    drain(session.ask(Q2, config("retrieval", budget=64, chunk_size=8)))
+    cfg3 = config("draft", max_new=10, draft_window=16)
+    prompt3 = session.prompt_ids(Q3)
+    third = drain(session.ask(Q3, cfg3))
+    assert session.turns[2].stats.reused_tokens > 300
+    assert third["ids"] == engine.run(prompt3, cfg3).token_ids
+
+
+def test_regenerate_rolls_back_and_gives_the_same_greedy_answer(engine):
+    session = ChatSession(engine, DOCUMENT, config=config("triforce"))
+    drain(session.ask(Q1))
+    lengths_after_first = session.cache_lengths()
+    events = session.ask(Q2)
+    at_prefill = None
+    ids = []
+    for ev in events:
+        if isinstance(ev, Prefilled):
+            at_prefill = session.cache_lengths()
+        elif isinstance(ev, Committed):
+            ids += ev.token_ids
+    lengths_after_second = session.cache_lengths()
+    assert lengths_after_second["target"] > lengths_after_first["target"]
+
+    regen_at_prefill = None
+    regen_ids = []
+    for ev in session.regenerate():
+        if isinstance(ev, Prefilled):
+            regen_at_prefill = session.cache_lengths()
+            assert ev.tokens <= 2  # no re-prefill: the last question token is fed again, that is all
+        elif isinstance(ev, Committed):
+            regen_ids += ev.token_ids
+    assert regen_ids == ids
+    assert regen_at_prefill == at_prefill
+    assert session.cache_lengths() == lengths_after_second
+    assert len(session.turns) == 2
+
+
+def test_edit_last_question(engine):
+    cfg = config("triforce")
+    session = ChatSession(engine, DOCUMENT, config=cfg)
+    drain(session.ask(Q1))
+    drain(session.ask(Q2))
+    edited = drain(session.edit_last(Q3))
+    assert [t.question for t in session.turns] == [Q1, Q3]
+    reference = ChatSession(engine, DOCUMENT, config=cfg)
+    drain(reference.ask(Q1))
+    assert edited["ids"] == drain(reference.ask(Q3))["ids"]
+    assert session.turns[1].stats.prefill_tokens < 20
+
+
+def test_a_stopped_answer_is_kept_and_the_session_goes_on(engine):
+    cfg = config("triforce", max_new=30)
+    session = ChatSession(engine, DOCUMENT, config=cfg)
+    gen = session.ask(Q1)
+    got = []
+    for ev in gen:
+        if isinstance(ev, Committed):
+            got += ev.token_ids
+            if len(got) >= 5:
+                break
+    gen.close()
+    turn = session.turns[0]
+    assert not turn.complete and turn.token_ids == got and turn.answer
+    prompt2 = session.prompt_ids(Q2)
+    second = drain(session.ask(Q2))
+    assert second["ids"] == engine.run(prompt2, cfg).token_ids
+    assert session.turns[1].stats.reused_tokens > 300
+
+
+def test_context_window_is_checked_before_prefill(engine):
+    long_doc = words(1000, 5)
+    session = ChatSession(engine, long_doc, config=config(max_new=100))
+    with pytest.raises(ContextLengthError) as err:
+        session.ask(Q1)
+    msg = str(err.value)
+    assert "the document (1000 tokens)" in msg and "max_new_tokens (100)" in msg and "1024 tokens" in msg
+    assert session.cache_lengths()["target"] == 0 and not session.turns
+
+
+def test_truncation_only_when_allowed_and_reported(engine):
+    long_doc = words(1000, 5)
+    session = ChatSession(engine, long_doc, config=config(max_new=100), allow_truncation=True)
+    out = drain(session.ask(Q1))
+    turn = session.turns[0]
+    assert turn.truncation is not None
+    assert turn.truncation.tokens_before == 1000 and turn.truncation.tokens_after < 1000
+    assert "was cut from 1000 to" in turn.truncation.message()
+    assert long_doc.startswith(session.document)
+    assert len(out["ids"]) == 100
+    assert turn.stats.prompt_tokens + 100 <= engine.context_window
+
+
+def test_out_of_memory_frees_the_caches_and_the_session_stays_usable():
+    torch.set_num_threads(1)
+    hf = make_hf("llama_mha", seed=3, max_position_embeddings=2**40)
+    tok = make_tokenizer()
+    tok.chat_template = TEMPLATE
+    engine = TriForceEngine(to_ours(hf), to_ours(make_hf("llama_mha", seed=4, max_position_embeddings=2**40,
+                                                         **DRAFT_OVERRIDES)), tok, eos_token_ids=[2])
+    session = ChatSession(engine, DOCUMENT)
+    huge = config("autoregressive", max_new=2**37)  # the cache for this many tokens cannot be allocated
+    with pytest.raises(SessionError, match="out of memory"):
+        drain(session.ask(Q1, huge))
+    assert session.cache_lengths() == {"target": 0, "retrieval": 0, "draft": 0}
+    assert not session.turns[-1].complete
+    session.clear()
+    out = drain(session.ask(Q1, config("triforce")))
+    assert len(out["ids"]) == 12 and session.turns[-1].complete
+
+
+def test_sampling_turns_follow_the_seed(engine):
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=0.8, seed=11),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=10, ignore_eos=True),
+        cache=CacheConfig(budget=48, chunk_size=4, draft_window=24, draft_sinks=4),
+    )
+    a = ChatSession(engine, DOCUMENT, config=cfg)
+    b = ChatSession(engine, DOCUMENT, config=cfg)
+    assert drain(a.ask(Q1))["ids"] == drain(b.ask(Q1))["ids"]
+    assert drain(a.regenerate())["ids"] == drain(b.regenerate())["ids"]
+
+
+def test_empty_question_and_nothing_to_regenerate(engine):
+    session = ChatSession(engine, DOCUMENT)
+    with pytest.raises(ValueError, match="empty"):
+        session.ask("   ")
+    with pytest.raises(ValueError, match="nothing|no answer"):
+        session.regenerate()
+
+
+def test_cli_chat_contract(tiny_pair_dir, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(words(200, 9), encoding="utf-8")
+    cmd = [sys.executable, "-m", "triforce_core", "chat", "--target", tiny_pair_dir["target"], "--draft",
+           tiny_pair_dir["draft"], "--document", str(doc), "--question", Q1, "--question", Q2, "--max-new-tokens",
+           "8", "--ignore-eos", "--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--json"]
+    out = subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
+    assert out.returncode == 0, out.stderr
+    payload = json.loads(out.stdout)
+    assert payload["document"] == {"chars": len(doc.read_text().strip()), "tokens": 200}
+    assert [t["question"] for t in payload["turns"]] == [Q1, Q2]
+    for t in payload["turns"]:
+        assert set(t) == {"question", "answer", "token_ids", "levels", "stats"}
+        assert len(t["token_ids"]) == len(t["levels"]) == 8
+        assert {"prefill_tokens", "reused_tokens", "prefill_s", "decode_s", "tokens_per_s", "acceptance"} <= set(t["stats"])
+    first, second = payload["turns"][0]["stats"], payload["turns"][1]["stats"]
+    assert first["reused_tokens"] == 0 and second["reused_tokens"] > 200 and second["prefill_tokens"] < 40
+
+    bad = subprocess.run(cmd[:8] + ["--document", str(tmp_path / "missing.pdf"), "--question", "x"],
+                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
+    assert bad.returncode == 2
+    assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.pdf'}: no such file"]

@@ -1,0 +1,363 @@
+"""Multi-turn chat over one long document, prefilling the document once.
+
+    session = ChatSession(engine, document=load_document("book.pdf"))
+    for event in session.ask("Who is Ishmael?"):     # Prefilled, ChunksSelected, ..., Finished
+        ...
+    session.turns[-1].answer, session.turns[-1].stats.prefill_tokens
+    for event in session.regenerate(): ...           # rolls the caches back, no re-prefill
+    for event in session.edit_last("Who is Ahab?"): ...
+
+How the reuse works: every turn renders the whole conversation with the target's chat
+template and tokenizes it. The decoder's full target cache remembers which token ids it
+holds; only the part after their longest common prefix is run through the target. The
+document (first in the conversation) is therefore prefilled once, each new question costs
+only its own tokens, the previous answer's KV stays cached, regenerate and edit roll the
+cache back to the end of the previous turn, and the result is exactly what a fresh prefill
+of the whole conversation gives (the prefix *is* that conversation's tokens). The
+retrieval selection is redone for every question, since the query changed.
+
+Context limits are checked before any prefill: a conversation that does not fit is refused
+with the numbers, unless the session was created with ``allow_truncation=True``, in which
+case the document's end is cut, explicitly, and the turn reports what was cut. An
+out-of-memory error frees the caches and leaves the session usable.
+"""
+
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass, field
+from typing import Callable, Iterator
+
+import torch
+
+from .config import GenerationConfig
+from .engine import ContextLengthError, TriForceEngine
+from .events import Committed, Event, Finished, Prefilled
+from .speculation import Decoder, make_generator
+
+
+class SessionError(RuntimeError):
+    """A turn failed in a way the session survives (e.g. out of memory); one-line message."""
+
+
+@dataclass(frozen=True)
+class TurnStats:
+    prompt_tokens: int  # tokens of the whole conversation prompt of this turn
+    prefill_tokens: int  # of which run through the target in this turn
+    reused_tokens: int  # of which already cached from earlier turns
+    prefill_s: float
+    decode_s: float
+    tokens_per_s: float
+    new_tokens: int
+    acceptance: dict[str, float]
+    mean_accepted: float
+    stop_reason: str
+    mode: str
+
+    def as_dict(self) -> dict:
+        return {
+            "prefill_tokens": self.prefill_tokens,
+            "reused_tokens": self.reused_tokens,
+            "prefill_s": self.prefill_s,
+            "decode_s": self.decode_s,
+            "tokens_per_s": self.tokens_per_s,
+            "acceptance": self.acceptance,
+            "prompt_tokens": self.prompt_tokens,
+            "new_tokens": self.new_tokens,
+            "mean_accepted": self.mean_accepted,
+            "stop_reason": self.stop_reason,
+            "mode": self.mode,
+        }
+
+
+@dataclass(frozen=True)
+class Truncation:
+    """What `allow_truncation` cut from the document to make a turn fit the context window."""
+
+    tokens_before: int
+    tokens_after: int
+    chars_before: int
+    chars_after: int
+
+    def message(self) -> str:
+        return (
+            f"the document was cut from {self.tokens_before} to {self.tokens_after} tokens "
+            f"(characters {self.chars_after}-{self.chars_before} dropped) to fit the context window"
+        )
+
+
+@dataclass
+class Turn:
+    question: str
+    answer: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    levels: list[str] = field(default_factory=list)
+    stats: TurnStats | None = None  # None until the answer finished (a stopped answer keeps None)
+    truncation: Truncation | None = None
+
+    @property
+    def complete(self) -> bool:
+        return self.stats is not None
+
+
+def _is_oom(e: BaseException) -> bool:
+    if isinstance(e, MemoryError) or type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e).lower()
+    return isinstance(e, RuntimeError) and ("out of memory" in text or "can't allocate memory" in text)
+
+
+class ChatSession:
+    """One document and one conversation over a shared engine; not thread-safe (one user)."""
+
+    def __init__(
+        self,
+        engine: TriForceEngine,
+        document: str | object | None = None,
+        *,
+        system_prompt: str | None = None,
+        config: GenerationConfig | None = None,
+        allow_truncation: bool = False,
+    ):
+        if engine.tokenizer is None:
+            raise ValueError("a chat session needs a model with a tokenizer")
+        self.engine = engine
+        self.system_prompt = (system_prompt or "").strip() or None
+        self.config = config or GenerationConfig()
+        self.allow_truncation = allow_truncation
+        self.turns: list[Turn] = []
+        self._decoder: Decoder | None = None
+        self._document = ""
+        self._document_tokens: int | None = None
+        self.set_document(document)
+
+    # -- document and conversation ---------------------------------------------------------
+    @property
+    def document(self) -> str:
+        return self._document
+
+    def set_document(self, document: str | object | None) -> None:
+        """Replace the document (a str or a `documents.Document`); the conversation restarts.
+
+        The cached KV is kept: whatever prefix the new conversation shares with it (the
+        system prompt, say) is reused.
+        """
+        text = getattr(document, "text", document) or ""
+        if not isinstance(text, str):
+            raise TypeError("document must be text or a documents.Document")
+        self._document = text.strip()
+        self._document_tokens = None
+        self.turns = []
+
+    @property
+    def document_tokens(self) -> int:
+        """Tokens of the document text alone."""
+        if self._document_tokens is None:
+            self._document_tokens = len(self._encode(self._document)) if self._document else 0
+        return self._document_tokens
+
+    def clear(self) -> None:
+        """Forget the conversation, keep the document (and its cached KV)."""
+        self.turns = []
+
+    def messages(self, question: str | None = None) -> list[dict]:
+        """The conversation as chat messages, the document leading the first user message."""
+        out: list[dict] = []
+        if self.system_prompt:
+            out.append({"role": "system", "content": self.system_prompt})
+        questions = [t.question for t in self.turns] + ([question] if question is not None else [])
+        for i, q in enumerate(questions):
+            content = f"{self._document}\n\n{q}" if i == 0 and self._document else q
+            out.append({"role": "user", "content": content})
+            if i < len(self.turns):
+                out.append({"role": "assistant", "content": self.turns[i].answer})
+        return out
+
+    def prompt_ids(self, question: str) -> list[int]:
+        """Token ids of the whole conversation plus `question`, ready for the answer."""
+        tok = self.engine.tokenizer
+        messages = self.messages(question)
+        if getattr(tok, "chat_template", None):
+            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            return self._encode(text)
+        # No chat template: a plain transcript.
+        parts = []
+        for m in messages:
+            if m["role"] == "system":
+                parts.append(m["content"] + "\n\n")
+            elif m["role"] == "user":
+                parts.append(f"Question: {m['content']}\n")
+            else:
+                parts.append(f"Answer: {m['content']}\n\n")
+        parts.append("Answer:")
+        return list(tok("".join(parts))["input_ids"])
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    # -- the turns -------------------------------------------------------------------------
+    def ask(
+        self,
+        question: str,
+        config: GenerationConfig | None = None,
+        on_prefill_progress: Callable[[int, int], None] | None = None,
+    ) -> Iterator[Event]:
+        """Answer `question` after the conversation so far; a generator of events (close it to stop).
+
+        Checks (empty question, context window) raise here, before anything runs.
+        """
+        question = (question or "").strip()
+        if not question:
+            raise ValueError("the question is empty")
+        config = config or self.config
+        prompt, truncation = self._fit(question, config)
+        return self._turn(question, prompt, config, truncation, on_prefill_progress)
+
+    def regenerate(self, config: GenerationConfig | None = None, on_prefill_progress=None) -> Iterator[Event]:
+        """Answer the last question again; the caches roll back to the end of the previous turn."""
+        if not self.turns:
+            raise ValueError("there is no answer to regenerate")
+        last = self.turns.pop()
+        try:
+            return self.ask(last.question, config, on_prefill_progress)
+        except Exception:
+            self.turns.append(last)
+            raise
+
+    def edit_last(self, question: str, config: GenerationConfig | None = None, on_prefill_progress=None) -> Iterator[Event]:
+        """Replace the last question (and its answer) by `question` and answer it."""
+        if not self.turns:
+            raise ValueError("there is no question to edit")
+        last = self.turns.pop()
+        try:
+            return self.ask(question, config, on_prefill_progress)
+        except Exception:
+            self.turns.append(last)
+            raise
+
+    def cache_lengths(self) -> dict[str, int]:
+        """Tokens held by each cache (0 when there is none yet)."""
+        d = self._decoder
+        if d is None:
+            return {"target": 0, "retrieval": 0, "draft": 0}
+        return {
+            "target": d.full.cache.length,
+            "retrieval": d.retrieval.cache.length if d.retrieval is not None else 0,
+            "draft": d.small.cache.length if d.small is not None else 0,
+        }
+
+    def cached_tokens(self) -> list[int]:
+        """The token ids whose keys/values the target's cache holds."""
+        d = self._decoder
+        return [] if d is None else list(d.history[: d.full.cache.length])
+
+    def release(self) -> None:
+        """Free the caches (the next turn prefills from scratch)."""
+        self._decoder = None
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # -- internals -------------------------------------------------------------------------
+    def _fit(self, question: str, config: GenerationConfig) -> tuple[list[int], Truncation | None]:
+        window = self.engine.context_window
+        max_new = config.speculation.max_new_tokens
+        prompt = self.prompt_ids(question)
+        if len(prompt) + max_new <= window:
+            self.engine.check_prompt(prompt, config)
+            return prompt, None
+        question_tokens = len(self._encode(question))
+        doc = self.document_tokens
+        rest = len(prompt) - doc - question_tokens
+        if not self.allow_truncation or not self._document:
+            raise ContextLengthError(
+                f"the document ({doc} tokens), the conversation so far and the chat template ({rest} tokens), "
+                f"this question ({question_tokens} tokens) and max_new_tokens ({max_new}) need "
+                f"{len(prompt) + max_new} tokens, but the target's context window is {window} tokens; "
+                "use a shorter document, clear the conversation, lower max_new_tokens or allow truncation"
+            )
+        before_chars, before_tokens = len(self._document), doc
+        ids = self._encode(self._document)
+        for _ in range(4):
+            excess = len(prompt) + max_new - window
+            if excess <= 0:
+                break
+            keep = len(ids) - excess - 8
+            if keep <= 0:
+                raise ContextLengthError(
+                    f"even without the document, the conversation ({rest} tokens), this question "
+                    f"({question_tokens}) and max_new_tokens ({max_new}) exceed the context window of {window} tokens"
+                )
+            ids = ids[:keep]
+            self._document = self.engine.tokenizer.decode(ids).strip()
+            self._document_tokens = None
+            ids = self._encode(self._document)
+            prompt = self.prompt_ids(question)
+        if len(prompt) + max_new > window:
+            raise ContextLengthError(f"could not cut the document to fit the context window of {window} tokens")
+        self.engine.check_prompt(prompt, config)
+        return prompt, Truncation(before_tokens, self.document_tokens, before_chars, len(self._document))
+
+    def _decoder_for(self, config: GenerationConfig, prompt_len: int) -> Decoder:
+        d = self._decoder
+        spec = config.speculation
+        if d is not None and d.config == config:
+            if config.sampling.seed is not None:
+                d.generator.manual_seed(config.sampling.seed)
+            return d
+        # New settings: fresh lanes, but the target's cache (the expensive part) carries over.
+        generator = make_generator(config.sampling.seed, self.engine.target.device)
+        capacity = prompt_len + spec.max_new_tokens + spec.gamma1 + spec.gamma2 + 8
+        handover = {} if d is None else {"full_cache": d.full.cache, "history": d.history}
+        self._decoder = None
+        self._decoder = self.engine.make_decoder(config, capacity, generator, **handover)
+        return self._decoder
+
+    def _turn(self, question, prompt, config, truncation, on_prefill_progress) -> Iterator[Event]:
+        turn = Turn(question, truncation=truncation)
+        self.turns.append(turn)
+        answer_ids: list[int] = []
+        try:
+            try:
+                decoder = self._decoder_for(config, len(prompt))
+                prefilled = decoder.prefill(prompt, on_prefill_progress)
+            except Exception as e:
+                if _is_oom(e):
+                    self.release()
+                    raise SessionError(
+                        f"out of memory while prefilling {len(prompt)} tokens; the caches were freed. "
+                        "Try a shorter document, a smaller retrieval budget or a lower-precision dtype"
+                    ) from None
+                self.release()  # the caches may be half-written: start clean next time
+                raise
+            yield prefilled
+            if decoder.selection_event is not None:
+                yield decoder.selection_event
+            try:
+                for ev in decoder.run(prefilled):
+                    if isinstance(ev, Committed):
+                        answer_ids += ev.token_ids
+                        turn.token_ids += ev.token_ids
+                        turn.levels += ev.levels
+                    elif isinstance(ev, Finished):
+                        s = ev.stats
+                        turn.stats = TurnStats(
+                            prompt_tokens=len(prompt), prefill_tokens=prefilled.tokens,
+                            reused_tokens=prefilled.reused_tokens, prefill_s=prefilled.seconds,
+                            decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
+                            acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
+                            stop_reason=s.stop_reason, mode=s.mode,
+                        )
+                    yield ev
+            except Exception as e:
+                if _is_oom(e):
+                    self.release()
+                    raise SessionError("out of memory while decoding; the caches were freed") from None
+                self.release()
+                raise
+        finally:
+            # Whatever happened (finished, stopped, failed), what was generated is kept. The text
+            # is not stripped: re-tokenized next turn, it then matches the cached ids.
+            ids = [t for t in answer_ids if t not in self.engine.eos_token_ids]
+            turn.answer = self.engine.decode(ids)
+
