@@ -23,10 +23,12 @@ import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import demo_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -36,12 +38,43 @@ def log(msg: str) -> None:
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-def load(folder: Path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def load(models: Path):
+    """The pair through our own engine (the code path the app uses), float32 on the CPU."""
+    from triforce_core.engine import TriForceEngine
 
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    model.eval()
-    return model, AutoTokenizer.from_pretrained(folder)
+    return TriForceEngine.from_pretrained(str(models / "target"), str(models / "draft"), device="cpu", dtype="float32")
+
+
+def forward_logits(model, ids: list[int], rows: int, chunk: int = 1024) -> torch.Tensor:
+    """Logits [rows, V] predicting after each of the last `rows` tokens (chunked prefill)."""
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids), model.dtype, model.device)
+    n = len(ids)
+    out = []
+    for i in range(0, n, chunk):
+        part = ids[i:i + chunk]
+        first_scored = max(0, (n - rows) - i)
+        want = first_scored < len(part)
+        r = model.forward(torch.tensor(part), torch.arange(i, i + len(part)), cache,
+                          logits_rows=slice(first_scored, None) if want else None)
+        if want:
+            out.append(r.logits)
+    return torch.cat(out)
+
+
+def greedy(model, ids: list[int], steps: int) -> list[int]:
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + steps, model.dtype, model.device)
+    r = model.forward(torch.tensor(ids), torch.arange(len(ids)), cache, logits_rows=slice(-1, None))
+    out = [int(r.logits[-1].argmax())]
+    for k in range(steps - 1):
+        r = model.forward(torch.tensor(out[-1:]), torch.tensor([len(ids) + k]), cache)
+        out.append(int(r.logits[-1].argmax()))
+    return out
 
 
 def held_out_stream(tok) -> list[int]:
@@ -61,16 +94,17 @@ def context_losses(model, stream: list[int], lengths=(1024, 4096, 16384), scored
     for L in lengths:
         total, count = 0.0, 0
         for k in range(n):
-            window = torch.tensor(stream[(k + 1) * longest - L:(k + 1) * longest])[None]
-            logits = model(input_ids=window, logits_to_keep=scored + 1).logits[0, :-1].float()
-            target = window[0, -scored:]
+            window = stream[(k + 1) * longest - L:(k + 1) * longest]
+            logits = forward_logits(model, window, scored + 1)[:-1]
+            target = torch.tensor(window[-scored:])
             total += F.cross_entropy(logits, target, reduction="sum").item()
             count += scored
         out[L] = total / count
         log(f"loss at context {L}: {out[L]:.4f} over {count} tokens ({n} streams)")
     return {"streams": n, "scored_tokens_per_stream": scored,
             "loss": {str(k): round(v, 4) for k, v in out.items()},
-            "ratio_16k_over_1k": round(out[max(lengths)] / out[min(lengths)], 4)}
+            "perplexity": {str(k): round(float(np.exp(v)), 2) for k, v in out.items()},
+            "ratio_longest_over_shortest": round(out[max(lengths)] / out[min(lengths)], 4)}
 
 
 def copy_documents(tok, budget_tokens: int, count: int, seed: int) -> list[str]:
@@ -96,42 +130,22 @@ def copy_documents(tok, budget_tokens: int, count: int, seed: int) -> list[str]:
     return docs
 
 
-@torch.no_grad()
-def greedy(model, prefix_cache, prefix_len: int, ids: list[int], steps: int, positions_from: int | None = None):
-    """Greedy continuation of ``ids`` on top of a cached prefix (cropped back afterwards)."""
-    cache = prefix_cache
-    start = prefix_len if positions_from is None else positions_from
-    x = torch.tensor(ids)[None]
-    pos = torch.arange(start, start + len(ids))[None]
-    out = []
-    for _ in range(steps):
-        r = model(input_ids=x, position_ids=pos, past_key_values=cache, use_cache=True)
-        nxt = int(r.logits[0, -1].argmax())
-        out.append(nxt)
-        x = torch.tensor([[nxt]])
-        pos = pos[:, -1:] + 1
-    cache.crop(prefix_len)
-    return out
+def copy_accuracy(engine, docs: list[str], per_doc: int, seed: int, n_tokens=20, sinks=16, window=240) -> dict:
+    """Ask "What follows «quote»?" in a chat session per document (the document is prefilled
+    once and reused); the target answers greedily. The draft alone sees sinks + recent window."""
+    from triforce_core.config import GenerationConfig, SpeculationConfig
+    from triforce_core.session import ChatSession
 
-
-@torch.no_grad()
-def copy_accuracy(target, draft, tok, docs: list[str], per_doc: int, seed: int, n_tokens=20,
-                  sinks=16, window=240) -> dict:
-    from transformers import DynamicCache
-
+    tok = engine.tokenizer
+    config = GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=n_tokens,
+                                                            ignore_eos=True))
     rng = random.Random(seed)
     results = {"target": [], "draft": []}
-    trials = []
+    trials, first_s, later_s = [], [], []
     for di, doc in enumerate(docs):
-        head = tok.apply_chat_template([{"role": "user", "content": doc + "\n\n"}], tokenize=False)
-        head = head[: head.rindex("<|end|>")]  # the question continues the user's message
-        # drop the last token: where the question begins, "\n\n" may tokenize differently
-        head_ids = tok(head, add_special_tokens=False)["input_ids"][:-1]
-        cache = DynamicCache(config=target.config)
-        target(input_ids=torch.tensor(head_ids)[None], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        session = ChatSession(engine, doc, config=config)
         for j in range(per_doc):
-            lo = int(len(doc) * j / per_doc)
-            hi = int(len(doc) * (j + 1) / per_doc)
+            lo, hi = int(len(doc) * j / per_doc), int(len(doc) * (j + 1) / per_doc)
             picked = demo_corpus.pick_passage(doc, rng, lo=lo, hi=hi, answer_chars=(200, 300))
             if picked is None:
                 continue
@@ -139,26 +153,30 @@ def copy_accuracy(target, draft, tok, docs: list[str], per_doc: int, seed: int, 
             want = tok(cont, add_special_tokens=False)["input_ids"][:n_tokens]
             if len(want) < n_tokens:
                 continue
-            q = demo_corpus.QUESTIONS[0].format(q=quote) + "<|end|>\n<|assistant|>\n"
-            full = tok(head + q, add_special_tokens=False)["input_ids"]
-            assert full[: len(head_ids)] == head_ids, "tokenization of the document changed"
-            q_ids = full[len(head_ids):]
-            got = greedy(target, cache, len(head_ids), q_ids, n_tokens)
+            question = demo_corpus.QUESTIONS[0].format(q=quote)
+            session.clear()
+            prompt = session.prompt_ids(question)
+            for _ in session.ask(question):
+                pass
+            turn = session.turns[-1]
+            (first_s if j == 0 else later_s).append(turn.stats.first_token_s)
+            got = turn.token_ids[:n_tokens]
+            seen = prompt[:sinks] + prompt[-(window - n_tokens):]
+            dgot = greedy(engine.draft, seen, n_tokens)
             results["target"].append(got == want)
-            # the draft alone: its streaming cache keeps the sinks and the most recent tokens
-            seen = full[:sinks] + full[-(window - n_tokens):] if len(full) > sinks + window else full
-            dcache = DynamicCache(config=draft.config)
-            dgot = greedy(draft, dcache, 0, seen, n_tokens)
             results["draft"].append(dgot == want)
-            where = doc.index(quote) / len(doc)
-            trials.append({"doc": di, "where": round(where, 3), "target_ok": got == want, "draft_ok": dgot == want})
-        log(f"document {di} ({len(head_ids)} tokens): target {sum(results['target'])}/{len(results['target'])}, "
+            trials.append({"doc": di, "where": round(doc.index(quote) / len(doc), 3), "prompt_tokens": len(prompt),
+                           "target_ok": got == want, "draft_ok": dgot == want,
+                           "target_prefix_ok": sum(1 for a, b in zip(got, want) if a == b)})
+        log(f"document {di}: target {sum(results['target'])}/{len(results['target'])}, "
             f"draft {sum(results['draft'])}/{len(results['draft'])}")
     return {
         "documents": len(docs), "trials": len(results["target"]), "tokens_compared": n_tokens,
-        "document_tokens": "about 16K (chat template included)",
+        "prompt_tokens": [min(t["prompt_tokens"] for t in trials), max(t["prompt_tokens"] for t in trials)],
         "target_exact": round(sum(results["target"]) / max(1, len(results["target"])), 4),
         "draft_alone_exact": round(sum(results["draft"]) / max(1, len(results["draft"])), 4),
+        "first_question_ttft_s": round(float(np.median(first_s)), 3) if first_s else None,
+        "later_question_ttft_s": round(float(np.median(later_s)), 3) if later_s else None,
         "trials_detail": trials,
     }
 
@@ -169,31 +187,35 @@ def draft_agreement(target, draft, stream: list[int], window=512, windows=24) ->
     t_loss = d_loss = 0.0
     step = max(window, (len(stream) - window) // windows)
     for k in range(windows):
-        s = k * step
-        x = torch.tensor(stream[s:s + window])[None]
-        if x.shape[1] < window:
+        x = stream[k * step:k * step + window]
+        if len(x) < window:
             break
-        tl = target(input_ids=x).logits[0, :-1].float()
-        dl = draft(input_ids=x).logits[0, :-1].float()
+        tl = forward_logits(target, x, window)[:-1]
+        dl = forward_logits(draft, x, window)[:-1]
+        y = torch.tensor(x[1:])
         agree += int((tl.argmax(-1) == dl.argmax(-1)).sum())
         total += window - 1
-        t_loss += F.cross_entropy(tl, x[0, 1:], reduction="sum").item()
-        d_loss += F.cross_entropy(dl, x[0, 1:], reduction="sum").item()
+        t_loss += F.cross_entropy(tl, y, reduction="sum").item()
+        d_loss += F.cross_entropy(dl, y, reduction="sum").item()
     return {"windows": windows, "window": window, "top1_agreement": round(agree / total, 4),
             "target_loss": round(t_loss / total, 4), "draft_loss": round(d_loss / total, 4)}
 
 
-def sizes(model) -> dict:
-    c = model.config
-    n = sum(p.numel() for p in model.parameters())
-    head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-    kv = 2 * c.num_hidden_layers * c.num_key_value_heads * head_dim * 4
-    return {"parameters": n, "weight_bytes_fp32": 4 * n, "weight_bytes_bf16": 2 * n,
+def sizes(folder: Path) -> dict:
+    cfg = json.loads((folder / "config.json").read_text())
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "model.safetensors"), "pt") as f:
+        n = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+    return {"parameters": n, "weight_bytes_fp32": 4 * n, "file_bytes": (folder / "model.safetensors").stat().st_size,
             "kv_bytes_per_token_fp32": kv, "kv_bytes_at_16k_fp32": kv * 16384,
             "kv_at_16k_over_weights_fp32": round(kv * 16384 / (4 * n), 2),
-            "layers": c.num_hidden_layers, "hidden": c.hidden_size, "heads": c.num_attention_heads,
-            "kv_heads": c.num_key_value_heads, "intermediate": c.intermediate_size,
-            "max_position_embeddings": c.max_position_embeddings}
+            "layers": cfg["num_hidden_layers"], "hidden": cfg["hidden_size"], "heads": cfg["num_attention_heads"],
+            "kv_heads": cfg["num_key_value_heads"], "intermediate": cfg["intermediate_size"],
+            "max_position_embeddings": cfg["max_position_embeddings"],
+            "rope_theta": cfg.get("rope_parameters", {}).get("rope_theta")}
 
 
 def main(argv=None) -> int:
@@ -203,23 +225,23 @@ def main(argv=None) -> int:
     p.add_argument("--copy-documents", type=int, default=4)
     p.add_argument("--copy-per-document", type=int, default=10)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--context", type=int, default=16384, help="longest context measured (default 16384)")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
     t0 = time.time()
-    target, tok = load(a.models / "target")
-    draft, dtok = load(a.models / "draft")
-    if tok.get_vocab() != dtok.get_vocab():
-        raise SystemExit("error: target and draft tokenizers differ")
+    engine = load(a.models)
+    tok = engine.tokenizer
     stream = held_out_stream(tok)
     log(f"held-out stream: {len(stream)} tokens")
-    res = {"target": sizes(target), "draft": sizes(draft)}
-    res["context_loss"] = context_losses(target, stream)
-    res["draft_agreement"] = draft_agreement(target, draft, stream)
+    res = {"target": sizes(a.models / "target"), "draft": sizes(a.models / "draft")}
+    lengths = sorted({min(1024, a.context // 4), min(4096, a.context // 2), a.context})
+    res["context_loss"] = context_losses(engine.target, stream, lengths=tuple(lengths))
+    res["draft_agreement"] = draft_agreement(engine.target, engine.draft, stream)
     log(f"draft agreement: {res['draft_agreement']}")
-    docs = copy_documents(tok, 16384 - 120, a.copy_documents, a.seed)
-    res["copy"] = copy_accuracy(target, draft, tok, docs, a.copy_per_document, a.seed)
+    docs = copy_documents(tok, a.context - 120, a.copy_documents, a.seed)
+    res["copy"] = copy_accuracy(engine, docs, a.copy_per_document, a.seed)
     res["eval_minutes"] = round((time.time() - t0) / 60, 1)
     text = json.dumps(res, indent=2)
     if a.json:

@@ -9,7 +9,8 @@ Everything runs offline on a CPU (about 75 minutes on 2 cores with the defaults)
 3. target: multi-head attention so that its KV cache dominates at long context, trained on
    1K-token windows with PoSE-style skipped position ids (positions up to 16K), a large rope
    base, then 4K-token windows; a share of every batch is a synthetic copy task ("What follows
-   «quote»?") whose answer must be copied from far back in a document;
+   «quote»?") whose answer must be copied from far back in a document, and a share is
+   text in which an earlier passage recurs verbatim;
 4. draft: a much smaller model on 512-token windows, distilled from the target.
 
 Both models are saved in bfloat16 safetensors with the tokenizer under ``assets/models``.
@@ -90,10 +91,11 @@ class Batcher:
     """Language-model windows and copy-task conversations, with PoSE position ids."""
 
     def __init__(self, tok, docs: list[str], stream: np.ndarray, seed: int, copy_share: float,
-                 pose_share: float, max_position: int = MAX_POSITION):
+                 pose_share: float, repeat_share: float = 0.0, max_position: int = MAX_POSITION):
         self.tok, self.docs, self.stream = tok, docs, stream
         self.rng = random.Random(seed)
         self.copy_share, self.pose_share, self.max_position = copy_share, pose_share, max_position
+        self.repeat_share = repeat_share
         self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
         self.pad = self.bos
         self.chars_per_token = 3.2
@@ -109,6 +111,19 @@ class Batcher:
         start = self.rng.randrange(0, len(self.stream) - n - 1)
         ids = [self.bos] + self.stream[start:start + n - 1].tolist()
         return ids, [1.0] * n
+
+    def repeat_example(self, n: int):
+        """Text in which an earlier passage recurs verbatim: every recurring token is predictable
+        by looking back (this grows induction heads quickly, the basis of copying)."""
+        ids, w = self.lm_example(n)
+        m = self.rng.randint(24, min(256, n // 4))
+        a = self.rng.randint(1, n // 2 - m)
+        b = self.rng.randint(a + m, n - m)
+        ids[b:b + m] = ids[a:a + m]
+        ans = [0.0] * n
+        for i in range(b + 2, b + m):
+            ans[i] = 1.0
+        return ids, w, ans
 
     def document_text(self, chars: int) -> str:
         parts, total = [], 0
@@ -128,11 +143,11 @@ class Batcher:
     def copy_example(self, n: int):
         """A conversation: a document, then 1-4 "what follows «quote»?" questions and answers."""
         while True:
-            questions = self.rng.randint(1, 4)
+            questions = self.rng.randint(1, 6)
             doc = self.document_text(int(self.chars_per_token * (n - 60 * questions - 8)))
             messages = []
             for k in range(questions):
-                picked = demo_corpus.pick_passage(doc, self.rng)
+                picked = demo_corpus.pick_passage(doc, self.rng, answer_chars=(60, 200))
                 if picked is None:
                     break
                 quote, cont = picked
@@ -168,8 +183,11 @@ class Batcher:
     def batch(self, b: int, n: int):
         ids, pos, lm_w, ans_w = [], [], [], []
         for _ in range(b):
-            if self.rng.random() < self.copy_share:
+            r = self.rng.random()
+            if r < self.copy_share:
                 x, w, a = self.copy_example(n)
+            elif r < self.copy_share + self.repeat_share:
+                x, w, a = self.repeat_example(n)
             else:
                 x, w = self.lm_example(n)
                 a = [0.0] * n
@@ -332,7 +350,7 @@ def main(argv=None) -> int:
     target = make_model(tok, 320, 6, 5, 896, 500_000, MAX_POSITION)
     n_target = sum(p.numel() for p in target.parameters())
     log(f"target: {n_target / 1e6:.2f} M parameters")
-    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.5, pose_share=0.75)
+    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.4, pose_share=0.6, repeat_share=0.25)
     phases = [(a.target_steps, 4, 1024), (a.long_steps, 1, 4096)]
     t0 = time.time()
     train_target(target, batcher, phases, peak_lr=2e-3, warmup=min(60, a.target_steps // 3 + 1),

@@ -25,6 +25,7 @@ out-of-memory error frees the caches and leaves the session usable.
 from __future__ import annotations
 
 import gc
+import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
@@ -46,6 +47,7 @@ class TurnStats:
     prefill_tokens: int  # of which run through the target in this turn
     reused_tokens: int  # of which already cached from earlier turns
     prefill_s: float
+    first_token_s: float  # from `ask` (tokenization included) to the first committed token
     decode_s: float
     tokens_per_s: float
     new_tokens: int
@@ -59,6 +61,7 @@ class TurnStats:
             "prefill_tokens": self.prefill_tokens,
             "reused_tokens": self.reused_tokens,
             "prefill_s": self.prefill_s,
+            "first_token_s": self.first_token_s,
             "decode_s": self.decode_s,
             "tokens_per_s": self.tokens_per_s,
             "acceptance": self.acceptance,
@@ -206,12 +209,13 @@ class ChatSession:
 
         Checks (empty question, context window) raise here, before anything runs.
         """
+        t0 = time.perf_counter()
         question = (question or "").strip()
         if not question:
             raise ValueError("the question is empty")
         config = config or self.config
         prompt, truncation = self._fit(question, config)
-        return self._turn(question, prompt, config, truncation, on_prefill_progress)
+        return self._turn(question, prompt, config, truncation, on_prefill_progress, t0)
 
     def regenerate(self, config: GenerationConfig | None = None, on_prefill_progress=None) -> Iterator[Event]:
         """Answer the last question again; the caches roll back to the end of the previous turn."""
@@ -313,7 +317,8 @@ class ChatSession:
         self._decoder = self.engine.make_decoder(config, capacity, generator, **handover)
         return self._decoder
 
-    def _turn(self, question, prompt, config, truncation, on_prefill_progress) -> Iterator[Event]:
+    def _turn(self, question, prompt, config, truncation, on_prefill_progress, t0: float) -> Iterator[Event]:
+        first_token_s = None
         turn = Turn(question, truncation=truncation)
         self.turns.append(turn)
         answer_ids: list[int] = []
@@ -336,6 +341,8 @@ class ChatSession:
             try:
                 for ev in decoder.run(prefilled):
                     if isinstance(ev, Committed):
+                        if first_token_s is None:
+                            first_token_s = time.perf_counter() - t0
                         answer_ids += ev.token_ids
                         turn.token_ids += ev.token_ids
                         turn.levels += ev.levels
@@ -344,6 +351,7 @@ class ChatSession:
                         turn.stats = TurnStats(
                             prompt_tokens=len(prompt), prefill_tokens=prefilled.tokens,
                             reused_tokens=prefilled.reused_tokens, prefill_s=prefilled.seconds,
+                            first_token_s=first_token_s if first_token_s is not None else time.perf_counter() - t0,
                             decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
                             acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
                             stop_reason=s.stop_reason, mode=s.mode,
