@@ -89,6 +89,7 @@ def held_out_stream(tok) -> list[int]:
 @torch.no_grad()
 def context_losses(model, stream: list[int], lengths=(1024, 4096, 16384), scored=512) -> dict:
     longest = max(lengths)
+    scored = min(scored, min(lengths) - 1)
     n = len(stream) // longest
     out = {}
     for L in lengths:

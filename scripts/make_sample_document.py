@@ -18,7 +18,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import demo_corpus  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-CHAPTER = "tutorial/classes.rst.txt"
 HEADER = (
     "The Python Tutorial, chapter 9: Classes\n"
     "From the Python 3.11 documentation. Copyright (c) 2001-2023 Python Software Foundation;\n"
@@ -29,12 +28,24 @@ HEADER = (
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "sample" / "python-tutorial-classes.txt")
+    p.add_argument("--chapters", nargs="+", default=["classes"],
+                   help="tutorial chapters to concatenate (default: classes), e.g. classes controlflow")
+    p.add_argument("--max-chars", type=int, default=None, help="cut the text at a paragraph before this many characters")
     a = p.parse_args(argv)
     root = demo_corpus.ensure_docs()
-    text = demo_corpus.rst_to_text((root / CHAPTER).read_text(encoding="utf-8"))
+    parts = []
+    for chapter in a.chapters:
+        path = root / "tutorial" / f"{chapter}.rst.txt"
+        if not path.is_file():
+            raise SystemExit(f"error: no tutorial chapter {chapter!r} ({path})")
+        parts.append(demo_corpus.rst_to_text(path.read_text(encoding="utf-8")))
+    text = "\n".join(parts)
+    if a.max_chars is not None and len(text) > a.max_chars:
+        text = text[: text.rfind("\n\n", 0, a.max_chars)] + "\n"
     a.out.parent.mkdir(parents=True, exist_ok=True)
-    a.out.write_text(HEADER + text, encoding="utf-8")
-    print(f"wrote {a.out} ({len(HEADER + text)} characters)")
+    header = HEADER if a.chapters == ["classes"] else HEADER.replace("chapter 9: Classes", "chapters: " + ", ".join(a.chapters))
+    a.out.write_text(header + text, encoding="utf-8")
+    print(f"wrote {a.out} ({len(header + text)} characters)")
     return 0
 
 
