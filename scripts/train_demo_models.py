@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train the embedded demo pair: a long-context Llama target and a small Llama draft.
 
-Everything runs offline on a CPU (about 75 minutes on 2 cores with the defaults):
+Everything runs offline on a CPU (about 70 minutes on 2 cores with the defaults):
 
 1. text: the Python documentation sources and the standard library's docstrings
    (``demo_corpus``); the tutorial and the FAQ are held out;
@@ -10,7 +10,7 @@ Everything runs offline on a CPU (about 75 minutes on 2 cores with the defaults)
    1K-token windows with PoSE-style skipped position ids (positions up to 16K), a large rope
    base, then 4K-token windows; a share of every batch is a synthetic copy task ("What follows
    «quote»?") whose answer must be copied from far back in a document, and a share is
-   text in which an earlier passage recurs verbatim;
+   text in which an earlier passage (or a random token string) recurs verbatim;
 4. draft: a much smaller model on 512-token windows, distilled from the target.
 
 Both models are saved in bfloat16 safetensors with the tokenizer under ``assets/models``.
@@ -91,11 +91,15 @@ class Batcher:
     """Language-model windows and copy-task conversations, with PoSE position ids."""
 
     def __init__(self, tok, docs: list[str], stream: np.ndarray, seed: int, copy_share: float,
-                 pose_share: float, repeat_share: float = 0.0, max_position: int = MAX_POSITION):
+                 pose_share: float, repeat_share: float = 0.0, random_share: float = 0.0,
+                 max_position: int = MAX_POSITION):
         self.tok, self.docs, self.stream = tok, docs, stream
         self.rng = random.Random(seed)
         self.copy_share, self.pose_share, self.max_position = copy_share, pose_share, max_position
         self.repeat_share = repeat_share
+        self.random_share = random_share
+        self.random_lengths = (12, 64)
+        self.vocab = len(tok)
         self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
         self.pad = self.bos
         self.chars_per_token = 3.2
@@ -112,13 +116,16 @@ class Batcher:
         ids = [self.bos] + self.stream[start:start + n - 1].tolist()
         return ids, [1.0] * n
 
-    def repeat_example(self, n: int):
+    def repeat_example(self, n: int, random_tokens: bool = False):
         """Text in which an earlier passage recurs verbatim: every recurring token is predictable
-        by looking back (this grows induction heads quickly, the basis of copying)."""
+        by looking back (this grows induction heads quickly, the basis of copying). With
+        random_tokens the passage is a random token string, which only copying can predict."""
         ids, w = self.lm_example(n)
-        m = self.rng.randint(24, min(256, n // 4))
+        m = self.rng.randint(24, min(256, n // 4)) if not random_tokens else self.rng.randint(*self.random_lengths)
         a = self.rng.randint(1, n // 2 - m)
         b = self.rng.randint(a + m, n - m)
+        if random_tokens:
+            ids[a:a + m] = [self.rng.randrange(len(SPECIALS), self.vocab) for _ in range(m)]
         ids[b:b + m] = ids[a:a + m]
         ans = [0.0] * n
         for i in range(b + 2, b + m):
@@ -143,7 +150,7 @@ class Batcher:
     def copy_example(self, n: int):
         """A conversation: a document, then 1-4 "what follows «quote»?" questions and answers."""
         while True:
-            questions = self.rng.randint(1, 6)
+            questions = self.rng.randint(1, max(1, min(6, (n - 100) // 80)))
             doc = self.document_text(int(self.chars_per_token * (n - 60 * questions - 8)))
             messages = []
             for k in range(questions):
@@ -188,6 +195,8 @@ class Batcher:
                 x, w, a = self.copy_example(n)
             elif r < self.copy_share + self.repeat_share:
                 x, w, a = self.repeat_example(n)
+            elif r < self.copy_share + self.repeat_share + self.random_share:
+                x, w, a = self.repeat_example(n, random_tokens=True)
             else:
                 x, w = self.lm_example(n)
                 a = [0.0] * n
@@ -217,6 +226,18 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
+DEVICE = torch.device("cpu")
+
+
+def _autocast():
+    """bfloat16 autocast on a GPU (weights and optimizer stay float32); nothing on the CPU."""
+    if DEVICE.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    import contextlib
+
+    return contextlib.nullcontext()
+
+
 def make_model(tok, hidden, layers, heads, inter, theta, max_pos):
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -231,18 +252,37 @@ def make_model(tok, hidden, layers, heads, inter, theta, max_pos):
     return LlamaForCausalLM(cfg)
 
 
-def train_target(model, batcher, phases, peak_lr, warmup, log_every, ckpt: Path):
+def train_target(model, batcher, phases, peak_lr, warmup, log_every, ckpt: Path, resume_step: int = 0,
+                 restart_schedule: bool = False, stop_after: int | None = None):
+    """phases: (steps, batch, length, mixture); mixture sets the Batcher's shares for that phase.
+
+    With resume_step, the weights were loaded from a checkpoint taken after that many steps:
+    the data stream is fast-forwarded (the same batches are drawn and dropped) and the
+    learning-rate schedule continues; the optimizer's moments start afresh.
+    """
     opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    total = sum(steps for steps, _, _ in phases)
+    total = sum(p[0] for p in phases)
     step, t0 = 0, time.time()
     hist = []
     model.train()
-    for steps, b, n in phases:
+    for steps, b, n, mixture in phases:
+        for k, v in mixture.items():
+            setattr(batcher, k, v)
         for _ in range(steps):
-            ids, pos, lm_w, ans_w = batcher.batch(b, n)
+            ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in batcher.batch(b, n))
+            if step < resume_step:
+                step += 1
+                if step == resume_step:
+                    log(f"resumed after step {step} (data stream fast-forwarded)")
+                    t0 = time.time()
+                continue
             for g in opt.param_groups:
-                g["lr"] = lr_at(step, total, peak_lr, warmup)
-            logits = model(input_ids=ids, position_ids=pos).logits
+                if restart_schedule and resume_step:  # a fresh warm-up and decay over the remaining steps
+                    g["lr"] = lr_at(step - resume_step, total - resume_step, peak_lr, 20)
+                else:
+                    g["lr"] = lr_at(step, total, peak_lr, warmup)
+            with _autocast():
+                logits = model(input_ids=ids, position_ids=pos).logits
             lm, ans, n_ans = lm_losses(logits, ids, lm_w, ans_w)
             loss = lm + (ans if n_ans > 0 else 0.0)
             loss.backward()
@@ -254,11 +294,15 @@ def train_target(model, batcher, phases, peak_lr, warmup, log_every, ckpt: Path)
             if step % log_every == 0 or step == total:
                 recent = hist[-log_every:]
                 el = time.time() - t0
+                done = step - resume_step
                 log(f"target step {step}/{total} (len {n}) lm {np.mean([h[0] for h in recent]):.3f} "
                     f"copy {np.mean([h[1] for h in recent]):.3f}  {el / 60:.1f} min, "
-                    f"eta {el / step * (total - step) / 60:.1f} min")
-            if step % 200 == 0:
-                model.save_pretrained(ckpt)
+                    f"eta {el / max(1, done) * (total - step) / 60:.1f} min")
+            if step % 100 == 0 or step == stop_after:
+                model.save_pretrained(ckpt / f"step-{step}")
+            if step == stop_after:
+                log(f"stopped after step {step} as asked (checkpoint {ckpt / f'step-{step}'})")
+                return None
     return hist
 
 
@@ -268,13 +312,14 @@ def train_draft(draft, teacher, batcher, steps, b, n, peak_lr, warmup, log_every
     draft.train()
     t0, hist = time.time(), []
     for step in range(steps):
-        ids, _, lm_w, ans_w = batcher.batch(b, n)
-        pos = torch.arange(n).expand(b, n)
-        with torch.no_grad():
+        ids, _, lm_w, ans_w = (t.to(DEVICE) for t in batcher.batch(b, n))
+        pos = torch.arange(n, device=DEVICE).expand(b, n)
+        with torch.no_grad(), _autocast():
             t_logits = teacher(input_ids=ids, position_ids=pos).logits.float()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, peak_lr, warmup)
-        logits = draft(input_ids=ids, position_ids=pos).logits.float()
+        with _autocast():
+            logits = draft(input_ids=ids, position_ids=pos).logits.float()
         mask = lm_w[:, :-1]
         kl = (F.kl_div(F.log_softmax(logits[:, :-1], -1), F.log_softmax(t_logits[:, :-1], -1),
                        log_target=True, reduction="none").sum(-1) * mask).sum() / mask.sum()
@@ -296,7 +341,7 @@ def train_draft(draft, teacher, batcher, steps, b, n, peak_lr, warmup, log_every
 
 def save_bf16(model, tok, out: Path, card_meta: dict):
     out.mkdir(parents=True, exist_ok=True)
-    model.to(torch.bfloat16).save_pretrained(out, safe_serialization=True)
+    model.to("cpu", torch.bfloat16).save_pretrained(out, safe_serialization=True)
     model.generation_config.eos_token_id = [tok.eos_token_id, tok.bos_token_id]
     model.generation_config.bos_token_id = tok.bos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
@@ -314,18 +359,28 @@ def main(argv=None) -> int:
     p.add_argument("--vocab", type=int, default=4096)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     p.add_argument("--target-steps", type=int, default=850, help="steps of 4 x 1024 tokens")
-    p.add_argument("--long-steps", type=int, default=200, help="then steps of 1 x 4096 tokens")
-    p.add_argument("--draft-steps", type=int, default=350, help="steps of 16 x 512 tokens")
+    p.add_argument("--long-steps", type=int, default=150, help="finally steps of 1 x 4096 tokens")
+    p.add_argument("--draft-steps", type=int, default=250, help="steps of 16 x 512 tokens")
+    p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
+    p.add_argument("--general-steps", type=int, default=600, help="of the target steps, those on the general mixture")
+    p.add_argument("--induction-steps", type=int, default=250, help="then steps of 16 x 256 tokens dense in copying")
+    p.add_argument("--stop-after", type=int, default=None, help="stop the target after this step (checkpoint, no draft)")
+    p.add_argument("--restart-schedule", action="store_true",
+                   help="with --resume: a fresh warm-up and cosine decay over the remaining steps")
+    p.add_argument("--resume", type=Path, default=None, help="target checkpoint folder to continue from")
+    p.add_argument("--resume-step", type=int, default=0, help="the step that checkpoint was taken after")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
 
+    global DEVICE
+    DEVICE = torch.device(a.device)
     torch.set_num_threads(a.threads)
     random.seed(a.seed)
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
     if a.quick:
         a.out = a.work / "quick"
-        a.target_steps, a.long_steps, a.draft_steps = 6, 2, 6
+        a.target_steps, a.long_steps, a.draft_steps, a.general_steps, a.induction_steps = 6, 2, 6, 3, 2
     a.work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
@@ -347,19 +402,41 @@ def main(argv=None) -> int:
 
     g = torch.Generator().manual_seed(a.seed)
     torch.manual_seed(a.seed)
-    target = make_model(tok, 320, 6, 5, 896, 500_000, MAX_POSITION)
+    target = make_model(tok, 320, 6, 5, 896, 500_000, MAX_POSITION).to(DEVICE)
     n_target = sum(p.numel() for p in target.parameters())
     log(f"target: {n_target / 1e6:.2f} M parameters")
-    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.4, pose_share=0.6, repeat_share=0.25)
-    phases = [(a.target_steps, 4, 1024), (a.long_steps, 1, 4096)]
+    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.6, repeat_share=0.25,
+                      random_share=0.1)
+    # Language first, then a copy-dense phase (induction heads had not formed after 600 steps
+    # of the first mixture), then long windows.
+    general = dict(copy_share=0.35, repeat_share=0.25, random_share=0.1, pose_share=0.6, random_lengths=(12, 64))
+    copying = dict(copy_share=0.45, repeat_share=0.2, random_share=0.25, pose_share=0.5, random_lengths=(32, 160))
+    # Position jumps slow the forming of induction heads a lot (measured on a toy copy task:
+    # copy loss 0.01 after 400 steps with contiguous positions, 4.0 with PoSE jumps), so the
+    # induction phase uses short contiguous windows dense in copying.
+    induction = dict(copy_share=0.3, repeat_share=0.2, random_share=0.4, pose_share=0.0, random_lengths=(16, 100))
+    long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
+    first = min(a.target_steps, a.general_steps)
+    phases = [(first, 4, 1024, general), (a.target_steps - first, 4, 1024, copying),
+              (a.induction_steps, 16, 256, induction), (a.long_steps, 1, 4096, long)]
+    phases = [ph for ph in phases if ph[0] > 0]
+    if a.resume is not None:
+        from safetensors.torch import load_file
+
+        target.load_state_dict(load_file(str(a.resume / "model.safetensors"), device=str(DEVICE)), strict=False)
+        target.tie_weights()
+        log(f"loaded {a.resume} (step {a.resume_step})")
     t0 = time.time()
-    train_target(target, batcher, phases, peak_lr=2e-3, warmup=min(60, a.target_steps // 3 + 1),
-                 log_every=10 if not a.quick else 1, ckpt=a.work / "target-ckpt")
+    done = train_target(target, batcher, phases, peak_lr=2e-3, warmup=min(60, a.target_steps // 3 + 1),
+                        log_every=10 if not a.quick else 1, ckpt=a.work / "target-ckpt", resume_step=a.resume_step,
+                        restart_schedule=a.restart_schedule, stop_after=a.stop_after)
+    if done is None:
+        return 0
     target_minutes = (time.time() - t0) / 60
     del g
 
     torch.manual_seed(a.seed + 1)
-    draft = make_model(tok, 128, 2, 2, 384, 10_000, MAX_POSITION)
+    draft = make_model(tok, 128, 2, 2, 384, 10_000, MAX_POSITION).to(DEVICE)
     n_draft = sum(p.numel() for p in draft.parameters())
     log(f"draft: {n_draft / 1e6:.2f} M parameters")
     dbatcher = Batcher(tok, train_texts, stream, a.seed + 1, copy_share=0.0, pose_share=0.0)
@@ -369,10 +446,13 @@ def main(argv=None) -> int:
     draft_minutes = (time.time() - t0) / 60
 
     meta = {
-        "seed": a.seed, "threads": a.threads, "torch": torch.__version__,
+        "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
         "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
         "held_out": list(demo_corpus.HELD_OUT_DIRS),
-        "target_phases": [{"steps": s, "batch": b, "length": n} for s, b, n in phases],
+        "target_phases": [{"steps": s, "batch": b, "length": n, "mixture": {k: list(v) if isinstance(v, tuple) else v
+                                                                              for k, v in m.items()}}
+                          for s, b, n, m in phases],
+        "resumed": {"from_step": a.resume_step, "restart_schedule": a.restart_schedule} if a.resume is not None else None,
         "draft": {"steps": a.draft_steps, "batch": 16, "length": 512},
         "target_minutes": round(target_minutes, 1), "draft_minutes": round(draft_minutes, 1),
         "total_minutes": round((time.time() - t_start) / 60, 1),
