@@ -194,25 +194,44 @@ def _configs(args, has_draft: bool):
     )
 
 
-def cmd_generate(args) -> int:
+def _check_flags(args) -> None:
+    """Validate every decoding flag before loading gigabytes of weights."""
     from .config import ConfigError
-    from .engine import TriForceEngine
-    from .events import Committed, Finished
-    from .loading import default_model_names
 
-    if args.num_samples < 1:
-        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
     try:
-        # Validate every flag before loading gigabytes of weights.
         _configs(args, has_draft=True)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+
+
+def _load_engine(args):
+    """The engine for --target/--draft (default: the demo pair) and the config for its draft."""
+    from .config import ConfigError
+    from .engine import TriForceEngine
+    from .loading import default_model_names
+
     target, draft = default_model_names(args.target, args.draft)
     engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
     try:
-        config = _configs(args, has_draft=engine.draft is not None)
+        return engine, _configs(args, has_draft=engine.draft is not None)
     except ConfigError as e:
         raise UsageError(str(e)) from None
+
+
+def _write_tokens(ev, colour: bool) -> None:
+    """Stream a Committed event's text, coloured by the level of its last token on a terminal."""
+    if ev.text:
+        sys.stdout.write((LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m") if colour else ev.text)
+        sys.stdout.flush()
+
+
+def cmd_generate(args) -> int:
+    from .events import Committed, Finished
+
+    if args.num_samples < 1:
+        raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
+    _check_flags(args)
+    engine, config = _load_engine(args)
     prompt = _read_prompt(args, engine)
     if args.json or args.num_samples > 1:
         results = engine.run_samples(prompt, config, args.num_samples)
@@ -229,12 +248,8 @@ def cmd_generate(args) -> int:
         return 0
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
     for ev in engine.generate(prompt, config):
-        if isinstance(ev, Committed) and ev.text:
-            if colour:
-                sys.stdout.write(LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m")
-            else:
-                sys.stdout.write(ev.text)
-            sys.stdout.flush()
+        if isinstance(ev, Committed):
+            _write_tokens(ev, colour)
         elif isinstance(ev, Finished):
             sys.stdout.write("\n")
             print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
@@ -242,17 +257,11 @@ def cmd_generate(args) -> int:
 
 
 def cmd_chat(args) -> int:
-    from .config import ConfigError
     from .documents import DocumentError, load_document
-    from .engine import TriForceEngine
     from .events import Committed, Finished, Prefilled
-    from .loading import default_model_names
     from .session import ChatSession
 
-    try:
-        _configs(args, has_draft=True)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
+    _check_flags(args)
     if any(not (q or "").strip() for q in args.question):
         raise UsageError("--question must not be empty")
     document = None
@@ -261,12 +270,7 @@ def cmd_chat(args) -> int:
             document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000))
         except DocumentError as e:
             raise UsageError(f"{args.document}: {e}") from None
-    target, draft = default_model_names(args.target, args.draft)
-    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
-    try:
-        config = _configs(args, has_draft=engine.draft is not None)
-    except ConfigError as e:
-        raise UsageError(str(e)) from None
+    engine, config = _load_engine(args)
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
     session = ChatSession(engine, document, system_prompt=args.system, config=config,
@@ -279,9 +283,8 @@ def cmd_chat(args) -> int:
         for ev in session.ask(q):
             if args.json:
                 continue
-            if isinstance(ev, Committed) and ev.text:
-                sys.stdout.write((LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m") if colour else ev.text)
-                sys.stdout.flush()
+            if isinstance(ev, Committed):
+                _write_tokens(ev, colour)
             elif isinstance(ev, Finished):
                 sys.stdout.write("\n\n")
                 print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
@@ -344,13 +347,19 @@ def _stats_line(s: dict) -> str:
     )
 
 
+def _error(e: BaseException) -> int:
+    """Report bad input as one `error:` line; exit code 2."""
+    text = str(e)
+    print(f"error: {text.splitlines()[0] if text else type(e).__name__}", file=sys.stderr)
+    return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except UsageError as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return _error(e)
     if args.command is None:
         parser.print_help()
         return 2
@@ -358,8 +367,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             return cmd_ingest(args)
         except UsageError as e:
-            print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-            return 2
+            return _error(e)
         except KeyboardInterrupt:
             return 130
 
@@ -368,7 +376,6 @@ def main(argv: list[str] | None = None) -> int:
     from .config import ConfigError
     from .engine import ContextLengthError
     from .loading import ModelLoadError
-
     from .session import SessionError
 
     try:
@@ -376,11 +383,9 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_chat(args)
         return cmd_generate(args)
     except (UsageError, ConfigError, ModelLoadError, ContextLengthError, SessionError) as e:
-        print(f"error: {str(e).splitlines()[0]}", file=sys.stderr)
-        return 2
+        return _error(e)
     except ValueError as e:  # e.g. a token id outside the vocabulary
-        print(f"error: {str(e).splitlines()[0] if str(e) else type(e).__name__}", file=sys.stderr)
-        return 2
+        return _error(e)
     except (MemoryError, _OutOfMemory):
         print("error: out of memory; try a shorter prompt, a smaller --budget or --dtype bfloat16", file=sys.stderr)
         return 1

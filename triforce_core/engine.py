@@ -107,11 +107,15 @@ class TriForceEngine:
         detok = self.decode if self.tokenizer is not None else None
         return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok, **handover)
 
+    @staticmethod
+    def capacity_for(prompt_len: int, config: GenerationConfig) -> int:
+        """Cache slots a generation of `config` needs after a prompt of `prompt_len` tokens."""
+        spec = config.speculation
+        return prompt_len + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
+
     def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
         self.check_prompt(prompt_ids, config)
-        spec = config.speculation
-        capacity = len(prompt_ids) + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
-        return self.make_decoder(config, capacity, generator)
+        return self.make_decoder(config, self.capacity_for(len(prompt_ids), config), generator)
 
     def generate(
         self,

@@ -304,18 +304,26 @@ class ChatSession:
 
     def _decoder_for(self, config: GenerationConfig, prompt_len: int) -> Decoder:
         d = self._decoder
-        spec = config.speculation
         if d is not None and d.config == config:
             if config.sampling.seed is not None:
                 d.generator.manual_seed(config.sampling.seed)
             return d
         # New settings: fresh lanes, but the target's cache (the expensive part) carries over.
         generator = make_generator(config.sampling.seed, self.engine.target.device)
-        capacity = prompt_len + spec.max_new_tokens + spec.gamma1 + spec.gamma2 + 8
+        capacity = self.engine.capacity_for(prompt_len, config)
         handover = {} if d is None else {"full_cache": d.full.cache, "history": d.history}
         self._decoder = None
         self._decoder = self.engine.make_decoder(config, capacity, generator, **handover)
         return self._decoder
+
+    def _failed(self, e: Exception, during: str) -> None:
+        """Free the caches (they may be half-written) and turn out-of-memory into SessionError."""
+        self.release()
+        if _is_oom(e):
+            raise SessionError(
+                f"out of memory {during}; the caches were freed. "
+                "Try a shorter document, a smaller retrieval budget or a lower-precision dtype"
+            ) from None
 
     def _turn(self, question, prompt, config, truncation, on_prefill_progress, t0: float) -> Iterator[Event]:
         first_token_s = None
@@ -327,13 +335,7 @@ class ChatSession:
                 decoder = self._decoder_for(config, len(prompt))
                 prefilled = decoder.prefill(prompt, on_prefill_progress)
             except Exception as e:
-                if _is_oom(e):
-                    self.release()
-                    raise SessionError(
-                        f"out of memory while prefilling {len(prompt)} tokens; the caches were freed. "
-                        "Try a shorter document, a smaller retrieval budget or a lower-precision dtype"
-                    ) from None
-                self.release()  # the caches may be half-written: start clean next time
+                self._failed(e, f"while prefilling {len(prompt)} tokens")
                 raise
             yield prefilled
             if decoder.selection_event is not None:
@@ -358,10 +360,7 @@ class ChatSession:
                         )
                     yield ev
             except Exception as e:
-                if _is_oom(e):
-                    self.release()
-                    raise SessionError("out of memory while decoding; the caches were freed") from None
-                self.release()
+                self._failed(e, "while decoding")
                 raise
         finally:
             # Whatever happened (finished, stopped, failed), what was generated is kept. The text

@@ -407,9 +407,7 @@ class Decoder:
             small.pending = self.prompt[-1:]
         if self.retrieval is not None:
             self._select(queries)
-        self.counters = _Counters()
-        if isinstance(self.proposer, Verifier):
-            self.proposer.counters = self.counters
+        self._reset_counters()
         _sync_device(self.target.device)
         return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse)
 
@@ -469,6 +467,9 @@ class Decoder:
             elif isinstance(c, StreamingCache):
                 c.evicted = extra[0]
             lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
+        self._reset_counters()
+
+    def _reset_counters(self) -> None:
         self.counters = _Counters()
         if isinstance(self.proposer, Verifier):
             self.proposer.counters = self.counters
