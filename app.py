@@ -1,11 +1,9 @@
-"""TriForce Studio launcher.
+"""TriForce Studio: chat with a long document in the browser and watch speculative decoding work.
 
-This version runs an interactive chat in the terminal: each answer streams token by token,
-coloured by the level that proposed it (green: small draft, blue: retrieval draft, red: full
-target), followed by the round's statistics. Everything happens only under `__main__`.
+    python app.py                                   # the embedded demo pair, http://127.0.0.1:7860
+    python app.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
 
-    python app.py                                   # the embedded demo pair
-    python app.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct
+Nothing happens on import; the app is built and launched only under `__main__`.
 """
 
 from __future__ import annotations
@@ -15,89 +13,49 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(description="TriForce Studio: chat with a model, see speculative decoding work.")
+    p = argparse.ArgumentParser(
+        description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
+        "level that proposed it.",
+        epilog="Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
+        "endpoint, no file access beyond uploads.",
+    )
     p.add_argument("--target", help="hub id or local folder (default: the embedded demo target)")
-    p.add_argument("--draft", help="small draft sharing the target's vocabulary (default: the demo draft)")
-    p.add_argument("--device", default="auto", help="auto|cpu|cuda")
-    p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16")
-    p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "autoregressive"])
-    p.add_argument("--max-new-tokens", type=int, default=256)
-    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    p.add_argument("--top-p", type=float, default=1.0)
-    p.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens")
-    p.add_argument("--system", default=None, help="system prompt (models with a chat template)")
+    p.add_argument("--draft", help="small draft sharing the target's vocabulary (default: the embedded demo draft)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
+    p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
+    p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
+    p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "autoregressive"],
+                   help="default decoding mode (triforce with a draft, else retrieval)")
+    p.add_argument("--max-new-tokens", type=int, default=128, help="default answer length limit (default 128)")
+    p.add_argument("--budget", type=int, default=4096, help="default retrieval budget in tokens (default 4096)")
+    p.add_argument("--max-upload-mb", type=int, default=50, help="largest accepted upload (default 50 MB)")
+    p.add_argument("--max-cached-sessions", type=int, default=4,
+                   help="users whose KV caches stay in memory between questions (default 4)")
     return p.parse_args(argv)
-
-
-def _prompt_ids(engine, history: list[dict]) -> list[int]:
-    tok = engine.tokenizer
-    if getattr(tok, "chat_template", None):
-        return list(tok.apply_chat_template(history, add_generation_prompt=True, tokenize=True, return_dict=False))
-    text = "\n".join(f"{m['role']}: {m['content']}" for m in history) + "\nassistant:"
-    return engine.encode(text)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from triforce_core import (
-        CacheConfig,
-        ConfigError,
-        ContextLengthError,
-        GenerationConfig,
-        ModelLoadError,
-        SamplingConfig,
-        SpeculationConfig,
-        TriForceEngine,
-    )
-    from triforce_core.events import Committed, Finished
+    from triforce_core import ConfigError, ModelLoadError, TriForceEngine
     from triforce_core.loading import default_model_names
-    from ui import TokenSplitter, ansi
+    from ui.app import Settings, build_app, launch_options
 
     try:
         target, draft = default_model_names(args.target, args.draft)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
         engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
-        if engine.tokenizer is None:
-            raise ModelLoadError(f"{target} has no tokenizer; the chat needs one")
         mode = args.mode or ("triforce" if engine.draft is not None else "retrieval")
-        config = GenerationConfig(
-            sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p),
-            speculation=SpeculationConfig(mode=mode, max_new_tokens=args.max_new_tokens),
-            cache=CacheConfig(budget=args.budget),
-        )
-    except (ModelLoadError, ConfigError) as e:
+        defaults = Settings(mode=mode, max_new_tokens=args.max_new_tokens, budget=args.budget)
+        defaults.config()
+        demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=args.max_upload_mb,
+                         max_cached_sessions=args.max_cached_sessions)
+    except (ModelLoadError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    history: list[dict] = [{"role": "system", "content": args.system}] if args.system else []
-    print("Type a message (an empty line or Ctrl-D quits). Green: small draft, blue: retrieval, red: target.")
-    while True:
-        try:
-            message = input("> ").strip()
-        except EOFError:
-            return 0
-        if not message:
-            return 0
-        history.append({"role": "user", "content": message})
-        events = []
-        splitter = TokenSplitter(engine.decode)
-        try:
-            for ev in engine.generate(_prompt_ids(engine, history), config):
-                if isinstance(ev, Committed):
-                    events.append(ev)
-                    sys.stdout.write(ansi(splitter.push(ev)))
-                    sys.stdout.flush()
-                elif isinstance(ev, Finished):
-                    s = ev.stats
-                    acc = ", ".join(f"{k} {v:.2f}" for k, v in s.acceptance.items()) or "n/a"
-                    print(f"\n[{s.mode}: {s.new_tokens} tokens, {s.tokens_per_s:.1f} tok/s, acceptance {acc}]")
-        except ContextLengthError as e:
-            print(f"error: {e}", file=sys.stderr)
-            history.pop()
-            continue
-        except KeyboardInterrupt:
-            print("\n[stopped]")
-        answer = "".join(ev.text for ev in events)
-        history.append({"role": "assistant", "content": answer})
+    demo.queue(default_concurrency_limit=8)
+    demo.launch(**launch_options(args.host, args.port, args.max_upload_mb))
+    return 0
 
 
 if __name__ == "__main__":

@@ -178,12 +178,17 @@ class ChatSession:
 
     def prompt_ids(self, question: str) -> list[int]:
         """Token ids of the whole conversation plus `question`, ready for the answer."""
+        text = self.prompt_text(question)
+        if getattr(self.engine.tokenizer, "chat_template", None):
+            return self._encode(text)
+        return list(self.engine.tokenizer(text)["input_ids"])
+
+    def prompt_text(self, question: str) -> str:
+        """The text `prompt_ids` tokenizes: the chat template's rendering, or a plain transcript."""
         tok = self.engine.tokenizer
         messages = self.messages(question)
         if getattr(tok, "chat_template", None):
-            text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-            return self._encode(text)
-        # No chat template: a plain transcript.
+            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         parts = []
         for m in messages:
             if m["role"] == "system":
@@ -193,7 +198,29 @@ class ChatSession:
             else:
                 parts.append(f"Answer: {m['content']}\n\n")
         parts.append("Answer:")
-        return list(tok("".join(parts))["input_ids"])
+        return "".join(parts)
+
+    def token_char_spans(self, question: str) -> tuple[list[tuple[int, int]], int]:
+        """For the prompt of `question`: each token's (start, end) characters in the document
+        (-1, -1 outside it), and the token position where the document begins.
+
+        Lets a viewer map KV positions (e.g. retrieval chunks) back to the document's text.
+        """
+        tok = self.engine.tokenizer
+        text = self.prompt_text(question)
+        special = not getattr(tok, "chat_template", None)
+        enc = tok(text, add_special_tokens=special, return_offsets_mapping=True)
+        doc_at = text.find(self._document) if self._document else -1
+        doc_end = doc_at + len(self._document)
+        spans, first = [], -1
+        for i, (a, b) in enumerate(enc["offset_mapping"]):
+            if doc_at >= 0 and b > doc_at and a < doc_end:
+                spans.append((max(a, doc_at) - doc_at, min(b, doc_end) - doc_at))
+                if first < 0:
+                    first = i
+            else:
+                spans.append((-1, -1))
+        return spans, first
 
     def _encode(self, text: str) -> list[int]:
         return list(self.engine.tokenizer(text, add_special_tokens=False)["input_ids"])
@@ -238,6 +265,29 @@ class ChatSession:
         except Exception:
             self.turns.append(last)
             raise
+
+    def rerun_last(self, config: GenerationConfig, on_prefill_progress=None) -> Iterator[Event]:
+        """Answer the last question again with `config` (e.g. autoregressively, to compare),
+        leaving the conversation as it was: the original answer stays the last turn.
+
+        The caches roll back as for `regenerate`; the rerun's answer is in the events.
+        """
+        if not self.turns:
+            raise ValueError("there is no question to answer again")
+        last = self.turns.pop()
+        try:
+            events = self.ask(last.question, config, on_prefill_progress)
+        finally:
+            self.turns.append(last)
+
+        def run():
+            try:
+                yield from events  # appends its own turn after `last` while it runs
+            finally:
+                if self.turns and self.turns[-1] is not last:
+                    self.turns.pop()
+
+        return run()
 
     def cache_lengths(self) -> dict[str, int]:
         """Tokens held by each cache (0 when there is none yet)."""

@@ -1,5 +1,49 @@
-"""Presentation of the engine's events. Pure functions, no model and no server inside."""
+"""Presentation of the engine's events, and the Gradio app.
 
-from .render import LEVEL_STYLE, TokenSplitter, ansi, legend_html, terminal_text, tokens_html
+`ui.render`, `ui.trace` and `ui.figures` are pure functions of events (no model, no server);
+`ui.app.build_app` builds the Gradio app and `ui.worker` runs the engine for it. Gradio and
+plotly are imported only when those are used, so the terminal chat stays light.
+"""
 
-__all__ = ["LEVEL_STYLE", "TokenSplitter", "ansi", "legend_html", "terminal_text", "tokens_html"]
+from .render import (
+    LEVEL_STYLE,
+    TokenSplitter,
+    ansi,
+    context_gauge_html,
+    legend_block,
+    legend_html,
+    segments_html,
+    stats_html,
+    status_html,
+    terminal_text,
+    tokens_html,
+    transcript_html,
+)
+from .trace import AnswerTrace, RoundStats, Segment
+
+__all__ = [
+    "LEVEL_STYLE",
+    "AnswerTrace",
+    "RoundStats",
+    "Segment",
+    "TokenSplitter",
+    "ansi",
+    "build_app",
+    "context_gauge_html",
+    "legend_block",
+    "legend_html",
+    "segments_html",
+    "stats_html",
+    "status_html",
+    "terminal_text",
+    "tokens_html",
+    "transcript_html",
+]
+
+
+def __getattr__(name: str):
+    if name == "build_app":
+        from .app import build_app
+
+        return build_app
+    raise AttributeError(f"module 'ui' has no attribute {name!r}")

@@ -86,3 +86,88 @@ def terminal_text(events: Iterable[Event], decode: Callable[[Sequence[int]], str
 
 def ansi(pieces: Iterable[tuple[str, str]]) -> str:
     return "".join(LEVEL_STYLE[level][2] + text + _RESET for text, level in pieces if text)
+
+
+# -- the app's HTML ------------------------------------------------------------------------
+
+def segments_html(segments, teaching: bool = False) -> str:
+    """An answer's segments (see `ui.trace`) as HTML; `teaching` adds rejected drafts and round marks."""
+    out = []
+    for seg in segments:
+        if seg.kind == "token":
+            label = LEVEL_STYLE[seg.level][0]
+            out.append(f'<span class="tf-tok tf-{seg.level}" title="{label}">{html.escape(seg.text)}</span>')
+        elif not teaching:
+            continue
+        elif seg.kind == "rejected":
+            out.append(f'<s class="tf-rej tf-{seg.level}" title="{html.escape(seg.note)}">{html.escape(seg.text)}</s>')
+        elif seg.kind == "round":
+            out.append(f'<span class="tf-round" title="{html.escape(seg.note)}"></span>')
+    return "".join(out)
+
+
+def legend_block(teaching: bool = False) -> str:
+    items = [
+        f'<span class="tf-tok tf-{lvl}">{label}</span>' for lvl, (label, _c, _a) in LEVEL_STYLE.items()
+    ]
+    if teaching:
+        items.append('<s class="tf-rej tf-draft">rejected draft</s>')
+        items.append('<span class="tf-round"></span> round start')
+    return '<div class="tf-legend">Proposed by: ' + " ".join(items) + "</div>"
+
+
+def transcript_html(turns: Sequence[tuple[str, str, str]], empty: str = "") -> str:
+    """The conversation: (question, answer_html, footer) per turn; answer_html is trusted markup."""
+    if not turns:
+        return f'<div class="tf-transcript tf-empty">{html.escape(empty)}</div>'
+    parts = ['<div class="tf-transcript">']
+    for question, answer, footer in turns:
+        parts.append(f'<div class="tf-msg tf-user">{html.escape(question)}</div>')
+        parts.append(f'<div class="tf-msg tf-assistant">{answer or "<span class=tf-wait>…</span>"}')
+        if footer:
+            parts.append(f'<div class="tf-foot">{html.escape(footer)}</div>')
+        parts.append("</div>")
+    parts.append("</div>")
+    return "".join(parts)
+
+
+def context_gauge_html(document_tokens: int, conversation_tokens: int, window: int, budget: int) -> str:
+    """A bar: document and conversation tokens against the context window, with the retrieval budget."""
+    window = max(window, 1)
+    used = document_tokens + conversation_tokens
+    doc_pct = min(100.0, 100.0 * document_tokens / window)
+    conv_pct = min(100.0 - doc_pct, 100.0 * conversation_tokens / window)
+    budget_pct = min(100.0, 100.0 * budget / window)
+    over = used > window
+    if document_tokens == 0:
+        reads = "no document yet"
+    elif budget >= used:
+        reads = "the whole context fits the retrieval budget (retrieval is exact here: no speedup from it)"
+    else:
+        reads = f"the retrieval level reads {100.0 * budget / used:.0f}% of the context per step"
+    return (
+        f'<div class="tf-gauge{" tf-over" if over else ""}">'
+        f'<div class="tf-gauge-bar">'
+        f'<div class="tf-gauge-doc" style="width:{doc_pct:.2f}%"></div>'
+        f'<div class="tf-gauge-conv" style="width:{conv_pct:.2f}%"></div>'
+        f'<div class="tf-gauge-budget" style="left:{budget_pct:.2f}%" title="retrieval budget"></div>'
+        f"</div>"
+        f'<div class="tf-gauge-text">document <b>{document_tokens:,}</b> + conversation <b>{conversation_tokens:,}</b> '
+        f"of <b>{window:,}</b> tokens · retrieval budget <b>{budget:,}</b> · {reads}"
+        + (" · <b>does not fit the context window</b>" if over else "")
+        + "</div></div>"
+    )
+
+
+def status_html(message: str, kind: str = "info", progress: float | None = None) -> str:
+    """A status line (kind: info | busy | error | ok), with an optional progress bar (0..1)."""
+    bar = ""
+    if progress is not None:
+        bar = f'<div class="tf-progress"><div style="width:{100.0 * max(0.0, min(1.0, progress)):.1f}%"></div></div>'
+    return f'<div class="tf-status tf-{kind}" role="status">{html.escape(message)}{bar}</div>'
+
+
+def stats_html(rows: Sequence[tuple[str, str]]) -> str:
+    """A two-column table of figures."""
+    body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
+    return f'<table class="tf-stats">{body}</table>'

@@ -1,0 +1,162 @@
+"""One answer's events, accumulated into what the app shows. Pure: no model, no server.
+
+`AnswerTrace.push(event, now)` folds the engine's events (see `triforce_core.events`) into
+
+- `segments`: the answer as coloured pieces, with the teaching view's extras (rejected draft
+  tokens and round boundaries) marked so a renderer can show or hide them;
+- `rounds`: per target forward, how many tokens were proposed and accepted at each level;
+- `selections`: every retrieval selection (`ChunksSelected`), the latest last;
+- `prefill` and `stats` (the `Prefilled` and `Finished` payloads).
+
+How rejected tokens are placed. In one round the retrieval level builds a speculation
+out of the small draft's proposals (`Drafted("draft")` then `Verified("retrieval")`); a small-draft
+token it rejects belonged at a known offset of that speculation. The target then verifies
+the speculation (`Verified("target")`): its rejected tail starts at offset `accepted`. The
+round's `Committed` tokens are speculation[:accepted] plus the target's own token, so both
+kinds of rejection can be drawn where they happened, struck through, before the token that
+replaced them. Nothing is re-derived from text: only the events are read.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
+
+from .render import TokenSplitter
+
+
+@dataclass(frozen=True)
+class Segment:
+    kind: str  # "token" (committed), "rejected" (a discarded proposal) or "round" (a round begins)
+    text: str = ""
+    level: str = ""  # who proposed it: draft | retrieval | target
+    note: str = ""  # hover text
+
+
+@dataclass
+class RoundStats:
+    index: int  # 1-based target forward
+    committed: int  # tokens committed in this round
+    proposed: dict[str, int] = field(default_factory=dict)  # by verifying level
+    accepted: dict[str, int] = field(default_factory=dict)
+    at_s: float = 0.0  # seconds since decoding began
+
+
+class AnswerTrace:
+    """Accumulates one generation's events (see the module docstring)."""
+
+    def __init__(self, decode: Callable[[Sequence[int]], str]):
+        self._decode = decode
+        self._splitter = TokenSplitter(decode)
+        self.segments: list[Segment] = []
+        self.rounds: list[RoundStats] = []
+        self.selections: list[ChunksSelected] = []
+        self.prefill: Prefilled | None = None
+        self.stats: GenerationStats | None = None
+        self.token_ids: list[int] = []
+        self.levels: list[str] = []
+        self.text = ""
+        self._t0: float | None = None
+        self._last_t: float = 0.0
+        self._reset_round()
+
+    # -- folding events --------------------------------------------------------------------
+    def _reset_round(self) -> None:
+        self._spec: list[tuple[int, str]] = []  # the speculation the target will verify
+        self._inline: dict[int, list[tuple[int, str]]] = {}  # offset -> small-draft tokens rejected there
+        self._drafted: Drafted | None = None
+        self._target: Verified | None = None
+        self._proposed: dict[str, int] = {}
+        self._accepted: dict[str, int] = {}
+
+    def push(self, ev, now: float = 0.0) -> None:
+        if isinstance(ev, Prefilled):
+            self.prefill = ev
+        elif isinstance(ev, ChunksSelected):
+            self.selections.append(ev)
+        elif isinstance(ev, Drafted):
+            self._drafted = ev
+            if ev.level == "retrieval":  # retrieval mode: the target verifies these directly
+                self._spec = [(t, "retrieval") for t in ev.token_ids]
+        elif isinstance(ev, Verified):
+            self._count(ev)
+            if ev.level == "retrieval":
+                self._verified_by_retrieval(ev)
+            else:
+                if not self._spec and self._drafted is not None:
+                    self._spec = [(t, self._drafted.level) for t in self._drafted.token_ids]
+                self._spec = self._spec[: ev.proposed]
+                self._target = ev
+        elif isinstance(ev, Committed):
+            if self._t0 is None:
+                self._t0 = now
+            self._committed(ev, now - self._t0)
+        elif isinstance(ev, Finished):
+            self.stats = ev.stats
+
+    def _count(self, ev: Verified) -> None:
+        self._proposed[ev.level] = self._proposed.get(ev.level, 0) + ev.proposed
+        self._accepted[ev.level] = self._accepted.get(ev.level, 0) + ev.accepted
+
+    def _verified_by_retrieval(self, ev: Verified) -> None:
+        drafted = self._drafted.token_ids if self._drafted is not None else ev.rejected_ids
+        base = len(self._spec)
+        if ev.rejected_ids:
+            self._inline.setdefault(base + ev.accepted, []).extend((t, "draft") for t in ev.rejected_ids)
+        self._spec += [(t, "draft") for t in drafted[: ev.accepted]]
+        extra = ev.resampled_id if ev.resampled_id is not None else ev.bonus_id
+        if extra is not None:
+            self._spec.append((extra, "retrieval"))
+
+    def _committed(self, ev: Committed, at_s: float) -> None:
+        target = self._target
+        accepted = target.accepted if target is not None else 0
+        rejected_tail = self._spec[accepted:] if target is not None and target.rejected_ids else []
+        title = f"round {len(self.rounds) + 1}"
+        if target is not None:
+            title += f": the target accepted {target.accepted} of {target.proposed} proposed tokens"
+        self.segments.append(Segment("round", note=title))
+        for i, (text, level) in enumerate(self._splitter.push(ev)):
+            for tok, lvl in self._inline.get(i, []) if i <= accepted else []:
+                self.segments.append(Segment("rejected", self._piece(tok), lvl, "small-draft token rejected by the retrieval level"))
+            if i == accepted:
+                for tok, lvl in rejected_tail:
+                    self.segments.append(Segment("rejected", self._piece(tok), lvl, "proposal rejected by the full target"))
+            self.segments.append(Segment("token", text, level))
+        self.token_ids += ev.token_ids
+        self.levels += ev.levels
+        self.text += ev.text
+        self.rounds.append(RoundStats(len(self.rounds) + 1, len(ev.token_ids), dict(self._proposed), dict(self._accepted), at_s))
+        self._last_t = at_s
+        self._reset_round()
+
+    def _piece(self, token: int) -> str:
+        return self._decode([token]).replace("\ufffd", "\u00b7")
+
+    # -- summaries -------------------------------------------------------------------------
+    @property
+    def new_tokens(self) -> int:
+        return len(self.token_ids)
+
+    def tokens_per_s(self) -> float:
+        """Final decode speed when finished, else a running estimate."""
+        if self.stats is not None:
+            return self.stats.tokens_per_s
+        if len(self.rounds) < 2 or self._last_t <= 0:
+            return 0.0
+        return (self.new_tokens - self.rounds[0].committed) / self._last_t
+
+    def mean_accepted(self) -> float:
+        return self.new_tokens / len(self.rounds) if self.rounds else 0.0
+
+    def acceptance(self) -> dict[str, float]:
+        """Accepted / proposed so far, by verifying level."""
+        proposed: dict[str, int] = {}
+        accepted: dict[str, int] = {}
+        for r in self.rounds:
+            for k, v in r.proposed.items():
+                proposed[k] = proposed.get(k, 0) + v
+                accepted[k] = accepted.get(k, 0) + r.accepted.get(k, 0)
+        return {k: accepted[k] / v for k, v in proposed.items() if v}

@@ -1,0 +1,159 @@
+"""One background thread that runs every generation of the app, round-robin.
+
+The model is shared by all users; each user has their own `ChatSession` (their own caches).
+Only this thread touches the engine, so two users can never interleave inside a forward or
+write to each other's caches. Several generations advance together: the worker takes one
+event from each active job in turn (an event is at most one speculation round), so a second
+user's answer streams while the first one's does. A prefill is one step (its progress is
+reported, and a stop aborts it between chunks).
+
+    job = worker.submit(lambda progress: session.ask("...", on_prefill_progress=progress))
+    for item in job:          # events, `Progress(done, total)`, in order; errors re-raised here
+        ...
+    job.cancel()              # stop: the engine's generator is closed within one round
+"""
+
+from __future__ import annotations
+
+import collections
+import queue
+import threading
+from dataclasses import dataclass
+from typing import Callable, Iterator
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int  # prompt tokens prefilled so far
+    total: int
+
+
+class Stopped(Exception):
+    """The job was cancelled (raised inside a prefill to abort it)."""
+
+
+_END = object()
+
+
+class Job:
+    """A generation submitted to the worker; iterate it to receive its items."""
+
+    def __init__(self, start: Callable[[Callable[[int, int], None]], Iterator]):
+        self._start = start
+        self._items: queue.Queue = queue.Queue()
+        self._cancelled = threading.Event()
+        self.finished = threading.Event()
+        self.stopped = False  # True when the job ended because of cancel()
+        self._gen: Iterator | None = None
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def __iter__(self):
+        while True:
+            item = self._items.get()
+            if item is _END:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+
+    def get(self, timeout: float):
+        """The next item, `None` after `timeout` seconds without one; raises StopIteration at the end."""
+        try:
+            item = self._items.get(timeout=timeout)
+        except queue.Empty:
+            return None
+        if item is _END:
+            self._items.put(_END)  # stay at the end for later calls
+            raise StopIteration
+        if isinstance(item, BaseException):
+            self._items.put(_END)
+            raise item
+        return item
+
+    # -- worker side -----------------------------------------------------------------------
+    def _progress(self, done: int, total: int) -> None:
+        if self._cancelled.is_set():
+            raise Stopped("stopped during the prefill")
+        self._items.put(Progress(done, total))
+
+    def _step(self) -> bool:
+        """Advance by one event; False when the job is over."""
+        try:
+            if self._cancelled.is_set():
+                self.stopped = True
+                if self._gen is not None:
+                    self._gen.close()  # the engine stops between rounds
+                return self._end()
+            if self._gen is None:
+                self._gen = self._start(self._progress)
+            self._items.put(next(self._gen))
+            return True
+        except StopIteration:
+            return self._end()
+        except Stopped:
+            self.stopped = True
+            return self._end()
+        except BaseException as e:  # reported to the consumer, the worker lives on
+            self._items.put(e)
+            return self._end()
+
+    def _end(self) -> bool:
+        self._items.put(_END)
+        self.finished.set()
+        return False
+
+
+class EngineWorker:
+    """A daemon thread that owns every use of the engine (see the module docstring)."""
+
+    def __init__(self, name: str = "triforce-worker"):
+        self._pending: collections.deque[Job] = collections.deque()
+        self._wake = threading.Condition()
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def submit(self, start: Callable[[Callable[[int, int], None]], Iterator]) -> Job:
+        """Queue a generation: `start(progress)` is called in the worker and returns its event iterator."""
+        job = Job(start)
+        with self._wake:
+            if self._closed:
+                raise RuntimeError("the worker is closed")
+            self._pending.append(job)
+            self._wake.notify()
+        return job
+
+    def call(self, fn: Callable[[], object]):
+        """Run `fn()` in the worker thread (e.g. anything touching a session's caches) and return its result."""
+        def start(_progress):
+            yield fn()
+
+        return next(iter(self.submit(start)))
+
+    def close(self) -> None:
+        with self._wake:
+            self._closed = True
+            self._wake.notify()
+        self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        active: list[Job] = []
+        while True:
+            with self._wake:
+                while not self._pending and not active and not self._closed:
+                    self._wake.wait()
+                if self._closed:
+                    for job in active + list(self._pending):
+                        job.cancel()
+                        job._step()
+                    return
+                while self._pending:
+                    active.append(self._pending.popleft())
+            # One event from each active job in turn.
+            active = [job for job in active if job._step()]
