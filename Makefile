@@ -19,7 +19,7 @@ run: install
 	$(PY) app.py $(ARGS)
 
 test: install
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 tests
+	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadgroup tests
 
 # Re-train the embedded demo pair (about 70 minutes on 2 CPU cores; needs Debian's
 # python3.11-doc, which the script installs when run as root) and measure it.

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import random
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -125,3 +126,29 @@ def tiny_pair_dir(tmp_path_factory):
         root / "other_vocab", make_hf("llama_gqa_llama3", seed=2, **DRAFT_OVERRIDES), make_tokenizer("x")
     )
     return {"target": target, "draft": draft, "other_vocab": other, "root": str(root)}
+
+
+# A chat template whose role markers are ordinary words of the word-level test vocabulary,
+# so every token of a rendered conversation is known.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}w3 {% elif m['role'] == 'user' %}w4 "
+    "{% else %}w5 {% endif %}{{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w5{% endif %}"
+)
+
+
+def words(n: int, seed: int) -> str:
+    """n random words of the test vocabulary (w7 .. w96)."""
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(7, 97)}" for _ in range(n))
+
+
+@pytest.fixture(scope="module")
+def chat_engine():
+    """A GQA target, a 2%-perturbed draft and the word-level tokenizer with a chat template."""
+    from triforce_core.engine import TriForceEngine
+
+    torch.set_num_threads(1)
+    hf = make_hf("llama_gqa_llama3", seed=0)
+    tok = make_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    return TriForceEngine(to_ours(hf), to_ours(perturbed(hf, 0.02)), tok, eos_token_ids=[2])

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import random
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import DRAFT_OVERRIDES, make_hf, make_tokenizer, perturbed, to_ours
+from conftest import CHAT_TEMPLATE as TEMPLATE
+from conftest import DRAFT_OVERRIDES, make_hf, make_tokenizer, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.events import Committed, Finished, Prefilled
@@ -19,26 +19,11 @@ from triforce_core.session import ChatSession, SessionError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODES = ("triforce", "retrieval", "draft", "autoregressive")
-# Role markers are ordinary words of the word-level test vocabulary, so every token is known.
-TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'system' %}w3 {% elif m['role'] == 'user' %}w4 "
-    "{% else %}w5 {% endif %}{{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w5{% endif %}"
-)
-
-
-def words(n: int, seed: int) -> str:
-    rng = random.Random(seed)
-    return " ".join(f"w{rng.randrange(7, 97)}" for _ in range(n))
 
 
 @pytest.fixture(scope="module")
-def engine():
-    torch.set_num_threads(1)
-    hf = make_hf("llama_gqa_llama3", seed=0)
-    draft = perturbed(hf, 0.02)
-    tok = make_tokenizer()
-    tok.chat_template = TEMPLATE
-    return TriForceEngine(to_ours(hf), to_ours(draft), tok, eos_token_ids=[2])
+def engine(chat_engine):
+    return chat_engine
 
 
 def config(mode: str = "triforce", max_new: int = 12, **cache) -> GenerationConfig:

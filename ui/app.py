@@ -38,7 +38,7 @@ from triforce_core.documents import EXTENSIONS, Document, DocumentError, load_do
 from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.session import ChatSession, SessionError
 
-from .figures import acceptance_figure, empty_figure, retrieval_map_figure, speed_figure
+from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .render import (
     context_gauge_html,
     legend_block,
@@ -77,7 +77,7 @@ class Settings:
         return GenerationConfig(
             sampling=SamplingConfig(
                 temperature=float(self.temperature), top_p=float(self.top_p),
-                seed=None if self.seed is None else int(self.seed),
+                seed=None if self.seed is None or self.seed < 0 else int(self.seed),
             ),
             speculation=SpeculationConfig(
                 mode=self.mode, gamma1=int(self.gamma1), gamma2=int(self.gamma2), max_new_tokens=int(self.max_new_tokens)
@@ -551,7 +551,8 @@ def build_app(
                         gamma1 = gr.Slider(1, 8, value=defaults.gamma1, step=1, label="γ1 (small-draft tokens)")
                         gamma2 = gr.Slider(1, 16, value=defaults.gamma2, step=1, label="γ2 (tokens per target round)")
                         draft_window = gr.Slider(16, 2048, value=defaults.draft_window, step=16, label="Draft window")
-                        seed = gr.Number(value=defaults.seed, label="Seed (sampling; empty = random)", precision=0)
+                        seed = gr.Number(value=-1 if defaults.seed is None else defaults.seed,
+                                         label="Seed (sampling; -1 = random)", precision=0)
             with gr.Column(scale=2, min_width=360):
                 map_plot = gr.Plot(retrieval_map_figure(None), label="Retrieval map", elem_id="tf-map")
                 acc_plot = gr.Plot(acceptance_figure([]), label="Acceptance", elem_id="tf-acceptance")

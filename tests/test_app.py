@@ -1,0 +1,253 @@
+"""The app, running for real: `python app.py` on the embedded demo pair, driven by headless
+Chromium (Playwright, Debian's chromium) and by `gradio_client`.
+
+Screenshots of the main states are written to artifacts/screenshots/ (not committed).
+The browser tests skip when Chromium or Playwright is missing; CI installs both.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
+SHOTS = ROOT / "artifacts" / "screenshots"
+CHROMIUM = "/usr/bin/chromium"
+MAX_NEW = 40
+
+pytestmark = pytest.mark.xdist_group("app")  # one server for this module (make test: --dist loadgroup)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    port = free_port()
+    log = tmp_path_factory.mktemp("app") / "app.log"
+    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW)],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )
+    url = f"http://127.0.0.1:{port}/"
+    deadline = time.time() + 180
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=2)
+            break
+        except OSError:
+            if proc.poll() is not None or time.time() > deadline:
+                proc.kill()
+                pytest.fail(f"the app did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.5)
+    yield {"url": url, "proc": proc, "log": log}
+    proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+@pytest.fixture(scope="module")
+def documents(tmp_path_factory):
+    """Two short documents with different content, and a malformed PDF."""
+    root = tmp_path_factory.mktemp("docs")
+    text = SAMPLE.read_text(encoding="utf-8")
+    a, b = root / "scopes.txt", root / "iterators.txt"
+    a.write_text(text[:2500], encoding="utf-8")
+    b.write_text(text[-2500:], encoding="utf-8")
+    bad = root / "broken.pdf"
+    bad.write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\nthis is not a PDF body\n")
+    return {"a": a, "b": b, "bad": bad}
+
+
+# -- the API ---------------------------------------------------------------------------------------
+
+def ask_api(url: str, message: str, path) -> list[str]:
+    from gradio_client import Client, handle_file
+
+    client = Client(url, verbose=False)
+    job = client.submit(message, handle_file(str(path)) if path else None, api_name="/chat")
+    job.result(timeout=300)
+    return list(job.outputs())
+
+
+def test_chat_endpoint_streams_the_answer(server, documents):
+    from gradio_client import Client
+
+    api = Client(server["url"], verbose=False).view_api(return_format="dict")
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/chat"]["parameters"]]
+    assert params == ["message", "document"]
+    assert list(api["named_endpoints"]) == ["/chat"]  # the UI's own events are not exposed
+    outputs = ask_api(server["url"], "What is a namespace?", documents["a"])
+    final = outputs[-1]
+    assert final.strip() and len(outputs) > 2  # streamed in pieces
+    assert all(final.startswith(o) for o in outputs)
+    no_doc = ask_api(server["url"], "Hello", None)
+    assert no_doc[-1].strip()
+
+
+def test_bad_document_through_the_api_is_a_clear_error(server, documents):
+    from gradio_client.exceptions import AppError
+
+    with pytest.raises(AppError, match="broken.pdf"):
+        ask_api(server["url"], "What is it?", documents["bad"])
+    assert ask_api(server["url"], "Still there?", documents["a"])[-1].strip()
+
+
+def test_two_concurrent_sessions_give_the_same_answers_as_each_alone(server, documents):
+    questions = {"a": "What does the scope of a name mean?", "b": "How does an iterator work?"}
+    alone = {k: ask_api(server["url"], q, documents[k])[-1] for k, q in questions.items()}
+    together: dict[str, str] = {}
+    threads = [
+        threading.Thread(target=lambda k=k, q=q: together.__setitem__(k, ask_api(server["url"], q, documents[k])[-1]))
+        for k, q in questions.items()
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert together == alone and alone["a"] != alone["b"]
+
+
+# -- the browser -----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def page(server):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    SHOTS.mkdir(parents=True, exist_ok=True)
+    with sync_api.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+        pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+        pg.set_default_timeout(240_000)
+        pg.goto(server["url"])
+        pg.wait_for_selector("#tf-send")
+        yield pg
+        browser.close()
+
+
+def shot(page, name: str) -> None:
+    page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
+
+
+def status(page) -> str:
+    return page.inner_text("#tf-status")
+
+
+def wait_status(page, *needles: str, timeout: float = 240) -> str:
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        s = status(page)
+        if any(n in s for n in needles):
+            return s
+        time.sleep(0.1)
+    raise AssertionError(f"status never showed {needles}; it shows: {status(page)!r}")
+
+
+def ask(page, question: str) -> None:
+    page.fill("#tf-message textarea", question)
+    page.click("#tf-send")
+
+
+def set_number(page, elem_id: str, value: int) -> None:
+    """Type into a slider's number box as a person would."""
+    box = page.locator(f"{elem_id} input[type=number]")
+    box.click()
+    box.press("Control+a")
+    box.type(str(value))
+    box.press("Tab")
+    assert box.input_value() == str(value)
+
+
+def last_answer_tokens(page):
+    return page.locator(".tf-assistant").last.locator(".tf-tok")
+
+
+def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
+    page.click("#tf-sample")
+    page.wait_for_selector("#tf-docinfo:has-text('tokens')")
+    assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
+    assert "retrieval budget" in page.inner_text("#tf-gauge")
+    shot(page, "01-sample-loaded")
+    ask(page, "What is a namespace?")
+    wait_status(page, "prefilling")  # the prefill shows its progress
+    done = wait_status(page, "tok/s", "rror")
+    assert "triforce" in done and "tok/s" in done, done
+    tokens = last_answer_tokens(page)
+    assert tokens.count() == MAX_NEW or "eos" in done
+    classes = set(tokens.evaluate_all("els => els.map(e => e.className)"))
+    assert {"tf-tok tf-draft", "tf-tok tf-target"} <= classes  # coloured by proposing level
+    page.wait_for_selector("#tf-map .js-plotly-plot")
+    title = page.inner_text("#tf-map")
+    assert "chunks of 8 tokens" in title and "budget 4096" in title
+    assert page.locator("#tf-map .bars path").count() > 10  # the chosen chunks are drawn
+    assert "mean accepted length" in page.inner_text("#tf-stats")
+    shot(page, "02-answer-with-retrieval-map")
+
+
+def test_teaching_view_and_autoregressive_comparison(page):
+    page.click("#tf-teaching input[type=checkbox]")
+    page.wait_for_selector(".tf-assistant s.tf-rej")
+    assert page.locator(".tf-assistant .tf-round").count() >= 2
+    assert "rejected draft" in page.inner_text("#tf-legend")
+    shot(page, "03-teaching-view")
+    page.click("#tf-compare")
+    done = wait_status(page, "identical output", "rror")
+    assert "identical output: yes" in done, done  # greedy: every mode gives the same tokens
+    assert "speed-up" in page.inner_text("#tf-stats")
+    shot(page, "04-compared-with-autoregressive")
+    page.click("#tf-teaching input[type=checkbox]")
+
+
+def test_stop_ends_the_generation_mid_answer(page):
+    page.get_by_text("Settings").click()
+    set_number(page, "#tf-max-new", 2000)
+    turns = page.locator(".tf-assistant").count()
+    ask(page, "Explain class variables and instance variables in detail.")
+    page.wait_for_function(f"document.querySelectorAll('.tf-assistant').length > {turns}")
+    deadline = time.time() + 240
+    while last_answer_tokens(page).count() < 30 and time.time() < deadline:
+        time.sleep(0.1)
+    seen = last_answer_tokens(page).count()
+    time.sleep(0.5)
+    assert last_answer_tokens(page).count() > seen  # still streaming
+    shot(page, "05-streaming")
+    t0 = time.time()
+    page.click("#tf-stop")
+    stopped = wait_status(page, "Stopped after", "tok/s", timeout=30)
+    elapsed = time.time() - t0
+    assert "Stopped after" in stopped, stopped
+    n = int(stopped.split("Stopped after")[1].split()[0])
+    assert 30 <= n < 2000 and elapsed < 10
+    time.sleep(1.0)
+    assert last_answer_tokens(page).count() == n  # nothing arrives after the stop
+    shot(page, "06-stopped")
+    set_number(page, "#tf-max-new", MAX_NEW)
+
+
+def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents):
+    page.set_input_files("#tf-upload input[type=file]", str(documents["bad"]))
+    err = wait_status(page, "Could not read")
+    assert "broken.pdf" in err and page.locator("#tf-status .tf-error").count() == 1
+    assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")  # the document is kept
+    shot(page, "07-malformed-pdf")
+    ask(page, "What is inheritance?")
+    done = wait_status(page, "tok/s", "rror")
+    assert "tok/s" in done, done
+    assert page.locator(".tf-user").last.inner_text() == "What is inheritance?"

@@ -1,0 +1,233 @@
+"""The app's pure parts: events -> answer trace -> HTML and figure data; the engine worker."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import words
+from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig
+from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
+from triforce_core.session import ChatSession
+from ui import AnswerTrace, context_gauge_html, segments_html
+from ui.figures import acceptance_figure, retrieval_map_figure, speed_figure
+from ui.worker import EngineWorker, Progress
+
+NAMES = {i: f"<{i}>" for i in range(100)}
+
+
+def decode(ids):
+    return "".join(NAMES[i] for i in ids)
+
+
+def triforce_round():
+    """One triforce round, gamma1 = 2, gamma2 = 4.
+
+    The small draft proposes (10, 11): the retrieval level keeps 10, rejects 11, puts 20.
+    It proposes (12, 13): both kept, bonus 21 (cut: the speculation is 10 20 12 13).
+    The target accepts 10 20, rejects 12 13 and puts 30. Committed: 10 20 30.
+    """
+    return [
+        Drafted("draft", (10, 11)),
+        Verified("retrieval", 1, (11,), 20, proposed=2),
+        Drafted("draft", (12, 13)),
+        Verified("retrieval", 2, (), None, proposed=2, bonus_id=21),
+        Verified("target", 2, (12, 13), 30, proposed=4),
+        Committed((10, 20, 30), ("draft", "retrieval", "target"), "<10><20><30>"),
+    ]
+
+
+def test_rejected_drafts_are_placed_where_they_happened():
+    trace = AnswerTrace(decode)
+    for ev in triforce_round():
+        trace.push(ev)
+    kinds = [(s.kind, s.text, s.level) for s in trace.segments]
+    assert kinds == [
+        ("round", "", ""),
+        ("token", "<10>", "draft"),
+        ("rejected", "<11>", "draft"),  # rejected by the retrieval level at offset 1
+        ("token", "<20>", "retrieval"),
+        ("rejected", "<12>", "draft"),  # the target's rejected tail at offset 2
+        ("rejected", "<13>", "draft"),
+        ("token", "<30>", "target"),
+    ]
+    assert trace.token_ids == [10, 20, 30] and trace.levels == ["draft", "retrieval", "target"]
+    r = trace.rounds[0]
+    assert r.committed == 3 and r.proposed == {"retrieval": 4, "target": 4} and r.accepted == {"retrieval": 3, "target": 2}
+    assert trace.acceptance() == {"retrieval": 0.75, "target": 0.5}
+
+
+def test_teaching_view_shows_rejections_and_rounds_only_when_asked():
+    trace = AnswerTrace(decode)
+    for ev in triforce_round() * 2:
+        trace.push(ev)
+    plain = segments_html(trace.segments)
+    teach = segments_html(trace.segments, teaching=True)
+    assert plain.count("<span") == 6 and "<s " not in plain and "tf-round" not in plain
+    assert teach.count("<s ") == 6 and teach.count("tf-round") == 2
+    assert 'class="tf-rej tf-draft"' in teach and "&lt;11&gt;" in teach  # text is escaped
+    assert 'title="round 2: the target accepted 2 of 4 proposed tokens"' in teach
+
+
+def test_single_level_modes_and_autoregressive():
+    trace = AnswerTrace(decode)
+    trace.push(Drafted("retrieval", (5, 6, 7)))  # retrieval mode: the target verifies these
+    trace.push(Verified("target", 1, (6, 7), 8, proposed=3))
+    trace.push(Committed((5, 8), ("retrieval", "target")))
+    trace.push(Committed((9,), ("target",)))  # autoregressive round: nothing proposed
+    seq = [(s.kind, s.text) for s in trace.segments if s.kind != "round"]
+    assert seq == [("token", "<5>"), ("rejected", "<6>"), ("rejected", "<7>"), ("token", "<8>"), ("token", "<9>")]
+    assert [s.level for s in trace.segments if s.kind == "rejected"] == ["retrieval", "retrieval"]
+    assert len(trace.rounds) == 2 and trace.mean_accepted() == 1.5
+
+
+def test_trace_of_a_real_generation_matches_its_result(chat_engine):
+    cfg = GenerationConfig(
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, ignore_eos=True, gamma1=2, gamma2=4),
+        cache=CacheConfig(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, refresh_every=16),
+    )
+    prompt = chat_engine.encode(words(200, 3))
+    trace = AnswerTrace(chat_engine.decode)
+    for ev in chat_engine.generate(prompt, cfg):
+        trace.push(ev)
+    result = chat_engine.run(prompt, cfg)
+    s = trace.stats
+    assert trace.token_ids == result.token_ids and trace.levels == result.levels
+    assert sum(r.committed for r in trace.rounds) == s.new_tokens == 40 and len(trace.rounds) == s.rounds
+    assert trace.acceptance() == pytest.approx(s.acceptance)
+    assert len([x for x in trace.segments if x.kind == "token"]) == 40
+    rejected = sum(1 for x in trace.segments if x.kind == "rejected")
+    assert rejected > 0  # a 2%-perturbed draft disagrees sometimes
+    assert trace.selections and trace.selections[0].step == 0
+
+
+def test_retrieval_map_has_one_bar_per_chunk_with_its_text():
+    sel = ChunksSelected(0, 4, ((0, 4), (8, 12), (40, 44)), (6, 3, 6), context_tokens=44, budget=12, heads_total=6)
+    fig = retrieval_map_figure(sel, lambda a, b: (f"page {a // 8 + 1}", f"text {a}-{b}"), document_span=(0, 40))
+    bar = fig.data[0]
+    assert list(bar.x) == [2, 10, 42] and list(bar.y) == [1.0, 0.5, 1.0] and list(bar.width) == [4, 4, 4]
+    assert "page 2" in bar.hovertext[1] and "«text 8-12»" in bar.hovertext[1] and "3 of 6 heads" in bar.hovertext[1]
+    assert "3 chunks of 4 tokens, budget 12" in fig.layout.title.text
+    assert fig.layout.shapes  # the document's extent
+    assert "No retrieval selection" in retrieval_map_figure(None).layout.annotations[0].text
+
+
+def test_acceptance_and_speed_figures():
+    trace = AnswerTrace(decode)
+    for ev in triforce_round() * 3:
+        trace.push(ev)
+    fig = acceptance_figure(trace.rounds, smooth=2)
+    names = [t.name for t in fig.data]
+    assert names == ["tokens per round", "small draft accepted by retrieval", "proposals accepted by target"]
+    assert list(fig.data[2].y) == [0.5, 0.5, 0.5] and list(fig.data[0].y) == [3, 3, 3]
+    speed = speed_figure([("this answer", 40.0), ("autoregressive", 10.0)])
+    assert list(speed.data[0].x) == [40.0, 10.0]
+
+
+def test_context_gauge():
+    fits = context_gauge_html(1000, 100, 16384, 4096)
+    assert "1,000" in fits and "retrieval budget <b>4,096</b>" in fits and "tf-over" not in fits
+    assert "whole context fits the retrieval budget" in fits
+    over = context_gauge_html(16000, 1000, 16384, 4096)
+    assert "tf-over" in over and "does not fit" in over and "reads 24%" in over
+
+
+def test_settings_are_validated_with_clear_messages():
+    from ui.app import Settings, settings_from
+
+    assert settings_from({"mode": "draft", "budget": 256, "seed": 3.0}).config().sampling.seed == 3
+    with pytest.raises(ConfigError, match="budget"):
+        settings_from({"budget": 8, "chunk_size": 8})
+    with pytest.raises(ConfigError, match="mode"):
+        settings_from({"mode": "fast"})
+    assert Settings().config() == GenerationConfig(
+        speculation=SpeculationConfig(), cache=CacheConfig()
+    )
+
+
+def test_chunk_labels_point_into_the_document(chat_engine):
+    from triforce_core.documents import Document, Section
+    from ui.app import UserState, chunk_labeler, document_span
+
+    text = words(60, 1) + "\n" + words(60, 2)
+    doc = Document(text, "txt", "d.txt", (Section(0, "page 1"), Section(len(words(60, 1)) + 1, "page 2")))
+    user = UserState(ChatSession(chat_engine, doc), document=doc)
+    user.spans, user.doc_first = user.session.token_char_spans("w9 w10")
+    start, end = document_span(user)
+    assert start == user.doc_first == 1 and end - start == 120  # "w4 " opens the user message
+    label = chunk_labeler(user)
+    where, snippet = label(start, start + 3)
+    assert where == "page 1" and snippet == " ".join(text.split()[:3])
+    assert label(start + 60, start + 62)[0] == "page 2"
+    assert label(0, 1) == ("chat template / question", "")
+    assert label(10_000, 10_004) == ("the answer so far", "")
+
+
+# -- the worker ------------------------------------------------------------------------------------
+
+def counting(name, n, log, closed):
+    def start(progress):
+        def gen():
+            try:
+                progress(1, 1)
+                for i in range(n):
+                    log.append((name, i))
+                    yield i
+            finally:
+                closed.append(name)
+
+        return gen()
+
+    return start
+
+
+def test_worker_interleaves_jobs_and_delivers_everything_in_order():
+    worker = EngineWorker()
+    log, closed = [], []
+    gate = threading.Event()
+    worker.submit(lambda p: iter([gate.wait(5)]))  # hold the worker until both jobs are queued
+    a = worker.submit(counting("a", 20, log, closed))
+    b = worker.submit(counting("b", 20, log, closed))
+    gate.set()
+    items_a, items_b = list(a), list(b)
+    assert items_a[0] == Progress(1, 1) and items_a[1:] == list(range(20)) and items_b[1:] == list(range(20))
+    firsts = [name for name, _ in log[:6]]
+    assert "a" in firsts and "b" in firsts  # round-robin, not one job after the other
+    assert sorted(closed) == ["a", "b"]
+    worker.close()
+
+
+def test_cancel_closes_the_generation_and_errors_reach_the_consumer():
+    worker = EngineWorker()
+    log, closed = [], []
+    job = worker.submit(counting("long", 10**9, log, closed))
+    first = [job.get(timeout=5) for _ in range(3)]
+    job.cancel()
+    assert job.finished.wait(5) and job.stopped and closed == ["long"] and first[0] == Progress(1, 1)
+
+    def failing(progress):
+        raise ValueError("the question is empty")
+
+    with pytest.raises(ValueError, match="question is empty"):
+        list(worker.submit(failing))
+    assert worker.call(lambda: 42) == 42  # the worker lives on
+
+
+def test_cancel_aborts_a_prefill_between_chunks():
+    worker = EngineWorker()
+    calls = []
+
+    def prefill(progress):
+        for i in range(1000):
+            calls.append(i)
+            progress(i, 1000)
+            time.sleep(0.002)
+        return iter(["done"])
+
+    job = worker.submit(prefill)
+    assert isinstance(job.get(timeout=5), Progress)
+    job.cancel()
+    assert job.finished.wait(5) and job.stopped and len(calls) < 1000
+    worker.close()
