@@ -109,6 +109,15 @@ def test_bad_document_through_the_api_is_a_clear_error(server, documents):
     assert ask_api(server["url"], "Still there?", documents["a"])[-1].strip()
 
 
+def test_a_document_beyond_the_context_window_is_refused_with_the_numbers(server, tmp_path):
+    from gradio_client.exceptions import AppError
+
+    big = tmp_path / "big.txt"
+    big.write_text(SAMPLE.read_text(encoding="utf-8") * 3, encoding="utf-8")  # ~28K tokens > 16K
+    with pytest.raises(AppError, match="context window is 16384 tokens"):
+        ask_api(server["url"], "Summarise it.", big)
+
+
 def test_two_concurrent_sessions_give_the_same_answers_as_each_alone(server, documents):
     questions = {"a": "What does the scope of a name mean?", "b": "How does an iterator work?"}
     alone = {k: ask_api(server["url"], q, documents[k])[-1] for k, q in questions.items()}
@@ -251,3 +260,17 @@ def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, docum
     done = wait_status(page, "tok/s", "rror")
     assert "tok/s" in done, done
     assert page.locator(".tf-user").last.inner_text() == "What is inheritance?"
+
+
+def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page):
+    before = last_answer_tokens(page).all_inner_texts()
+    turns = page.locator(".tf-assistant").count()
+    page.click("#tf-regenerate")
+    wait_status(page, "Regenerating:")
+    done = wait_status(page, "tok/s", "rror")
+    assert "prefill" in done and page.locator(".tf-assistant").count() == turns
+    assert last_answer_tokens(page).all_inner_texts() == before  # greedy: the same tokens
+    page.click("#tf-clear")
+    wait_status(page, "Conversation cleared")
+    assert page.locator(".tf-assistant").count() == 0
+    assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
