@@ -36,13 +36,17 @@ def _add_model_args(g) -> None:
     models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
 
 
-def _add_decoding_args(g) -> None:
+def _add_decoding_args(g, mode: bool = True) -> None:
     dec = g.add_argument_group("decoding")
-    dec.add_argument(
-        "--mode",
-        choices=["triforce", "retrieval", "draft", "autoregressive"],
-        help="default triforce (retrieval when no draft model is available)",
-    )
+    if mode:
+        dec.add_argument(
+            "--mode",
+            choices=["triforce", "retrieval", "draft", "autoregressive"],
+            help="default: autoregressive for prompts shorter than the break-even context "
+            "(see README, Benchmarks), else triforce (retrieval when no draft model is available)",
+        )
+    else:
+        g.set_defaults(mode=None)
     dec.add_argument("--max-new-tokens", type=int, default=128)
     dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     dec.add_argument("--top-p", type=float, default=1.0)
@@ -116,6 +120,31 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
+    b = sub.add_parser(
+        "bench",
+        help="benchmark every decoding mode against Hugging Face on one long prompt",
+        description=(
+            "Benchmark our modes (triforce, retrieval, draft, autoregressive) against Hugging Face "
+            "generate (hf-generate) and assisted generation with the same draft (hf-assisted): one "
+            "process, one prompt, repeats interleaved after a warm-up, medians reported, next to "
+            "the autoregressive roofline (memory bandwidth measured in the same run)."
+        ),
+        epilog="A progress line per run goes to stderr; --json OUT writes the report (see README, Benchmarks).",
+    )
+    _add_model_args(b)
+    src = b.add_argument_group("prompt").add_mutually_exclusive_group()
+    src.add_argument("--document", metavar="FILE", help="a document (txt, md, html, pdf, epub, docx) + a question")
+    src.add_argument("--context-tokens", type=int, metavar="N",
+                     help="a prompt of N tokens from the bundled sample document (repeated as needed) + a question "
+                     "(default 4096)")
+    _add_decoding_args(b, mode=False)
+    b.add_argument("--modes", default="all", metavar="LIST",
+                   help="comma-separated modes: triforce,retrieval,draft,autoregressive,hf-generate,hf-assisted "
+                   "(default all)")
+    b.add_argument("--repeats", type=int, default=3, help="timed runs of every mode (default 3); medians are reported")
+    b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
+    b.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT (- = stdout)")
+
     i = sub.add_parser(
         "ingest",
         help="extract the text of a document (txt, md, html, pdf, epub, docx)",
@@ -150,6 +179,55 @@ def cmd_ingest(args) -> int:
     return 0
 
 
+def cmd_bench(args) -> int:
+    """Thin wrapper over `bench.harness` (the repository's benchmark package)."""
+    harness = _import_bench()
+    modes = harness.parse_modes(args.modes)
+    if args.repeats < 1:
+        raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
+    if args.context_tokens is not None and args.context_tokens < 1:
+        raise UsageError(f"--context-tokens must be >= 1, got {args.context_tokens}")
+    _check_flags(args)
+    text = None
+    if args.document is not None:
+        from .documents import DocumentError, load_document
+
+        try:
+            text = load_document(args.document).text
+        except DocumentError as e:
+            raise UsageError(f"{args.document}: {e}") from None
+    engine, config = _load_engine(args)
+    bench = harness.Bench(engine, *_model_names(args))
+    context = args.context_tokens if args.document is None and args.context_tokens is not None else None
+    prompt = bench.context_prompt(4096 if text is None and context is None else context, text)
+    report = bench.run(prompt, config, modes, args.repeats, measure_bandwidth=not args.no_bandwidth,
+                       progress=lambda line: print(line, file=sys.stderr, flush=True))
+    harness.print_table(report)
+    if args.json == "-":
+        print(json.dumps(report, indent=1))
+    elif args.json is not None:
+        Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
+    return 0
+
+
+def _import_bench():
+    """`bench` lives next to `triforce_core` in the repository (not an installed package)."""
+    root = str(Path(__file__).resolve().parent.parent)
+    if root not in sys.path:
+        sys.path.append(root)
+    try:
+        from bench import harness
+    except ImportError as e:
+        raise UsageError(f"the benchmark package bench/ is not available next to triforce_core ({e})") from None
+    return harness
+
+
+def _model_names(args) -> tuple[str, str | None]:
+    from .loading import default_model_names
+
+    return default_model_names(args.target, args.draft)
+
+
 def _read_prompt(args, engine) -> list[int]:
     if args.prompt_ids_file is not None:
         try:
@@ -175,10 +253,12 @@ def _read_prompt(args, engine) -> list[int]:
     return engine.encode(text)
 
 
-def _configs(args, has_draft: bool):
-    from .config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
+    """The generation config of the flags; without --mode, the default for `prompt_tokens`
+    (autoregressive below the break-even context; unknown length: the speculative default)."""
+    from .config import BREAK_EVEN_CONTEXT, CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, default_mode
 
-    mode = args.mode or ("triforce" if has_draft else "retrieval")
+    mode = args.mode or default_mode(BREAK_EVEN_CONTEXT if prompt_tokens is None else prompt_tokens, has_draft)
     if mode in ("triforce", "draft") and not has_draft:
         raise UsageError(f"mode {mode} needs a small draft model: pass --draft")
     return GenerationConfig(
@@ -208,9 +288,7 @@ def _load_engine(args):
     """The engine for --target/--draft (default: the demo pair) and the config for its draft."""
     from .config import ConfigError
     from .engine import TriForceEngine
-    from .loading import default_model_names
-
-    target, draft = default_model_names(args.target, args.draft)
+    target, draft = _model_names(args)
     engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
     try:
         return engine, _configs(args, has_draft=engine.draft is not None)
@@ -233,6 +311,8 @@ def cmd_generate(args) -> int:
     _check_flags(args)
     engine, config = _load_engine(args)
     prompt = _read_prompt(args, engine)
+    if args.mode is None:  # the default mode depends on the prompt's length
+        config = _configs(args, engine.draft is not None, len(prompt))
     if args.json or args.num_samples > 1:
         results = engine.run_samples(prompt, config, args.num_samples)
         if args.json:
@@ -381,6 +461,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "chat":
             return cmd_chat(args)
+        if args.command == "bench":
+            return cmd_bench(args)  # its BenchError is a ValueError: one line, exit 2
         return cmd_generate(args)
     except (UsageError, ConfigError, ModelLoadError, ContextLengthError, SessionError) as e:
         return _error(e)

@@ -11,6 +11,20 @@ from dataclasses import dataclass, field
 MODES = ("triforce", "retrieval", "draft", "autoregressive")
 
 
+# Prompt length (tokens) below which speculation stops paying: the break-even context measured by
+# bench/sweep.py on the embedded demo pair on a CPU (README, Benchmarks). Below it the default
+# mode is autoregressive; an explicit mode is always kept.
+BREAK_EVEN_CONTEXT = 4096
+
+
+def default_mode(prompt_tokens: int, has_draft: bool) -> str:
+    """The mode used when the user picked none: autoregressive for short prompts, else the
+    deepest speculation the models allow (triforce with a draft, retrieval without)."""
+    if prompt_tokens < BREAK_EVEN_CONTEXT:
+        return "autoregressive"
+    return "triforce" if has_draft else "retrieval"
+
+
 class ConfigError(ValueError):
     """An invalid configuration value (the CLI reports it with exit code 2)."""
 
