@@ -24,7 +24,9 @@ SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 MAX_NEW = 40
 
-pytestmark = pytest.mark.xdist_group("app")  # one server for this module (make test: --dist loadgroup)
+# One server and one page for all these tests, in order, on one pytest worker (make test runs
+# with --dist loadgroup); session scope keeps them alive if the worker interleaves other modules.
+pytestmark = pytest.mark.xdist_group("app")
 
 
 def free_port() -> int:
@@ -33,7 +35,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
@@ -62,7 +64,7 @@ def server(tmp_path_factory):
         proc.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def documents(tmp_path_factory):
     """Two short documents with different content, and a malformed PDF."""
     root = tmp_path_factory.mktemp("docs")
@@ -135,7 +137,7 @@ def test_two_concurrent_sessions_give_the_same_answers_as_each_alone(server, doc
 
 # -- the browser -----------------------------------------------------------------------------------
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def page(server):
     sync_api = pytest.importorskip("playwright.sync_api")
     if not Path(CHROMIUM).exists():
