@@ -134,8 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's own)")
     p.add_argument("--out", type=Path, default=Path("artifacts") / "bench")
     a = p.parse_args(argv)
+    if a.threads is not None:
+        import torch
+
+        torch.set_num_threads(max(1, a.threads))
 
     from triforce_core.config import GenerationConfig, SamplingConfig, SpeculationConfig
 

@@ -143,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default all)")
     b.add_argument("--repeats", type=int, default=3, help="timed runs of every mode (default 3); medians are reported")
     b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
+    b.add_argument("--threads", type=int, default=None,
+                   help="torch intra-op threads (default: torch's own; 1 is steadier on a shared CPU)")
     b.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT (- = stdout)")
 
     i = sub.add_parser(
@@ -187,6 +189,12 @@ def cmd_bench(args) -> int:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
     if args.context_tokens is not None and args.context_tokens < 1:
         raise UsageError(f"--context-tokens must be >= 1, got {args.context_tokens}")
+    if args.threads is not None:
+        if args.threads < 1:
+            raise UsageError(f"--threads must be >= 1, got {args.threads}")
+        import torch
+
+        torch.set_num_threads(args.threads)
     _check_flags(args)
     text = None
     if args.document is not None:

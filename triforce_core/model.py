@@ -215,10 +215,11 @@ class DecoderModel:
         return self.lm_head.shape[0]
 
     def weight_bytes(self) -> int:
-        tensors = [self.embed, self.final_norm] + ([] if self.lm_head is self.embed else [self.lm_head])
+        """Bytes of all weights (tied embeddings, one storage, counted once)."""
+        tensors = {t.data_ptr(): t for t in (self.embed, self.lm_head, self.final_norm)}
         for layer in self.layers:
-            tensors += [t for t in vars(layer).values() if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
+            tensors.update((t.data_ptr(), t) for t in vars(layer).values() if t is not None)
+        return sum(t.numel() * t.element_size() for t in tensors.values())
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op; the same arithmetic as below
@@ -249,7 +250,7 @@ class DecoderModel:
         G = H // Hkv
         x = self.embed[input_ids]  # [S, hidden]
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
-        masks: dict[tuple[int, int, int | None], torch.Tensor | None] = {}
+        masks: dict[tuple[int, int, int | None], _Mask | None] = {}
         queries = [] if capture_queries else None
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
@@ -271,7 +272,7 @@ class DecoderModel:
             # Grouped-query attention without copying the cache: the G query heads that share a
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
-            out = F.scaled_dot_product_attention(qg, keys, values, attn_mask=mask, scale=self.scale)
+            out = _attention(qg, keys, values, mask, self.scale)  # [Hkv, G*S, D]
             out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
             x = x + F.linear(out, layer.wo)
             h = self._rms_norm(x, layer.mlp_norm)
@@ -286,9 +287,38 @@ class DecoderModel:
         return ForwardOutput(logits=logits, queries=q_out)
 
 
+# Query rows up to which attention is computed as two matrix products (decode, verification).
+_SMALL_QUERY_ROWS = 64
+
+
+@dataclass(frozen=True)
+class _Mask:
+    visible: torch.Tensor  # [R, T] bool, True = attend
+    start: int  # first key column with a hidden entry: keys before it are seen by every query
+    hidden: torch.Tensor  # [R, T - start] bool, True = masked out (~visible[:, start:])
+
+
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float) -> torch.Tensor:
+    """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `_attention_mask` (None: all visible) -> [Hkv, R, D].
+
+    Few query rows against a long cache (decoding, verification): two batched matrix products
+    read each cached key and value once. PyTorch's CPU SDPA is several times slower there: its
+    math path rescales every cached key and its fused kernel handles a mask over a long cache
+    slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with
+    3-D inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
+    """
+    if q.shape[1] > _SMALL_QUERY_ROWS or q.device.type != "cpu":
+        attn_mask = None if mask is None else mask.visible
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0]
+    scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
+    if mask is not None:  # only the columns that hide something (the new tokens, causally)
+        scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
 def _attention_mask(
     S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device
-) -> torch.Tensor | None:
+) -> _Mask | None:
     """Boolean mask [G*S, T] (True = attend) for S new queries against T keys, the new ones last.
 
     Every cached key is in the past of every new query; among the new tokens attention is
@@ -303,6 +333,9 @@ def _attention_mask(
     if window is not None:
         q_pos = key_start + past + q_idx
         visible = visible & (key_start + k_idx > q_pos - window)
-    if bool(visible.all()):
+    hidden_cols = (~visible).any(dim=0).nonzero()
+    if hidden_cols.numel() == 0:
         return None
-    return visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries
+    visible = visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries
+    start = int(hidden_cols[0])
+    return _Mask(visible, start, ~visible[:, start:])
