@@ -13,6 +13,7 @@ import subprocess
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from pathlib import Path
 
@@ -75,6 +76,25 @@ def documents(tmp_path_factory):
     bad = root / "broken.pdf"
     bad.write_bytes(b"%PDF-1.7\n1 0 obj << /Type /Catalog >>\nthis is not a PDF body\n")
     return {"a": a, "b": b, "bad": bad}
+
+
+def http_status(url: str) -> int:
+    try:
+        return urllib.request.urlopen(url, timeout=10).status
+    except urllib.error.HTTPError as e:
+        return e.code
+
+
+def test_secure_defaults(server):
+    from ui.app import launch_options
+
+    opts = launch_options()
+    assert opts["server_name"] == "127.0.0.1" and opts["share"] is False and opts["max_file_size"] == "50mb"
+    assert opts["enable_monitoring"] is False and opts["allowed_paths"] == []
+    url = server["url"]
+    for path in (ROOT / "app.py", SAMPLE, Path("/etc/passwd")):
+        assert http_status(f"{url}gradio_api/file={path}") in (403, 404)
+    assert http_status(f"{url}monitoring") in (403, 404)
 
 
 # -- the API ---------------------------------------------------------------------------------------
