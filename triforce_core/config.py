@@ -12,9 +12,10 @@ MODES = ("triforce", "retrieval", "draft", "autoregressive")
 
 
 # Prompt length (tokens) below which speculation stops paying: the break-even context measured by
-# bench/sweep.py on the embedded demo pair on a CPU (README, Benchmarks). Below it the default
-# mode is autoregressive; an explicit mode is always kept.
-BREAK_EVEN_CONTEXT = 4096
+# bench/sweep.py with the default settings on the embedded demo pair on a 2-core CPU (13,359
+# tokens for triforce, interpolated between 8K and 16K; README, Benchmarks). Below it the
+# default mode is autoregressive; an explicit mode is always kept.
+BREAK_EVEN_CONTEXT = 13000
 
 
 def default_mode(prompt_tokens: int, has_draft: bool) -> str:

@@ -167,10 +167,15 @@ class _Layer:
     attn_norm: torch.Tensor  # [hidden]
     wqkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
     bqkv: torch.Tensor | None  # [(H + 2*Hkv) * D]
-    wo: torch.Tensor  # [hidden, H * D]
+    wo: torch.Tensor  # [H * D, hidden]
     mlp_norm: torch.Tensor  # [hidden]
-    w_gate_up: torch.Tensor  # [2 * I, hidden]
-    w_down: torch.Tensor  # [hidden, I]
+    w_gate_up: torch.Tensor  # [hidden, 2 * I]
+    w_down: torch.Tensor  # [I, hidden]
+
+
+def _transposed(w: torch.Tensor) -> torch.Tensor:
+    """[out, in] -> a contiguous [in, out] copy (the original is freed when no longer referenced)."""
+    return w.t().contiguous()
 
 
 class DecoderModel:
@@ -190,6 +195,9 @@ class DecoderModel:
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
+            # Projections are stored transposed, [in, out], and applied as x @ W: for the few rows
+            # of a decoding step this reads the weights ~1.4x faster on CPU than F.linear's
+            # [out, in] layout (measured on the demo target's shapes, 1 and 3 rows).
             wqkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")])
             bqkv = None
             if a + "q_proj.bias" in state:
@@ -199,12 +207,12 @@ class DecoderModel:
             self.layers.append(
                 _Layer(
                     attn_norm=get(p + "input_layernorm.weight"),
-                    wqkv=wqkv,
+                    wqkv=_transposed(wqkv),
                     bqkv=bqkv,
-                    wo=get(a + "o_proj.weight"),
+                    wo=_transposed(get(a + "o_proj.weight")),
                     mlp_norm=get(p + "post_attention_layernorm.weight"),
-                    w_gate_up=torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")]),
-                    w_down=get(p + "mlp.down_proj.weight"),
+                    w_gate_up=_transposed(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
+                    w_down=_transposed(get(p + "mlp.down_proj.weight")),
                 )
             )
         self.rotary = Rotary(config, s, device)
@@ -254,12 +262,14 @@ class DecoderModel:
         queries = [] if capture_queries else None
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
-            qkv = F.linear(h, layer.wqkv, layer.bqkv)  # [S, (H + 2Hkv) * D]
-            q = qkv[:, : H * D].view(S, H, D).transpose(0, 1)  # [H, S, D]
-            k = qkv[:, H * D : (H + Hkv) * D].view(S, Hkv, D).transpose(0, 1)  # [Hkv, S, D]
+            if layer.bqkv is None:
+                qkv = h @ layer.wqkv  # [S, (H + 2Hkv) * D]
+            else:
+                qkv = torch.addmm(layer.bqkv, h, layer.wqkv)
+            # Queries and keys are rotated together (one set of elementwise ops, not two).
+            qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D).transpose(0, 1), cos, sin)
+            q, k = qk[:H], qk[H:]  # [H, S, D], [Hkv, S, D]
             v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)  # [Hkv, S, D]
-            q = apply_rotary(q, cos, sin)
-            k = apply_rotary(k, cos, sin)
             if queries is not None:
                 queries.append(q.transpose(0, 1))  # [S, H, D]
             window = s.sliding_windows[i]
@@ -274,10 +284,10 @@ class DecoderModel:
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
             out = _attention(qg, keys, values, mask, self.scale)  # [Hkv, G*S, D]
             out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
-            x = x + F.linear(out, layer.wo)
+            x = x + out @ layer.wo
             h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = F.linear(h, layer.w_gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.w_down)
+            gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
+            x = x + (F.silu(gate) * up) @ layer.w_down
         cache.advance(S)
         logits = None
         if logits_rows is not None:
