@@ -228,6 +228,8 @@ def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
     title = page.inner_text("#tf-map")
     assert "chunks of 8 tokens" in title and "budget 4096" in title
     assert page.locator("#tf-map .bars path").count() > 10  # the chosen chunks are drawn
+    passages = page.inner_text("#tf-passages")
+    assert "Most-read passages" in passages and "line " in passages and "% of heads" in passages
     assert "mean accepted length" in page.inner_text("#tf-stats")
     shot(page, "02-answer-with-retrieval-map")
 

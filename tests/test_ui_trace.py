@@ -12,7 +12,7 @@ from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, Spe
 from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
 from triforce_core.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
-from ui.figures import acceptance_figure, retrieval_map_figure, speed_figure
+from ui.figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from ui.worker import EngineWorker, Progress
 
 NAMES = {i: f"<{i}>" for i in range(100)}
@@ -112,6 +112,16 @@ def test_retrieval_map_has_one_bar_per_chunk_with_its_text():
     assert "3 chunks of 4 tokens, budget 12" in fig.layout.title.text
     assert fig.layout.shapes  # the document's extent
     assert "No retrieval selection" in retrieval_map_figure(None).layout.annotations[0].text
+
+
+def test_most_read_passages_skip_the_sink_and_what_is_not_the_document():
+    sel = ChunksSelected(
+        0, 4, ((0, 4), (8, 12), (16, 20), (24, 28), (40, 44)), (6, 2, 5, 5, 6), context_tokens=44, budget=20, heads_total=6
+    )
+    label = lambda a, b: (f"line {a}", f"words {a} to {b}")  # noqa: E731
+    top = top_passages(sel, label, document_span=(0, 32), k=2)
+    assert top == [("line 16", "words 8 to 28", 5 / 6), ("line 24", "words 16 to 32", 5 / 6)]
+    assert top_passages(None, label, (0, 32)) == [] and top_passages(sel, label, None) == []
 
 
 def test_acceptance_and_speed_figures():

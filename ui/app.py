@@ -38,10 +38,11 @@ from triforce_core.documents import EXTENSIONS, Document, DocumentError, load_do
 from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.session import ChatSession, SessionError
 
-from .figures import acceptance_figure, retrieval_map_figure, speed_figure
+from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .render import (
     context_gauge_html,
     legend_block,
+    passages_html,
     segments_html,
     stats_html,
     status_html,
@@ -54,7 +55,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SAMPLE_DOCUMENT = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
 CSS_PATH = ROOT / "assets" / "app.css"
 MAX_UPLOAD_MB = 50
-UPDATE_EVERY_S = 0.15  # how often a streaming answer refreshes the page
+UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
+PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
 FILE_TYPES = sorted(EXTENSIONS)
 
 
@@ -300,7 +302,8 @@ def build_app(
         answer = Answer(AnswerTrace(engine.decode))
         user.job = job = worker.submit(start)
         pool.touch(user)
-        last_yield, new_map, error, shown = 0.0, False, None, False
+        last_yield = last_panels = 0.0
+        new_map, error, shown = False, None, False
         status = status_html(f"{label}: waiting for the model…", "busy")
         try:
             while True:
@@ -328,9 +331,12 @@ def build_app(
                         status = status_html(f"{label}: {answer.trace.new_tokens} tokens", "busy")
                 now = time.perf_counter()
                 if now - last_yield >= UPDATE_EVERY_S:
+                    panels = now - last_panels >= PANELS_EVERY_S
                     last_yield = now
-                    yield updates(user, answer, status, teaching, budget, new_map)
-                    new_map = False
+                    if panels:
+                        last_panels = now
+                    yield updates(user, answer, status, teaching, budget, new_map and panels, panels)
+                    new_map = new_map and not panels
         finally:
             job.cancel()  # a closed page or a failure stops the generation too
         answer.stopped = job.stopped
@@ -345,17 +351,21 @@ def build_app(
             status = status_html(answer.footer or "Done.", "ok")
         yield updates(user, answer, status, teaching, budget, True)
 
-    def updates(user, answer, status, teaching, budget, new_map):
+    def updates(user, answer, status, teaching, budget, new_map, panels: bool = True):
         t = answer.trace
-        map_fig = gr.skip()
+        if not panels:  # text only: the answer so far and the status line
+            return (user, transcript(user, teaching), status) + (gr.skip(),) * 6
+        map_fig = passages = gr.skip()
         if new_map:
             sel = t.selections[-1] if t.selections else None
-            map_fig = retrieval_map_figure(sel, chunk_labeler(user), document_span(user), max(0, len(t.selections) - 1))
+            labeler, span = chunk_labeler(user), document_span(user)
+            map_fig = retrieval_map_figure(sel, labeler, span, max(0, len(t.selections) - 1))
+            passages = passages_html(top_passages(sel, labeler, span))
         speed = [("this answer", t.tokens_per_s())]
         if answer.baseline is not None:
             speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
         return (
-            user, transcript(user, teaching), status, map_fig, acceptance_figure(t.rounds),
+            user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
             speed_figure(speed if t.new_tokens else []), stats_html(stats_rows(answer)), gauge(user, budget),
         )
 
@@ -457,7 +467,8 @@ def build_app(
             user.answers = []
         return (
             user, transcript(user, False), status_html("Conversation cleared (the document stays loaded).", "info"),
-            retrieval_map_figure(None), acceptance_figure([]), speed_figure([]), stats_html(stats_rows(None)),
+            retrieval_map_figure(None), passages_html([]), acceptance_figure([]), speed_figure([]),
+            stats_html(stats_rows(None)),
             gauge(user, budget),
         )
 
@@ -555,6 +566,7 @@ def build_app(
                                          label="Seed (sampling; -1 = random)", precision=0)
             with gr.Column(scale=2, min_width=360):
                 map_plot = gr.Plot(retrieval_map_figure(None), label="Retrieval map", elem_id="tf-map")
+                passages = gr.HTML(passages_html([]), elem_id="tf-passages")
                 acc_plot = gr.Plot(acceptance_figure([]), label="Acceptance", elem_id="tf-acceptance")
                 speed_plot = gr.Plot(speed_figure([]), label="Speed", elem_id="tf-speed")
                 stats = gr.HTML(stats_html(stats_rows(None)), elem_id="tf-stats")
@@ -566,7 +578,7 @@ def build_app(
             api_btn = gr.Button("chat")
 
         settings_inputs = [mode, temperature, top_p, max_new, budget, chunk, gamma1, gamma2, draft_window, seed]
-        streamed = [user_state, chat, status, map_plot, acc_plot, speed_plot, stats, gauge_html]
+        streamed = [user_state, chat, status, map_plot, passages, acc_plot, speed_plot, stats, gauge_html]
         doc_outputs = [user_state, docinfo, gauge_html, status, chat, map_plot]
 
         upload.upload(on_upload, [upload, user_state, budget], doc_outputs, api_visibility="private")

@@ -80,6 +80,37 @@ def retrieval_map_figure(
     return fig
 
 
+def top_passages(
+    selection: ChunksSelected | None,
+    labeler: Labeler | None,
+    document_span: tuple[int, int] | None,
+    k: int = 3,
+    max_chars: int = 160,
+) -> list[tuple[str, str, float]]:
+    """The k document chunks chosen by the largest share of heads: (where, text, share).
+
+    Chunks outside the document (the chat template, the question, the answer) are skipped, and
+    so is the first chunk of the context (the attention sink every head keeps).
+    """
+    if selection is None or labeler is None or document_span is None or selection.dense:
+        return []
+    lo, hi = document_span
+    heads = max(selection.heads_total, 1)
+    ranked = sorted(
+        ((count, start, end) for (start, end), count in zip(selection.chunk_token_spans, selection.scores_or_counts)
+         if start > 0 and lo <= start and end <= hi),
+        key=lambda c: (-c[0], c[1]),
+    )
+    out = []
+    width = end_pad = max(selection.chunk_size, 1) * 2  # a little context on each side
+    for count, start, end in ranked[:k]:
+        where, _ = labeler(start, end)
+        _, text = labeler(max(lo, start - width), min(hi, end + end_pad))
+        text = " ".join(text.split())
+        out.append((where, text[:max_chars] + ("…" if len(text) > max_chars else ""), count / heads))
+    return out
+
+
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 

@@ -171,3 +171,15 @@ def stats_html(rows: Sequence[tuple[str, str]]) -> str:
     """A two-column table of figures."""
     body = "".join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in rows)
     return f'<table class="tf-stats">{body}</table>'
+
+
+def passages_html(passages: Sequence[tuple[str, str, float]]) -> str:
+    """The passages the retrieval level read most: (where, text, share of heads)."""
+    if not passages:
+        return '<div class="tf-passages tf-empty">The passages the retrieval level reads most appear here.</div>'
+    items = "".join(
+        f'<li><span class="tf-where">{html.escape(where)}</span> · {100 * share:.0f}% of heads: '
+        f"«{html.escape(text)}»</li>"
+        for where, text, share in passages
+    )
+    return f'<div class="tf-passages"><b>Most-read passages of the document</b><ol>{items}</ol></div>'
