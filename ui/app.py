@@ -27,6 +27,7 @@ from typing import Callable
 import gradio as gr
 
 from triforce_core.config import (
+    BREAK_EVEN_CONTEXT,
     MODES,
     CacheConfig,
     ConfigError,
@@ -255,7 +256,7 @@ def build_app(
             return context_gauge_html(0, 0, window, int(budget))
         doc = user.session.document_tokens if user.document is not None else 0
         total = len(user.session.cached_tokens()) or doc
-        return context_gauge_html(doc, max(0, total - doc), window, int(budget))
+        return context_gauge_html(doc, max(0, total - doc), window, int(budget), BREAK_EVEN_CONTEXT)
 
     def doc_info(user: UserState | None) -> str:
         if user is None or user.document is None:
