@@ -115,12 +115,15 @@ def test_retrieval_map_has_one_bar_per_chunk_with_its_text():
 
 
 def test_most_read_passages_skip_the_sink_and_what_is_not_the_document():
-    sel = ChunksSelected(
-        0, 4, ((0, 4), (8, 12), (16, 20), (24, 28), (40, 44)), (6, 2, 5, 5, 6), context_tokens=44, budget=20, heads_total=6
+    sel = ChunksSelected(  # budget 24, chunk 4: the recent tokens are the last 4
+        0, 4, ((0, 4), (8, 12), (16, 20), (24, 28), (28, 32), (40, 44)), (6, 2, 5, 5, 6, 6),
+        context_tokens=44, budget=24, heads_total=6,
     )
     label = lambda a, b: (f"line {a}", f"words {a} to {b}")  # noqa: E731
     top = top_passages(sel, label, document_span=(0, 32), k=2)
-    assert top == [("line 16", "words 8 to 28", 5 / 6), ("line 24", "words 16 to 32", 5 / 6)]
+    assert top == [("line 28", "words 20 to 32", 1.0), ("line 16", "words 8 to 28", 5 / 6)]
+    assert [w for w, _t, _s in top_passages(sel, label, document_span=(0, 44), k=9)] == [
+        "line 28", "line 16", "line 24", "line 8"]  # never the sink (0) nor the recent tokens (40)
     assert top_passages(None, label, (0, 32)) == [] and top_passages(sel, label, None) == []
 
 

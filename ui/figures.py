@@ -6,6 +6,7 @@ from typing import Callable, Sequence
 
 import plotly.graph_objects as go
 
+from triforce_core.config import CacheConfig
 from triforce_core.events import ChunksSelected
 
 from .render import LEVEL_STYLE
@@ -90,11 +91,14 @@ def top_passages(
     """The k document chunks chosen by the largest share of heads: (where, text, share).
 
     Chunks outside the document (the chat template, the question, the answer) are skipped, and
-    so is the first chunk of the context (the attention sink every head keeps).
+    so are the ones every head keeps anyway: the first chunk (the attention sink) and the
+    recent tokens.
     """
     if selection is None or labeler is None or document_span is None or selection.dense:
         return []
     lo, hi = document_span
+    recent = CacheConfig(budget=selection.budget, chunk_size=selection.chunk_size).recent
+    hi = min(hi, selection.context_tokens - recent)
     heads = max(selection.heads_total, 1)
     ranked = sorted(
         ((count, start, end) for (start, end), count in zip(selection.chunk_token_spans, selection.scores_or_counts)
