@@ -12,7 +12,7 @@ MODES = ("triforce", "retrieval", "draft", "autoregressive")
 
 
 # Prompt length (tokens) below which speculation stops paying: the break-even context measured by
-# bench/sweep.py with the default settings on the embedded demo pair on a 2-core CPU (13,359
+# bench/sweep.py with the default settings on the embedded demo pair on a 2-core CPU (13,191
 # tokens for triforce, interpolated between 8K and 16K; README, Benchmarks). Below it the
 # default mode is autoregressive; an explicit mode is always kept.
 BREAK_EVEN_CONTEXT = 13000
