@@ -206,6 +206,22 @@ def set_number(page, elem_id: str, value: int) -> None:
     assert box.input_value() == str(value)
 
 
+def ensure_sample(page) -> None:
+    """The sample document is loaded (tests may run in any order on the shared page)."""
+    if "python-tutorial-classes.txt" not in page.inner_text("#tf-docinfo"):
+        page.click("#tf-sample")
+        page.wait_for_selector("#tf-docinfo:has-text('python-tutorial-classes.txt')")
+
+
+def ensure_answer(page) -> None:
+    """There is a finished answer about the sample document."""
+    ensure_sample(page)
+    if page.locator(".tf-assistant .tf-tok").count() == 0:
+        ask(page, "What is a namespace?")
+        page.wait_for_selector(".tf-assistant .tf-tok")
+        wait_status(page, "tok/s", "rror")
+
+
 def last_answer_tokens(page):
     return page.locator(".tf-assistant").last.locator(".tf-tok")
 
@@ -217,8 +233,9 @@ def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
     assert "retrieval budget" in page.inner_text("#tf-gauge")
     shot(page, "01-sample-loaded")
     ask(page, "What is a namespace?")
-    wait_status(page, "prefilling")  # the prefill shows its progress
+    seen = wait_status(page, "prefilling", "tok/s", "rror")  # the prefill shows its progress
     done = wait_status(page, "tok/s", "rror")
+    assert "prefilling" in seen or "reused" in done, (seen, done)  # unless an earlier test prefilled it
     assert "triforce" in done and "tok/s" in done, done
     tokens = last_answer_tokens(page)
     assert tokens.count() == MAX_NEW or "eos" in done
@@ -235,7 +252,8 @@ def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
 
 
 def test_teaching_view_and_autoregressive_comparison(page):
-    page.click("#tf-teaching input[type=checkbox]")
+    ensure_answer(page)
+    page.check("#tf-teaching input[type=checkbox]")
     page.wait_for_selector(".tf-assistant s.tf-rej")
     assert page.locator(".tf-assistant .tf-round").count() >= 2
     assert "rejected draft" in page.inner_text("#tf-legend")
@@ -245,11 +263,13 @@ def test_teaching_view_and_autoregressive_comparison(page):
     assert "identical output: yes" in done, done  # greedy: every mode gives the same tokens
     assert "speed-up" in page.inner_text("#tf-stats")
     shot(page, "04-compared-with-autoregressive")
-    page.click("#tf-teaching input[type=checkbox]")
+    page.uncheck("#tf-teaching input[type=checkbox]")
 
 
 def test_stop_ends_the_generation_mid_answer(page):
-    page.get_by_text("Settings").click()
+    ensure_sample(page)
+    if not page.locator("#tf-max-new input[type=number]").is_visible():
+        page.get_by_text("Settings").click()
     set_number(page, "#tf-max-new", 2000)
     turns = page.locator(".tf-assistant").count()
     ask(page, "Explain class variables and instance variables in detail.")
@@ -263,11 +283,14 @@ def test_stop_ends_the_generation_mid_answer(page):
     shot(page, "05-streaming")
     t0 = time.time()
     page.click("#tf-stop")
-    stopped = wait_status(page, "Stopped after", "tok/s", timeout=30)
+    stopped = wait_status(page, "Stopped after", "tok/s", timeout=60)
     elapsed = time.time() - t0
     assert "Stopped after" in stopped, stopped
     n = int(stopped.split("Stopped after")[1].split()[0])
-    assert 30 <= n < 2000 and elapsed < 10
+    # On the server a stop lands within one round (a fraction of a second); the bound leaves
+    # room for a browser that renders slowly on a loaded CI machine.
+    assert 30 <= n < 2000, n
+    assert elapsed < 30, elapsed
     time.sleep(1.0)
     assert last_answer_tokens(page).count() == n  # nothing arrives after the stop
     shot(page, "06-stopped")
@@ -275,6 +298,7 @@ def test_stop_ends_the_generation_mid_answer(page):
 
 
 def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents):
+    ensure_sample(page)
     page.set_input_files("#tf-upload input[type=file]", str(documents["bad"]))
     err = wait_status(page, "Could not read")
     assert "broken.pdf" in err and page.locator("#tf-status .tf-error").count() == 1
@@ -287,6 +311,11 @@ def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, docum
 
 
 def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page):
+    ensure_sample(page)
+    turns = page.locator(".tf-assistant").count()
+    ask(page, "What is a method object?")
+    page.wait_for_function(f"document.querySelectorAll('.tf-assistant').length > {turns}")
+    wait_status(page, "tok/s", "rror")
     before = last_answer_tokens(page).all_inner_texts()
     turns = page.locator(".tf-assistant").count()
     page.click("#tf-regenerate")

@@ -19,11 +19,20 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def live_children() -> list[int]:
-    """Child processes of this process that still exist (Linux /proc)."""
+    """Extraction processes (children of this process running `triforce_core.documents`) that
+    still exist (Linux /proc). Other children, such as an app server another test module of
+    the same pytest worker started, do not count."""
     pids = []
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
-        pids += [int(x) for x in (task / "children").read_text().split()]
+        for pid in (int(x) for x in (task / "children").read_text().split()):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"triforce_core.documents" in cmdline or b"documents import _child_main" in cmdline:
+                pids.append(pid)
     return pids
+
 PARAGRAPH = "The quick brown fox jumps over the lazy dog while the river keeps running to the sea. "
 
 

@@ -58,6 +58,7 @@ CSS_PATH = ROOT / "assets" / "app.css"
 MAX_UPLOAD_MB = 50
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
+HTML_BYTES_PER_S = 100_000  # transcript HTML sent per second at most while streaming
 FILE_TYPES = sorted(EXTENSIONS)
 
 
@@ -304,6 +305,7 @@ def build_app(
         user.job = job = worker.submit(start)
         pool.touch(user)
         last_yield = last_panels = 0.0
+        interval = UPDATE_EVERY_S
         new_map, error, shown = False, None, False
         status = status_html(f"{label}: waiting for the model…", "busy")
         try:
@@ -331,12 +333,16 @@ def build_app(
                     if answer.trace.new_tokens:
                         status = status_html(f"{label}: {answer.trace.new_tokens} tokens", "busy")
                 now = time.perf_counter()
-                if now - last_yield >= UPDATE_EVERY_S:
+                if now - last_yield >= interval:
                     panels = now - last_panels >= PANELS_EVERY_S
                     last_yield = now
                     if panels:
                         last_panels = now
-                    yield updates(user, answer, status, teaching, budget, new_map and panels, panels)
+                    out = updates(user, answer, status, teaching, budget, new_map and panels, panels)
+                    # The page re-renders the whole transcript on each update: send long ones less
+                    # often, so a slow browser never falls behind (and a Stop shows at once).
+                    interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
+                    yield out
                     new_map = new_map and not panels
         finally:
             job.cancel()  # a closed page or a failure stops the generation too
