@@ -152,3 +152,16 @@ def chat_engine():
     tok = make_tokenizer()
     tok.chat_template = CHAT_TEMPLATE
     return TriForceEngine(to_ours(hf), to_ours(perturbed(hf, 0.02)), tok, eos_token_ids=[2])
+
+
+# Small caches for the tiny models on the command line (their context window is 1024 tokens).
+SMALL_CACHE_FLAGS = ["--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: intra-op threads only add hand-off overhead on a busy 2-core machine."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(previous)

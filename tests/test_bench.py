@@ -12,25 +12,19 @@ import io
 import json
 
 import pytest
-import torch
-from conftest import words
+from conftest import SMALL_CACHE_FLAGS, words
 
 from bench.sweep import break_even
 from triforce_core.__main__ import main
 from triforce_core.config import BREAK_EVEN_CONTEXT, default_mode
 
-SMALL = ["--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--device", "cpu"]
+SMALL = SMALL_CACHE_FLAGS
 ALL_MODES = {"triforce", "retrieval", "draft", "autoregressive", "hf-generate", "hf-assisted"}
 RUN_KEYS = {"mode", "tokens_per_s", "decode_s", "prefill_s", "acceptance", "mean_accepted",
             "output_identical_to_autoregressive"}
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def run_main(argv):

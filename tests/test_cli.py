@@ -18,23 +18,17 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import SMALL_CACHE_FLAGS
 from triforce_core.__main__ import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODES = ("triforce", "retrieval", "draft", "autoregressive")
 LEVELS = {"draft", "retrieval", "target"}
-# Small caches for the tiny models (the target's context window is 1024 tokens).
-SMALL = ["--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--device", "cpu"]
+SMALL = SMALL_CACHE_FLAGS
 PROMPT_IDS = [random.Random(7).randrange(3, 97) for _ in range(100)]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: intra-op threads only add hand-off overhead on a busy 2-core machine."""
-    previous = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(previous)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

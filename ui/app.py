@@ -37,6 +37,7 @@ from triforce_core.config import (
 )
 from triforce_core.documents import EXTENSIONS, Document, DocumentError, load_document
 from triforce_core.engine import ContextLengthError, TriForceEngine
+from triforce_core.events import ChunksSelected, Committed
 from triforce_core.session import ChatSession, SessionError
 
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
@@ -96,7 +97,6 @@ class Answer:
 
     trace: AnswerTrace
     footer: str = ""
-    stopped: bool = False
     baseline: dict | None = None  # the autoregressive comparison of this answer
 
 
@@ -110,7 +110,6 @@ class UserState:
     job: Job | None = None
     spans: list[tuple[int, int]] = field(default_factory=list)  # prompt token -> document chars
     doc_first: int = -1  # token position where the document begins
-    selection_prompt_len: int = 0
     last_used: float = field(default_factory=time.monotonic)
 
     @property
@@ -299,7 +298,7 @@ def build_app(
         return set_document(user, doc, budget)
 
     # -- answering -----------------------------------------------------------------------------
-    def run_turn(user: UserState, start, teaching: bool, budget, label: str, settings: Settings):
+    def run_turn(user: UserState, start, teaching: bool, budget, label: str):
         """Stream one generation of `user` (start(progress) -> events) into page updates."""
         answer = Answer(AnswerTrace(engine.decode))
         user.job = job = worker.submit(start)
@@ -309,14 +308,7 @@ def build_app(
         new_map, error, shown = False, None, False
         status = status_html(f"{label}: waiting for the model…", "busy")
         try:
-            while True:
-                try:
-                    item = job.get(timeout=UPDATE_EVERY_S)
-                except StopIteration:
-                    break
-                except Exception as e:  # bad input, context limit, out of memory: shown, the app goes on
-                    error = str(e) or type(e).__name__
-                    break
+            for item in job.stream(UPDATE_EVERY_S):
                 if item is None:
                     pass
                 elif isinstance(item, Progress):
@@ -329,7 +321,7 @@ def build_app(
                         user.answers.append(answer)
                         shown = True
                     answer.trace.push(item, time.perf_counter())
-                    new_map = new_map or type(item).__name__ == "ChunksSelected"
+                    new_map = new_map or isinstance(item, ChunksSelected)
                     if answer.trace.new_tokens:
                         status = status_html(f"{label}: {answer.trace.new_tokens} tokens", "busy")
                 now = time.perf_counter()
@@ -344,9 +336,10 @@ def build_app(
                     interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
                     yield out
                     new_map = new_map and not panels
+        except Exception as e:  # bad input, context limit, out of memory: shown, the app goes on
+            error = str(e) or type(e).__name__
         finally:
             job.cancel()  # a closed page or a failure stops the generation too
-        answer.stopped = job.stopped
         answer.footer = answer_footer(answer.trace, job.stopped)
         if not shown and len(user.session.turns) > len(user.answers):
             user.session.turns.pop()  # failed or stopped before its prefill finished: no answer to keep
@@ -401,7 +394,7 @@ def build_app(
             raise gr.Error("Type a question first.")
         user, settings = prepare(user, settings_values)
         user.session.system_prompt = (system or "").strip() or None
-        yield from run_turn(user, ask_start(user, message, settings.config()), teaching, settings.budget, "Answering", settings)
+        yield from run_turn(user, ask_start(user, message, settings.config()), teaching, settings.budget, "Answering")
 
     def on_regenerate(user, teaching, system, *setting_values):
         settings_values = dict(zip(SETTING_NAMES, setting_values))
@@ -418,7 +411,7 @@ def build_app(
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events
 
-        yield from run_turn(user, start, teaching, settings.budget, "Regenerating", settings)
+        yield from run_turn(user, start, teaching, settings.budget, "Regenerating")
 
     def on_compare(user, teaching, *setting_values):
         settings_values = dict(zip(SETTING_NAMES, setting_values))
@@ -431,20 +424,16 @@ def build_app(
         baseline = AnswerTrace(engine.decode)
         last = 0.0
         try:
-            while True:
-                try:
-                    item = job.get(timeout=UPDATE_EVERY_S)
-                except StopIteration:
-                    break
-                except (ContextLengthError, SessionError, ValueError) as e:
-                    yield updates(user, answer, status_html(str(e), "error"), teaching, settings.budget, False)
-                    return
+            for item in job.stream(UPDATE_EVERY_S):
                 if item is not None and not isinstance(item, Progress):
                     baseline.push(item, time.perf_counter())
                 if time.perf_counter() - last > 0.5:
                     last = time.perf_counter()
                     msg = f"Autoregressive baseline: {baseline.new_tokens} tokens…"
                     yield updates(user, answer, status_html(msg, "busy"), teaching, settings.budget, False)
+        except Exception as e:  # shown; the conversation is as it was
+            yield updates(user, answer, status_html(str(e) or type(e).__name__, "error"), teaching, settings.budget, False)
+            return
         finally:
             job.cancel()
         if job.stopped or baseline.stats is None:
@@ -453,8 +442,7 @@ def build_app(
         same = baseline.token_ids == answer.trace.token_ids
         greedy = settings.temperature == 0
         identical = ("yes" if same else "NO") if greedy else ("yes" if same else "no (sampling: expected to differ)")
-        answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical,
-                           "text": baseline.text}
+        answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical}
         ratio = answer.trace.stats.tokens_per_s / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
         msg = (
             f"Autoregressive: {baseline.stats.tokens_per_s:.1f} tok/s; this answer "
@@ -515,7 +503,7 @@ def build_app(
         text = ""
         try:
             for item in job:
-                if type(item).__name__ == "Committed":
+                if isinstance(item, Committed):
                     text += item.text
                     yield text
         except (ContextLengthError, SessionError, ValueError) as e:

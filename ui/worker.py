@@ -76,6 +76,15 @@ class Job:
             raise item
         return item
 
+    def stream(self, tick: float):
+        """Items as they come, and `None` after every `tick` seconds without one (a chance to
+        refresh a page); ends with the job, errors re-raised."""
+        while True:
+            try:
+                yield self.get(timeout=tick)
+            except StopIteration:
+                return
+
     # -- worker side -----------------------------------------------------------------------
     def _progress(self, done: int, total: int) -> None:
         if self._cancelled.is_set():
