@@ -3,8 +3,9 @@
 
 * per-token loss of the same held-out tokens (the last 512 of each 16K-token stream) seen with
   1K, 4K and 16K tokens of context;
-* copy accuracy: a held-out ~16K-token document in the chat template, then "What follows
-  «quote»?" for quotes spread evenly over the document; a trial passes when the first 20
+* copy accuracy: a held-out ~16K-token document (and, with ``--copy-contexts``, shorter ones:
+  4K and 8K by default) in the chat template, then "What follows «quote»?" for quotes
+  spread evenly over the document; a trial passes when the first 20
   generated tokens (greedy) equal the 20 tokens that follow the quote in the document. The
   target sees everything; the draft alone sees what its StreamingLLM cache keeps (16 sink
   tokens and the last 240);
@@ -227,6 +228,8 @@ def main(argv=None) -> int:
     p.add_argument("--copy-per-document", type=int, default=10)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--context", type=int, default=16384, help="longest context measured (default 16384)")
+    p.add_argument("--copy-contexts", default="4096,8192",
+                   help="shorter document lengths at which copy accuracy is measured too (comma-separated; '' for none)")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
     if a.threads:
@@ -243,6 +246,12 @@ def main(argv=None) -> int:
     log(f"draft agreement: {res['draft_agreement']}")
     docs = copy_documents(tok, a.context - 120, a.copy_documents, a.seed)
     res["copy"] = copy_accuracy(engine, docs, a.copy_per_document, a.seed)
+    res["copy_by_context"] = {str(a.context): {k: v for k, v in res["copy"].items() if k != "trials_detail"}}
+    for ctx in sorted({int(x) for x in a.copy_contexts.split(",") if x.strip()} - {a.context}):
+        shorter = copy_accuracy(engine, copy_documents(tok, ctx - 120, a.copy_documents, a.seed), a.copy_per_document,
+                                a.seed)
+        res["copy_by_context"][str(ctx)] = {k: v for k, v in shorter.items() if k != "trials_detail"}
+        log(f"copy at {ctx}: target {shorter['target_exact']}, draft alone {shorter['draft_alone_exact']}")
     res["eval_minutes"] = round((time.time() - t0) / 60, 1)
     text = json.dumps(res, indent=2)
     if a.json:
