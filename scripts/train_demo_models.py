@@ -389,6 +389,12 @@ def save_bf16(model, tok, out: Path, card_meta: dict):
     model.generation_config.pad_token_id = tok.pad_token_id
     model.generation_config.save_pretrained(out)
     tok.save_pretrained(out)
+    # a tokenizer loaded from a folder (--tokenizer) records how it was loaded: not part of it
+    cfg_path = out / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    for key in ("is_local", "local_files_only"):
+        cfg.pop(key, None)
+    cfg_path.write_text(json.dumps(cfg, indent=2, ensure_ascii=False) + "\n")
     (out / "training.json").write_text(json.dumps(card_meta, indent=2) + "\n")
     model.to(torch.float32)
 

@@ -532,7 +532,8 @@ def build_app(
                 chat = gr.HTML(transcript(None, False), elem_id="tf-chat", autoscroll=True)
                 status = gr.HTML(status_html("Ready.", "info"), elem_id="tf-status")
                 with gr.Row():
-                    message = gr.Textbox(placeholder="Ask about the document…", show_label=False, scale=5,
+                    message = gr.Textbox(placeholder="Ask about the document, e.g. What follows «a phrase from it»?",
+                                         show_label=False, scale=5,
                                          elem_id="tf-message", lines=1)
                     send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="tf-send")
                     stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="tf-stop")
