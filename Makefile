@@ -21,7 +21,7 @@ run: install
 test: install
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadgroup tests
 
-# Re-train the embedded demo pair (about 70 minutes on 2 CPU cores; needs Debian's
+# Re-train the embedded demo pair (about 45 minutes on 2 CPU cores; needs Debian's
 # python3.11-doc, which the script installs when run as root) and measure it.
 demo-models: install
 	$(PY) scripts/make_sample_document.py
