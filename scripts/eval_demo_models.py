@@ -246,11 +246,14 @@ def main(argv=None) -> int:
     log(f"draft agreement: {res['draft_agreement']}")
     docs = copy_documents(tok, a.context - 120, a.copy_documents, a.seed)
     res["copy"] = copy_accuracy(engine, docs, a.copy_per_document, a.seed)
-    res["copy_by_context"] = {str(a.context): {k: v for k, v in res["copy"].items() if k != "trials_detail"}}
+    def summary(copy: dict) -> dict:
+        return {k: v for k, v in copy.items() if k != "trials_detail"}
+
+    res["copy_by_context"] = {str(a.context): summary(res["copy"])}
     for ctx in sorted({int(x) for x in a.copy_contexts.split(",") if x.strip()} - {a.context}):
         shorter = copy_accuracy(engine, copy_documents(tok, ctx - 120, a.copy_documents, a.seed), a.copy_per_document,
                                 a.seed)
-        res["copy_by_context"][str(ctx)] = {k: v for k, v in shorter.items() if k != "trials_detail"}
+        res["copy_by_context"][str(ctx)] = summary(shorter)
         log(f"copy at {ctx}: target {shorter['target_exact']}, draft alone {shorter['draft_alone_exact']}")
     res["eval_minutes"] = round((time.time() - t0) / 60, 1)
     text = json.dumps(res, indent=2)

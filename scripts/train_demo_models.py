@@ -435,15 +435,17 @@ def main(argv=None) -> int:
     random.seed(a.seed)
     np.random.seed(a.seed)
     torch.manual_seed(a.seed)
-    shapes = {}
-    for name in ("target_shape", "draft_shape"):
-        try:
-            shapes[name] = tuple(int(x) for x in getattr(a, name).split("x"))
-            assert len(shapes[name]) == 4
-        except (ValueError, AssertionError):
-            p.error(f"--{name.replace('_', '-')}: expected LAYERSxHIDDENxHEADSxMLP, got {getattr(a, name)!r}")
-    layers, hidden, heads, inter = shapes["target_shape"]
-    d_layers, d_hidden, d_heads, d_inter = shapes["draft_shape"]
+    def dims(flag: str, text: str, names: str) -> tuple[int, ...]:
+        parts = text.split("x")
+        if len(parts) != names.count("x") + 1 or not all(x.isdigit() and int(x) > 0 for x in parts):
+            p.error(f"{flag}: expected {names}, got {text!r}")
+        return tuple(int(x) for x in parts)
+
+    layers, hidden, heads, inter = dims("--target-shape", a.target_shape, "LAYERSxHIDDENxHEADSxMLP")
+    d_layers, d_hidden, d_heads, d_inter = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
+    lang_b, lang_n = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
+    if not 0.0 <= a.copy_share <= 1.0:
+        p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
     if a.quick:
         a.out = a.work / "quick"
         a.induction_steps, a.language_steps, a.long_steps, a.draft_steps = 3, 4, 2, 4
@@ -494,11 +496,9 @@ def main(argv=None) -> int:
         #    of language with copy tasks mixed in); 2. language with copy tasks, recurring passages
         #    and random strings kept in every batch so copying is not forgotten, PoSE position
         #    jumps; 3. long windows.
-        plain = max(0.0, 1.0 - a.copy_share - 0.35)
-        language = dict(copy_share=a.copy_share, repeat_share=0.2 if plain else 0.2 * (1 - a.copy_share) / 0.35,
-                        random_share=0.15 if plain else 0.15 * (1 - a.copy_share) / 0.35, pose_share=0.5,
-                        random_lengths=(12, 64))
-        lang_b, lang_n = (int(x) for x in a.language_shape.split("x"))
+        recurring = min(0.35, 1.0 - a.copy_share)  # recurring passages and random strings, 4 : 3; the rest plain
+        language = dict(copy_share=a.copy_share, repeat_share=recurring * 4 / 7, random_share=recurring * 3 / 7,
+                        pose_share=0.5, random_lengths=(12, 64))
         long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
         phases = [
             dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
@@ -514,7 +514,7 @@ def main(argv=None) -> int:
             "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
             "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
-            "init": str(a.init.relative_to(ROOT)) if a.init is not None and a.init.is_relative_to(ROOT) else a.init and a.init.name,
+            "init": a.init.name if a.init is not None else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,
         }
