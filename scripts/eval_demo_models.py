@@ -5,8 +5,9 @@
   1K, 4K and 16K tokens of context;
 * copy accuracy: a held-out ~16K-token document (and, with ``--copy-contexts``, shorter ones:
   4K and 8K by default) in the chat template, then "What follows «quote»?" for quotes
-  spread evenly over the document; a trial passes when the first 20
-  generated tokens (greedy) equal the 20 tokens that follow the quote in the document. The
+  spread evenly over the document; the answer repeats the phrase and goes on, and a trial
+  passes when the repeat and the next 20 generated tokens (greedy) equal the phrase and the
+  20 tokens that follow it in the document. The
   target sees everything; the draft alone sees what its StreamingLLM cache keeps (16 sink
   tokens and the last 240);
 * the draft's top-1 agreement with the target on held-out 512-token windows;
@@ -134,42 +135,47 @@ def copy_documents(tok, budget_tokens: int, count: int, seed: int) -> list[str]:
 
 def copy_accuracy(engine, docs: list[str], per_doc: int, seed: int, n_tokens=20, sinks=16, window=240) -> dict:
     """Ask "What follows «quote»?" in a chat session per document (the document is prefilled
-    once and reused); the target answers greedily. The draft alone sees sinks + recent window."""
+    once and reused); the target answers greedily. The answer repeats the phrase and goes on
+    (``demo_corpus.copy_answer``); a trial passes when the repeat and the `n_tokens` tokens
+    that follow the phrase in the document all come out exactly. The draft alone sees sinks
+    plus the recent window."""
     from triforce_core.config import GenerationConfig, SpeculationConfig
     from triforce_core.session import ChatSession
 
     tok = engine.tokenizer
-    config = GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=n_tokens,
-                                                            ignore_eos=True))
     rng = random.Random(seed)
     results = {"target": [], "draft": []}
     trials, first_s, later_s = [], [], []
     for di, doc in enumerate(docs):
-        session = ChatSession(engine, doc, config=config)
+        session = ChatSession(engine, doc)
         for j in range(per_doc):
             lo, hi = int(len(doc) * j / per_doc), int(len(doc) * (j + 1) / per_doc)
             picked = demo_corpus.pick_passage(doc, rng, lo=lo, hi=hi, answer_chars=(200, 300))
             if picked is None:
                 continue
             quote, cont = picked
-            want = tok(cont, add_special_tokens=False)["input_ids"][:n_tokens]
-            if len(want) < n_tokens:
+            echo = len(tok(quote, add_special_tokens=False)["input_ids"])
+            want = tok(demo_corpus.copy_answer(quote, cont), add_special_tokens=False)["input_ids"][:echo + n_tokens]
+            if len(want) < echo + n_tokens:
                 continue
+            config = GenerationConfig(speculation=SpeculationConfig(
+                mode="autoregressive", max_new_tokens=echo + n_tokens, ignore_eos=True))
             question = demo_corpus.QUESTIONS[0].format(q=quote)
             session.clear()
             prompt = session.prompt_ids(question)
-            for _ in session.ask(question):
+            for _ in session.ask(question, config=config):
                 pass
             turn = session.turns[-1]
             (first_s if j == 0 else later_s).append(turn.stats.first_token_s)
-            got = turn.token_ids[:n_tokens]
-            seen = prompt[:sinks] + prompt[-(window - n_tokens):]
-            dgot = greedy(engine.draft, seen, n_tokens)
+            got = turn.token_ids[:echo + n_tokens]
+            seen = prompt[:sinks] + prompt[-(window - echo - n_tokens):]
+            dgot = greedy(engine.draft, seen, echo + n_tokens)
             results["target"].append(got == want)
             results["draft"].append(dgot == want)
             trials.append({"doc": di, "where": round(doc.index(quote) / len(doc), 3), "prompt_tokens": len(prompt),
                            "target_ok": got == want, "draft_ok": dgot == want,
-                           "target_prefix_ok": sum(1 for a, b in zip(got, want) if a == b)})
+                           "target_repeat_ok": got[:echo] == want[:echo],
+                           "target_tokens_ok": sum(1 for a, b in zip(got[echo:], want[echo:]) if a == b)})
         log(f"document {di}: target {sum(results['target'])}/{len(results['target'])}, "
             f"draft {sum(results['draft'])}/{len(results['draft'])}")
     return {
@@ -177,6 +183,7 @@ def copy_accuracy(engine, docs: list[str], per_doc: int, seed: int, n_tokens=20,
         "prompt_tokens": [min(t["prompt_tokens"] for t in trials), max(t["prompt_tokens"] for t in trials)],
         "target_exact": round(sum(results["target"]) / max(1, len(results["target"])), 4),
         "draft_alone_exact": round(sum(results["draft"]) / max(1, len(results["draft"])), 4),
+        "target_mean_tokens_ok": round(float(np.mean([t["target_tokens_ok"] for t in trials])), 2),
         "first_question_ttft_s": round(float(np.median(first_s)), 3) if first_s else None,
         "later_question_ttft_s": round(float(np.median(later_s)), 3) if later_s else None,
         "trials_detail": trials,

@@ -107,6 +107,11 @@ class Batcher:
         self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
         self.pad = self.bos
         self.chars_per_token = 3.2
+        # Copy answers of 150-400 characters (with the repeated phrase ~50-130 tokens). With
+        # 60-200 the target learned to expect an answer to end at almost any word and wrote
+        # <|end|> inside the 20 tokens that the copy evaluation compares.
+        self.answer_chars = (150, 400)
+        self.max_questions = 12
         self.torch_rng = torch.Generator().manual_seed(seed)
 
     def positions(self, n: int) -> list[int]:
@@ -173,19 +178,20 @@ class Batcher:
         return text[start:start + chars]
 
     def copy_example(self, n: int):
-        """A conversation: a document, then 1-4 "what follows «quote»?" questions and answers."""
+        """A conversation: a document, then up to 12 "what follows «quote»?" questions and answers."""
         while True:
-            questions = self.rng.randint(1, max(1, min(6, (n - 100) // 80)))
-            doc = self.document_text(int(self.chars_per_token * (n - 60 * questions - 8)))
+            questions = self.rng.randint(1, max(1, min(self.max_questions, (n - 100) // 300)))
+            doc = self.document_text(int(self.chars_per_token * (n - 130 * questions - 8)))
             messages = []
             for k in range(questions):
-                picked = demo_corpus.pick_passage(doc, self.rng, answer_chars=(60, 200))
+                picked = demo_corpus.pick_passage(doc, self.rng, answer_chars=self.answer_chars)
                 if picked is None:
                     break
                 quote, cont = picked
                 q = self.rng.choice(demo_corpus.QUESTIONS).format(q=quote)
                 content = f"{doc}\n\n{q}" if k == 0 else q
-                messages += [{"role": "user", "content": content}, {"role": "assistant", "content": cont}]
+                messages += [{"role": "user", "content": content},
+                             {"role": "assistant", "content": demo_corpus.copy_answer(quote, cont)}]
             if not messages:
                 continue
             text = self.tok.apply_chat_template(messages, tokenize=False)
@@ -399,6 +405,30 @@ def save_bf16(model, tok, out: Path, card_meta: dict):
     model.to(torch.float32)
 
 
+def set_yarn(folder: Path, factor: float) -> None:
+    """Save the model in `folder` with YaRN rope scaling for its 16K window.
+
+    The target trains on windows of at most 8K tokens (PoSE jumps show it larger positions,
+    rarely large distances between a quote and the question). YaRN stretches only the slow
+    rotary frequencies, whose rotation over such distances was never learned, by `factor`,
+    keeps the fast ones (local order, the previous-token heads) as they are, and sharpens
+    every attention logit by (1 + 0.1 ln factor)^2 against the larger number of keys. The
+    config keeps max_position_embeddings; original_max_position_embeddings = it / factor.
+    Hugging Face's Llama and this project's engine both read it.
+    """
+    path = folder / "config.json"
+    cfg = json.loads(path.read_text())
+    theta = cfg["rope_parameters"]["rope_theta"]
+    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": theta, "factor": float(factor),
+                              "original_max_position_embeddings": int(cfg["max_position_embeddings"] / factor)}
+    path.write_text(json.dumps(cfg, indent=2) + "\n")
+    meta_path = folder / "training.json"
+    if meta_path.exists():
+        meta = json.loads(meta_path.read_text())
+        meta["yarn_factor"] = float(factor)
+        meta_path.write_text(json.dumps(meta, indent=2) + "\n")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "models", help="where target/ and draft/ go")
@@ -419,12 +449,19 @@ def main(argv=None) -> int:
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
                    help="share of copy-question conversations in the language steps (default 0.35)")
-    p.add_argument("--long-steps", type=int, default=120, help="then steps of 1 x 4096 tokens")
-    p.add_argument("--draft-steps", type=int, default=200, help="steps of 16 x 512 tokens")
+    p.add_argument("--long-steps", type=int, default=120, help="then steps of long windows (--long-shape)")
+    p.add_argument("--long-shape", default="1x4096", help="batch x length of the long steps (default 1x4096)")
+    p.add_argument("--peak-lr", type=float, default=1e-3,
+                   help="peak learning rate of the language and long phases (default 1e-3; lower to fine-tune with --init)")
+    p.add_argument("--draft-steps", type=int, default=200, help="steps of 16 x 512 tokens (0: no draft)")
     p.add_argument("--draft-shape", default="2x128x2x256",
                    help="layers x hidden x heads x MLP width of the draft (default 2x128x2x256)")
     p.add_argument("--draft-only", type=Path, default=None, metavar="TARGET",
                    help="train only the draft, distilled from this saved target (its folder is kept)")
+    p.add_argument("--yarn-factor", type=float, default=None,
+                   help="save the target with YaRN rope scaling by this factor (e.g. 2: trained distances up to 8K "
+                        "cover the 16K window); with --draft-only the target is re-saved under --out with it, and "
+                        "the draft is distilled from that")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
@@ -444,6 +481,13 @@ def main(argv=None) -> int:
     layers, hidden, heads, inter = dims("--target-shape", a.target_shape, "LAYERSxHIDDENxHEADSxMLP")
     d_layers, d_hidden, d_heads, d_inter = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
     lang_b, lang_n = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
+    long_b, long_n = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
+    if max(lang_n, long_n) > MAX_POSITION:
+        p.error(f"window lengths are at most {MAX_POSITION} tokens")
+    if a.yarn_factor is not None and not 1.0 <= a.yarn_factor <= 16.0:
+        p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
+    if not a.peak_lr > 0:
+        p.error(f"--peak-lr: expected a positive learning rate, got {a.peak_lr}")
     if not 0.0 <= a.copy_share <= 1.0:
         p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
     if a.quick:
@@ -476,8 +520,17 @@ def main(argv=None) -> int:
     if a.draft_only is not None:
         from transformers import AutoModelForCausalLM
 
-        target = AutoModelForCausalLM.from_pretrained(str(a.draft_only), dtype=torch.float32).to(DEVICE)
-        target_meta = json.loads((a.draft_only / "training.json").read_text())
+        source = a.draft_only
+        if a.yarn_factor is not None:
+            import shutil
+
+            if (a.out / "target").resolve() != source.resolve():
+                shutil.copytree(source, a.out / "target", dirs_exist_ok=True)
+            set_yarn(a.out / "target", a.yarn_factor)
+            source = a.out / "target"
+            log(f"target {a.draft_only} saved to {source} with YaRN factor {a.yarn_factor}")
+        target = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(DEVICE)
+        target_meta = json.loads((source / "training.json").read_text())
         n_target = target_meta["parameters"]
         log(f"target from {a.draft_only}: {n_target / 1e6:.2f} M parameters")
     else:
@@ -504,23 +557,31 @@ def main(argv=None) -> int:
             dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
                  stop_below=1.0),
             dict(name="language", steps=a.language_steps, batch=lang_b, length=lang_n, mixture=language),
-            dict(name="long", steps=a.long_steps, batch=1, length=4096, mixture=long),
+            dict(name="long", steps=a.long_steps, batch=long_b, length=long_n, mixture=long),
         ]
         phases = [ph for ph in phases if ph["steps"] > 0]
         t0 = time.time()
-        report = train_target(target, batcher, phases, peak_lr=1e-3, log_every=10 if not a.quick else 1,
+        report = train_target(target, batcher, phases, peak_lr=a.peak_lr, log_every=10 if not a.quick else 1,
                               ckpt=a.work / "target-ckpt")
         target_meta = {
             "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
             "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
-            "init": a.init.name if a.init is not None else None,
+            "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,
         }
         # saved before the draft is trained: nothing is lost if the draft's training stops
         save_bf16(target, tok, a.out / "target", target_meta)
+        if a.yarn_factor is not None:
+            set_yarn(a.out / "target", a.yarn_factor)
+            from transformers import AutoModelForCausalLM
 
+            target = AutoModelForCausalLM.from_pretrained(str(a.out / "target"), dtype=torch.float32).to(DEVICE)
+
+    if a.draft_steps == 0:
+        log(f"no draft (--draft-steps 0); target saved to {a.out / 'target'}")
+        return 0
     torch.manual_seed(a.seed + 1)
     draft = make_model(tok, d_hidden, d_layers, d_heads, d_inter, 10_000, MAX_POSITION).to(DEVICE)
     n_draft = sum(p.numel() for p in draft.parameters())
