@@ -459,9 +459,9 @@ def main(argv=None) -> int:
     p.add_argument("--draft-only", type=Path, default=None, metavar="TARGET",
                    help="train only the draft, distilled from this saved target (its folder is kept)")
     p.add_argument("--yarn-factor", type=float, default=None,
-                   help="save the target with YaRN rope scaling by this factor (e.g. 2: trained distances up to 8K "
-                        "cover the 16K window); with --draft-only the target is re-saved under --out with it, and "
-                        "the draft is distilled from that")
+                   help="save the target with YaRN rope scaling by this factor (default 2: distances up to 8K, "
+                        "as trained, cover the 16K window; 1: plain rope); with --draft-only (no default there) the "
+                        "target is re-saved under --out with it, and the draft is distilled from that")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
@@ -521,7 +521,7 @@ def main(argv=None) -> int:
         from transformers import AutoModelForCausalLM
 
         source = a.draft_only
-        if a.yarn_factor is not None:
+        if a.yarn_factor is not None and a.yarn_factor != 1.0:
             import shutil
 
             if (a.out / "target").resolve() != source.resolve():
@@ -573,8 +573,9 @@ def main(argv=None) -> int:
         }
         # saved before the draft is trained: nothing is lost if the draft's training stops
         save_bf16(target, tok, a.out / "target", target_meta)
-        if a.yarn_factor is not None:
-            set_yarn(a.out / "target", a.yarn_factor)
+        yarn = 2.0 if a.yarn_factor is None else a.yarn_factor
+        if yarn != 1.0:
+            set_yarn(a.out / "target", yarn)
             from transformers import AutoModelForCausalLM
 
             target = AutoModelForCausalLM.from_pretrained(str(a.out / "target"), dtype=torch.float32).to(DEVICE)

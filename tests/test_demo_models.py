@@ -98,3 +98,27 @@ def test_cli_defaults_to_the_embedded_pair():
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
     assert len(payload["samples"][0]["token_ids"]) == 6
+
+
+@pytest.mark.parametrize("phrase", [
+    "(You could conceivably place a class",
+    "It is not necessary that the function definition",
+    "You can call the __next__ method",
+])
+def test_shipped_target_quotes_the_passage_after_a_phrase_of_the_sample_document(engine, phrase):
+    """The copy skill the retrieval level relies on, on the whole sample document (~9.6K
+    tokens): asked what follows a phrase, the target repeats it and goes on with the next 20
+    tokens of the document, exactly (greedy, through a chat session as in the app)."""
+    document = SAMPLE.read_text(encoding="utf-8")
+    assert document.count(phrase) == 1
+    tok = engine.tokenizer
+    passage = document[document.index(phrase):]
+    echo = len(tok(phrase, add_special_tokens=False)["input_ids"])
+    want = tok(passage[:len(phrase) + 400], add_special_tokens=False)["input_ids"][:echo + 20]
+    config = GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=echo + 20,
+                                                            ignore_eos=True))
+    session = ChatSession(engine, document, config=config)
+    for _ in session.ask(f"What follows «{phrase}»?"):
+        pass
+    got = session.turns[-1].token_ids
+    assert tok.decode(got) == tok.decode(want), (tok.decode(got), tok.decode(want))
