@@ -47,7 +47,7 @@ def document(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def report(tiny_pair_dir, document, tmp_path_factory):
-    out = tmp_path_factory.mktemp("bench") / "report.json"
+    out = tmp_path_factory.mktemp("bench") / "results" / "new" / "report.json"  # folders made by the command
     code, stdout, err = run_main(bench_args(
         tiny_pair_dir, "--document", document, "--max-new-tokens", "12", "--repeats", "2", "--json", str(out),
     ))

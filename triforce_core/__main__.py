@@ -214,6 +214,8 @@ def cmd_bench(args) -> int:
     if args.json == "-":
         print(json.dumps(report, indent=1))
     elif args.json is not None:
+        # minutes of measurement are not lost to a missing folder
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(report, indent=1) + "\n")
     return 0
 
