@@ -31,6 +31,7 @@ import json
 import math
 import os
 import random
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -459,9 +460,8 @@ def main(argv=None) -> int:
     p.add_argument("--draft-only", type=Path, default=None, metavar="TARGET",
                    help="train only the draft, distilled from this saved target (its folder is kept)")
     p.add_argument("--yarn-factor", type=float, default=None,
-                   help="save the target with YaRN rope scaling by this factor (default 2: distances up to 8K, "
-                        "as trained, cover the 16K window; 1: plain rope); with --draft-only (no default there) the "
-                        "target is re-saved under --out with it, and the draft is distilled from that")
+                   help="save the target under --out with YaRN rope scaling by this factor (1: plain rope; "
+                        "default 2 when training the target, none with --draft-only); the draft learns from it")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
@@ -518,21 +518,7 @@ def main(argv=None) -> int:
     log(f"training stream: {len(stream) / 1e6:.2f} M tokens ({sum(map(len, train_texts)) / len(stream):.2f} chars/token)")
 
     if a.draft_only is not None:
-        from transformers import AutoModelForCausalLM
-
-        source = a.draft_only
-        if a.yarn_factor is not None and a.yarn_factor != 1.0:
-            import shutil
-
-            if (a.out / "target").resolve() != source.resolve():
-                shutil.copytree(source, a.out / "target", dirs_exist_ok=True)
-            set_yarn(a.out / "target", a.yarn_factor)
-            source = a.out / "target"
-            log(f"target {a.draft_only} saved to {source} with YaRN factor {a.yarn_factor}")
-        target = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(DEVICE)
-        target_meta = json.loads((source / "training.json").read_text())
-        n_target = target_meta["parameters"]
-        log(f"target from {a.draft_only}: {n_target / 1e6:.2f} M parameters")
+        source, yarn = a.draft_only, a.yarn_factor
     else:
         torch.manual_seed(a.seed)
         target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION).to(DEVICE)
@@ -573,16 +559,25 @@ def main(argv=None) -> int:
         }
         # saved before the draft is trained: nothing is lost if the draft's training stops
         save_bf16(target, tok, a.out / "target", target_meta)
-        yarn = 2.0 if a.yarn_factor is None else a.yarn_factor
-        if yarn != 1.0:
-            set_yarn(a.out / "target", yarn)
-            from transformers import AutoModelForCausalLM
+        source, yarn = a.out / "target", (2.0 if a.yarn_factor is None else a.yarn_factor)
 
-            target = AutoModelForCausalLM.from_pretrained(str(a.out / "target"), dtype=torch.float32).to(DEVICE)
-
+    # the target as shipped (with its rope scaling) is what the draft is distilled from
+    if yarn is not None and yarn != 1.0:
+        if (a.out / "target").resolve() != source.resolve():
+            shutil.copytree(source, a.out / "target", dirs_exist_ok=True)
+        set_yarn(a.out / "target", yarn)
+        log(f"target {source} saved to {a.out / 'target'} with YaRN factor {yarn}")
+        source = a.out / "target"
     if a.draft_steps == 0:
-        log(f"no draft (--draft-steps 0); target saved to {a.out / 'target'}")
+        log(f"no draft (--draft-steps 0); target saved to {source}")
         return 0
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(DEVICE)
+    target_meta = json.loads((source / "training.json").read_text())
+    n_target = target_meta["parameters"]
+    log(f"target from {source}: {n_target / 1e6:.2f} M parameters")
+
     torch.manual_seed(a.seed + 1)
     draft = make_model(tok, d_hidden, d_layers, d_heads, d_inter, 10_000, MAX_POSITION).to(DEVICE)
     n_draft = sum(p.numel() for p in draft.parameters())
