@@ -236,3 +236,82 @@ def pick_passage(text: str, rng: random.Random, quote_words=(5, 9), answer_chars
             continue
         return quote, cont
     return None
+
+
+def ambiguity(text: str, quote: str, continuation: str, context_chars: int = 8) -> int:
+    """How many places in a passage a short-suffix copier could go wrong at.
+
+    Counts the word starts from the end of the quote through the continuation whose
+    preceding `context_chars` characters (two or three tokens) occur elsewhere in `text` too.
+    At such a place the last few tokens written do not say where in the document the copy
+    is: a copier that matches only them may jump to the other occurrence. These were every
+    one of the 16K-token copy failures of the 4 x 256 target (12 of 800 tokens, teacher-forced).
+    """
+    a = text.index(quote)
+    b = a + len(quote)
+    end = b + len(continuation)
+    places = [b] + [b + s for s in word_spans(text[b:end]) if s > 0]
+    count = 0
+    for s in places:
+        key = text[max(a, s - context_chars):s]
+        if len(key) == context_chars and text.count(key) > 1:
+            count += 1
+    return count
+
+
+def pick_hard_passage(text: str, rng: random.Random, candidates: int, **kw):
+    """Of `candidates` passages picked by :func:`pick_passage`, the one a short-suffix copier
+    finds hardest (:func:`ambiguity`), ties to the first. One candidate: a plain pick."""
+    best, best_score = None, -1
+    for _ in range(max(1, candidates)):
+        picked = pick_passage(text, rng, **kw)
+        if picked is None:
+            continue
+        score = ambiguity(text, *picked) if candidates > 1 else 0
+        if score > best_score:
+            best, best_score = picked, score
+    return best
+
+
+def insert_distractors(text: str, picks: list[tuple[str, str]], rng: random.Random, share: float,
+                       tail_words=(2, 4), insert_chars=(40, 120)) -> str:
+    """The document with decoys for a share of the copy questions `picks` ((quote, continuation)).
+
+    A decoy is the quote's last 2-4 words followed by other text of the document, inserted at
+    a line start outside every picked passage. After writing the quote, the last tokens then
+    occur twice in the document, and only the whole phrase says which place the passage
+    continues from: a copier that matches short suffixes fails there, which is how the
+    4 x 256 target missed at 16K tokens. Quotes stay unique: a decoy never holds a whole quote.
+    """
+    original = text
+    spans = []
+    for quote, cont in picks:
+        a = text.index(quote)
+        spans.append((a, a + len(quote) + len(cont)))
+    inserts = []
+    for quote, _ in picks:
+        if rng.random() >= share:
+            continue
+        starts = [0] + word_spans(quote)
+        k = rng.randint(*tail_words)
+        if len(starts) <= k:
+            continue
+        tail = quote[starts[-k]:]
+        lines = [m.start() + 1 for m in re.finditer(r"\n(?=\S)", text)]
+        lines = [p for p in lines if not any(a <= p <= b for a, b in spans)]
+        words = word_spans(text)
+        if not lines or len(words) < 2:
+            continue
+        at = rng.choice(lines)
+        s = rng.choice(words)
+        filler = text[s:s + rng.randint(*insert_chars)]
+        filler = filler[: filler.rfind(" ")] if " " in filler else filler
+        decoy = f"{tail} {filler.strip()}\n"
+        if any(q in decoy for q, _ in picks) or "\n\n" in decoy[:-1]:
+            continue
+        inserts.append((at, decoy))
+    for at, decoy in sorted(inserts, reverse=True):
+        text = text[:at] + decoy + text[at:]
+    if any(text.count(quote) != 1 for quote, _ in picks):
+        return original  # a decoy made a quote ambiguous after all (very rare): no decoys
+    return text

@@ -113,6 +113,12 @@ class Batcher:
         # <|end|> inside the 20 tokens that the copy evaluation compares.
         self.answer_chars = (150, 400)
         self.max_questions = 12
+        # candidates per copy question, of which the most ambiguous passage is asked for
+        # (demo_corpus.pick_hard_passage); 1: plain random passages
+        self.hard_candidates = 1
+        # share of copy questions whose phrase's last words also recur elsewhere in the
+        # document, followed by other text (demo_corpus.insert_distractors)
+        self.distractor_share = 0.0
         self.torch_rng = torch.Generator().manual_seed(seed)
 
     def positions(self, n: int) -> list[int]:
@@ -183,12 +189,17 @@ class Batcher:
         while True:
             questions = self.rng.randint(1, max(1, min(self.max_questions, (n - 100) // 300)))
             doc = self.document_text(int(self.chars_per_token * (n - 130 * questions - 8)))
-            messages = []
-            for k in range(questions):
-                picked = demo_corpus.pick_passage(doc, self.rng, answer_chars=self.answer_chars)
+            picks = []
+            for _ in range(questions):
+                picked = demo_corpus.pick_hard_passage(doc, self.rng, self.hard_candidates,
+                                                       answer_chars=self.answer_chars)
                 if picked is None:
                     break
-                quote, cont = picked
+                picks.append(picked)
+            if self.distractor_share > 0:
+                doc = demo_corpus.insert_distractors(doc, picks, self.rng, self.distractor_share)
+            messages = []
+            for k, (quote, cont) in enumerate(picks):
                 q = self.rng.choice(demo_corpus.QUESTIONS).format(q=quote)
                 content = f"{doc}\n\n{q}" if k == 0 else q
                 messages += [{"role": "user", "content": content},
@@ -450,6 +461,12 @@ def main(argv=None) -> int:
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
                    help="share of copy-question conversations in the language steps (default 0.35)")
+    p.add_argument("--hard-candidates", type=int, default=1,
+                   help="copy questions ask for the most ambiguous of this many random passages, the one with "
+                        "the most places where the last few characters recur elsewhere (default 1: plain)")
+    p.add_argument("--distractor-share", type=float, default=0.0,
+                   help="share of copy questions whose phrase's last 2-4 words are also planted elsewhere in the "
+                        "document before other text, so only the whole phrase locates the passage (default 0)")
     p.add_argument("--long-steps", type=int, default=120, help="then steps of long windows (--long-shape)")
     p.add_argument("--long-shape", default="1x4096", help="batch x length of the long steps (default 1x4096)")
     p.add_argument("--peak-lr", type=float, default=1e-3,
@@ -488,6 +505,10 @@ def main(argv=None) -> int:
         p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
     if not a.peak_lr > 0:
         p.error(f"--peak-lr: expected a positive learning rate, got {a.peak_lr}")
+    if a.hard_candidates < 1:
+        p.error(f"--hard-candidates: expected at least 1, got {a.hard_candidates}")
+    if not 0.0 <= a.distractor_share <= 1.0:
+        p.error(f"--distractor-share: expected a share between 0 and 1, got {a.distractor_share}")
     if not 0.0 <= a.copy_share <= 1.0:
         p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
     if a.quick:
@@ -539,6 +560,8 @@ def main(argv=None) -> int:
         language = dict(copy_share=a.copy_share, repeat_share=recurring * 4 / 7, random_share=recurring * 3 / 7,
                         pose_share=0.5, random_lengths=(12, 64))
         long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
+        for mixture in (language, long):
+            mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share)
         phases = [
             dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
                  stop_below=1.0),
@@ -554,6 +577,7 @@ def main(argv=None) -> int:
             "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
             "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
+            "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,
         }

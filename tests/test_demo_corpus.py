@@ -1,0 +1,90 @@
+"""The synthetic copy tasks the demo target trains on (scripts/demo_corpus.py, scripts/train_demo_models.py)."""
+
+from __future__ import annotations
+
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+from transformers import AutoTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import demo_corpus  # noqa: E402
+import train_demo_models  # noqa: E402
+
+# Prose in which short word sequences recur with different continuations, as in real
+# documentation ("the value of", "is returned"), and unique longer phrases.
+WORDS = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda omicron sigma tau upsilon "
+         "phi chi psi omega value returned object method class module").split()
+
+
+def _text(seed: int, paragraphs: int = 40) -> str:
+    rng = random.Random(seed)
+    out = []
+    for _ in range(paragraphs):
+        lines = []
+        for _ in range(rng.randint(2, 4)):
+            body = " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 16)))
+            lines.append(body + (" is returned." if rng.random() < 0.4 else "."))
+        out.append("\n".join(lines))
+    return "\n\n".join(out) + "\n"
+
+
+def test_ambiguity_counts_places_whose_last_characters_recur():
+    text = "one two three four five six seven\nand then two three eight\n"
+    quote, cont = "one two three", " four five six seven"
+    # right after the quote ("wo three") and before "four" ("o three "), the last 8 characters
+    # recur in "two three eight"; before "five", "six" and "seven" they do not
+    assert demo_corpus.ambiguity(text, quote, cont) == 2
+    unique = "aaaa bbbb cccc dddd eeee ffff\nggg hhh\n"
+    assert demo_corpus.ambiguity(unique, "aaaa bbbb", " cccc dddd eeee ffff") == 0
+
+
+def test_hard_pick_with_one_candidate_is_the_plain_pick_and_more_candidates_pick_harder():
+    text = _text(0)
+    assert demo_corpus.pick_hard_passage(text, random.Random(3), 1) == demo_corpus.pick_passage(text, random.Random(3))
+    plain, hard = [], []
+    rng_plain, rng_hard = random.Random(1), random.Random(1)
+    for _ in range(60):
+        plain.append(demo_corpus.ambiguity(text, *demo_corpus.pick_passage(text, rng_plain)))
+        hard.append(demo_corpus.ambiguity(text, *demo_corpus.pick_hard_passage(text, rng_hard, 6)))
+    assert np.mean(hard) > np.mean(plain) + 1
+
+
+def test_distractors_plant_the_phrase_tail_elsewhere_and_keep_every_passage_exact():
+    text = _text(2)
+    rng = random.Random(5)
+    picks = [demo_corpus.pick_passage(text, rng) for _ in range(6)]
+    decoyed = demo_corpus.insert_distractors(text, picks, random.Random(6), share=1.0)
+    assert len(decoyed) > len(text)
+    planted = 0
+    for quote, cont in picks:
+        assert decoyed.count(quote) == 1
+        assert decoyed.count(quote + cont) == 1  # the passage asked for is untouched
+        tails = [quote[s:] for s in demo_corpus.word_spans(quote)[-4:]]
+        planted += any(decoyed.count(t) > text.count(t) for t in tails)
+    assert planted >= 4
+    # share 0 leaves the document as it was
+    assert demo_corpus.insert_distractors(text, picks, random.Random(6), share=0.0) == text
+
+
+def test_copy_conversations_with_hard_passages_and_decoys_quote_the_document_exactly():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    docs = [_text(s, paragraphs=60) for s in range(4)]
+    batcher = train_demo_models.Batcher(tok, docs, np.zeros(64, dtype=np.int32), 9, copy_share=1.0, pose_share=0.0)
+    batcher.hard_candidates, batcher.distractor_share = 4, 0.5
+    for _ in range(3):
+        ids, lm_w, ans_w = batcher.copy_example(2048)
+        assert len(ids) == len(lm_w) == len(ans_w) == 2048
+        text = tok.decode([t for t, w in zip(ids, lm_w) if w])
+        first_turn = text.split("<|user|>\n", 1)[1].split("<|end|>", 1)[0]
+        document = first_turn.rsplit("\n\n", 1)[0]  # then the question (a quote never spans a blank line)
+        answers = [part.split("<|end|>", 1)[0] for part in text.split("<|assistant|>\n")[1:]]
+        assert answers
+        for answer in answers:
+            assert answer in document  # phrase + continuation, verbatim from the document
+        # the answer tokens carry the copy loss
+        assert sum(ans_w) >= sum(len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers)
