@@ -281,14 +281,22 @@ def _autocast():
     return contextlib.nullcontext()
 
 
-def make_model(tok, hidden, layers, heads, inter, theta, max_pos):
+def yarn_parameters(theta: float, factor: float, max_pos: int) -> dict:
+    """Rope parameters for YaRN scaling by `factor` of a `max_pos` window (see set_yarn)."""
+    return {"rope_type": "yarn", "rope_theta": float(theta), "factor": float(factor),
+            "original_max_position_embeddings": int(max_pos / factor)}
+
+
+def make_model(tok, hidden, layers, heads, inter, theta, max_pos, yarn: float | None = None):
+    """A Llama; with `yarn` its rope is scaled as the shipped target's is at inference."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     cfg = LlamaConfig(
         vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
         num_key_value_heads=heads, intermediate_size=inter, max_position_embeddings=max_pos,
         rms_norm_eps=1e-5, tie_word_embeddings=True, initializer_range=0.02,
-        rope_parameters={"rope_type": "default", "rope_theta": float(theta)},
+        rope_parameters=({"rope_type": "default", "rope_theta": float(theta)} if yarn in (None, 1.0)
+                         else yarn_parameters(theta, yarn, max_pos)),
         bos_token_id=tok.bos_token_id, eos_token_id=[tok.eos_token_id, tok.bos_token_id],
         pad_token_id=tok.pad_token_id, attn_implementation="sdpa",
     )
@@ -431,8 +439,7 @@ def set_yarn(folder: Path, factor: float) -> None:
     path = folder / "config.json"
     cfg = json.loads(path.read_text())
     theta = cfg["rope_parameters"]["rope_theta"]
-    cfg["rope_parameters"] = {"rope_type": "yarn", "rope_theta": theta, "factor": float(factor),
-                              "original_max_position_embeddings": int(cfg["max_position_embeddings"] / factor)}
+    cfg["rope_parameters"] = yarn_parameters(theta, factor, cfg["max_position_embeddings"])
     path.write_text(json.dumps(cfg, indent=2) + "\n")
     meta_path = folder / "training.json"
     if meta_path.exists():
@@ -479,6 +486,9 @@ def main(argv=None) -> int:
     p.add_argument("--yarn-factor", type=float, default=None,
                    help="save the target under --out with YaRN rope scaling by this factor (1: plain rope; "
                         "default 2 when training the target, none with --draft-only); the draft learns from it")
+    p.add_argument("--train-with-yarn", action="store_true",
+                   help="train the target with the rope scaling it is saved with (--yarn-factor), e.g. to "
+                        "fine-tune on windows longer than original_max_position_embeddings")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
@@ -505,6 +515,8 @@ def main(argv=None) -> int:
         p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
     if not a.peak_lr > 0:
         p.error(f"--peak-lr: expected a positive learning rate, got {a.peak_lr}")
+    if a.train_with_yarn and (a.draft_only is not None or a.yarn_factor in (None, 1.0)):
+        p.error("--train-with-yarn: needs --yarn-factor above 1 and trains the target (not with --draft-only)")
     if a.hard_candidates < 1:
         p.error(f"--hard-candidates: expected at least 1, got {a.hard_candidates}")
     if not 0.0 <= a.distractor_share <= 1.0:
@@ -542,7 +554,8 @@ def main(argv=None) -> int:
         source, yarn = a.draft_only, a.yarn_factor
     else:
         torch.manual_seed(a.seed)
-        target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION).to(DEVICE)
+        target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION,
+                            yarn=a.yarn_factor if a.train_with_yarn else None).to(DEVICE)
         n_target = sum(p.numel() for p in target.parameters())
         log(f"target: {n_target / 1e6:.2f} M parameters")
         if a.init is not None:
@@ -578,6 +591,7 @@ def main(argv=None) -> int:
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
             "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
+            "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,
         }
