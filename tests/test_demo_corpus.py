@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import sys
 from pathlib import Path
@@ -88,3 +89,20 @@ def test_copy_conversations_with_hard_passages_and_decoys_quote_the_document_exa
             assert answer in document  # phrase + continuation, verbatim from the document
         # the answer tokens carry the copy loss
         assert sum(ans_w) >= sum(len(tok(a, add_special_tokens=False)["input_ids"]) for a in answers)
+
+
+def test_training_with_yarn_uses_the_rope_scaling_the_target_is_saved_with(tmp_path):
+    """--train-with-yarn: the model trained is scaled exactly as set_yarn writes the shipped config."""
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    plain = train_demo_models.make_model(tok, 32, 1, 2, 64, 500_000, 16384)
+    scaled = train_demo_models.make_model(tok, 32, 1, 2, 64, 500_000, 16384, yarn=2.0)
+    assert plain.config.rope_parameters["rope_type"] == "default"
+    plain.save_pretrained(tmp_path)
+    train_demo_models.set_yarn(tmp_path, 2.0)
+    written = json.loads((tmp_path / "config.json").read_text())["rope_parameters"]
+    assert {k: scaled.config.rope_parameters[k] for k in written} == written
+    assert written["original_max_position_embeddings"] == 8192
+    # the scaling reaches the rotary embedding: stretched slow frequencies, sharpened logits
+    rot_plain, rot_scaled = plain.model.rotary_emb, scaled.model.rotary_emb
+    assert rot_scaled.attention_scaling > 1.0 == rot_plain.attention_scaling
+    assert (rot_scaled.inv_freq[-1] < rot_plain.inv_freq[-1]) and (rot_scaled.inv_freq[0] == rot_plain.inv_freq[0])
