@@ -262,12 +262,14 @@ def ambiguity(text: str, quote: str, continuation: str, context_chars: int = 8) 
 def pick_hard_passage(text: str, rng: random.Random, candidates: int, **kw):
     """Of `candidates` passages picked by :func:`pick_passage`, the one a short-suffix copier
     finds hardest (:func:`ambiguity`), ties to the first. One candidate: a plain pick."""
+    if candidates <= 1:
+        return pick_passage(text, rng, **kw)
     best, best_score = None, -1
-    for _ in range(max(1, candidates)):
+    for _ in range(candidates):
         picked = pick_passage(text, rng, **kw)
         if picked is None:
             continue
-        score = ambiguity(text, *picked) if candidates > 1 else 0
+        score = ambiguity(text, *picked)
         if score > best_score:
             best, best_score = picked, score
     return best
@@ -288,6 +290,12 @@ def insert_distractors(text: str, picks: list[tuple[str, str]], rng: random.Rand
     for quote, cont in picks:
         a = text.index(quote)
         spans.append((a, a + len(quote) + len(cont)))
+    # line starts outside every picked passage (where decoys go), and word starts (where filler comes from)
+    lines = [m.start() + 1 for m in re.finditer(r"\n(?=\S)", text)]
+    lines = [p for p in lines if not any(a <= p <= b for a, b in spans)]
+    words = word_spans(text)
+    if not lines or len(words) < 2:
+        return text
     inserts = []
     for quote, _ in picks:
         if rng.random() >= share:
@@ -297,11 +305,6 @@ def insert_distractors(text: str, picks: list[tuple[str, str]], rng: random.Rand
         if len(starts) <= k:
             continue
         tail = quote[starts[-k]:]
-        lines = [m.start() + 1 for m in re.finditer(r"\n(?=\S)", text)]
-        lines = [p for p in lines if not any(a <= p <= b for a, b in spans)]
-        words = word_spans(text)
-        if not lines or len(words) < 2:
-            continue
         at = rng.choice(lines)
         s = rng.choice(words)
         filler = text[s:s + rng.randint(*insert_chars)]
