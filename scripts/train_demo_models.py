@@ -303,6 +303,37 @@ def make_model(tok, hidden, layers, heads, inter, theta, max_pos, yarn: float | 
     return LlamaForCausalLM(cfg)
 
 
+def grow_layers(model, state: dict, layer_map: list[int | None]) -> dict:
+    """Map a checkpoint's layers onto `model`'s deeper stack (depth up-scaling).
+
+    Layer i of `model` takes the weights of checkpoint layer `layer_map[i]`; a `None` entry is
+    a new layer that keeps its random initialisation except for its two output projections
+    (attention `o_proj`, MLP `down_proj`), which are zeroed, so that it adds nothing to the
+    residual stream and the grown model computes exactly what the checkpoint computed. The
+    zeroed projections receive gradient from the first step, so the new layers learn.
+    """
+    prefix = "model.layers."
+    src_layers = {int(k[len(prefix):].split(".", 1)[0]) for k in state if k.startswith(prefix)}
+    missing = sorted({i for i in layer_map if i is not None} - src_layers)
+    if missing:
+        raise ValueError(f"--init-layers names layers {missing}; the checkpoint has {len(src_layers)} "
+                         f"(0-{max(src_layers)})")
+    grown = {k: v for k, v in state.items() if not k.startswith(prefix)}
+    own = model.state_dict()
+    for i, src in enumerate(layer_map):
+        if src is None:
+            for k, v in own.items():
+                if k.startswith(f"{prefix}{i}."):
+                    zero = k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
+                    grown[k] = torch.zeros_like(v) if zero else v.clone()
+            continue
+        head = f"{prefix}{src}."
+        for k, v in state.items():
+            if k.startswith(head):
+                grown[f"{prefix}{i}.{k[len(head):]}"] = v
+    return grown
+
+
 def copy_only_loss(model, ids, pos, ans_w):
     """Next-token loss on the recurring tokens only, projecting only those rows to the vocabulary."""
     with _autocast():
@@ -464,6 +495,10 @@ def main(argv=None) -> int:
     p.add_argument("--induction-batch", type=int, default=64, help="windows per induction step")
     p.add_argument("--init", type=Path, default=None,
                    help="start the target from these weights (a checkpoint folder) instead of random ones")
+    p.add_argument("--init-layers", default=None, metavar="MAP",
+                   help="with --init, grow the target in depth: one entry per layer of --target-shape, either "
+                        "the --init layer it copies or 'new' for a layer that starts as the identity "
+                        "(e.g. 0,1,new,2,new,3 turns 4 layers into 6 computing the same function)")
     p.add_argument("--language-steps", type=int, default=500, help="steps of 4 x 1024 tokens, language and copying")
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
@@ -506,6 +541,15 @@ def main(argv=None) -> int:
         return tuple(int(x) for x in parts)
 
     layers, hidden, heads, inter = dims("--target-shape", a.target_shape, "LAYERSxHIDDENxHEADSxMLP")
+    layer_map = None
+    if a.init_layers is not None:
+        entries = [e.strip() for e in a.init_layers.split(",")]
+        if a.init is None:
+            p.error("--init-layers: needs --init (the weights the layers come from)")
+        if len(entries) != layers or not all(e == "new" or e.isdigit() for e in entries):
+            p.error(f"--init-layers: expected {layers} comma-separated entries (a layer number or 'new'), "
+                    f"got {a.init_layers!r}")
+        layer_map = [None if e == "new" else int(e) for e in entries]
     d_layers, d_hidden, d_heads, d_inter = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
     lang_b, lang_n = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
     long_b, long_n = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
@@ -561,7 +605,10 @@ def main(argv=None) -> int:
         if a.init is not None:
             from safetensors.torch import load_file
 
-            target.load_state_dict(load_file(str(a.init / "model.safetensors"), device=str(DEVICE)), strict=False)
+            state = load_file(str(a.init / "model.safetensors"), device=str(DEVICE))
+            if layer_map is not None:
+                state = grow_layers(target, state, layer_map)
+            target.load_state_dict(state, strict=False)
             target.tie_weights()
             log(f"target weights from {a.init}")
         batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.5)
@@ -589,7 +636,7 @@ def main(argv=None) -> int:
             "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
             "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
-            "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
+            "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
             "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),

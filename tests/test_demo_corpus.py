@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from transformers import AutoTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +108,45 @@ def test_training_with_yarn_uses_the_rope_scaling_the_target_is_saved_with(tmp_p
     assert rot_scaled.attention_scaling > 1.0
     assert rot_plain.attention_scaling == 1.0
     assert (rot_scaled.inv_freq[-1] < rot_plain.inv_freq[-1]) and (rot_scaled.inv_freq[0] == rot_plain.inv_freq[0])
+
+
+def test_growing_the_target_in_depth_keeps_its_function_and_the_new_layers_learn(tmp_path):
+    """--init-layers: copied layers keep their weights, new layers start as the identity (the
+    grown model's logits equal the checkpoint's), and a training step changes the new layers."""
+    import torch
+    from safetensors.torch import save_file
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    torch.manual_seed(0)
+    small = train_demo_models.make_model(tok, 32, 2, 2, 64, 500_000, 16384)
+    save_file({k: v.contiguous() for k, v in small.state_dict().items() if k != "lm_head.weight"},
+              str(tmp_path / "model.safetensors"))
+    from safetensors.torch import load_file
+
+    state = load_file(str(tmp_path / "model.safetensors"))
+    grown = train_demo_models.make_model(tok, 32, 4, 2, 64, 500_000, 16384)
+    result = grown.load_state_dict(train_demo_models.grow_layers(grown, state, [0, None, 1, None]), strict=False)
+    assert result.unexpected_keys == [] and result.missing_keys == ["lm_head.weight"]
+    grown.tie_weights()
+    assert torch.equal(grown.model.layers[2].mlp.up_proj.weight, small.model.layers[1].mlp.up_proj.weight)
+    assert not grown.model.layers[1].self_attn.o_proj.weight.any()
+    ids = torch.randint(5, len(tok), (1, 48))
+    with torch.no_grad():
+        assert torch.allclose(grown(ids).logits, small(ids).logits, atol=1e-5)
+    opt = torch.optim.SGD(grown.parameters(), lr=0.1)
+    grown(ids, labels=ids).loss.backward()
+    opt.step()
+    assert grown.model.layers[1].self_attn.o_proj.weight.any() and grown.model.layers[3].mlp.down_proj.weight.any()
+    with pytest.raises(ValueError, match="names layers \\[2\\]"):
+        train_demo_models.grow_layers(grown, state, [0, 1, 2, None])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--init-layers", "0,new"], "needs --init"),
+    (["--init", "x", "--target-shape", "3x32x2x64", "--init-layers", "0,new"], "expected 3 comma-separated"),
+    (["--init", "x", "--target-shape", "2x32x2x64", "--init-layers", "0,fresh"], "a layer number or 'new'"),
+])
+def test_bad_init_layers_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit):
+        train_demo_models.main(argv)
+    assert message in capsys.readouterr().err
