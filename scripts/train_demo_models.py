@@ -92,6 +92,26 @@ def encode_plain(tok, text: str) -> list[int]:
 # --------------------------------------------------------------------------------------
 # examples
 # --------------------------------------------------------------------------------------
+def ambiguous_positions(ids: list[int], start: int, context: int = 3) -> list[int]:
+    """Positions i >= start whose last `context` tokens also occur before `start` followed by a
+    token other than ids[i].
+
+    These are the places where a copy that matches only on the last few tokens it wrote goes
+    astray (every teacher-forced miss of the demo target at 16K was such a place): the
+    document offers two continuations of the same short context, and only a longer match
+    says which one the quoted passage takes.
+    """
+    follows: dict[tuple[int, ...], set[int]] = {}
+    for j in range(context, start):
+        follows.setdefault(tuple(ids[j - context:j]), set()).add(ids[j])
+    out = []
+    for i in range(max(start, context), len(ids)):
+        nxt = follows.get(tuple(ids[i - context:i]))
+        if nxt is not None and (len(nxt) > 1 or ids[i] not in nxt):
+            out.append(i)
+    return out
+
+
 class Batcher:
     """Language-model windows and copy-task conversations, with PoSE position ids."""
 
@@ -119,6 +139,9 @@ class Batcher:
         # share of copy questions whose phrase's last words also recur elsewhere in the
         # document, followed by other text (demo_corpus.insert_distractors)
         self.distractor_share = 0.0
+        # loss weight of answer tokens whose last three tokens also occur earlier in the
+        # conversation followed by another token (ambiguous_positions); 1: no emphasis
+        self.ambiguous_weight = 1.0
         self.torch_rng = torch.Generator().manual_seed(seed)
 
     def positions(self, n: int) -> list[int]:
@@ -224,6 +247,11 @@ class Batcher:
                 if any(a <= s and e <= b and e > s for a, b in spans):
                     weights[i] = 1.0
             is_answer = weights
+            if self.ambiguous_weight != 1.0:
+                first = next(i for i, w in enumerate(weights) if w > 0)
+                for i in ambiguous_positions(ids, first):
+                    if weights[i] > 0:
+                        weights[i] = self.ambiguous_weight
             lm = [1.0] * len(ids)
             pad = n - len(ids)
             if pad > 24:
@@ -509,6 +537,9 @@ def main(argv=None) -> int:
     p.add_argument("--distractor-share", type=float, default=0.0,
                    help="share of copy questions whose phrase's last 2-4 words are also planted elsewhere in the "
                         "document before other text, so only the whole phrase locates the passage (default 0)")
+    p.add_argument("--ambiguous-weight", type=float, default=1.0,
+                   help="loss weight of copy-answer tokens whose last 3 tokens occur earlier in the document "
+                        "with another continuation (default 1: no emphasis)")
     p.add_argument("--long-steps", type=int, default=120, help="then steps of long windows (--long-shape)")
     p.add_argument("--long-shape", default="1x4096", help="batch x length of the long steps (default 1x4096)")
     p.add_argument("--peak-lr", type=float, default=1e-3,
@@ -565,6 +596,8 @@ def main(argv=None) -> int:
         p.error(f"--hard-candidates: expected at least 1, got {a.hard_candidates}")
     if not 0.0 <= a.distractor_share <= 1.0:
         p.error(f"--distractor-share: expected a share between 0 and 1, got {a.distractor_share}")
+    if not a.ambiguous_weight > 0:
+        p.error(f"--ambiguous-weight: expected a positive weight, got {a.ambiguous_weight}")
     if not 0.0 <= a.copy_share <= 1.0:
         p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
     if a.quick:
@@ -621,7 +654,8 @@ def main(argv=None) -> int:
                         pose_share=0.5, random_lengths=(12, 64))
         long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
         for mixture in (language, long):
-            mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share)
+            mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share,
+                           ambiguous_weight=a.ambiguous_weight)
         phases = [
             dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
                  stop_below=1.0),
@@ -638,6 +672,7 @@ def main(argv=None) -> int:
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
             "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
+            "ambiguous_weight": a.ambiguous_weight,
             "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,

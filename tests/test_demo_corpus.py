@@ -150,3 +150,34 @@ def test_bad_init_layers_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):
         train_demo_models.main(argv)
     assert message in capsys.readouterr().err
+
+
+def test_ambiguous_positions_are_where_the_last_tokens_have_another_continuation_earlier():
+    #        document ........................ | answer
+    ids = [9, 1, 2, 3, 4, 8, 1, 2, 3, 5, 8, 6, 7, 1, 2, 3, 4, 6, 7, 3]
+    start = 13
+    # 16: after 1 2 3 the document goes on with 4 and with 5 (ambiguous although 4 is right);
+    # 17: after 2 3 4 the document has 8, the answer 6; 8 6 7, 6 7 1, 7 1 2, 3 4 6 and 4 6 7 do
+    # not occur before the answer
+    assert train_demo_models.ambiguous_positions(ids, start) == [16, 17]
+    # with two tokens of context the same; 6 7 -> 3 at 19 is not flagged: 6 7 occurs only as
+    # the document's last tokens, with no continuation before the answer
+    assert train_demo_models.ambiguous_positions(ids, start, context=2) == [16, 17]
+    assert train_demo_models.ambiguous_positions(ids[:13] + [8, 1, 2, 4], start, context=2) == [16]
+    assert train_demo_models.ambiguous_positions(ids, len(ids)) == []
+
+
+def test_ambiguous_answer_tokens_get_the_extra_weight_and_nothing_else_does():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    texts = [_text(s) for s in range(6)]
+    stream = np.asarray(tok("\n".join(texts))["input_ids"], dtype=np.int32)
+    plain = train_demo_models.Batcher(tok, texts, stream, 5, copy_share=1.0, pose_share=0.0)
+    heavy = train_demo_models.Batcher(tok, texts, stream, 5, copy_share=1.0, pose_share=0.0)
+    heavy.ambiguous_weight = 6.0
+    ids, _, base = plain.copy_example(1024)
+    ids2, _, weighted = heavy.copy_example(1024)
+    assert ids == ids2
+    changed = [i for i, (a, b) in enumerate(zip(base, weighted)) if a != b]
+    assert changed and all(base[i] == 1.0 and weighted[i] == 6.0 for i in changed)
+    first = base.index(1.0)
+    assert changed == [i for i in train_demo_models.ambiguous_positions(ids, first) if base[i] == 1.0]
