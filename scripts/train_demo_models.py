@@ -371,15 +371,21 @@ def copy_only_loss(model, ids, pos, ans_w):
     return F.cross_entropy(logits, ids[:, 1:][sel])
 
 
-def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path):
+def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_layers=(), fast_scale=1.0):
     """phases: dicts with steps, batch, length and either kind="induction" or a mixture.
 
     The induction phase (random-token recurrences, loss on the copy only) runs at a constant
     learning rate after a short warm-up and ends early once the copy loss has fallen below
     `stop_below` (mean of the last 50 steps). The other phases share one cosine schedule.
-    Returns the per-phase history (steps run, final losses) for the model card.
+    The layers in `fast_layers` (new layers of a grown target) learn at `fast_scale` times
+    the learning rate of the rest. Returns the per-phase history (steps run, final losses)
+    for the model card.
     """
-    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    fast = {f"model.layers.{i}." for i in fast_layers}
+    groups = [{"params": [], "scale": 1.0}, {"params": [], "scale": fast_scale}]
+    for name, param in model.named_parameters():
+        groups[any(name.startswith(f) for f in fast)]["params"].append(param)
+    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     main_total = sum(ph["steps"] for ph in phases if ph.get("kind") != "induction")
     main_step, step, t0 = 0, 0, time.time()
     report = []
@@ -398,7 +404,7 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path):
                 lr = lr_at(main_step, main_total, peak_lr, 20)
                 ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in batcher.batch(b, n))
             for g in opt.param_groups:
-                g["lr"] = lr
+                g["lr"] = lr * g["scale"]
             if induction:
                 ans = copy_only_loss(model, ids, pos, ans_w)
                 lm, loss = torch.zeros(()), ans
@@ -527,6 +533,8 @@ def main(argv=None) -> int:
                    help="with --init, grow the target in depth: one entry per layer of --target-shape, either "
                         "the --init layer it copies or 'new' for a layer that starts as the identity "
                         "(e.g. 0,1,new,2,new,3 turns 4 layers into 6 computing the same function)")
+    p.add_argument("--new-layer-lr-scale", type=float, default=1.0, metavar="X",
+                   help="with --init-layers, the new layers learn at X times the learning rate (default 1)")
     p.add_argument("--language-steps", type=int, default=500, help="steps of 4 x 1024 tokens, language and copying")
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
@@ -596,6 +604,10 @@ def main(argv=None) -> int:
         p.error(f"--hard-candidates: expected at least 1, got {a.hard_candidates}")
     if not 0.0 <= a.distractor_share <= 1.0:
         p.error(f"--distractor-share: expected a share between 0 and 1, got {a.distractor_share}")
+    if not a.new_layer_lr_scale > 0:
+        p.error(f"--new-layer-lr-scale: expected a positive factor, got {a.new_layer_lr_scale}")
+    if a.new_layer_lr_scale != 1.0 and a.init_layers is None:
+        p.error("--new-layer-lr-scale: needs --init-layers (it applies to the new layers)")
     if not a.ambiguous_weight > 0:
         p.error(f"--ambiguous-weight: expected a positive weight, got {a.ambiguous_weight}")
     if not 0.0 <= a.copy_share <= 1.0:
@@ -665,12 +677,15 @@ def main(argv=None) -> int:
         phases = [ph for ph in phases if ph["steps"] > 0]
         t0 = time.time()
         report = train_target(target, batcher, phases, peak_lr=a.peak_lr, log_every=10 if not a.quick else 1,
-                              ckpt=a.work / "target-ckpt")
+                              ckpt=a.work / "target-ckpt",
+                              fast_layers=[i for i, src in enumerate(layer_map or []) if src is None],
+                              fast_scale=a.new_layer_lr_scale)
         target_meta = {
             "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
             "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
             "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
-            "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers, "peak_lr": a.peak_lr,
+            "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers,
+            "new_layer_lr_scale": a.new_layer_lr_scale, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
             "ambiguous_weight": a.ambiguous_weight,
             "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,

@@ -145,6 +145,8 @@ def test_growing_the_target_in_depth_keeps_its_function_and_the_new_layers_learn
     (["--init-layers", "0,new"], "needs --init"),
     (["--init", "x", "--target-shape", "3x32x2x64", "--init-layers", "0,new"], "expected 3 comma-separated"),
     (["--init", "x", "--target-shape", "2x32x2x64", "--init-layers", "0,fresh"], "a layer number or 'new'"),
+    (["--new-layer-lr-scale", "10"], "needs --init-layers"),
+    (["--ambiguous-weight", "0"], "expected a positive weight"),
 ])
 def test_bad_init_layers_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):
