@@ -280,10 +280,11 @@ class Batcher:
 
 
 def lm_losses(logits, ids, lm_w, ans_w):
-    """Mean next-token loss over LM-weighted tokens, and over answer tokens."""
+    """Mean next-token loss over LM-weighted tokens that are not answer tokens, and the
+    ans_w-weighted mean over answer tokens (weights may exceed 1: --ambiguous-weight)."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
-    w = lm_w[:, 1:] * (1 - ans_w[:, 1:])
+    w = lm_w[:, 1:] * (ans_w[:, 1:] == 0)
     a = ans_w[:, 1:]
     lm = (nll * w).sum() / w.sum().clamp_min(1)
     ans = (nll * a).sum() / a.sum().clamp_min(1)

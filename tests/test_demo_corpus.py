@@ -183,3 +183,20 @@ def test_ambiguous_answer_tokens_get_the_extra_weight_and_nothing_else_does():
     assert changed and all(base[i] == 1.0 and weighted[i] == 6.0 for i in changed)
     first = base.index(1.0)
     assert changed == [i for i in train_demo_models.ambiguous_positions(ids, first) if base[i] == 1.0]
+
+
+def test_weighted_answer_tokens_stay_out_of_the_language_model_loss():
+    """An answer token weighted above 1 counts only in the answer loss, with its weight; the
+    language-model loss is the plain mean over the other tokens."""
+    import torch
+
+    torch.manual_seed(0)
+    logits = torch.randn(1, 6, 11)
+    ids = torch.randint(0, 11, (1, 6))
+    nll = -torch.log_softmax(logits[0, :-1], -1).gather(-1, ids[0, 1:, None]).squeeze(-1)
+    lm_w = torch.ones(1, 6)
+    ans_w = torch.tensor([[0.0, 0.0, 0.0, 1.0, 5.0, 1.0]])
+    lm, ans, n = train_demo_models.lm_losses(logits, ids, lm_w, ans_w)
+    assert torch.allclose(lm, nll[:2].mean())
+    assert torch.allclose(ans, (nll[2] + 5 * nll[3] + nll[4]) / 7)
+    assert n == 7
