@@ -123,6 +123,8 @@ class Batcher:
         self.copy_share, self.pose_share, self.max_position = copy_share, pose_share, max_position
         self.repeat_share = repeat_share
         self.random_share = random_share
+        # share of windows of small-vocabulary recurring passages (alphabet_example)
+        self.alphabet_share = 0.0
         self.random_lengths = (12, 64)
         self.vocab = len(tok)
         self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -170,6 +172,43 @@ class Batcher:
         ans = [0.0] * n
         for i in range(b + 2, b + m):
             ans[i] = 1.0
+        return ids, w, ans
+
+    def alphabet_example(self, n: int):
+        """Text in which passages written with a few random "words" recur.
+
+        Each segment of the window (one per 1,024 tokens) holds a passage drawn from its own
+        small vocabulary of 4-12 random words of 1-3 tokens, and later a verbatim run of it
+        from a random place. In such a passage every word, and most pairs of words, occur many
+        times with different continuations, so the recurrence can only be copied by matching
+        the last several tokens written, not the last one or two: the dense form of the
+        "short-suffix jump" by which the target lost its place in long documents. The first
+        6 tokens of a run, where even a perfect copier cannot yet know its place, carry no
+        copy loss.
+        """
+        ids, w = self.lm_example(n)
+        ans = [0.0] * n
+        segments = max(1, n // 1024)
+        size = n // segments
+        for s in range(segments):
+            lo = s * size + (1 if s == 0 else 0)
+            hi = (s + 1) * size
+            span = hi - lo
+            m = self.rng.randint(min(48, span // 4), max(min(48, span // 4), min(256, span // 3)))
+            words = [[self.rng.randrange(len(SPECIALS), self.vocab) for _ in range(self.rng.randint(1, 3))]
+                     for _ in range(self.rng.randint(4, 12))]
+            passage: list[int] = []
+            while len(passage) < m:
+                passage += self.rng.choice(words)
+            passage = passage[:m]
+            r = self.rng.randint(min(24, m), m)
+            off = self.rng.randint(0, m - r)
+            a = self.rng.randint(lo, lo + span - m - r)
+            b = self.rng.randint(a + m, lo + span - r)
+            ids[a:a + m] = passage
+            ids[b:b + r] = passage[off:off + r]
+            for i in range(b + 6, b + r):
+                ans[i] = 1.0
         return ids, w, ans
 
     def induction_batch(self, b: int, n: int):
@@ -268,6 +307,8 @@ class Batcher:
                 x, w, a = self.repeat_example(n)
             elif r < self.copy_share + self.repeat_share + self.random_share:
                 x, w, a = self.repeat_example(n, random_tokens=True)
+            elif r < self.copy_share + self.repeat_share + self.random_share + self.alphabet_share:
+                x, w, a = self.alphabet_example(n)
             else:
                 x, w = self.lm_example(n)
                 a = [0.0] * n
@@ -549,6 +590,9 @@ def main(argv=None) -> int:
     p.add_argument("--ambiguous-weight", type=float, default=1.0,
                    help="loss weight of copy-answer tokens whose last 3 tokens occur earlier in the document "
                         "with another continuation (default 1: no emphasis)")
+    p.add_argument("--alphabet-share", type=float, default=0.0,
+                   help="share of language-phase windows holding recurring passages written with a few random "
+                        "words, copyable only by matching long suffixes (in the long phase at most 0.2; default 0)")
     p.add_argument("--long-steps", type=int, default=120, help="then steps of long windows (--long-shape)")
     p.add_argument("--long-shape", default="1x4096", help="batch x length of the long steps (default 1x4096)")
     p.add_argument("--peak-lr", type=float, default=1e-3,
@@ -613,6 +657,9 @@ def main(argv=None) -> int:
         p.error(f"--ambiguous-weight: expected a positive weight, got {a.ambiguous_weight}")
     if not 0.0 <= a.copy_share <= 1.0:
         p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
+    if not 0.0 <= a.alphabet_share <= 1.0 - a.copy_share:
+        p.error(f"--alphabet-share: expected a share between 0 and 1 - --copy-share ({1.0 - a.copy_share:g}), "
+                f"got {a.alphabet_share}")
     if a.quick:
         a.out = a.work / "quick"
         a.induction_steps, a.language_steps, a.long_steps, a.draft_steps = 3, 4, 2, 4
@@ -662,10 +709,13 @@ def main(argv=None) -> int:
         #    of language with copy tasks mixed in); 2. language with copy tasks, recurring passages
         #    and random strings kept in every batch so copying is not forgotten, PoSE position
         #    jumps; 3. long windows.
-        recurring = min(0.35, 1.0 - a.copy_share)  # recurring passages and random strings, 4 : 3; the rest plain
+        # recurring passages and random strings, 4 : 3; then small-vocabulary passages; the rest plain
+        recurring = min(0.35, 1.0 - a.copy_share - a.alphabet_share)
         language = dict(copy_share=a.copy_share, repeat_share=recurring * 4 / 7, random_share=recurring * 3 / 7,
-                        pose_share=0.5, random_lengths=(12, 64))
-        long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
+                        alphabet_share=a.alphabet_share, pose_share=0.5, random_lengths=(12, 64))
+        # in the long phase small-vocabulary passages take the place of plain windows (0.2)
+        long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, alphabet_share=min(0.2, a.alphabet_share),
+                    pose_share=0.3, random_lengths=(16, 100))
         for mixture in (language, long):
             mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share,
                            ambiguous_weight=a.ambiguous_weight)
@@ -688,7 +738,7 @@ def main(argv=None) -> int:
             "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers,
             "new_layer_lr_scale": a.new_layer_lr_scale, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
-            "ambiguous_weight": a.ambiguous_weight,
+            "ambiguous_weight": a.ambiguous_weight, "alphabet_share": a.alphabet_share,
             "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,

@@ -200,3 +200,50 @@ def test_weighted_answer_tokens_stay_out_of_the_language_model_loss():
     assert torch.allclose(lm, nll[:2].mean())
     assert torch.allclose(ans, (nll[2] + 5 * nll[3] + nll[4]) / 7)
     assert n == 7
+
+
+def test_small_vocabulary_passages_recur_verbatim_and_only_long_suffixes_place_the_copy():
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    texts = [_text(s) for s in range(6)]
+    stream = np.asarray(tok("\n".join(texts))["input_ids"], dtype=np.int32)
+    b = train_demo_models.Batcher(tok, texts, stream, 3, copy_share=0.0, pose_share=0.0)
+    for n in (64, 1024, 4096):
+        ids, lm_w, ans = b.alphabet_example(n)
+        assert len(ids) == len(lm_w) == len(ans) == n and ids[0] == tok.bos_token_id
+        answered = [i for i, a in enumerate(ans) if a > 0]
+        assert answered and set(ans) == {0.0, 1.0}
+        # runs of answer tokens: one per 1,024-token segment
+        runs = [[answered[0]]]
+        for i in answered[1:]:
+            (runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i]))
+        assert len(runs) == max(1, n // 1024)
+        for run in runs:
+            start, end = run[0] - 6, run[-1] + 1
+            piece = ids[start:end]
+            # the run copies a passage that occurs earlier, verbatim
+            earlier = [j for j in range(start - len(piece) + 1) if ids[j:j + len(piece)] == piece]
+            assert earlier, "the recurring run must occur earlier in the window"
+            # from at most 12 words of at most 3 tokens
+            assert len(set(piece)) <= 36
+    # in the first segment's run, the last token written often has another continuation
+    # earlier (at word boundaries): copying on the last token alone goes astray there
+    flagged = total = 0
+    for _ in range(8):
+        ids, _, ans = b.alphabet_example(1024)
+        run = [i for i, a in enumerate(ans) if a > 0]
+        total += len(run)
+        flagged += len(set(run) & set(train_demo_models.ambiguous_positions(ids, run[0], context=1)))
+    assert flagged >= total / 4
+
+
+def test_alphabet_share_goes_into_the_mixture_and_bad_shares_are_refused(capsys):
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    texts = [_text(s) for s in range(6)]
+    stream = np.asarray(tok("\n".join(texts))["input_ids"], dtype=np.int32)
+    b = train_demo_models.Batcher(tok, texts, stream, 4, copy_share=0.0, pose_share=0.0)
+    b.alphabet_share = 1.0
+    _, _, _, ans = b.batch(2, 1024)
+    assert (ans.sum(1) > 0).all()
+    with pytest.raises(SystemExit):
+        train_demo_models.main(["--copy-share", "0.8", "--alphabet-share", "0.3"])
+    assert "--alphabet-share: expected a share between 0 and 1 - --copy-share" in capsys.readouterr().err
