@@ -211,6 +211,13 @@ class Batcher:
                 ans[i] = 1.0
         return ids, w, ans
 
+    def alphabet_batch(self, b: int, n: int):
+        """A batch of alphabet_example windows (contiguous positions), for a copy-only phase."""
+        rows = [self.alphabet_example(n) for _ in range(b)]
+        t = torch.tensor
+        return (t([r[0] for r in rows]), torch.arange(n).expand(b, n), t([r[1] for r in rows]),
+                t([r[2] for r in rows]))
+
     def induction_batch(self, b: int, n: int):
         """Short windows of random tokens in which a stretch recurs verbatim at a random distance.
 
@@ -414,11 +421,12 @@ def copy_only_loss(model, ids, pos, ans_w):
 
 
 def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_layers=(), fast_scale=1.0):
-    """phases: dicts with steps, batch, length and either kind="induction" or a mixture.
+    """phases: dicts with steps, batch, length and either a kind ("induction", "alphabet") or a mixture.
 
-    The induction phase (random-token recurrences, loss on the copy only) runs at a constant
-    learning rate after a short warm-up and ends early once the copy loss has fallen below
-    `stop_below` (mean of the last 50 steps). The other phases share one cosine schedule.
+    The induction and alphabet phases (random-token recurrences, small-vocabulary passages;
+    loss on the copy only) run at a constant learning rate after a short warm-up and end
+    early once the copy loss has fallen below `stop_below` (mean of the last 50 steps). The
+    other phases share one cosine schedule.
     The layers in `fast_layers` (new layers of a grown target) learn at `fast_scale` times
     the learning rate of the rest. Returns the per-phase history (steps run, final losses)
     for the model card.
@@ -428,20 +436,21 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
     for name, param in model.named_parameters():
         groups[any(name.startswith(f) for f in fast)]["params"].append(param)
     opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
-    main_total = sum(ph["steps"] for ph in phases if ph.get("kind") != "induction")
+    main_total = sum(ph["steps"] for ph in phases if ph.get("kind") is None)
     main_step, step, t0 = 0, 0, time.time()
     report = []
     model.train()
     for ph in phases:
         hist = []
         b, n = ph["batch"], ph["length"]
-        induction = ph.get("kind") == "induction"
+        induction = ph.get("kind") is not None  # a copy-only phase
+        make_batch = batcher.alphabet_batch if ph.get("kind") == "alphabet" else batcher.induction_batch
         for k, v in ph.get("mixture", {}).items():
             setattr(batcher, k, v)
         for i in range(ph["steps"]):
             if induction:
                 lr = ph["lr"] * min(1.0, (i + 1) / 50)
-                ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in batcher.induction_batch(b, n))
+                ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in make_batch(b, n))
             else:
                 lr = lr_at(main_step, main_total, peak_lr, 20)
                 ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in batcher.batch(b, n))
@@ -470,7 +479,7 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
             if step % 200 == 0:
                 model.save_pretrained(ckpt / "latest")
             if induction and i >= 50 and np.mean([h[1] for h in hist[-50:]]) < ph["stop_below"]:
-                log(f"induction phase done after {i + 1} steps: copy loss {np.mean([h[1] for h in hist[-50:]]):.3f}")
+                log(f"{ph['name']} phase done after {i + 1} steps: copy loss {np.mean([h[1] for h in hist[-50:]]):.3f}")
                 break
         tail = hist[-50:]
         report.append({"name": ph["name"], "steps": len(hist), "max_steps": ph["steps"], "batch": b, "length": n,
@@ -577,6 +586,10 @@ def main(argv=None) -> int:
                         "(e.g. 0,1,new,2,new,3 turns 4 layers into 6 computing the same function)")
     p.add_argument("--new-layer-lr-scale", type=float, default=1.0, metavar="X",
                    help="with --init-layers, the new layers learn at X times the learning rate (default 1)")
+    p.add_argument("--alphabet-steps", type=int, default=0,
+                   help="copy-only steps on small-vocabulary recurring passages (--alphabet-shape) after the "
+                        "induction phase, at --peak-lr; ends early at a copy loss below 0.2 (default 0: none)")
+    p.add_argument("--alphabet-shape", default="32x512", help="batch x length of the alphabet steps (default 32x512)")
     p.add_argument("--language-steps", type=int, default=500, help="steps of 4 x 1024 tokens, language and copying")
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
@@ -636,8 +649,9 @@ def main(argv=None) -> int:
         layer_map = [None if e == "new" else int(e) for e in entries]
     d_layers, d_hidden, d_heads, d_inter = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
     lang_b, lang_n = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
+    alpha_b, alpha_n = dims("--alphabet-shape", a.alphabet_shape, "BATCHxLENGTH")
     long_b, long_n = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
-    if max(lang_n, long_n) > MAX_POSITION:
+    if max(lang_n, long_n, alpha_n) > MAX_POSITION:
         p.error(f"window lengths are at most {MAX_POSITION} tokens")
     if a.yarn_factor is not None and not 1.0 <= a.yarn_factor <= 16.0:
         p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
@@ -663,6 +677,7 @@ def main(argv=None) -> int:
     if a.quick:
         a.out = a.work / "quick"
         a.induction_steps, a.language_steps, a.long_steps, a.draft_steps = 3, 4, 2, 4
+        a.alphabet_steps = min(a.alphabet_steps, 2)
     a.work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
@@ -722,6 +737,8 @@ def main(argv=None) -> int:
         phases = [
             dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
                  stop_below=1.0),
+            dict(name="alphabet", kind="alphabet", steps=a.alphabet_steps, batch=alpha_b, length=alpha_n,
+                 lr=a.peak_lr, stop_below=0.2),
             dict(name="language", steps=a.language_steps, batch=lang_b, length=lang_n, mixture=language),
             dict(name="long", steps=a.long_steps, batch=long_b, length=long_n, mixture=long),
         ]
@@ -739,6 +756,7 @@ def main(argv=None) -> int:
             "new_layer_lr_scale": a.new_layer_lr_scale, "peak_lr": a.peak_lr,
             "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
             "ambiguous_weight": a.ambiguous_weight, "alphabet_share": a.alphabet_share,
+            "alphabet_steps": a.alphabet_steps, "alphabet_shape": a.alphabet_shape,
             "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
             "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
             "role": "target", "parameters": n_target,

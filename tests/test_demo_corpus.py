@@ -247,3 +247,29 @@ def test_alphabet_share_goes_into_the_mixture_and_bad_shares_are_refused(capsys)
     with pytest.raises(SystemExit):
         train_demo_models.main(["--copy-share", "0.8", "--alphabet-share", "0.3"])
     assert "--alphabet-share: expected a share between 0 and 1 - --copy-share" in capsys.readouterr().err
+
+
+def test_an_alphabet_phase_trains_on_the_copies_only_and_ends_at_its_loss_threshold(tmp_path):
+    """A copy-only phase on small-vocabulary passages: its steps count apart from the cosine
+    schedule of the language phases, it moves the weights, and it ends early once its copy
+    loss is below the threshold (here one no model misses, so after the 51 steps it needs to
+    average)."""
+    import torch
+
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    texts = [_text(s) for s in range(6)]
+    stream = np.asarray(tok("\n".join(texts))["input_ids"], dtype=np.int32)
+    b = train_demo_models.Batcher(tok, texts, stream, 6, copy_share=0.0, pose_share=0.0)
+    ids, pos, lm_w, ans = b.alphabet_batch(3, 128)
+    assert ids.shape == pos.shape == lm_w.shape == ans.shape == (3, 128)
+    assert (pos == torch.arange(128)).all() and (ans.sum(1) > 0).all()
+    torch.manual_seed(0)
+    model = train_demo_models.make_model(tok, 32, 1, 2, 64, 500_000, 16384)
+    before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+    phases = [dict(name="alphabet", kind="alphabet", steps=80, batch=2, length=96, lr=1e-3, stop_below=1e9),
+              dict(name="language", steps=2, batch=1, length=128, mixture=dict(copy_share=0.0))]
+    report = train_demo_models.train_target(model, b, phases, peak_lr=1e-3, log_every=100, ckpt=tmp_path)
+    assert [r["name"] for r in report] == ["alphabet", "language"]
+    assert report[0]["steps"] == 51 and report[0]["final_lm_loss"] is None
+    assert report[1]["steps"] == 2 and report[1]["final_lm_loss"] is not None
+    assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
