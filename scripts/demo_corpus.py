@@ -174,6 +174,40 @@ def build_corpus() -> tuple[list[Document], list[Document]]:
     return train + docstring_documents(), held
 
 
+def save_corpus(path: Path, train: list[Document], held: list[Document]) -> None:
+    """Write the corpus to one gzipped JSON-lines file (a few MB), so that training can run
+    where neither the Debian package nor this interpreter's standard library is at hand
+    (a lent GPU machine) on exactly the same text."""
+    import gzip
+    import json
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for held_out, docs in ((False, train), (True, held)):
+            for d in docs:
+                f.write(json.dumps({"name": d.name, "held_out": held_out, "text": d.text}, ensure_ascii=False) + "\n")
+
+
+def load_corpus(path: Path) -> tuple[list[Document], list[Document]]:
+    """(training, held-out) documents from a file written by save_corpus, in the saved order."""
+    import gzip
+    import json
+
+    train, held = [], []
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for k, line in enumerate(f, 1):
+                row = json.loads(line)
+                if not (isinstance(row, dict) and isinstance(row.get("name"), str) and isinstance(row.get("text"), str)):
+                    raise ValueError(f"line {k}: expected an object with a name and a text")
+                (held if row.get("held_out") else train).append(Document(row["name"], row["text"]))
+    except (OSError, EOFError, ValueError) as e:
+        raise SystemExit(f"error: {path} is not a corpus file written by --export-corpus ({e})") from None
+    if not train:
+        raise SystemExit(f"error: {path} holds no training documents")
+    return train, held
+
+
 # --------------------------------------------------------------------------------------
 # copy tasks
 # --------------------------------------------------------------------------------------

@@ -622,6 +622,11 @@ def main(argv=None) -> int:
                    help="train the target with the rope scaling it is saved with (--yarn-factor), e.g. to "
                         "fine-tune on windows longer than original_max_position_embeddings")
     p.add_argument("--device", default="cpu", help="cpu (default) or cuda (bfloat16 autocast)")
+    p.add_argument("--export-corpus", type=Path, default=None, metavar="FILE",
+                   help="write the training and held-out text to FILE (gzipped JSON lines) and stop")
+    p.add_argument("--corpus", type=Path, default=None, metavar="FILE",
+                   help="read the text from a file written by --export-corpus (e.g. on a GPU machine "
+                        "without the python3.11-doc package) instead of collecting it")
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
 
@@ -681,8 +686,17 @@ def main(argv=None) -> int:
     a.work.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
 
-    log("collecting text ...")
-    train_docs, held_docs = demo_corpus.build_corpus()
+    if a.corpus is not None:
+        log(f"text from {a.corpus} ...")
+        train_docs, held_docs = demo_corpus.load_corpus(a.corpus)
+    else:
+        log("collecting text ...")
+        train_docs, held_docs = demo_corpus.build_corpus()
+    if a.export_corpus is not None:
+        demo_corpus.save_corpus(a.export_corpus, train_docs, held_docs)
+        log(f"{len(train_docs)} training and {len(held_docs)} held-out documents written to {a.export_corpus} "
+            f"({a.export_corpus.stat().st_size / 1e6:.1f} MB)")
+        return 0
     train_texts = [d.text for d in train_docs]
     log(f"{len(train_docs)} training documents ({sum(map(len, train_texts)) / 1e6:.1f} M chars), "
         f"{len(held_docs)} held out ({sum(len(d.text) for d in held_docs) / 1e6:.2f} M chars)")

@@ -273,3 +273,18 @@ def test_an_alphabet_phase_trains_on_the_copies_only_and_ends_at_its_loss_thresh
     assert report[0]["steps"] == 51 and report[0]["final_lm_loss"] is None
     assert report[1]["steps"] == 2 and report[1]["final_lm_loss"] is not None
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_a_saved_corpus_loads_back_exactly_and_a_bad_file_is_refused_clearly(tmp_path):
+    train = [demo_corpus.Document("library/a", "Ünïcode «text»\nwith lines\n"), demo_corpus.Document("stdlib/b", "x")]
+    held = [demo_corpus.Document("tutorial/c", "held out\n")]
+    path = tmp_path / "corpus.jsonl.gz"
+    demo_corpus.save_corpus(path, train, held)
+    assert demo_corpus.load_corpus(path) == (train, held)
+    bad = tmp_path / "bad.jsonl.gz"
+    bad.write_text("not gzip")
+    with pytest.raises(SystemExit, match="not a corpus file written by --export-corpus"):
+        demo_corpus.load_corpus(bad)
+    demo_corpus.save_corpus(bad, [], held)
+    with pytest.raises(SystemExit, match="holds no training documents"):
+        demo_corpus.load_corpus(bad)
