@@ -297,14 +297,15 @@ def test_stop_ends_the_generation_mid_answer(page):
     shot(page, "05-streaming")
     t0 = time.time()
     page.click("#tf-stop")
-    stopped = wait_status(page, "Stopped after", "tok/s", timeout=60)
+    stopped = wait_status(page, "Stopped after", "tok/s", timeout=90)
     elapsed = time.time() - t0
     assert "Stopped after" in stopped, stopped
     n = int(stopped.split("Stopped after")[1].split()[0].replace(",", ""))
     # On the server a stop lands within one round (a fraction of a second); the bound leaves
-    # room for a browser that renders slowly on a loaded CI machine.
+    # room for a browser that renders slowly on a loaded 2-core machine (37 s was seen there),
+    # and stays well under the ~220 s the 2,000-token answer would take to run out by itself.
     assert 30 <= n < 2000, n
-    assert elapsed < 30, elapsed
+    assert elapsed < 90, elapsed
     time.sleep(1.0)
     assert last_answer_tokens(page).count() == n  # nothing arrives after the stop
     shot(page, "06-stopped")
