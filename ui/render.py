@@ -171,8 +171,9 @@ def context_gauge_html(
 
 def status_html(message: str, kind: str = "info", progress: float | None = None) -> str:
     """A status line (kind: info | busy | error | ok), with an optional progress bar (0..1)."""
-    bar = ""
-    if progress is not None:
+    if progress is None:  # an invisible bar: the line keeps one height with or without progress
+        bar = '<div class="tf-progress tf-idle"><div style="width:0%"></div></div>'
+    else:
         bar = f'<div class="tf-progress"><div style="width:{100.0 * max(0.0, min(1.0, progress)):.1f}%"></div></div>'
     return f'<div class="tf-status tf-{kind}" role="status">{html.escape(message)}{bar}</div>'
 
