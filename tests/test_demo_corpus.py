@@ -147,6 +147,9 @@ def test_growing_the_target_in_depth_keeps_its_function_and_the_new_layers_learn
     (["--init", "x", "--target-shape", "2x32x2x64", "--init-layers", "0,fresh"], "a layer number or 'new'"),
     (["--new-layer-lr-scale", "10"], "needs --init-layers"),
     (["--ambiguous-weight", "0"], "expected a positive weight"),
+    (["--attend-heads", "1.9", "--target-shape", "2x32x2x64"], "outside the target's 2 layers x 2 heads"),
+    (["--attend-heads", "one"], "expected comma-separated layer.head entries"),
+    (["--attend-heads", "1.0", "--attend-weight", "-1"], "expected a weight of 0 or more"),
 ])
 def test_bad_init_layers_are_refused_before_any_work(argv, message, capsys):
     with pytest.raises(SystemExit):
@@ -288,3 +291,55 @@ def test_a_saved_corpus_loads_back_exactly_and_a_bad_file_is_refused_clearly(tmp
     demo_corpus.save_corpus(bad, [], held)
     with pytest.raises(SystemExit, match="holds no training documents"):
         demo_corpus.load_corpus(bad)
+
+
+def test_copy_sources_point_at_the_document_token_each_answer_token_copies():
+    """Batcher.batch(sources=True): for every query t with a source s, the document token at
+    s is the answer's next token, and the few tokens before it match what the answer wrote."""
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    docs = [_text(s, paragraphs=60) for s in range(4)]
+    batcher = train_demo_models.Batcher(tok, docs, np.zeros(4096, dtype=np.int32), 11, copy_share=1.0,
+                                        pose_share=0.0)
+    batcher.hard_candidates, batcher.distractor_share = 4, 0.5
+    ids, pos, lm_w, ans_w, src = batcher.batch(2, 2048, sources=True)
+    assert src.shape == ids.shape
+    for r in range(2):
+        rows = (src[r] >= 0).nonzero().squeeze(-1).tolist()
+        answer_tokens = int((ans_w[r] > 0).sum())
+        assert 0.5 * answer_tokens < len(rows) < answer_tokens  # the repeated phrases are left out
+        first_answer = int((ans_w[r] > 0).nonzero()[0])
+        for t in rows:
+            s = int(src[r, t])
+            assert t + 1 >= first_answer and s < first_answer  # an answer token, a document token
+            assert ids[r, s] == ids[r, t + 1]
+            assert ids[r, s - 3:s].tolist() == ids[r, t - 2:t + 1].tolist()
+    # windows that are not copy questions have no sources
+    batcher.copy_share = 0.0
+    *_, none = batcher.batch(2, 512, sources=True)
+    assert (none == -1).all()
+
+
+def test_attention_supervision_loss_is_one_minus_the_attention_on_the_source():
+    torch = pytest.importorskip("torch")
+    tok = AutoTokenizer.from_pretrained(str(ROOT / "assets" / "models" / "target"))
+    model = train_demo_models.make_model(tok, 32, 2, 2, 64, 500_000, 16384).eval()
+    train_demo_models.capture_attention(model, {1})
+    torch.manual_seed(0)
+    ids = torch.randint(5, len(tok), (1, 40))
+    with torch.no_grad():
+        plain = model(input_ids=ids).logits
+    src = torch.full((1, 40), -1)
+    src[0, 30], src[0, 35] = 7, 20
+    loss, mass = train_demo_models.attention_supervision_loss([(1, 0), (1, 1)], src)
+    # the same numbers from the layer's own attention weights (eager attention)
+    model.config._attn_implementation = "eager"
+    with torch.no_grad():
+        out = model(input_ids=ids, output_attentions=True)
+    assert torch.allclose(out.logits, plain, atol=1e-5)  # capturing changes nothing computed
+    att = out.attentions[1][0]
+    expected = torch.stack([att[h, t, s] for h in (0, 1) for t, s in ((30, 7), (35, 20))]).mean()
+    assert torch.allclose(mass, expected, atol=1e-5)
+    assert torch.allclose(loss, 1 - expected, atol=1e-5)
+    # nothing to supervise: zero, not an error
+    zero, _ = train_demo_models.attention_supervision_loss([(1, 0)], torch.full((1, 40), -1))
+    assert zero.item() == 0.0
