@@ -175,6 +175,8 @@ class Batcher:
         # loss weight of answer tokens whose last three tokens also occur earlier in the
         # conversation followed by another token (ambiguous_positions); 1: no emphasis
         self.ambiguous_weight = 1.0
+        # the attention sources of the last copy_example (copy_sources), for batch(sources=True)
+        self.last_sources: list[int] | None = None
         self.torch_rng = torch.Generator().manual_seed(seed)
 
     def positions(self, n: int) -> list[int]:
