@@ -423,10 +423,10 @@ def attention_supervision_loss(heads, src: torch.Tensor) -> tuple[torch.Tensor, 
         if rows.numel() == 0:
             continue
         target = src[b, rows]
+        future = torch.arange(src.shape[1], device=src.device)[None, :] > rows[:, None]
         for layer, head in heads:
             q, k = _CAPTURED[layer]
             scores = (q[b, head, rows].float() @ k[b, head].float().T) * q.shape[-1] ** -0.5
-            future = torch.arange(k.shape[2], device=src.device)[None, :] > rows[:, None]
             logp = scores.masked_fill(future, float("-inf")).log_softmax(-1)
             picked = logp.gather(-1, target[:, None]).squeeze(-1)
             mass.append(picked.exp())
@@ -556,7 +556,7 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
                 ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in make_batch(b, n))
             else:
                 lr = lr_at(main_step, main_total, peak_lr, 20)
-                ids, pos, lm_w, ans_w, src = (t.to(DEVICE) for t in batcher.batch(b, n, sources=True))
+                ids, pos, lm_w, ans_w, *src = (t.to(DEVICE) for t in batcher.batch(b, n, sources=supervise))
             for g in opt.param_groups:
                 g["lr"] = lr * g["scale"]
             if induction:
@@ -568,7 +568,7 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
                 lm, ans, n_ans = lm_losses(logits, ids, lm_w, ans_w)
                 loss = lm + (ans if n_ans > 0 else 0.0)
                 if supervise:
-                    att, att_mass = attention_supervision_loss(attend_heads, src)
+                    att, att_mass = attention_supervision_loss(attend_heads, src[0])
                     loss = loss + attend_weight * att
                     _CAPTURED.clear()
                 main_step += 1
