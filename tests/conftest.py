@@ -72,6 +72,23 @@ KINDS = {
 DRAFT_OVERRIDES = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    """Under `--dist loadgroup`, tests marked `xdist_group` must really share a worker.
+
+    pytest-xdist groups them by appending "@group" to their node ids; a pytest that ignores
+    that (9.2 does) spreads the browser tests over both workers, each starting its own app and
+    Chromium, and they turn slow and flaky instead of failing. Fail them here, saying why.
+    """
+    if getattr(item.config.option, "loadgroup", False) and item.get_closest_marker("xdist_group"):
+        if "@" not in item.nodeid:
+            pytest.fail(
+                f"pytest {pytest.__version__} ignores pytest-xdist's xdist_group marks, so these tests "
+                "would not share one worker; install the versions pinned in requirements-dev.txt",
+                pytrace=False,
+            )
+
+
 def make_hf(kind: str, seed: int = 0, **overrides):
     config_cls, model_cls, kind_overrides = KINDS[kind]
     torch.manual_seed(seed)

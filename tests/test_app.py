@@ -303,11 +303,13 @@ def test_stop_ends_the_generation_mid_answer(page):
     assert streamed_tokens(page) > seen  # still streaming
     assert len(places) == 1, places
     shot(page, "05-streaming")
-    t0 = time.time()
+    t0, shown = time.time(), streamed_tokens(page)
     stop.click()
     stopped = wait_status(page, "Stopped after", "tok/s", timeout=90)
     elapsed = time.time() - t0
-    assert "Stopped after" in stopped, stopped
+    # If this fails, the page showed `shown` tokens at the click while the server had already
+    # finished: the browser lagged the stream by (2000 - shown) tokens' worth of time.
+    assert "Stopped after" in stopped, (stopped, f"{shown} tokens shown at the click, {elapsed:.1f} s before")
     n = int(stopped.split("Stopped after")[1].split()[0].replace(",", ""))
     # On the server a stop lands within one round (a fraction of a second); the bound leaves
     # room for a browser that renders slowly on a loaded 2-core machine, and stays well under
