@@ -73,20 +73,32 @@ def _chat_prompt(engine, question: str, document: str = "") -> list[int]:
     return ChatSession(engine, document).prompt_ids(question)
 
 
-def test_triforce_on_the_shipped_pair_equals_hf_greedy(engine):
+@pytest.mark.parametrize("lookup", [True, False], ids=["default", "paper"])
+def test_triforce_on_the_shipped_pair_equals_hf_greedy(engine, lookup):
+    """A quote question: the default (lookup on) copies the passage in long lookup runs."""
     document = SAMPLE.read_text(encoding="utf-8")[:6000]
     prompt = _chat_prompt(engine, "What follows «Classes provide a means of bundling»?", document)
+    new = 48
     config = GenerationConfig(
         cache=CacheConfig(budget=512, chunk_size=16, draft_window=128, draft_sinks=16),
-        speculation=SpeculationConfig(mode="triforce", max_new_tokens=24, ignore_eos=True),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=new, ignore_eos=True, lookup=lookup),
     )
     result = engine.run(prompt, config)
     hf = AutoModelForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32)
     x = torch.tensor([prompt])
-    ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=24, do_sample=False,
+    ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=new, do_sample=False,
                       eos_token_id=None, pad_token_id=0)[0, len(prompt):].tolist()
     assert result.token_ids == ref
-    assert set(result.levels) <= {"draft", "retrieval", "target"}
+    s = result.stats
+    if lookup:
+        assert set(result.levels) <= {"lookup", "draft", "retrieval", "target"}
+        # The target quotes the document: lookup runs carry most tokens and grow past gamma2.
+        assert s.committed_by_level["lookup"] > new // 2, s.committed_by_level
+        assert s.acceptance_by_proposer["lookup:target"] > 0.5, s.acceptance_by_proposer
+        assert s.rounds < new / 6, s.rounds
+    else:
+        assert set(result.levels) <= {"draft", "retrieval", "target"}
+        assert "lookup" not in s.level_seconds
 
 
 def test_cli_defaults_to_the_embedded_pair():

@@ -53,8 +53,10 @@ def _assert_same(got: list[int], ref: list[int], gaps: list[float]) -> None:
             return  # a genuine tie: the continuations legitimately differ from here on
 
 
-def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE) -> GenerationConfig:
-    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True)
+def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE, lookup: bool = False, **spec_kw) -> GenerationConfig:
+    """Lookup is off unless asked: these tests are about the model levels' acceptance."""
+    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, lookup=lookup,
+                             **spec_kw)
     return GenerationConfig(speculation=spec, cache=cache)
 
 
@@ -71,10 +73,11 @@ CASES = [(k, (2, 6)) for k in TARGETS] + [("llama_gqa_llama3", g) for g in GAMMA
 
 @pytest.mark.parametrize("kind,gammas", CASES, ids=[f"{k}-g{g[0]}-{g[1]}" for k, g in CASES])
 @pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
-def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas):
+@pytest.mark.parametrize("lookup", [False, True], ids=["paper", "lookup"])
+def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, lookup):
     """A random draft and a sparse retrieval cache: most proposals are rejected."""
     _, t, d, ids, ref, gaps = _setup(kind)
-    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas))
+    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas, lookup=lookup))
     _assert_same(res.token_ids, ref, gaps)
     assert res.stats.new_tokens == NEW
     assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
@@ -123,3 +126,43 @@ def test_no_refresh_and_frequent_refresh_agree():
         res = TriForceEngine(t, d).run(ids, _config("triforce", 2, 6, cache))
         _assert_same(res.token_ids, ref, gaps)
         assert (res.stats.refreshes == 0) == (every == 0)
+
+
+# -- context lookup -------------------------------------------------------------------------
+LOOKUP_COMBOS = [
+    ("lookup", {}),
+    ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
+    ("triforce", {"small_draft": False}),  # lookup, else the retrieval level drafts alone
+    ("retrieval", {}),
+    ("draft", {}),
+]
+
+
+def _looping_prompt(kind: str) -> tuple[list[int], list[int], list[float]]:
+    """A prompt that repeats itself, and HF's greedy continuation of it: lookup finds matches
+    everywhere, and the random target sometimes follows them and sometimes not."""
+    target, *_ = _setup(kind)
+    base = torch.randint(3, target.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
+    ids = torch.cat([base, base[:30], base, base[:20]])
+    with torch.no_grad():
+        out = target.generate(ids[None], attention_mask=torch.ones(1, len(ids), dtype=torch.long), do_sample=False,
+                              max_new_tokens=NEW, eos_token_id=None, pad_token_id=0, output_logits=True,
+                              return_dict_in_generate=True)
+    ref = out.sequences[0, len(ids):].tolist()
+    gaps = [float(l[0].topk(2).values[0] - l[0].topk(2).values[1]) for l in out.logits]
+    return ids.tolist(), ref, gaps
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(e) or 'default'}" for m, e in LOOKUP_COMBOS])
+def test_lookup_combinations_match_hf(kind, mode, extra):
+    """Every proposer combination the defaults can use, on a self-repeating prompt and a random one."""
+    _, t, d, ids, ref, gaps = _setup(kind)
+    loop_ids, loop_ref, loop_gaps = _looping_prompt(kind)
+    engine = TriForceEngine(t, d)
+    for g1, g2 in GAMMAS:
+        res = engine.run(loop_ids, _config(mode, g1, g2, lookup=True, lookup_max=16, **extra))
+        _assert_same(res.token_ids, loop_ref, loop_gaps)
+        assert res.stats.proposed_by_proposer.get("lookup:target", 0) > 0  # lookup really proposed
+    res = engine.run(ids, _config(mode, 2, 6, lookup=True, **extra))
+    _assert_same(res.token_ids, ref, gaps)

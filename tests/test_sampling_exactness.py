@@ -22,7 +22,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import triforce_core.speculation as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core.sampling import VerifyResult, sample
+from triforce_core.sampling import VerifyResult, sample, verify_stochastic
 
 V = 16
 PROMPT_LEN = 48
@@ -66,11 +66,12 @@ def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.nd
 
 
 def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                  gammas=(2, 2)) -> np.ndarray:
+                  gammas=(2, 2), lookup: bool = False, **spec_kw) -> np.ndarray:
     _, t, d, prompt = _models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
-        speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True),
+        speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
+                                      lookup=lookup, **({"lookup_min_match": 1} if lookup else {}), **spec_kw),
         cache=CACHE,
     )
     counts = np.zeros((V, V))
@@ -92,13 +93,24 @@ def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
 
 
 def broken_verify(draft_tokens, q, p, generator):
-    """The reference implementation's bug: after a rejection, resample from p, not the residual."""
+    """The reference implementation's bug: after a rejection, resample from p, not the residual.
+
+    For a point-mass proposal (q None, context lookup) that is: resample from p without removing
+    the rejected token."""
     gamma = len(draft_tokens)
     u = torch.rand(gamma, generator=generator)
     for i, x in enumerate(draft_tokens):
-        if u[i] * q[i, x] >= p[i, x]:
+        q_x = 1.0 if q is None else q[i, x]
+        if u[i] * q_x >= p[i, x]:
             return VerifyResult(accepted=i, token=sample(p[i], generator), bonus=False)
     return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)
+
+
+def broken_lookup_only(draft_tokens, q, p, generator):
+    """Exact for model proposals; the broken residual only for lookups' point masses."""
+    if q is None:
+        return broken_verify(draft_tokens, q, p, generator)
+    return verify_stochastic(draft_tokens, q, p, generator)
 
 
 def test_levels_really_differ():
@@ -152,3 +164,42 @@ def test_negative_control_wrong_temperature_fails():
     """Sampling at T=1 must not pass as the T=0.6 law: the test distinguishes temperatures."""
     p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(0.6))
     assert p < 1e-3
+
+
+# -- context lookup: point-mass proposals ---------------------------------------------------
+# With 16 tokens, matching one token (lookup_min_match=1) finds an earlier occurrence of every
+# sequence end, so lookup proposes in the first round and, inside TriForce's middle level, in
+# later steps too (two tokens would recur in a 48-token prompt only now and then).
+LOOKUP_COMBOS = [("lookup", {}), ("triforce", {}), ("triforce", {"small_draft": False}), ("retrieval", {}), ("draft", {})]
+
+
+@pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(e) or 'default'}" for m, e in LOOKUP_COMBOS])
+def test_joint_law_with_lookup_is_exact(mode, extra):
+    p = chi2_pvalue(sample_counts(mode, 1.0, lookup=True, **extra), exact_joint(1.0))
+    assert p > 1e-3, f"{mode} {extra} with lookup: chi-square p = {p:.2e}"
+
+
+def test_lookup_really_proposes_and_is_sometimes_rejected():
+    """Power check: lookup tokens are proposed in every sample and mostly rejected, so the
+    residual rule (what the negative control breaks) decides most first tokens."""
+    _, t, d, prompt = _models()
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=1.0, seed=0),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True, gamma2=2, lookup_min_match=1),
+        cache=CACHE,
+    )
+    stats = [r.stats for r in TriForceEngine(t, d).run_samples(prompt, cfg, 200)]
+    proposed = sum(s.proposed_by_proposer.get("lookup:target", 0) for s in stats)
+    accepted = sum(s.acceptance_by_proposer.get("lookup:target", 0) * s.proposed_by_proposer.get("lookup:target", 0)
+                   for s in stats)
+    assert proposed >= 200  # at least one lookup token per sample on average
+    assert accepted / proposed < 0.8, accepted / proposed
+
+
+@pytest.mark.parametrize("mode", ["lookup", "triforce"])
+def test_negative_control_broken_lookup_residual_fails(mode, monkeypatch):
+    """A lookup rejection that resamples from p itself (not p without the rejected token)."""
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_lookup_only)
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_lookup_only))
+    p = chi2_pvalue(sample_counts(mode, 1.0, lookup=True), exact_joint(1.0))
+    assert p < 1e-3, f"a broken lookup residual was not detected in {mode} mode (p = {p:.2e})"

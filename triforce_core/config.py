@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-MODES = ("triforce", "retrieval", "draft", "autoregressive")
+MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 
 
 # Prompt length (tokens) below which speculation stops paying: the break-even context measured by
@@ -115,6 +115,16 @@ class SpeculationConfig:
 
     gamma1  tokens the small draft proposes before the retrieval level verifies them (triforce)
     gamma2  tokens the full target verifies per round (every speculative mode)
+    lookup  context lookup (`triforce_core.lookup`) proposes wherever the sequence's last
+            tokens recur in the context: at the start of a round its tokens go straight to
+            the target, inside the middle level it stands in front of the small draft.
+            Off, `triforce` is the paper's pure three-level method. Ignored by
+            `autoregressive`; mode `lookup` is lookup alone in front of the target.
+    lookup_min_match  tokens of the sequence's end that must recur for a lookup proposal
+    lookup_max  the longest lookup run the target verifies in one forward; a run starts at
+            gamma2 tokens and doubles while the target accepts all of it
+    small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
+            nothing (False: the retrieval level then drafts on its own, one token a forward)
     """
 
     mode: str = "triforce"
@@ -122,16 +132,27 @@ class SpeculationConfig:
     gamma2: int = 6
     max_new_tokens: int = 128
     ignore_eos: bool = False
+    lookup: bool = True
+    lookup_min_match: int = 2
+    lookup_max: int = 32
+    small_draft: bool = True
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
         _check(self.gamma1 >= 1, f"gamma1 must be >= 1, got {self.gamma1}")
         _check(self.gamma2 >= 1, f"gamma2 must be >= 1, got {self.gamma2}")
         _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        _check(self.lookup_min_match >= 1, f"lookup_min_match must be >= 1, got {self.lookup_min_match}")
+        _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
+        _check(self.mode != "lookup" or self.lookup, "mode 'lookup' needs lookup=True")
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.mode in ("triforce", "draft")
+        return self.mode == "draft" or (self.mode == "triforce" and self.small_draft)
+
+    @property
+    def uses_lookup(self) -> bool:
+        return self.lookup and self.mode != "autoregressive"
 
     @property
     def uses_retrieval(self) -> bool:

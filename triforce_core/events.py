@@ -6,8 +6,11 @@ A generation is a Python generator of these frozen dataclasses, in this order:
     Committed, ChunksSelected? (after a refresh), ..., and finally Finished.
 
 Levels are named after who *proposed* a token: "draft" (small model + StreamingLLM cache),
-"retrieval" (target weights over the retrieved KV slice) and "target" (the full verifier's own
-token: a residual resample or a bonus). `Verified.level` names the *verifying* level.
+"retrieval" (target weights over the retrieved KV slice), "target" (the full verifier's own
+token: a residual resample or a bonus) and, an extension of the original three, "lookup" (a
+token copied from an earlier match in the context, `triforce_core.lookup`; no model). A
+`Drafted` event may carry any proposing level; `Verified.level` names the *verifying* level
+("retrieval" or "target").
 
 To stop a generation, close the generator (`gen.close()`); the engine checks between rounds,
 so a stop takes effect within one round. No `Finished` follows a close.
@@ -18,7 +21,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
-LEVELS = ("draft", "retrieval", "target")
+LEVELS = ("lookup", "draft", "retrieval", "target")
 
 
 @dataclass(frozen=True)
@@ -49,7 +52,7 @@ class ChunksSelected:
 
 @dataclass(frozen=True)
 class Drafted:
-    level: str  # "draft" or "retrieval": who proposed the tokens
+    level: str  # "lookup", "draft" or "retrieval": who proposed the tokens
     token_ids: tuple[int, ...]
 
 
@@ -91,6 +94,11 @@ class GenerationStats:
     stop_reason: str = ""  # "eos" | "max_new_tokens"
     mode: str = ""
     reused_tokens: int = 0
+    # "proposer:verifier" -> accepted / proposed, e.g. "lookup:target", "draft:retrieval"
+    acceptance_by_proposer: dict[str, float] = field(default_factory=dict)
+    proposed_by_proposer: dict[str, int] = field(default_factory=dict)
+    level_seconds: dict[str, float] = field(default_factory=dict)  # decoding time in each level's forwards
+    level_calls: dict[str, int] = field(default_factory=dict)  # forwards (lookup: searches) per level
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)

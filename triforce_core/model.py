@@ -298,7 +298,7 @@ class DecoderModel:
 
 
 # Query rows up to which attention is computed as two matrix products (decode, verification).
-_SMALL_QUERY_ROWS = 64
+_SMALL_QUERY_ROWS = 8
 
 
 @dataclass(frozen=True)

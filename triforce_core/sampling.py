@@ -77,26 +77,36 @@ def verify_greedy(draft_tokens: list[int], p_logits: torch.Tensor) -> VerifyResu
 
 def verify_stochastic(
     draft_tokens: list[int],
-    q: torch.Tensor,
+    q: torch.Tensor | None,
     p: torch.Tensor,
     generator: torch.Generator | None,
 ) -> VerifyResult:
     """Speculative sampling.
 
     draft_tokens: gamma ids, each drawn from the matching row of q.
-    q: [gamma, V] proposer law; p: [gamma + 1, V] verifier law (row gamma is the bonus law).
+    q: [gamma, V] proposer law, or None for point masses (a proposer with no model, such as
+       context lookup: q_i puts all its mass on x_i); p: [gamma + 1, V] verifier law (row
+       gamma is the bonus law).
+
+    With a point mass the rule reads: accept x_i with probability p_i(x_i); on rejection draw
+    from p_i with x_i removed, renormalised -- which is norm(max(0, p_i - q_i)) for that q_i.
     """
     gamma = len(draft_tokens)
     if gamma:
         x = torch.tensor(draft_tokens, device=p.device)
         rows = torch.arange(gamma, device=p.device)
-        p_x, q_x = p[rows, x], q[rows, x]  # [gamma]
+        p_x = p[rows, x]  # [gamma]
+        q_x = torch.ones_like(p_x) if q is None else q[rows, x]
         u = torch.rand(gamma, generator=generator, device=p.device)
         # accept iff u < p(x)/q(x); written without the division (q(x) > 0 as x ~ q)
         rejected = (u * q_x >= p_x).nonzero()
         if rejected.numel():
             i = int(rejected[0])
-            residual = (p[i] - q[i]).clamp_min(0.0)
+            if q is None:
+                residual = p[i].clone()
+                residual[draft_tokens[i]] = 0.0
+            else:
+                residual = (p[i] - q[i]).clamp_min(0.0)
             total = float(residual.sum())
             # p == q up to rounding makes the residual vanish; then p itself is the residual law.
             law = residual / total if total > 0.0 else p[i]

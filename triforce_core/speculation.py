@@ -8,9 +8,16 @@ setting the cache length (O(1)). A *proposer* produces speculative tokens and, f
 the law each one was drawn from:
 
     autoregressive   no proposer: the target samples one token per forward
+    lookup           Lookup (context n-gram match, no model)               -> target verifies
     draft            Sampler(draft lane)                                   -> target verifies
     retrieval        Sampler(retrieval lane)                               -> target verifies
     triforce         Verifier(retrieval lane, Sampler(draft lane), gamma1) -> target verifies
+
+With `lookup` on (the default) every speculative mode first asks the context lookup: where the
+sequence's last tokens recur in the context, the round is a lookup run straight to the target
+(the target copies; a level in between could only cut the run short), and inside TriForce's
+middle level the lookup stands in front of the small draft. A lookup run starts at gamma2
+tokens and doubles, up to `lookup_max`, while the target accepts all of it.
 
 The middle level of TriForce verifies the small draft exactly (residual resampling), so each
 token it emits follows the retrieval level's law p_mid given its prefix; that law is what the
@@ -32,8 +39,9 @@ from typing import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig
-from .events import ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
+from .events import LEVELS, ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
+from .lookup import ContextIndex
 from .model import DecoderModel
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 
@@ -54,6 +62,8 @@ class Lane:
         self.covered = 0
         self.fed: list[int] = []
         self.pending: list[int] = []
+        self.seconds = 0.0  # time in decoding forwards (what a round costs at this level)
+        self.forwards = 0
 
     def sync(self, committed: list[int], spec: list[int]) -> None:
         """Make the lane's path committed + spec: keep the common prefix, drop the rest."""
@@ -72,6 +82,7 @@ class Lane:
         ids = self.pending + extra
         if not ids:
             raise RuntimeError("lane has nothing to feed")
+        t0 = time.perf_counter()
         first_row = len(self.pending) - 1 if self.pending else 0
         self.cache.reserve(len(ids))
         start = self.covered + len(self.fed)
@@ -86,6 +97,8 @@ class Lane:
         self.fed += ids
         self.pending = []
         logits = _fit_vocab(out.logits, self.vocab_size)
+        self.seconds += time.perf_counter() - t0  # CPU: synchronous; CUDA: launch + the logits' sync
+        self.forwards += 1
         return (logits, out.queries, first_row) if capture_queries else logits
 
     def commit(self, committed: list[int]) -> None:
@@ -191,18 +204,50 @@ def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
 @dataclass
 class Proposal:
     tokens: list[int]
-    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None when greedy)
+    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses)
     levels: list[str]
 
 
 @dataclass
 class _Counters:
+    """Proposed/accepted tokens by verifying level, and by (proposer, verifier) pair."""
+
     proposed: dict[str, int] = field(default_factory=dict)
     accepted: dict[str, int] = field(default_factory=dict)
+    pair_proposed: dict[str, int] = field(default_factory=dict)
+    pair_accepted: dict[str, int] = field(default_factory=dict)
 
-    def add(self, level: str, proposed: int, accepted: int) -> None:
-        self.proposed[level] = self.proposed.get(level, 0) + proposed
+    def add(self, level: str, levels: list[str], accepted: int) -> None:
+        """`levels`: the proposer of each proposed token; the first `accepted` were accepted."""
+        self.proposed[level] = self.proposed.get(level, 0) + len(levels)
         self.accepted[level] = self.accepted.get(level, 0) + accepted
+        for i, who in enumerate(levels):
+            key = f"{who}:{level}"
+            self.pair_proposed[key] = self.pair_proposed.get(key, 0) + 1
+            self.pair_accepted[key] = self.pair_accepted.get(key, 0) + (i < accepted)
+
+
+class Lookup:
+    """Context lookup as a proposer: point masses on the continuation of an earlier match."""
+
+    level = "lookup"
+
+    def __init__(self, min_match: int):
+        self.index = ContextIndex(min_match=min_match)
+        self.seconds = 0.0
+        self.calls = 0
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        t0 = time.perf_counter()
+        tokens, _ = self.index.propose(committed + spec if spec else committed, n)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        if tokens:
+            events.append(Drafted(self.level, tuple(tokens)))
+        return Proposal(tokens, None, [self.level] * len(tokens))
+
+    def commit(self, committed: list[int]) -> None:
+        self.index.extend(committed[len(self.index.tokens) :])
 
 
 class Sampler:
@@ -237,7 +282,12 @@ class Sampler:
 
 
 class Verifier:
-    """TriForce's middle level: the retrieval lane verifies the small draft, gamma1 at a time."""
+    """TriForce's middle level: the retrieval lane verifies what the levels below propose.
+
+    Below it: the context lookup where the sequence's end recurs (its whole remaining run), else
+    the small draft (gamma1 tokens), else nothing -- then the retrieval level drafts its own
+    token. Either way each emitted token follows the retrieval level's law p_mid.
+    """
 
     level = "retrieval"
     verify = staticmethod(verify_stochastic)  # the exact rule (tests swap in broken ones)
@@ -245,45 +295,60 @@ class Verifier:
     def __init__(
         self,
         lane: RetrievalLane,
-        lower: Sampler,
+        lower: Sampler | None,
         gamma1: int,
         sampling: SamplingConfig,
         generator: torch.Generator | None,
         counters: _Counters,
+        lookup: Lookup | None = None,
     ):
         self.lane = lane
         self.lower = lower
+        self.lookup = lookup
         self.gamma1 = gamma1
         self.sampling = sampling
         self.generator = generator
         self.counters = counters
+
+    def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
+        if self.lookup is not None:
+            d = self.lookup.propose(room, committed, spec, events)
+            if d.tokens:
+                return d
+        if self.lower is not None:
+            return self.lower.propose(min(self.gamma1, room), committed, spec, events)
+        return Proposal([], None, [])
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
         tokens: list[int] = []
         levels: list[str] = []
         laws: list[torch.Tensor] = []
         while len(tokens) < n:
-            # 1. The small draft proposes up to gamma1 tokens.
-            d = self.lower.propose(min(self.gamma1, n - len(tokens)), committed, spec + tokens, events)
+            # 1. The lower levels propose: a lookup run, gamma1 small-draft tokens, or nothing.
+            d = self._lower_proposal(n - len(tokens), committed, spec + tokens, events)
             # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
             self.lane.sync(committed, spec + tokens)
             logits = self.lane.advance(d.tokens)  # [g + 1, V]
-            # 3. Exact verification against p_mid.
+            # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
             if self.sampling.greedy:
                 r = verify_greedy(d.tokens, logits)
             else:
                 p_mid = warp(logits, self.sampling)
                 r = self.verify(d.tokens, d.laws, p_mid, self.generator)
                 laws.append(p_mid[: r.accepted + 1])  # the law each emitted token follows
-            self.counters.add(self.level, len(d.tokens), r.accepted)
-            events.append(_verified(self.level, d.tokens, r))
+            if d.tokens:
+                self.counters.add(self.level, d.levels, r.accepted)
+                events.append(_verified(self.level, d.tokens, r))
+            else:
+                events.append(Drafted(self.level, (r.token,)))
             tokens += d.tokens[: r.accepted] + [r.token]
             levels += d.levels[: r.accepted] + [self.level]
         law = torch.cat(laws)[:n] if laws else None
         return Proposal(tokens[:n], law, levels[:n])
 
     def commit(self, committed: list[int]) -> None:
-        self.lower.commit(committed)
+        if self.lower is not None:
+            self.lower.commit(committed)
         self.lane.commit(committed)
 
 
@@ -354,9 +419,10 @@ class Decoder:
             )
             self.small = StreamingLane(draft, scache, vocab)
         sampling = config.sampling
+        self.lookup = Lookup(spec.lookup_min_match) if spec.uses_lookup else None
         if spec.mode == "triforce":
-            lower = Sampler(self.small, "draft", sampling, generator)
-            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters)
+            lower = Sampler(self.small, "draft", sampling, generator) if self.small is not None else None
+            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup)
         elif spec.mode == "retrieval":
             self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator)
         elif spec.mode == "draft":
@@ -407,6 +473,8 @@ class Decoder:
             small.pending = self.prompt[-1:]
         if self.retrieval is not None:
             self._select(queries)
+        if self.lookup is not None:
+            self.lookup.index.reset(self.prompt)
         self._reset_counters()
         _sync_device(self.target.device)
         return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse)
@@ -467,12 +535,29 @@ class Decoder:
             elif isinstance(c, StreamingCache):
                 c.evicted = extra[0]
             lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
+        if self.lookup is not None and len(self.lookup.index.tokens) != len(self.prompt):
+            self.lookup.index.reset(self.prompt)
         self._reset_counters()
 
     def _reset_counters(self) -> None:
         self.counters = _Counters()
         if isinstance(self.proposer, Verifier):
             self.proposer.counters = self.counters
+        for lane in (self.full, self.retrieval, self.small):
+            if lane is not None:
+                lane.seconds, lane.forwards = 0.0, 0
+        if self.lookup is not None:
+            self.lookup.seconds, self.lookup.calls = 0.0, 0
+
+    def _level_times(self) -> tuple[dict[str, float], dict[str, int]]:
+        """Seconds and calls spent by each level during decoding."""
+        seconds, calls = {}, {}
+        for name, part in (("target", self.full), ("retrieval", self.retrieval), ("draft", self.small)):
+            if part is not None:
+                seconds[name], calls[name] = part.seconds, part.forwards
+        if self.lookup is not None:
+            seconds["lookup"], calls["lookup"] = self.lookup.seconds, self.lookup.calls
+        return seconds, calls
 
     # -- decoding --------------------------------------------------------------------------
     def run(self, prefilled: Prefilled) -> Iterator[Event]:
@@ -488,14 +573,18 @@ class Decoder:
         stop_reason = "max_new_tokens"
         capture = self.retrieval is not None
         text_state = _TextState(self.detokenize)
+        run = spec.gamma2  # length of the next lookup run: doubles while the target takes it all
         t0 = time.perf_counter()
         while True:
             events: list[Event] = []
-            # 1. Propose (lower levels first; they verify one another on the way).
-            if self.proposer is not None:
+            # 1. Propose: a lookup run where the sequence's end recurs in the context, else the
+            #    levels below the target (lower levels first; they verify one another on the way).
+            prop = Proposal([], None, [])
+            if self.lookup is not None:
+                prop = self.lookup.propose(min(run, spec.lookup_max), committed, [], events)
+            from_lookup = bool(prop.tokens)
+            if not from_lookup and self.proposer is not None:
                 prop = self.proposer.propose(spec.gamma2, committed, [], events)
-            else:
-                prop = Proposal([], None, [])
             # 2. The full target scores every proposed token in one forward.
             self.full.sync(committed, [])
             if capture:
@@ -513,9 +602,12 @@ class Decoder:
                 else:
                     r = _bonus_only(p[0], self.generator)
             if prop.tokens:
-                self.counters.add("target", len(prop.tokens), r.accepted)
+                self.counters.add("target", prop.levels, r.accepted)
                 events.append(_verified("target", prop.tokens, r))
-                recent_acc.append(r.accepted / len(prop.tokens))
+                if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
+                    recent_acc.append(r.accepted / len(prop.tokens))
+            if from_lookup:
+                run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.gamma2
             new = prop.tokens[: r.accepted] + [r.token]
             levels = prop.levels[: r.accepted] + ["target"]
             # 4. Stop conditions: EOS (kept in the output) and the token limit.
@@ -533,6 +625,8 @@ class Decoder:
             events.append(Committed(tuple(new), tuple(levels), text_state.push(new)))
             # 5. Every lane rolls back to the committed sequence (O(1) per cache).
             self.full.commit(committed)
+            if self.lookup is not None:
+                self.lookup.commit(committed)
             if self.proposer is not None and not done:
                 self._commit_lower(committed, since_select + len(new), recent_acc, queries if capture else None,
                                    r.accepted, events, rounds)
@@ -551,7 +645,10 @@ class Decoder:
         acceptance = {
             k: (self.counters.accepted.get(k, 0) / v if v else 0.0) for k, v in self.counters.proposed.items()
         }
-        by_level = {name: new_levels.count(name) for name in ("draft", "retrieval", "target")}
+        by_level = {name: new_levels.count(name) for name in LEVELS}
+        level_s, level_calls = self._level_times()
+        c = self.counters
+        pair_acc = {k: c.pair_accepted.get(k, 0) / v for k, v in c.pair_proposed.items() if v}
         yield Finished(
             GenerationStats(
                 prompt_tokens=n_prompt,
@@ -569,6 +666,10 @@ class Decoder:
                 stop_reason=stop_reason,
                 mode=spec.mode,
                 reused_tokens=prefilled.reused_tokens,
+                acceptance_by_proposer=pair_acc,
+                proposed_by_proposer=dict(c.pair_proposed),
+                level_seconds=level_s,
+                level_calls=level_calls,
             )
         )
 

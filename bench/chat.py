@@ -1,0 +1,292 @@
+"""The workload benchmark: chat about a long document, the way the app's users do.
+
+    python -m bench.chat                                 # bundled held-out document, greedy
+    python -m bench.chat --temperature 0.6 --json artifacts/bench/chat-t06.json
+    python -m bench.chat --document book.txt --quotes 6 --open 2 --configs triforce,autoregressive
+
+One `ChatSession` (chat template, prefix reuse) holds one conversation over the document: a
+mix of quote questions ("What follows «…»?", phrases picked from the document by `--seed`)
+and open questions. Every configuration answers every turn, in an order that rotates from
+turn to turn, on the same cached conversation (`ChatSession.rerun_last`), so a disturbance
+of the shared machine hits every configuration alike; the first one's answer stays in the
+conversation. The document is prefilled once. Figures are pooled over the turns: decode
+tokens/s = new tokens / decode seconds, its ratio to our autoregressive decoding, tokens per
+target forward, acceptance per level and per (proposer, verifier) pair, and the time of one
+round broken down by level. Greedy: every configuration's answers are compared with the
+autoregressive ones, token for token.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from triforce_core.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.engine import TriForceEngine
+from triforce_core.events import Finished
+from triforce_core.loading import default_model_names
+from triforce_core.session import ChatSession
+
+from .harness import machine_info
+
+DOCUMENT = Path(__file__).resolve().parent.parent / "assets" / "sample" / "python-tutorial-data-structures-modules.txt"
+OPEN_QUESTIONS = (
+    "What is a module?",
+    "How do I sort a list?",
+    "Explain list comprehensions.",
+    "What does the del statement do?",
+)
+
+# Named configurations: what each field differs in from the default SpeculationConfig.
+CONFIGS: dict[str, dict] = {
+    "triforce": {},  # the default: what the app and `chat` run
+    "triforce-paper": {"lookup": False, "small_draft": True},  # the paper's three levels, no lookup
+    "triforce-no-draft": {"small_draft": False},
+    "triforce-draft": {"small_draft": True},
+    "retrieval": {"mode": "retrieval"},
+    "retrieval-paper": {"mode": "retrieval", "lookup": False},
+    "draft": {"mode": "draft"},
+    "draft-paper": {"mode": "draft", "lookup": False},
+    "lookup": {"mode": "lookup"},
+    "autoregressive": {"mode": "autoregressive"},
+}
+DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
+
+
+class ChatBenchError(ValueError):
+    """Bad input: reported as one line, exit code 2."""
+
+
+def quote_questions(text: str, count: int, seed: int, words: int = 7) -> list[str]:
+    """`count` questions "What follows «phrase»?" about phrases that occur once in `text`."""
+    starts = [m.start() for m in re.finditer(r"(?<=\s)\S", text)]
+    if len(starts) < 4 * words:
+        raise ChatBenchError("the document is too short for quote questions")
+    rng = random.Random(seed)
+    out: list[str] = []
+    for _ in range(200 * max(count, 1)):
+        if len(out) == count:
+            break
+        i = rng.randrange(len(starts) - words - 1)
+        phrase = text[starts[i] : starts[i + words]].strip()
+        if "\n" in phrase or "«" in phrase or "»" in phrase or text.count(phrase) != 1:
+            continue
+        q = f"What follows «{phrase}»?"
+        if q not in out:
+            out.append(q)
+    if len(out) < count:
+        raise ChatBenchError(f"found only {len(out)} unique phrases for {count} quote questions")
+    return out
+
+
+def workload(text: str, quotes: int, open_count: int, seed: int) -> list[tuple[str, str]]:
+    """(kind, question) turns: quote and open questions interleaved, quotes first."""
+    qs = [("quote", q) for q in quote_questions(text, quotes, seed)]
+    os_ = [("open", q) for q in OPEN_QUESTIONS[:open_count]]
+    turns: list[tuple[str, str]] = []
+    while qs or os_:
+        if qs:
+            turns.append(qs.pop(0))
+        if qs:
+            turns.append(qs.pop(0))
+        if os_:
+            turns.append(os_.pop(0))
+    return turns
+
+
+def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
+    if name not in CONFIGS:
+        raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)}")
+    spec = SpeculationConfig(max_new_tokens=max_new_tokens, **CONFIGS[name])
+    return GenerationConfig(sampling=sampling, speculation=spec)
+
+
+def _answer(events) -> tuple[list[int], object]:
+    from triforce_core.events import Committed
+
+    ids: list[int] = []
+    stats = None
+    for ev in events:
+        if isinstance(ev, Committed):
+            ids += ev.token_ids
+        elif isinstance(ev, Finished):
+            stats = ev.stats
+    return ids, stats
+
+
+def _add(total: dict, stats) -> None:
+    total["new_tokens"] += stats.new_tokens
+    total["decode_s"] += stats.decode_s
+    total["rounds"] += stats.rounds
+    for key in ("proposed", "accepted", "proposed_by_proposer", "level_seconds", "level_calls"):
+        for k, v in getattr(stats, key).items():
+            total[key][k] = total[key].get(k, 0) + v
+    for k, n in stats.proposed_by_proposer.items():
+        acc = stats.acceptance_by_proposer.get(k, 0.0) * n
+        total["accepted_by_proposer"][k] = total["accepted_by_proposer"].get(k, 0) + acc
+
+
+def _empty() -> dict:
+    return {"new_tokens": 0, "decode_s": 0.0, "rounds": 0, "proposed": {}, "accepted": {},
+            "proposed_by_proposer": {}, "accepted_by_proposer": {}, "level_seconds": {}, "level_calls": {}}
+
+
+def _summary(t: dict) -> dict:
+    rounds = max(t["rounds"], 1)
+    return {
+        "tokens_per_s": t["new_tokens"] / t["decode_s"] if t["decode_s"] else 0.0,
+        "new_tokens": t["new_tokens"],
+        "decode_s": t["decode_s"],
+        "rounds": t["rounds"],
+        "tokens_per_target_forward": t["new_tokens"] / rounds,
+        "acceptance": {k: t["accepted"].get(k, 0) / v for k, v in t["proposed"].items() if v},
+        "acceptance_by_proposer": {k: t["accepted_by_proposer"].get(k, 0) / v
+                                   for k, v in t["proposed_by_proposer"].items() if v},
+        "round_ms_by_level": {k: 1e3 * v / rounds for k, v in t["level_seconds"].items()},
+        "round_ms": 1e3 * t["decode_s"] / rounds,
+        "calls_per_round": {k: v / rounds for k, v in t["level_calls"].items()},
+    }
+
+
+def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: list[str],
+        sampling: SamplingConfig, max_new_tokens: int, say=print) -> dict:
+    configs = {n: make_config(n, sampling, max_new_tokens) for n in names}
+    session = ChatSession(engine, text)
+    t0 = time.perf_counter()
+    # Warm-up: the document's prefill (shared by every turn after it) and each configuration once.
+    for i, n in enumerate(names):
+        warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
+        _answer(session.ask("Hello.", warm) if i == 0 else session.rerun_last(warm))
+    prefill_s = time.perf_counter() - t0
+    say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
+    session.clear()
+    totals = {n: _empty() for n in names}
+    kinds: dict[str, dict[str, dict]] = {}
+    rows = []
+    for k, (kind, question) in enumerate(turns):
+        order = names[k % len(names):] + names[: k % len(names)]
+        answers: dict[str, list[int]] = {}
+        row = {"kind": kind, "question": question, "tokens_per_s": {}, "new_tokens": {}}
+        for j, n in enumerate(order):
+            events = session.ask(question, configs[n]) if j == 0 else session.rerun_last(configs[n])
+            ids, stats = _answer(events)
+            answers[n] = ids
+            _add(totals[n], stats)
+            _add(kinds.setdefault(kind, {}).setdefault(n, _empty()), stats)
+            row["tokens_per_s"][n] = stats.tokens_per_s
+            row["new_tokens"][n] = stats.new_tokens
+            say(f"[chat] turn {k + 1}/{len(turns)} ({kind}) {n}: {stats.new_tokens} tokens, "
+                f"{stats.tokens_per_s:.1f} tok/s, {stats.mean_accepted:.2f} per target forward")
+        if sampling.greedy and "autoregressive" in answers:
+            ref = answers["autoregressive"]
+            row["identical_to_autoregressive"] = {n: a == ref for n, a in answers.items()}
+        row["answer"] = session.turns[-1].answer
+        rows.append(row)
+    results = {}
+    for n in names:
+        s = _summary(totals[n])
+        s["by_kind"] = {kind: _summary(per[n]) for kind, per in kinds.items()}
+        if sampling.greedy and "autoregressive" in names:
+            s["identical_to_autoregressive"] = all(r["identical_to_autoregressive"][n] for r in rows)
+        results[n] = s
+    if "autoregressive" in results:
+        base = results["autoregressive"]
+        for n, s in results.items():
+            s["speedup_vs_autoregressive"] = s["tokens_per_s"] / base["tokens_per_s"]
+            for kind, ks in s["by_kind"].items():
+                ks["speedup_vs_autoregressive"] = ks["tokens_per_s"] / base["by_kind"][kind]["tokens_per_s"]
+    return {
+        "document_tokens": session.document_tokens,
+        "turns": rows,
+        "configs": {n: {"speculation": CONFIGS[n]} for n in names},
+        "results": results,
+        "temperature": sampling.temperature,
+        "max_new_tokens": max_new_tokens,
+    }
+
+
+def print_table(report: dict, file=sys.stderr) -> None:
+    print(f"document {report['document_tokens']} tokens, {len(report['turns'])} turns, "
+          f"T={report['temperature']}, {report['max_new_tokens']} new tokens per answer", file=file)
+    print(f"{'configuration':<20}{'tok/s':>8}{'vs AR':>8}{'quote':>8}{'open':>8}{'tok/fwd':>9}{'round ms':>10}"
+          f"  identical  time per round by level (ms)", file=file)
+    for n, s in report["results"].items():
+        kinds = s["by_kind"]
+        q = kinds.get("quote", {}).get("speedup_vs_autoregressive")
+        o = kinds.get("open", {}).get("speedup_vs_autoregressive")
+        f = lambda x: f"{x:.2f}x" if x is not None else "-"  # noqa: E731
+        levels = ", ".join(f"{k} {v:.1f}" for k, v in s["round_ms_by_level"].items())
+        print(f"{n:<20}{s['tokens_per_s']:>8.1f}{f(s.get('speedup_vs_autoregressive')):>8}{f(q):>8}{f(o):>8}"
+              f"{s['tokens_per_target_forward']:>9.2f}{s['round_ms']:>10.1f}  {str(s.get('identical_to_autoregressive', '-')):<9}  {levels}",
+              file=file)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.chat", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", help="target model (default: the embedded demo target)")
+    p.add_argument("--draft", help="draft model (default: the embedded demo draft)")
+    p.add_argument("--document", type=Path, default=DOCUMENT, help="a text file (default: bundled held-out text)")
+    p.add_argument("--quotes", type=int, default=4, help="quote questions (default 4)")
+    p.add_argument("--open", type=int, default=2, help=f"open questions, at most {len(OPEN_QUESTIONS)} (default 2)")
+    p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
+    p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
+                   help=f"comma-separated, of: {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0)
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--sample-seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
+    p.add_argument("--json", type=Path, help="write the report here")
+    a = p.parse_args(argv)
+    try:
+        names = [n.strip() for n in a.configs.split(",") if n.strip()]
+        for n in names:
+            if n not in CONFIGS:
+                raise ChatBenchError(f"unknown configuration {n!r}: use a comma-separated list of {', '.join(CONFIGS)}")
+        if not names or len(set(names)) != len(names):
+            raise ChatBenchError("--configs is empty or names a configuration twice")
+        if not 0 <= a.open <= len(OPEN_QUESTIONS) or a.quotes < 0 or a.quotes + a.open == 0:
+            raise ChatBenchError(f"--quotes >= 0 and 0 <= --open <= {len(OPEN_QUESTIONS)}, not both 0")
+        if not a.document.is_file():
+            raise ChatBenchError(f"no such document: {a.document}")
+        text = a.document.read_text(encoding="utf-8", errors="replace")
+        turns = workload(text, a.quotes, a.open, a.seed)
+        sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed)
+    except (ChatBenchError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.threads:
+        torch.set_num_threads(a.threads)
+    t, d = default_model_names(a.target, a.draft)
+    engine = TriForceEngine.from_pretrained(t, d)
+    load = _load()
+    report = run(engine, text, turns, names, sampling, a.max_new_tokens, say=lambda s: print(s, file=sys.stderr))
+    report["machine"] = machine_info(engine, load, _load())
+    report["document"] = str(a.document.name)
+    print_table(report)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+def _load():
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except OSError:
+        return None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
