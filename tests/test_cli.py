@@ -22,8 +22,8 @@ from conftest import SMALL_CACHE_FLAGS
 from triforce_core.__main__ import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
-MODES = ("triforce", "retrieval", "draft", "autoregressive")
-LEVELS = {"draft", "retrieval", "target"}
+MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
+LEVELS = {"lookup", "draft", "retrieval", "target"}
 SMALL = SMALL_CACHE_FLAGS
 PROMPT_IDS = [random.Random(7).randrange(3, 97) for _ in range(100)]
 
@@ -246,15 +246,15 @@ def test_greedy_json_run(greedy_json, mode):
     assert all(isinstance(t, int) and 0 <= t < 97 for t in ids)
     assert len(levels) == len(ids)
     assert set(levels) <= LEVELS
-    allowed = {"triforce": LEVELS, "retrieval": {"retrieval", "target"}, "draft": {"draft", "target"},
-               "autoregressive": {"target"}}[mode]
+    allowed = {"triforce": LEVELS, "retrieval": {"lookup", "retrieval", "target"},
+               "draft": {"lookup", "draft", "target"}, "lookup": {"lookup", "target"}, "autoregressive": {"target"}}[mode]
     assert set(levels) <= allowed
     stats = sample["stats"]
     assert stats["mode"] == mode
     assert stats["prompt_tokens"] == len(PROMPT_IDS)
     assert stats["new_tokens"] == 20
     assert stats["stop_reason"] == "max_new_tokens"
-    assert stats["committed_by_level"] == {lvl: levels.count(lvl) for lvl in ("draft", "retrieval", "target")}
+    assert stats["committed_by_level"] == {lvl: levels.count(lvl) for lvl in LEVELS}
     assert stats["mean_accepted"] == pytest.approx(20 / stats["rounds"])
     # One sample: the summary is that sample's own figures.
     assert out["stats"] == stats

@@ -27,11 +27,14 @@ CACHE = CacheConfig(budget=32, chunk_size=4, draft_window=16)
 SAMPLINGS = {"greedy": SamplingConfig(temperature=0.0), "sampled": SamplingConfig(temperature=0.8, seed=11)}
 
 
-def make_config(mode: str, sampling: str = "greedy", ignore_eos: bool = True, max_new: int = MAX_NEW, cache=CACHE):
+def make_config(mode: str, sampling: str = "greedy", ignore_eos: bool = True, max_new: int = MAX_NEW, cache=CACHE,
+                lookup: bool = False):
+    """Lookup off unless asked: most tests here pin the structure of the paper's levels."""
     return GenerationConfig(
         sampling=SAMPLINGS[sampling],
         speculation=SpeculationConfig(
-            mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos
+            mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos, lookup=lookup,
+            lookup_max=12,
         ),
         cache=cache,
     )
@@ -369,3 +372,32 @@ def test_draft_equal_to_target_accepts_everything(engine, decoded, sampling):
     if sampling == "greedy":
         ids = [t for ev in _committed(events) for t in ev.token_ids]
         assert ids == decoded("autoregressive", "greedy")[1].token_ids
+
+
+# A prompt that repeats itself: lookup proposes in most rounds.
+LOOP_PROMPT = PROMPT[:30] * 3
+
+
+@pytest.mark.parametrize("sampling", list(SAMPLINGS))
+@pytest.mark.parametrize("mode", ["lookup", "triforce", "retrieval", "draft"])
+def test_lookup_events(engine, mode, sampling):
+    """Lookup runs: Drafted("lookup") then Verified("target") of at most lookup_max tokens;
+    inside triforce's middle level Drafted("lookup") is verified by the retrieval level; every
+    label is a known level and the stats count the lookup's proposals."""
+    config = make_config(mode, sampling, lookup=True)
+    events = list(engine.generate(LOOP_PROMPT, config))
+    drafted = [e for e in events if isinstance(e, Drafted)]
+    assert any(e.level == "lookup" for e in drafted)
+    for i, ev in enumerate(events):
+        if isinstance(ev, Drafted) and ev.level == "lookup":
+            nxt = next(e for e in events[i + 1:] if isinstance(e, Verified))
+            assert nxt.proposed == len(ev.token_ids) <= 12
+            if mode != "triforce":
+                assert nxt.level == "target"
+    labels = {lvl for ev in _committed(events) for lvl in ev.levels}
+    assert labels <= set(LEVELS)
+    stats = events[-1].stats
+    assert stats.proposed_by_proposer.get("lookup:target", 0) + stats.proposed_by_proposer.get("lookup:retrieval", 0) > 0
+    assert stats.committed_by_level == {lvl: sum(ev.levels.count(lvl) for ev in _committed(events)) for lvl in LEVELS}
+    assert set(stats.level_seconds) >= {"target", "lookup"}
+    assert stats.new_tokens == MAX_NEW

@@ -133,7 +133,7 @@ def test_acceptance_and_speed_figures():
         trace.push(ev)
     fig = acceptance_figure(trace.rounds, smooth=2)
     names = [t.name for t in fig.data]
-    assert names == ["tokens per round", "small draft accepted by retrieval", "proposals accepted by target"]
+    assert names == ["tokens per round", "lookup / small draft accepted by retrieval", "proposals accepted by target"]
     assert list(fig.data[2].y) == [0.5, 0.5, 0.5] and list(fig.data[0].y) == [3, 3, 3]
     speed = speed_figure([("this answer", 40.0), ("autoregressive", 10.0)])
     assert list(speed.data[0].x) == [40.0, 10.0]

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-LEVEL_COLOURS = {"draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
+LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
 
 
 class UsageError(Exception):
@@ -41,7 +41,7 @@ def _add_decoding_args(g, mode: bool = True) -> None:
     if mode:
         dec.add_argument(
             "--mode",
-            choices=["triforce", "retrieval", "draft", "autoregressive"],
+            choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
             help="default: autoregressive for prompts shorter than the break-even context "
             "(see README, Benchmarks), else triforce (retrieval when no draft model is available)",
         )
@@ -60,6 +60,18 @@ def _add_decoding_args(g, mode: bool = True) -> None:
     spec.add_argument("--draft-sinks", type=int, default=16, help="attention-sink tokens in the draft's cache (default 16)")
     spec.add_argument("--gamma1", type=int, default=2, help="small-draft tokens per retrieval verification (default 2)")
     spec.add_argument("--gamma2", type=int, default=6, help="tokens the target verifies per round (default 6)")
+    spec.add_argument(
+        "--no-lookup", dest="lookup", action="store_false",
+        help="turn context lookup off (with --mode triforce: the paper's pure three-level method)",
+    )
+    spec.add_argument("--lookup-max", type=int, default=32, help="longest lookup run per target forward (default 32)")
+    spec.add_argument("--lookup-min-match", type=int, default=2,
+                      help="tokens of the sequence's end that must recur for a lookup proposal (default 2)")
+    spec.add_argument(
+        "--small-draft", dest="small_draft", action=argparse.BooleanOptionalAction, default=None,
+        help="triforce: whether the small draft proposes to the retrieval level when lookup has nothing "
+        "(default: on with --no-lookup, as in the paper; otherwise the measured default, see README)",
+    )
     spec.add_argument(
         "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
     )
@@ -275,13 +287,21 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
-            ignore_eos=args.ignore_eos,
+            ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_max=args.lookup_max,
+            lookup_min_match=args.lookup_min_match, **_small_draft(args),
         ),
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
             draft_sinks=args.draft_sinks, refresh_every=args.refresh_every,
         ),
     )
+
+
+def _small_draft(args) -> dict:
+    """--small-draft/--no-small-draft when given; the paper's setting (on) with --no-lookup."""
+    if args.small_draft is not None:
+        return {"small_draft": args.small_draft}
+    return {} if args.lookup else {"small_draft": True}
 
 
 def _check_flags(args) -> None:

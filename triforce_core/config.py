@@ -124,7 +124,10 @@ class SpeculationConfig:
     lookup_max  the longest lookup run the target verifies in one forward; a run starts at
             gamma2 tokens and doubles while the target accepts all of it
     small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
-            nothing (False: the retrieval level then drafts on its own, one token a forward)
+            nothing (False: the retrieval level then drafts on its own, one token a forward).
+            Off by default: on the document-chat benchmark its tokens were accepted too rarely
+            to pay for its forwards (README, Benchmarks); the paper's setting is
+            lookup=False, small_draft=True.
     """
 
     mode: str = "triforce"
@@ -135,7 +138,7 @@ class SpeculationConfig:
     lookup: bool = True
     lookup_min_match: int = 2
     lookup_max: int = 32
-    small_draft: bool = True
+    small_draft: bool = False
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
@@ -153,6 +156,12 @@ class SpeculationConfig:
     @property
     def uses_lookup(self) -> bool:
         return self.lookup and self.mode != "autoregressive"
+
+    @property
+    def cache_margin(self) -> int:
+        """Cache slots a round may write past the committed sequence (speculation + slack)."""
+        longest = max(self.gamma2, self.lookup_max if self.uses_lookup else 0)
+        return self.gamma1 + longest + 8
 
     @property
     def uses_retrieval(self) -> bool:

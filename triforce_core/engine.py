@@ -111,7 +111,7 @@ class TriForceEngine:
     def capacity_for(prompt_len: int, config: GenerationConfig) -> int:
         """Cache slots a generation of `config` needs after a prompt of `prompt_len` tokens."""
         spec = config.speculation
-        return prompt_len + spec.max_new_tokens + spec.gamma2 + spec.gamma1 + 8
+        return prompt_len + spec.max_new_tokens + spec.cache_margin
 
     def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
         self.check_prompt(prompt_ids, config)

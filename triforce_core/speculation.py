@@ -393,7 +393,7 @@ class Decoder:
         self.detokenize = detokenize
         ts = target.spec
         vocab = target.vocab_size
-        margin = self.margin = spec.gamma1 + spec.gamma2 + 8
+        margin = self.margin = spec.cache_margin
         if full_cache is None:
             full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, target.dtype, target.device)
         else:
@@ -580,8 +580,9 @@ class Decoder:
             # 1. Propose: a lookup run where the sequence's end recurs in the context, else the
             #    levels below the target (lower levels first; they verify one another on the way).
             prop = Proposal([], None, [])
-            if self.lookup is not None:
-                prop = self.lookup.propose(min(run, spec.lookup_max), committed, [], events)
+            longest = min(run, spec.lookup_max, spec.max_new_tokens - len(new_levels) - 1)  # no rows past the end
+            if self.lookup is not None and longest > 0:
+                prop = self.lookup.propose(longest, committed, [], events)
             from_lookup = bool(prop.tokens)
             if not from_lookup and self.proposer is not None:
                 prop = self.proposer.propose(spec.gamma2, committed, [], events)

@@ -77,6 +77,7 @@ class Settings:
     gamma2: int = 6
     draft_window: int = 240
     seed: int | None = None
+    lookup: bool = True  # off: the paper's pure three levels (small draft -> retrieval -> target)
 
     def config(self) -> GenerationConfig:
         return GenerationConfig(
@@ -85,7 +86,8 @@ class Settings:
                 seed=None if self.seed is None or self.seed < 0 else int(self.seed),
             ),
             speculation=SpeculationConfig(
-                mode=self.mode, gamma1=int(self.gamma1), gamma2=int(self.gamma2), max_new_tokens=int(self.max_new_tokens)
+                mode=self.mode, gamma1=int(self.gamma1), gamma2=int(self.gamma2), max_new_tokens=int(self.max_new_tokens),
+                lookup=bool(self.lookup) or self.mode == "lookup", small_draft=not self.lookup,
             ),
             cache=CacheConfig(budget=int(self.budget), chunk_size=int(self.chunk_size), draft_window=int(self.draft_window)),
         )
@@ -198,7 +200,7 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
     rows = [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}"),
             ("mean accepted length", f"{t.mean_accepted():.2f} tokens per target forward")]
     for level, value in t.acceptance().items():
-        name = "small draft → retrieval" if level == "retrieval" else "proposals → target"
+        name = "lookup / small draft → retrieval" if level == "retrieval" else "proposals → target"
         rows.append((f"acceptance, {name}", f"{value:.2f}"))
     if t.prefill is not None:
         rows.append(("prefill", f"{t.prefill.tokens:,} tokens in {t.prefill.seconds:.2f}s ({t.prefill.reused_tokens:,} reused)"))
@@ -240,7 +242,7 @@ def build_app(
     window = engine.context_window
     max_bytes = max_upload_mb * 1_000_000
     api_sessions: OrderedDict[str, ChatSession] = OrderedDict()
-    modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "autoregressive")]
+    modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
 
     def new_user() -> UserState:
         return UserState(ChatSession(engine))
@@ -560,6 +562,8 @@ def build_app(
                         draft_window = gr.Slider(16, 2048, value=defaults.draft_window, step=16, label="Draft window")
                         seed = gr.Number(value=-1 if defaults.seed is None else defaults.seed,
                                          label="Seed (sampling; -1 = random)", precision=0)
+                        lookup = gr.Checkbox(defaults.lookup, label="Context lookup (off: the paper's three levels)",
+                                             elem_id="tf-lookup")
             with gr.Column(scale=2, min_width=360):
                 map_plot = gr.Plot(retrieval_map_figure(None), label="Retrieval map", elem_id="tf-map")
                 passages = gr.HTML(passages_html([]), elem_id="tf-passages")
@@ -573,7 +577,7 @@ def build_app(
             api_answer = gr.Textbox(label="answer")
             api_btn = gr.Button("chat")
 
-        settings_inputs = [mode, temperature, top_p, max_new, budget, chunk, gamma1, gamma2, draft_window, seed]
+        settings_inputs = [mode, temperature, top_p, max_new, budget, chunk, gamma1, gamma2, draft_window, seed, lookup]
         streamed = [user_state, chat, status, map_plot, passages, acc_plot, speed_plot, stats, gauge_html]
         doc_outputs = [user_state, docinfo, gauge_html, status, chat, map_plot]
 
@@ -597,7 +601,7 @@ def build_app(
 
 
 SETTING_NAMES = ["mode", "temperature", "top_p", "max_new_tokens", "budget", "chunk_size", "gamma1", "gamma2",
-                 "draft_window", "seed"]
+                 "draft_window", "seed", "lookup"]
 
 
 def launch_options(host: str = "127.0.0.1", port: int = 7860, max_upload_mb: int = MAX_UPLOAD_MB) -> dict:

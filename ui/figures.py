@@ -140,7 +140,7 @@ def acceptance_figure(rounds: Sequence[RoundStats], smooth: int = 8) -> go.Figur
             window = ratios[max(0, i - smooth + 1) : i + 1]
             acc, prop = sum(a for a, _ in window), sum(p for _, p in window)
             ys.append(acc / prop if prop else None)
-        name = "small draft accepted by retrieval" if level == "retrieval" else "proposals accepted by target"
+        name = "lookup / small draft accepted by retrieval" if level == "retrieval" else "proposals accepted by target"
         fig.add_trace(go.Scatter(x=x, y=ys, mode="lines", name=name, line=dict(color=colour, width=2)))
     fig.update_layout(
         title=dict(text=f"{title} (moving average over {smooth} rounds)"),

@@ -1,8 +1,8 @@
 """Events -> coloured text. Pure functions: the same events always give the same output.
 
-Each committed token is coloured by the level that proposed it: the small draft, the retrieval
-draft (target weights over the retrieved KV chunks) or the full target (its own token after a
-rejection, or a bonus). Rendering reads only `Committed` events; nothing is re-derived from text.
+Each committed token is coloured by the level that proposed it: the context lookup (copied
+from an earlier match in the context), the small draft, the retrieval draft (target weights
+over the retrieved KV chunks) or the full target (its own token after a rejection, or a bonus). Rendering reads only `Committed` events; nothing is re-derived from text.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from triforce_core.events import Committed, Event
 
 # level -> (label, background colour for HTML, ANSI colour for terminals)
 LEVEL_STYLE = {
+    "lookup": ("context lookup", "#f7e6b0", "\x1b[33m"),
     "draft": ("small draft", "#c8f7c5", "\x1b[32m"),
     "retrieval": ("retrieval draft", "#c5dcf7", "\x1b[34m"),
     "target": ("full target", "#f7c5c5", "\x1b[31m"),

@@ -9,8 +9,8 @@
 - `prefill` and `stats` (the `Prefilled` and `Finished` payloads).
 
 How rejected tokens are placed. In one round the retrieval level builds a speculation
-out of the small draft's proposals (`Drafted("draft")` then `Verified("retrieval")`); a small-draft
-token it rejects belonged at a known offset of that speculation. The target then verifies
+out of the lower levels' proposals (`Drafted("lookup")` or `Drafted("draft")`, then
+`Verified("retrieval")`) and its own tokens (`Drafted("retrieval")`); a lower-level token it rejects belonged at a known offset of that speculation. The target then verifies
 the speculation (`Verified("target")`): its rejected tail starts at offset `accepted`. The
 round's `Committed` tokens are speculation[:accepted] plus the target's own token, so both
 kinds of rejection can be drawn where they happened, struck through, before the token that
@@ -31,7 +31,7 @@ from .render import TokenSplitter
 class Segment:
     kind: str  # "token" (committed), "rejected" (a discarded proposal) or "round" (a round begins)
     text: str = ""
-    level: str = ""  # who proposed it: draft | retrieval | target
+    level: str = ""  # who proposed it: lookup | draft | retrieval | target
     note: str = ""  # hover text
 
 
@@ -78,8 +78,8 @@ class AnswerTrace:
             self.selections.append(ev)
         elif isinstance(ev, Drafted):
             self._drafted = ev
-            if ev.level == "retrieval":  # retrieval mode: the target verifies these directly
-                self._spec = [(t, "retrieval") for t in ev.token_ids]
+            if ev.level == "retrieval":  # the retrieval level's own tokens join the speculation
+                self._spec += [(t, "retrieval") for t in ev.token_ids]
         elif isinstance(ev, Verified):
             self._count(ev)
             if ev.level == "retrieval":
@@ -102,10 +102,11 @@ class AnswerTrace:
 
     def _verified_by_retrieval(self, ev: Verified) -> None:
         drafted = self._drafted.token_ids if self._drafted is not None else ev.rejected_ids
+        lower = self._drafted.level if self._drafted is not None else "draft"  # lookup or small draft
         base = len(self._spec)
         if ev.rejected_ids:
-            self._inline.setdefault(base + ev.accepted, []).extend((t, "draft") for t in ev.rejected_ids)
-        self._spec += [(t, "draft") for t in drafted[: ev.accepted]]
+            self._inline.setdefault(base + ev.accepted, []).extend((t, lower) for t in ev.rejected_ids)
+        self._spec += [(t, lower) for t in drafted[: ev.accepted]]
         extra = ev.resampled_id if ev.resampled_id is not None else ev.bonus_id
         if extra is not None:
             self._spec.append((extra, "retrieval"))
@@ -120,7 +121,7 @@ class AnswerTrace:
         self.segments.append(Segment("round", note=title))
         for i, (text, level) in enumerate(self._splitter.push(ev)):
             for tok, lvl in self._inline.get(i, []) if i <= accepted else []:
-                self.segments.append(Segment("rejected", self._piece(tok), lvl, "small-draft token rejected by the retrieval level"))
+                self.segments.append(Segment("rejected", self._piece(tok), lvl, f"{lvl} token rejected by the retrieval level"))
             if i == accepted:
                 for tok, lvl in rejected_tail:
                     self.segments.append(Segment("rejected", self._piece(tok), lvl, "proposal rejected by the full target"))
