@@ -48,8 +48,9 @@ OPEN_QUESTIONS = (
 # Named configurations: what each field differs in from the default SpeculationConfig.
 CONFIGS: dict[str, dict] = {
     "triforce": {},  # the default: what the app and `chat` run
-    "triforce-paper": {"lookup": False, "small_draft": True},  # the paper's three levels, no lookup
+    "triforce-paper": {"lookup": False, "small_draft": True, "min_confidence": 0.0},  # the paper's three levels
     "triforce-no-draft": {"small_draft": False},
+    "triforce-fixed-gamma": {"min_confidence": 0.0},
     "triforce-draft": {"small_draft": True},
     "retrieval": {"mode": "retrieval"},
     "retrieval-paper": {"mode": "retrieval", "lookup": False},

@@ -81,7 +81,8 @@ def test_triforce_on_the_shipped_pair_equals_hf_greedy(engine, lookup):
     new = 48
     config = GenerationConfig(
         cache=CacheConfig(budget=512, chunk_size=16, draft_window=128, draft_sinks=16),
-        speculation=SpeculationConfig(mode="triforce", max_new_tokens=new, ignore_eos=True, lookup=lookup),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=new, ignore_eos=True, lookup=lookup,
+                                      **({} if lookup else {"small_draft": True, "min_confidence": 0.0})),
     )
     result = engine.run(prompt, config)
     hf = AutoModelForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32)

@@ -34,7 +34,7 @@ def make_config(mode: str, sampling: str = "greedy", ignore_eos: bool = True, ma
         sampling=SAMPLINGS[sampling],
         speculation=SpeculationConfig(
             mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos, lookup=lookup,
-            lookup_max=12,
+            lookup_max=12, **({} if lookup else {"small_draft": True, "min_confidence": 0.0}),
         ),
         cache=cache,
     )

@@ -55,6 +55,8 @@ def _assert_same(got: list[int], ref: list[int], gaps: list[float]) -> None:
 
 def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE, lookup: bool = False, **spec_kw) -> GenerationConfig:
     """Lookup is off unless asked: these tests are about the model levels' acceptance."""
+    if not lookup:  # the paper's levels: small draft under retrieval, a fixed gamma2
+        spec_kw = {"small_draft": True, "min_confidence": 0.0, **spec_kw}
     spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, lookup=lookup,
                              **spec_kw)
     return GenerationConfig(speculation=spec, cache=cache)

@@ -73,6 +73,11 @@ def _add_decoding_args(g, mode: bool = True) -> None:
         "(default: on with --no-lookup, as in the paper; otherwise the measured default, see README)",
     )
     spec.add_argument(
+        "--min-confidence", type=float, default=None,
+        help="triforce: the retrieval level's own token joins a speculation only with at least this probability "
+        "(default 0.5; 0 with --no-lookup: the paper's fixed gamma2)",
+    )
+    spec.add_argument(
         "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
     )
 
@@ -298,10 +303,15 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
 
 
 def _small_draft(args) -> dict:
-    """--small-draft/--no-small-draft when given; the paper's setting (on) with --no-lookup."""
-    if args.small_draft is not None:
-        return {"small_draft": args.small_draft}
-    return {} if args.lookup else {"small_draft": True}
+    """--small-draft and --min-confidence when given; with --no-lookup the paper's setting
+    (small draft on, a fixed gamma2), else the measured defaults."""
+    paper = not args.lookup
+    out = {}
+    if args.small_draft is not None or paper:
+        out["small_draft"] = args.small_draft if args.small_draft is not None else True
+    if args.min_confidence is not None or paper:
+        out["min_confidence"] = args.min_confidence if args.min_confidence is not None else 0.0
+    return out
 
 
 def _check_flags(args) -> None:

@@ -128,6 +128,10 @@ class SpeculationConfig:
             Off by default: on the document-chat benchmark its tokens were accepted too rarely
             to pay for its forwards (README, Benchmarks); the paper's setting is
             lookup=False, small_draft=True.
+    min_confidence  triforce only: the retrieval level's own token joins the speculation only
+            when its law gives it at least this probability; else the round ends there (0 =
+            always, the paper's fixed gamma2). Exact either way: a proposal's length may depend
+            on anything the proposer computed.
     """
 
     mode: str = "triforce"
@@ -139,6 +143,7 @@ class SpeculationConfig:
     lookup_min_match: int = 2
     lookup_max: int = 32
     small_draft: bool = False
+    min_confidence: float = 0.5
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
@@ -148,6 +153,7 @@ class SpeculationConfig:
         _check(self.lookup_min_match >= 1, f"lookup_min_match must be >= 1, got {self.lookup_min_match}")
         _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
         _check(self.mode != "lookup" or self.lookup, "mode 'lookup' needs lookup=True")
+        _check(0.0 <= self.min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {self.min_confidence}")
 
     @property
     def uses_draft_model(self) -> bool:

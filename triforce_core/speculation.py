@@ -301,7 +301,9 @@ class Verifier:
         generator: torch.Generator | None,
         counters: _Counters,
         lookup: Lookup | None = None,
+        min_confidence: float = 0.0,
     ):
+        self.min_confidence = min_confidence
         self.lane = lane
         self.lower = lower
         self.lookup = lookup
@@ -332,17 +334,29 @@ class Verifier:
             # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
             if self.sampling.greedy:
                 r = verify_greedy(d.tokens, logits)
+                law = logits[0].float().softmax(-1) if not d.tokens and self.min_confidence else None
             else:
                 p_mid = warp(logits, self.sampling)
                 r = self.verify(d.tokens, d.laws, p_mid, self.generator)
-                laws.append(p_mid[: r.accepted + 1])  # the law each emitted token follows
+                law = p_mid[0]
+            # 4. Drafting alone, its own token joins the speculation only when its law is sure
+            #    (max probability >= min_confidence): an unsure token would mostly be rejected,
+            #    and each speculated token costs the target a row. The test reads the law, never
+            #    the sampled token, so the kept token still follows p_mid exactly; after a lower
+            #    proposal the emitted token is always kept (dropping a residual resample would
+            #    bias the law of that position).
+            keep = bool(d.tokens) or law is None or float(law.max()) >= self.min_confidence
+            if not self.sampling.greedy:
+                laws.append(p_mid[: r.accepted + keep])  # the law each emitted token follows
             if d.tokens:
                 self.counters.add(self.level, d.levels, r.accepted)
                 events.append(_verified(self.level, d.tokens, r))
-            else:
+            elif keep:
                 events.append(Drafted(self.level, (r.token,)))
-            tokens += d.tokens[: r.accepted] + [r.token]
-            levels += d.levels[: r.accepted] + [self.level]
+            tokens += d.tokens[: r.accepted] + [r.token] * keep
+            levels += d.levels[: r.accepted] + [self.level] * keep
+            if not keep:
+                break
         law = torch.cat(laws)[:n] if laws else None
         return Proposal(tokens[:n], law, levels[:n])
 
@@ -422,7 +436,8 @@ class Decoder:
         self.lookup = Lookup(spec.lookup_min_match) if spec.uses_lookup else None
         if spec.mode == "triforce":
             lower = Sampler(self.small, "draft", sampling, generator) if self.small is not None else None
-            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup)
+            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
+                                     spec.min_confidence)
         elif spec.mode == "retrieval":
             self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator)
         elif spec.mode == "draft":
