@@ -31,7 +31,7 @@ import torch
 
 from triforce_core.config import GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Finished
+from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
 from triforce_core.session import ChatSession
 
@@ -111,8 +111,6 @@ def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> Gen
 
 
 def _answer(events) -> tuple[list[int], object]:
-    from triforce_core.events import Committed
-
     ids: list[int] = []
     stats = None
     for ev in events:
