@@ -288,6 +288,12 @@ def test_stop_ends_the_generation_mid_answer(page):
     if not page.locator("#tf-max-new input[type=number]").is_visible():
         page.get_by_text("Settings").click()
     set_number(page, "#tf-max-new", 2000)
+    # The stop must land while the answer still has far to run. With context lookup the demo
+    # pair copies the document up to 32 tokens per target forward and can finish 2,000 tokens
+    # in seconds; the paper's three levels take minutes, and the stop path is the same.
+    lookup = page.locator("#tf-lookup input[type=checkbox]")
+    lookup.uncheck()
+    assert not lookup.is_checked()
     ask(page, "Explain class variables and instance variables in detail.")
     deadline = time.time() + 240
     while streamed_tokens(page) < 30 and time.time() < deadline:
@@ -322,6 +328,7 @@ def test_stop_ends_the_generation_mid_answer(page):
     assert last_answer_tokens(page).count() == n  # nothing arrives after the stop
     shot(page, "06-stopped")
     set_number(page, "#tf-max-new", MAX_NEW)
+    lookup.check()
 
 
 def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents):
