@@ -156,7 +156,9 @@ def _summary(t: dict) -> dict:
 
 
 def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: list[str],
-        sampling: SamplingConfig, max_new_tokens: int, say=print) -> dict:
+        sampling: SamplingConfig, max_new_tokens: int, say=print, repeats: int = 1) -> dict:
+    """Every configuration answers every turn `repeats` times, in an order that rotates from one
+    pass to the next (a noisy machine then slows every configuration alike)."""
     configs = {n: make_config(n, sampling, max_new_tokens) for n in names}
     session = ChatSession(engine, text)
     t0 = time.perf_counter()
@@ -171,19 +173,24 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     kinds: dict[str, dict[str, dict]] = {}
     rows = []
     for k, (kind, question) in enumerate(turns):
-        order = names[k % len(names):] + names[: k % len(names)]
         answers: dict[str, list[int]] = {}
         row = {"kind": kind, "question": question, "tokens_per_s": {}, "new_tokens": {}}
-        for j, n in enumerate(order):
-            events = session.ask(question, configs[n]) if j == 0 else session.rerun_last(configs[n])
-            ids, stats = _answer(events)
-            answers[n] = ids
-            _add(totals[n], stats)
-            _add(kinds.setdefault(kind, {}).setdefault(n, _empty()), stats)
-            row["tokens_per_s"][n] = stats.tokens_per_s
-            row["new_tokens"][n] = stats.new_tokens
-            say(f"[chat] turn {k + 1}/{len(turns)} ({kind}) {n}: {stats.new_tokens} tokens, "
-                f"{stats.tokens_per_s:.1f} tok/s, {stats.mean_accepted:.2f} per target forward")
+        per_turn = {n: _empty() for n in names}
+        for rep in range(repeats):
+            shift = (k * repeats + rep) % len(names)
+            for j, n in enumerate(names[shift:] + names[:shift]):
+                first = rep == 0 and j == 0
+                events = session.ask(question, configs[n]) if first else session.rerun_last(configs[n])
+                ids, stats = _answer(events)
+                if answers.setdefault(n, ids) != ids and sampling.greedy:
+                    raise RuntimeError(f"{n} answered turn {k + 1} differently on a repeat")
+                for total in (totals[n], kinds.setdefault(kind, {}).setdefault(n, _empty()), per_turn[n]):
+                    _add(total, stats)
+                say(f"[chat] turn {k + 1}/{len(turns)} ({kind}) {n}: {stats.new_tokens} tokens, "
+                    f"{stats.tokens_per_s:.1f} tok/s, {stats.mean_accepted:.2f} per target forward")
+        for n in names:
+            row["tokens_per_s"][n] = _summary(per_turn[n])["tokens_per_s"]
+            row["new_tokens"][n] = len(answers[n])
         if sampling.greedy and "autoregressive" in answers:
             ref = answers["autoregressive"]
             row["identical_to_autoregressive"] = {n: a == ref for n, a in answers.items()}
@@ -209,6 +216,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
+        "repeats": repeats,
     }
 
 
@@ -239,6 +247,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
+    p.add_argument("--repeats", type=int, default=1,
+                   help="answers per configuration and turn, order rotated each pass (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
@@ -255,6 +265,8 @@ def main(argv=None) -> int:
             raise ChatBenchError("--configs is empty or names a configuration twice")
         if not 0 <= a.open <= len(OPEN_QUESTIONS) or a.quotes < 0 or a.quotes + a.open == 0:
             raise ChatBenchError(f"--quotes >= 0 and 0 <= --open <= {len(OPEN_QUESTIONS)}, not both 0")
+        if a.repeats < 1:
+            raise ChatBenchError("--repeats must be >= 1")
         if not a.document.is_file():
             raise ChatBenchError(f"no such document: {a.document}")
         text = a.document.read_text(encoding="utf-8", errors="replace")
@@ -268,7 +280,8 @@ def main(argv=None) -> int:
     t, d = default_model_names(a.target, a.draft)
     engine = TriForceEngine.from_pretrained(t, d)
     load = _load()
-    report = run(engine, text, turns, names, sampling, a.max_new_tokens, say=lambda s: print(s, file=sys.stderr))
+    report = run(engine, text, turns, names, sampling, a.max_new_tokens, say=lambda s: print(s, file=sys.stderr),
+                 repeats=a.repeats)
     report["machine"] = machine_info(engine, load, _load())
     report["document"] = str(a.document.name)
     print_table(report)

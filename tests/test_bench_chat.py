@@ -1,0 +1,57 @@
+"""The document-chat workload benchmark (`python -m bench.chat`) on tiny random models.
+
+Speed is not asserted (it is measured by the benchmark itself); what is checked: every
+configuration answers every turn, repeats give the same greedy answer, greedy answers equal
+autoregressive ones, the report carries its keys, and bad input is one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+import pytest
+from conftest import words
+
+from bench import chat
+from triforce_core.config import SamplingConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_every_configuration_answers_every_turn_identically(chat_engine):
+    text = words(300, seed=11)
+    turns = chat.workload(text, quotes=2, open_count=1, seed=1)
+    assert [k for k, _ in turns] == ["quote", "quote", "open"]
+    lines: list[str] = []
+    names = ["triforce", "triforce-paper", "lookup", "autoregressive"]
+    report = chat.run(chat_engine, text, turns, names, SamplingConfig(), 12, say=lines.append, repeats=2)
+    assert report["repeats"] == 2 and len(report["turns"]) == 3
+    # one line per configuration, turn and repeat
+    assert sum("turn " in line for line in lines) == len(names) * len(turns) * 2
+    for row in report["turns"]:
+        assert set(row["tokens_per_s"]) == set(names)
+        assert all(row["identical_to_autoregressive"].values()), row
+    for name, s in report["results"].items():
+        assert s["identical_to_autoregressive"] is True
+        assert s["new_tokens"] == 2 * sum(row["new_tokens"][name] for row in report["turns"])
+        assert s["rounds"] >= 1 and s["tokens_per_target_forward"] >= 1.0
+        assert set(s["by_kind"]) == {"quote", "open"}
+    assert report["results"]["autoregressive"]["speedup_vs_autoregressive"] == 1.0
+    assert report["results"]["autoregressive"]["tokens_per_target_forward"] == 1.0
+    assert "lookup" in report["results"]["lookup"]["round_ms_by_level"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--configs", "nope"], "unknown configuration"),
+    (["--configs", "lookup,lookup"], "twice"),
+    (["--repeats", "0"], "--repeats"),
+    (["--quotes", "0", "--open", "0"], "not both 0"),
+    (["--document", "no/such/file.txt"], "no such document"),
+])
+def test_bad_input_is_one_line_and_exit_2(argv, message):
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = chat.main(argv)
+    assert code == 2
+    assert err.getvalue().count("\n") == 1 and message in err.getvalue(), err.getvalue()
