@@ -54,7 +54,7 @@ from triforce_core.speculation import make_generator
 
 from .roofline import Limit, measure_limit
 
-OUR_MODES = ("triforce", "retrieval", "draft", "autoregressive")
+OUR_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 HF_MODES = ("hf-generate", "hf-assisted")
 MODES = OUR_MODES + HF_MODES
 SAMPLE_DOCUMENT = Path(__file__).resolve().parent.parent / "assets" / "sample" / "python-tutorial-classes.txt"

@@ -19,7 +19,7 @@ from triforce_core.__main__ import main
 from triforce_core.config import BREAK_EVEN_CONTEXT, default_mode
 
 SMALL = SMALL_CACHE_FLAGS
-ALL_MODES = {"triforce", "retrieval", "draft", "autoregressive", "hf-generate", "hf-assisted"}
+ALL_MODES = {"triforce", "retrieval", "draft", "lookup", "autoregressive", "hf-generate", "hf-assisted"}
 RUN_KEYS = {"mode", "tokens_per_s", "decode_s", "prefill_s", "acceptance", "mean_accepted",
             "output_identical_to_autoregressive"}
 

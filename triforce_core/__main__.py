@@ -141,7 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
         "bench",
         help="benchmark every decoding mode against Hugging Face on one long prompt",
         description=(
-            "Benchmark our modes (triforce, retrieval, draft, autoregressive) against Hugging Face "
+            "Benchmark our modes (triforce, retrieval, draft, lookup, autoregressive) against Hugging Face "
             "generate (hf-generate) and assisted generation with the same draft (hf-assisted): one "
             "process, one prompt, repeats interleaved after a warm-up, medians reported, next to "
             "the autoregressive roofline (memory bandwidth measured in the same run)."
@@ -156,7 +156,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "(default 4096)")
     _add_decoding_args(b, mode=False)
     b.add_argument("--modes", default="all", metavar="LIST",
-                   help="comma-separated modes: triforce,retrieval,draft,autoregressive,hf-generate,hf-assisted "
+                   help="comma-separated modes: triforce,retrieval,draft,lookup,autoregressive,hf-generate,hf-assisted "
                    "(default all)")
     b.add_argument("--repeats", type=int, default=3, help="timed runs of every mode (default 3); medians are reported")
     b.add_argument("--no-bandwidth", action="store_true", help="skip the memory-bandwidth measurement")
