@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from triforce_core.config import GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.config import PAPER_METHOD, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
@@ -48,14 +48,15 @@ OPEN_QUESTIONS = (
 # Named configurations: what each field differs in from the default SpeculationConfig.
 CONFIGS: dict[str, dict] = {
     "triforce": {},  # the default: what the app and `chat` run
-    "triforce-paper": {"lookup": False, "small_draft": True, "min_confidence": 0.0},  # the paper's three levels
-    "triforce-no-draft": {"small_draft": False},
-    "triforce-fixed-gamma": {"min_confidence": 0.0},
+    "triforce-paper": dict(PAPER_METHOD),  # the paper's three levels
+    "triforce-fixed-gamma": {"adaptive_gamma": False},
+    "triforce-match2": {"lookup_min_match": 2},
+    "triforce-gate": {"min_confidence": 0.5},
     "triforce-draft": {"small_draft": True},
     "retrieval": {"mode": "retrieval"},
-    "retrieval-paper": {"mode": "retrieval", "lookup": False},
+    "retrieval-paper": {"mode": "retrieval", "lookup": False, "adaptive_gamma": False},
     "draft": {"mode": "draft"},
-    "draft-paper": {"mode": "draft", "lookup": False},
+    "draft-paper": {"mode": "draft", "lookup": False, "adaptive_gamma": False},
     "lookup": {"mode": "lookup"},
     "autoregressive": {"mode": "autoregressive"},
 }

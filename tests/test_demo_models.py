@@ -12,7 +12,7 @@ import torch
 from safetensors import safe_open
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
+from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.loading import DEMO_DRAFT, DEMO_TARGET, check_pair, load_model
 from triforce_core.session import ChatSession
@@ -81,8 +81,8 @@ def test_triforce_on_the_shipped_pair_equals_hf_greedy(engine, lookup):
     new = 48
     config = GenerationConfig(
         cache=CacheConfig(budget=512, chunk_size=16, draft_window=128, draft_sinks=16),
-        speculation=SpeculationConfig(mode="triforce", max_new_tokens=new, ignore_eos=True, lookup=lookup,
-                                      **({} if lookup else {"small_draft": True, "min_confidence": 0.0})),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=new, ignore_eos=True,
+                                      **({} if lookup else PAPER_METHOD)),
     )
     result = engine.run(prompt, config)
     hf = AutoModelForCausalLM.from_pretrained(DEMO_TARGET, dtype=torch.float32)

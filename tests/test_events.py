@@ -12,7 +12,7 @@ import random
 import pytest
 import torch
 
-from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import LEVELS, ChunksSelected, Committed, Drafted, Finished, Prefilled, Verified
 
@@ -33,8 +33,8 @@ def make_config(mode: str, sampling: str = "greedy", ignore_eos: bool = True, ma
     return GenerationConfig(
         sampling=SAMPLINGS[sampling],
         speculation=SpeculationConfig(
-            mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos, lookup=lookup,
-            lookup_max=12, **({} if lookup else {"small_draft": True, "min_confidence": 0.0}),
+            mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos,
+            lookup_max=12, **({"lookup": True} if lookup else PAPER_METHOD),
         ),
         cache=cache,
     )

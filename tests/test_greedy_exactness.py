@@ -14,6 +14,7 @@ import torch
 from conftest import DRAFT_OVERRIDES, make_hf, perturbed, to_ours
 
 from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
+from triforce_core.config import PAPER_METHOD
 
 PROMPT_LEN = 160
 NEW = 40
@@ -56,9 +57,10 @@ def _assert_same(got: list[int], ref: list[int], gaps: list[float]) -> None:
 def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE, lookup: bool = False, **spec_kw) -> GenerationConfig:
     """Lookup is off unless asked: these tests are about the model levels' acceptance."""
     if not lookup:  # the paper's levels: small draft under retrieval, a fixed gamma2
-        spec_kw = {"small_draft": True, "min_confidence": 0.0, **spec_kw}
-    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, lookup=lookup,
-                             **spec_kw)
+        spec_kw = {**PAPER_METHOD, **spec_kw}
+    else:
+        spec_kw = {"lookup": True, **spec_kw}
+    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, **spec_kw)
     return GenerationConfig(speculation=spec, cache=cache)
 
 
@@ -75,11 +77,13 @@ CASES = [(k, (2, 6)) for k in TARGETS] + [("llama_gqa_llama3", g) for g in GAMMA
 
 @pytest.mark.parametrize("kind,gammas", CASES, ids=[f"{k}-g{g[0]}-{g[1]}" for k, g in CASES])
 @pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
-@pytest.mark.parametrize("lookup", [False, True], ids=["paper", "lookup"])
-def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, lookup):
-    """A random draft and a sparse retrieval cache: most proposals are rejected."""
+@pytest.mark.parametrize("variant", ["paper", "adaptive", "lookup"])
+def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, variant):
+    """A random draft and a sparse retrieval cache: most proposals are rejected (adaptive: the
+    draft length then shrinks and plain target steps come in between)."""
     _, t, d, ids, ref, gaps = _setup(kind)
-    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas, lookup=lookup))
+    extra = {"adaptive_gamma": True} if variant == "adaptive" else {}
+    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas, lookup=variant == "lookup", **extra))
     _assert_same(res.token_ids, ref, gaps)
     assert res.stats.new_tokens == NEW
     assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected

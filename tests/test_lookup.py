@@ -59,3 +59,46 @@ def test_extend_indexes_new_tokens_incrementally_like_a_fresh_index():
 def test_min_match_must_be_positive():
     with pytest.raises(ValueError, match="min_match"):
         ContextIndex(min_match=0)
+
+
+# -- the adaptive draft length ----------------------------------------------------------------
+def test_draft_schedule_follows_acceptance():
+    from triforce_core.speculation import DraftSchedule
+
+    s = DraftSchedule(longest=6, adaptive=True)
+    assert s.take() == 6
+    s.update(6, 6)
+    assert s.take() == 6  # taken whole, already at the longest
+    s.update(6, 3)
+    assert s.take() == 3  # shrinks to the accepted part
+    s.update(3, 3)
+    assert s.take() == 4  # grows by one after a draft taken whole
+    s.update(4, 0)  # a miss: one plain step, then a one-token draft
+    assert [s.take() for _ in range(2)] == [0, 1]
+    s.update(1, 0)  # a second miss in a row: the pause doubles
+    assert [s.take() for _ in range(3)] == [0, 0, 1]
+    s.update(1, 0)
+    assert [s.take() for _ in range(5)] == [0, 0, 0, 0, 1]
+    s.update(1, 1)  # a hit resets the pause
+    assert s.take() == 2
+    s.update(2, 0)
+    assert [s.take() for _ in range(2)] == [0, 1]
+    s.update(0, 0)  # a plain step changes nothing
+    assert s.take() == 1
+
+
+def test_draft_schedule_pause_is_bounded_and_fixed_schedule_never_changes():
+    from triforce_core.speculation import DraftSchedule
+
+    s = DraftSchedule(longest=4, adaptive=True)
+    for _ in range(10):
+        s.take()
+        s.update(1, 0)
+        assert s.pause <= DraftSchedule.MAX_PAUSE
+        while s.take() == 0:
+            pass
+    assert s.backoff == DraftSchedule.MAX_PAUSE
+    fixed = DraftSchedule(longest=4, adaptive=False)
+    for proposed, accepted in [(4, 0), (4, 2), (4, 4)]:
+        fixed.update(proposed, accepted)
+        assert fixed.take() == 4

@@ -22,6 +22,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 
 import triforce_core.speculation as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
+from triforce_core.config import PAPER_METHOD
 from triforce_core.sampling import VerifyResult, sample, verify_stochastic
 
 V = 16
@@ -71,7 +72,7 @@ def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
-                                      lookup=lookup, **({"lookup_min_match": 1} if lookup else PAPER), **spec_kw),
+                                      lookup=lookup, **{**({"lookup_min_match": 1} if lookup else PAPER), **spec_kw}),
         cache=CACHE,
     )
     counts = np.zeros((V, V))
@@ -92,7 +93,7 @@ def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
     return float(chisquare(o, e).pvalue)
 
 
-PAPER = {"small_draft": True, "min_confidence": 0.0}  # without lookup: the paper's levels
+PAPER = {k: v for k, v in PAPER_METHOD.items() if k != "lookup"}  # with lookup=False: the paper's levels
 
 
 def broken_verify(draft_tokens, q, p, generator):
@@ -154,6 +155,40 @@ def test_negative_control_broken_residual_fails(mode, monkeypatch):
     monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
     p = chi2_pvalue(sample_counts(mode, 1.0), exact_joint(1.0))
     assert p < 1e-3, f"the broken sampler was not detected in {mode} mode (p = {p:.2e})"
+
+
+# Adaptive draft length without lookup: with gamma2 = 2 and two tokens, a first draft rejected
+# whole is followed by a plain target step, a half-accepted one by a one-token draft.
+@pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
+def test_joint_law_with_adaptive_gamma_is_exact(mode):
+    p = chi2_pvalue(sample_counts(mode, 1.0, adaptive_gamma=True), exact_joint(1.0))
+    assert p > 1e-3, f"{mode} with an adaptive draft length: chi-square p = {p:.2e}"
+
+
+def test_adaptive_gamma_really_changes_the_second_round():
+    """Power check: with the adaptive length, samples whose first draft was rejected whole take
+    their second token from a plain target step; with a fixed gamma2 they draft two again."""
+    _, t, d, prompt = _models()
+
+    def second_drafts(adaptive: bool) -> list[int]:
+        cfg = GenerationConfig(
+            sampling=SamplingConfig(temperature=1.0, seed=0),
+            speculation=SpeculationConfig(mode="retrieval", gamma2=2, max_new_tokens=2, ignore_eos=True,
+                                          **{**PAPER, "adaptive_gamma": adaptive}),
+            cache=CACHE,
+        )
+        return [r.stats.proposed.get("target", 0) - 2 for r in TriForceEngine(t, d).run_samples(prompt, cfg, 200)
+                if r.stats.rounds == 2]
+
+    adaptive, fixed = second_drafts(True), second_drafts(False)
+    assert adaptive.count(0) >= 20 and set(adaptive) == {0}, adaptive
+    assert len(fixed) >= 20 and set(fixed) == {2}, fixed
+
+
+def test_negative_control_broken_residual_fails_with_adaptive_gamma(monkeypatch):
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
+    p = chi2_pvalue(sample_counts("retrieval", 1.0, adaptive_gamma=True), exact_joint(1.0))
+    assert p < 1e-3, f"the broken sampler was not detected with an adaptive draft length (p = {p:.2e})"
 
 
 def test_negative_control_broken_middle_level_fails(monkeypatch):

@@ -12,6 +12,9 @@ import os
 import sys
 from pathlib import Path
 
+from .config import SpeculationConfig
+
+_SPEC = SpeculationConfig()  # the defaults the flags show and fall back to
 LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
 
 
@@ -64,18 +67,26 @@ def _add_decoding_args(g, mode: bool = True) -> None:
         "--no-lookup", dest="lookup", action="store_false",
         help="turn context lookup off (with --mode triforce: the paper's pure three-level method)",
     )
-    spec.add_argument("--lookup-max", type=int, default=32, help="longest lookup run per target forward (default 32)")
-    spec.add_argument("--lookup-min-match", type=int, default=2,
-                      help="tokens of the sequence's end that must recur for a lookup proposal (default 2)")
+    spec.add_argument("--lookup-max", type=int, default=_SPEC.lookup_max,
+                      help=f"longest lookup run per target forward (default {_SPEC.lookup_max})")
+    spec.add_argument("--lookup-min-match", type=int, default=_SPEC.lookup_min_match,
+                      help="tokens of the sequence's end that must recur for a lookup proposal "
+                      f"(default {_SPEC.lookup_min_match})")
     spec.add_argument(
         "--small-draft", dest="small_draft", action=argparse.BooleanOptionalAction, default=None,
         help="triforce: whether the small draft proposes to the retrieval level when lookup has nothing "
         "(default: on with --no-lookup, as in the paper; otherwise the measured default, see README)",
     )
     spec.add_argument(
-        "--min-confidence", type=float, default=None,
+        "--adaptive-gamma", dest="adaptive_gamma", action=argparse.BooleanOptionalAction, default=None,
+        help="whether the levels below the target draft as far as the target has been accepting (at most "
+        "--gamma2; plain target steps after misses) instead of always --gamma2 tokens "
+        "(default: on; off with --no-lookup, as in the paper)",
+    )
+    spec.add_argument(
+        "--min-confidence", type=float, default=_SPEC.min_confidence,
         help="triforce: the retrieval level's own token joins a speculation only with at least this probability "
-        "(default 0.5; 0 with --no-lookup: the paper's fixed gamma2)",
+        f"(default {_SPEC.min_confidence:g}: always)",
     )
     spec.add_argument(
         "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
@@ -293,7 +304,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
             ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_max=args.lookup_max,
-            lookup_min_match=args.lookup_min_match, **_small_draft(args),
+            lookup_min_match=args.lookup_min_match, min_confidence=args.min_confidence, **_paper_levels(args),
         ),
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
@@ -302,15 +313,18 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
     )
 
 
-def _small_draft(args) -> dict:
-    """--small-draft and --min-confidence when given; with --no-lookup the paper's setting
-    (small draft on, a fixed gamma2), else the measured defaults."""
-    paper = not args.lookup
+def _paper_levels(args) -> dict:
+    """--small-draft and --adaptive-gamma when given; with --no-lookup the paper's setting for
+    the ones not given (`config.PAPER_METHOD`), else the measured defaults."""
+    from .config import PAPER_METHOD
+
     out = {}
-    if args.small_draft is not None or paper:
-        out["small_draft"] = args.small_draft if args.small_draft is not None else True
-    if args.min_confidence is not None or paper:
-        out["min_confidence"] = args.min_confidence if args.min_confidence is not None else 0.0
+    for name in ("small_draft", "adaptive_gamma"):
+        given = getattr(args, name)
+        if given is not None:
+            out[name] = given
+        elif not args.lookup:
+            out[name] = PAPER_METHOD[name]
     return out
 
 

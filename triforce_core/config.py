@@ -109,6 +109,11 @@ class CacheConfig:
         return max(self.chunk_size, (self.budget // 8) // self.chunk_size * self.chunk_size)
 
 
+# The fields that turn the defaults into the paper's method: no context lookup, the small draft
+# below the retrieval level, fixed gamma1/gamma2 drafts.
+PAPER_METHOD = {"lookup": False, "small_draft": True, "adaptive_gamma": False, "min_confidence": 0.0}
+
+
 @dataclass(frozen=True)
 class SpeculationConfig:
     """Which levels run and how far each one speculates.
@@ -128,10 +133,16 @@ class SpeculationConfig:
             Off by default: on the document-chat benchmark its tokens were accepted too rarely
             to pay for its forwards (README, Benchmarks); the paper's setting is
             lookup=False, small_draft=True.
+    adaptive_gamma  the draft of the levels below the target follows what the target accepts
+            (at most gamma2; after misses, plain target steps: `speculation.DraftSchedule`).
+            Off: every draft is gamma2 long (the paper).
     min_confidence  triforce only: the retrieval level's own token joins the speculation only
             when its law gives it at least this probability; else the round ends there (0 =
-            always, the paper's fixed gamma2). Exact either way: a proposal's length may depend
-            on anything the proposer computed.
+            always). Exact either way: a proposal's length may depend on anything the proposer
+            computed. Off by default: on the demo pair the retrieval law is flat even where the
+            target agrees with it, and a gate of 0.5 cut every such draft (README, Benchmarks).
+
+    The paper's pure three-level method is `SpeculationConfig(**PAPER_METHOD)`.
     """
 
     mode: str = "triforce"
@@ -140,10 +151,11 @@ class SpeculationConfig:
     max_new_tokens: int = 128
     ignore_eos: bool = False
     lookup: bool = True
-    lookup_min_match: int = 2
+    lookup_min_match: int = 3
     lookup_max: int = 32
     small_draft: bool = False
-    min_confidence: float = 0.5
+    adaptive_gamma: bool = True
+    min_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")

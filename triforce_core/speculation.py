@@ -589,6 +589,7 @@ class Decoder:
         capture = self.retrieval is not None
         text_state = _TextState(self.detokenize)
         run = spec.gamma2  # length of the next lookup run: doubles while the target takes it all
+        schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
         while True:
             events: list[Event] = []
@@ -600,7 +601,9 @@ class Decoder:
                 prop = self.lookup.propose(longest, committed, [], events)
             from_lookup = bool(prop.tokens)
             if not from_lookup and self.proposer is not None:
-                prop = self.proposer.propose(spec.gamma2, committed, [], events)
+                draft = schedule.take()
+                if draft > 0:
+                    prop = self.proposer.propose(draft, committed, [], events)
             # 2. The full target scores every proposed token in one forward.
             self.full.sync(committed, [])
             if capture:
@@ -624,6 +627,8 @@ class Decoder:
                     recent_acc.append(r.accepted / len(prop.tokens))
             if from_lookup:
                 run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.gamma2
+            elif self.proposer is not None:
+                schedule.update(len(prop.tokens), r.accepted)
             new = prop.tokens[: r.accepted] + [r.token]
             levels = prop.levels[: r.accepted] + ["target"]
             # 4. Stop conditions: EOS (kept in the output) and the token limit.
@@ -713,6 +718,44 @@ class Decoder:
             events.append(self._selection_event(sel, step))
         else:
             lane.commit(committed)
+
+
+class DraftSchedule:
+    """How many tokens the levels below the target draft in a round (0: a plain target step).
+
+    Fixed (the paper): always `longest`. Adaptive: `longest` at first; after a draft the target
+    took whole, one more (up to `longest`); after a partial one, as many as were accepted;
+    after a draft with nothing accepted, `pause` plain target steps and then a one-token draft,
+    the pause doubling with each such miss in a row (1, 2, 4, .. 16 steps) and reset by any
+    accepted token. Drafting costs a forward of the lower level per token and the target a
+    verification row each, so where the lower level keeps missing (e.g. sampling from a flat
+    law) rounds fall back to about the price of autoregressive decoding, and where it hits the
+    draft grows back. Exact: a proposal's length may depend on anything already decided.
+    """
+
+    MAX_PAUSE = 16
+
+    def __init__(self, longest: int, adaptive: bool):
+        self.longest, self.adaptive = longest, adaptive
+        self.length, self.pause, self.backoff = longest, 0, 1
+
+    def take(self) -> int:
+        """The draft length of this round."""
+        if self.pause > 0:
+            self.pause -= 1
+            return 0
+        return self.length
+
+    def update(self, proposed: int, accepted: int) -> None:
+        """After the target accepted `accepted` of `proposed` drafted tokens."""
+        if not self.adaptive or proposed == 0:
+            return
+        if accepted == 0:
+            self.length, self.pause = 1, self.backoff
+            self.backoff = min(2 * self.backoff, self.MAX_PAUSE)
+            return
+        self.backoff = 1
+        self.length = min(self.longest, proposed + 1) if accepted == proposed else accepted
 
 
 class _TextState:

@@ -29,6 +29,7 @@ import gradio as gr
 from triforce_core.config import (
     BREAK_EVEN_CONTEXT,
     MODES,
+    PAPER_METHOD,
     CacheConfig,
     ConfigError,
     GenerationConfig,
@@ -87,8 +88,7 @@ class Settings:
             ),
             speculation=SpeculationConfig(
                 mode=self.mode, gamma1=int(self.gamma1), gamma2=int(self.gamma2), max_new_tokens=int(self.max_new_tokens),
-                lookup=bool(self.lookup) or self.mode == "lookup", small_draft=not self.lookup,
-                **({} if self.lookup else {"min_confidence": 0.0}),
+                **({"lookup": True} if self.lookup or self.mode == "lookup" else PAPER_METHOD),
             ),
             cache=CacheConfig(budget=int(self.budget), chunk_size=int(self.chunk_size), draft_window=int(self.draft_window)),
         )
