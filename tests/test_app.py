@@ -349,7 +349,13 @@ def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page
     turns = page.locator(".tf-assistant").count()
     ask(page, "What is a method object?")
     page.wait_for_function(f"document.querySelectorAll('.tf-assistant').length > {turns}")
+    box = page.locator("#tf-message textarea")
+    assert box.input_value() == ""  # emptied when sent
+    box.fill("a next question, typed while the answer runs")
     wait_status(page, "tok/s", "rror")
+    time.sleep(1.0)
+    assert box.input_value() == "a next question, typed while the answer runs"  # not erased by the answer's end
+    box.fill("")
     before = last_answer_tokens(page).all_inner_texts()
     turns = page.locator(".tf-assistant").count()
     page.click("#tf-regenerate")

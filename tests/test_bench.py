@@ -16,7 +16,7 @@ from conftest import SMALL_CACHE_FLAGS, words
 
 from bench.sweep import break_even
 from triforce_core.__main__ import main
-from triforce_core.config import BREAK_EVEN_CONTEXT, default_mode
+from triforce_core.config import RETRIEVAL_PAYS_FROM, default_mode
 
 SMALL = SMALL_CACHE_FLAGS
 ALL_MODES = {"triforce", "retrieval", "draft", "lookup", "autoregressive", "hf-generate", "hf-assisted"}
@@ -139,7 +139,7 @@ def test_break_even_interpolates_the_crossing():
     assert break_even([rep(2000, 100, 150)])["upper_bound"]
 
 
-def test_default_mode_is_autoregressive_below_the_break_even():
-    assert default_mode(BREAK_EVEN_CONTEXT - 1, has_draft=True) == "autoregressive"
-    assert default_mode(BREAK_EVEN_CONTEXT, has_draft=True) == "triforce"
-    assert default_mode(BREAK_EVEN_CONTEXT, has_draft=False) == "retrieval"
+def test_default_mode_is_lookup_below_the_context_where_retrieval_pays():
+    assert default_mode(RETRIEVAL_PAYS_FROM - 1) == "lookup"
+    assert default_mode(RETRIEVAL_PAYS_FROM) == "triforce"
+    assert default_mode(100_000) == "triforce"

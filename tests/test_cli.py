@@ -287,7 +287,7 @@ def test_num_samples_with_seed_is_reproducible(files):
         assert len(s["token_ids"]) == 12 == len(s["levels"])
         assert set(s["levels"]) <= LEVELS
         assert s["stats"]["new_tokens"] == 12
-        assert s["stats"]["mode"] == "autoregressive"  # the default below the break-even context
+        assert s["stats"]["mode"] == "lookup"  # the default for short prompts
     assert [s["token_ids"] for s in again["samples"]] == [s["token_ids"] for s in samples]
     assert [s["levels"] for s in again["samples"]] == [s["levels"] for s in samples]
     # Independent samples of 12 tokens over a 97-token vocabulary at temperature 1 differ.
@@ -327,7 +327,7 @@ def test_text_prompt(files, tokenizer):
     assert out == sample["text"] + "\n"
     assert "\x1b[" not in out  # no colour when stdout is not a terminal
     assert len(err.splitlines()) == 1
-    assert err.startswith("[autoregressive] 8 tokens")  # the default below the break-even context
+    assert err.startswith("[lookup] 8 tokens")  # the default for short prompts
 
 
 def test_module_entry_point_subprocess(files, greedy_json):

@@ -45,8 +45,8 @@ def _add_decoding_args(g, mode: bool = True) -> None:
         dec.add_argument(
             "--mode",
             choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-            help="default: autoregressive for prompts shorter than the break-even context "
-            "(see README, Benchmarks), else triforce (retrieval when no draft model is available)",
+            help="default: lookup for prompts shorter than 8,192 tokens, where the retrieval level reads most "
+            "of the cache, else triforce (measured: README, Benchmarks)",
         )
     else:
         g.set_defaults(mode=None)
@@ -293,13 +293,11 @@ def _read_prompt(args, engine) -> list[int]:
 
 def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
     """The generation config of the flags; without --mode, the default for `prompt_tokens`
-    (autoregressive below the break-even context; unknown length: the speculative default)."""
-    from .config import BREAK_EVEN_CONTEXT, CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, default_mode
+    (lookup alone for short prompts, else triforce; unknown length: triforce)."""
+    from .config import RETRIEVAL_PAYS_FROM, CacheConfig, GenerationConfig, SamplingConfig, default_mode
 
-    mode = args.mode or default_mode(BREAK_EVEN_CONTEXT if prompt_tokens is None else prompt_tokens, has_draft)
-    if mode in ("triforce", "draft") and not has_draft:
-        raise UsageError(f"mode {mode} needs a small draft model: pass --draft")
-    return GenerationConfig(
+    mode = args.mode or default_mode(RETRIEVAL_PAYS_FROM if prompt_tokens is None else prompt_tokens)
+    config = GenerationConfig(
         sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
@@ -311,6 +309,10 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
             draft_sinks=args.draft_sinks, refresh_every=args.refresh_every,
         ),
     )
+    if config.speculation.uses_draft_model and not has_draft:
+        what = "mode draft" if mode == "draft" else "the small draft level (--small-draft or --no-lookup)"
+        raise UsageError(f"{what} needs a small draft model: pass --draft")
+    return config
 
 
 def _paper_levels(args) -> dict:

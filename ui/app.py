@@ -27,7 +27,6 @@ from typing import Callable
 import gradio as gr
 
 from triforce_core.config import (
-    BREAK_EVEN_CONTEXT,
     MODES,
     PAPER_METHOD,
     CacheConfig,
@@ -259,7 +258,7 @@ def build_app(
             return context_gauge_html(0, 0, window, int(budget))
         doc = user.session.document_tokens if user.document is not None else 0
         total = len(user.session.cached_tokens()) or doc
-        return context_gauge_html(doc, max(0, total - doc), window, int(budget), BREAK_EVEN_CONTEXT)
+        return context_gauge_html(doc, max(0, total - doc), window, int(budget))
 
     def doc_info(user: UserState | None) -> str:
         if user is None or user.document is None:
@@ -584,10 +583,15 @@ def build_app(
 
         upload.upload(on_upload, [upload, user_state, budget], doc_outputs, api_visibility="private")
         sample_btn.click(on_sample, [user_state, budget], doc_outputs, api_visibility="private")
-        ask_args = dict(inputs=[message, user_state, teaching, system, *settings_inputs], outputs=streamed,
+        # The box empties the moment a question is sent (what it held moves to `asked`), never
+        # when the answer ends: a next question typed meanwhile is kept.
+        asked = gr.State("")
+        take = dict(fn=lambda m: ("", m), inputs=message, outputs=[message, asked], queue=False,
+                    api_visibility="private")
+        ask_args = dict(inputs=[asked, user_state, teaching, system, *settings_inputs], outputs=streamed,
                         api_visibility="private", concurrency_limit=None)
-        send_btn.click(**ask_args, fn=on_ask).then(lambda: "", None, message, api_visibility="private")
-        message.submit(**ask_args, fn=on_ask).then(lambda: "", None, message, api_visibility="private")
+        send_btn.click(**take).then(**ask_args, fn=on_ask)
+        message.submit(**take).then(**ask_args, fn=on_ask)
         stop_btn.click(on_stop, [user_state], None, queue=False, api_visibility="private")
         regen_btn.click(on_regenerate, [user_state, teaching, system, *settings_inputs], streamed,
                         api_visibility="private", concurrency_limit=None)

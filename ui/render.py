@@ -133,12 +133,9 @@ def transcript_html(turns: Sequence[tuple[str, str, str]], empty: str = "") -> s
 
 
 def context_gauge_html(
-    document_tokens: int, conversation_tokens: int, window: int, budget: int, break_even: int = 0
+    document_tokens: int, conversation_tokens: int, window: int, budget: int
 ) -> str:
-    """A bar: document and conversation tokens against the context window, with the retrieval budget.
-
-    Below `break_even` tokens (the measured context where speculation starts to pay) a hint says so.
-    """
+    """A bar: document and conversation tokens against the context window, with the retrieval budget."""
     window = max(window, 1)
     used = document_tokens + conversation_tokens
     doc_pct = min(100.0, 100.0 * document_tokens / window)
@@ -161,11 +158,6 @@ def context_gauge_html(
         f'<div class="tf-gauge-text">document <b>{document_tokens:,}</b> + conversation <b>{conversation_tokens:,}</b> '
         f"of <b>{window:,}</b> tokens · retrieval budget <b>{budget:,}</b> · {reads}"
         + (" · <b>does not fit the context window</b>" if over else "")
-        + (
-            f" · below the measured break-even of {break_even:,} tokens, autoregressive decoding is faster "
-            "on this model pair (speculation is shown here for what it teaches)"
-            if 0 < used < break_even else ""
-        )
         + "</div></div>"
     )
 
