@@ -155,6 +155,33 @@ def test_two_concurrent_sessions_give_the_same_answers_as_each_alone(server, doc
     assert together == alone and alone["a"] != alone["b"]
 
 
+def test_concurrent_calls_on_the_same_document_and_on_none_are_kept_apart(server, documents):
+    """Calls about the same document, or with none, each get a session of their own while they
+    run (they used to share one: 'lane has nothing to feed'), and each answers as it does alone."""
+    calls = [("a", "What follows «In C++ terminology, normally class members»?"),
+             ("a", "What follows «Objects have individuality, and multiple names»?"),
+             (None, "Hello"), (None, "What is Python?")]
+    path = lambda k: documents[k] if k else None  # noqa: E731
+    alone = [ask_api(server["url"], q, path(k))[-1] for k, q in calls]
+    together: list[str | None] = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def call(i: int) -> None:
+        try:
+            together[i] = ask_api(server["url"], calls[i][1], path(calls[i][0]))[-1]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert together == alone
+    assert alone[0] != alone[1] and alone[2] != alone[3]
+
+
 # -- the browser -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")

@@ -19,7 +19,6 @@ import html
 import threading
 import time
 import weakref
-from collections import OrderedDict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -40,6 +39,7 @@ from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.events import ChunksSelected, Committed
 from triforce_core.session import ChatSession, SessionError
 
+from .api_sessions import ApiSessions
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .render import (
     context_gauge_html,
@@ -241,7 +241,7 @@ def build_app(
     pool = SessionPool(worker, max_cached_sessions)
     window = engine.context_window
     max_bytes = max_upload_mb * 1_000_000
-    api_sessions: OrderedDict[str, ChatSession] = OrderedDict()
+    api_sessions = ApiSessions(lambda: ChatSession(engine), lambda old: worker.call(old.release), capacity=2)
     modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
 
     def new_user() -> UserState:
@@ -487,31 +487,32 @@ def build_app(
             except DocumentError as e:
                 raise gr.Error(f"could not read {path.name}: {e}")
             key = hashlib.sha256(data).hexdigest()
-        session = api_sessions.pop(key, None)
-        if session is None:
-            session = ChatSession(engine)
-            worker.call(lambda: session.set_document(doc))
-        api_sessions[key] = session
-        while len(api_sessions) > 2:  # keep the caches of the two most recent documents
-            _, old = api_sessions.popitem(last=False)
-            worker.call(old.release)
+        session, fresh = api_sessions.take(key)
         config = defaults.config()
 
         def start(progress):
+            if fresh:
+                session.set_document(doc)
             session.clear()
             return session.ask(message, config, on_prefill_progress=progress)
 
         job = worker.submit(start)
         text = ""
+        ok = False
         try:
             for item in job:
                 if isinstance(item, Committed):
                     text += item.text
                     yield text
+            ok = True
         except (ContextLengthError, SessionError, ValueError) as e:
             raise gr.Error(str(e))
         finally:
             job.cancel()
+            if ok:
+                api_sessions.give_back(key, session)
+            else:  # a failed or abandoned call: its caches are not worth keeping
+                worker.call(session.release)
         yield text
 
     # -- layout ----------------------------------------------------------------------------------
