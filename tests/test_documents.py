@@ -155,6 +155,57 @@ def test_docx_paragraphs_tables_and_headings(tmp_path):
     assert doc.locate(doc.text.index("forty-two")) == "section: Results"
 
 
+TEXT_BOX = (
+    '<mc:AlternateContent xmlns:mc="http://schemas.openxmlformats.org/markup-compatibility/2006" '
+    'xmlns:w="http://schemas.openxmlformats.org/wordprocessingml/2006/main" '
+    'xmlns:wps="http://schemas.microsoft.com/office/word/2010/wordprocessingShape" '
+    'xmlns:v="urn:schemas-microsoft-com:vml">'
+    '<mc:Choice Requires="wps"><w:drawing><wps:wsp><wps:txbx><w:txbxContent>'
+    '<w:p><w:r><w:t>Boxed remark in the margin.</w:t></w:r></w:p>'
+    '</w:txbxContent></wps:txbx></wps:wsp></w:drawing></mc:Choice>'
+    '<mc:Fallback><w:pict><v:shape><v:textbox><w:txbxContent>'
+    '<w:p><w:r><w:t>Boxed remark in the margin.</w:t></w:r></w:p>'
+    '</w:txbxContent></v:textbox></v:shape></w:pict></mc:Fallback>'
+    '</mc:AlternateContent>'
+)
+
+
+def test_docx_text_box_table_and_headings_each_read_once_in_order(tmp_path):
+    """How Word saves a text box: inside a run of its anchor paragraph, twice (DrawingML in
+    mc:Choice, VML in mc:Fallback), its paragraphs nested in the anchor's. Each paragraph's text
+    must come out exactly once, in order; python-docx gives the body paragraphs and the cells."""
+    import docx
+    from docx.oxml import parse_xml
+
+    d = docx.Document()
+    d.add_heading("Overview", level=1)
+    anchor = d.add_paragraph("The anchor paragraph holds a text box.")
+    run = anchor.add_run()
+    run._r.append(parse_xml(TEXT_BOX))
+    table = d.add_table(rows=2, cols=2)
+    for r, row in enumerate(table.rows):
+        for c, cell in enumerate(row.cells):
+            cell.text = f"cell {r}{c}"
+    d.add_heading("Details", level=2)
+    d.add_paragraph("Closing words.")
+    path = tmp_path / "boxed.docx"
+    d.save(str(path))
+
+    doc = load_document(path)
+    assert doc.text.count("Boxed remark in the margin.") == 1
+    ref = docx.Document(str(path))
+    body = [p.text for p in ref.paragraphs if p.text.strip()]
+    cells = [cell.text for row in ref.tables[0].rows for cell in row.cells]
+    for piece in body + cells:
+        assert doc.text.count(piece) == 1, piece
+    order = ["Overview", "The anchor paragraph", "Boxed remark", "cell 00", "cell 01", "cell 10", "cell 11",
+             "Details", "Closing words."]
+    at = [doc.text.index(piece) for piece in order]
+    assert at == sorted(at), doc.text
+    assert doc.locate(doc.text.index("cell 11")) == "section: Overview"
+    assert doc.locate(doc.text.index("Closing")) == "section: Details"
+
+
 def test_html_visible_text_only(tmp_path):
     page = tmp_path / "page.html"
     page.write_text(
