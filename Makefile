@@ -5,7 +5,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 ARGS ?=
 
-.PHONY: run test install clean demo-models eval-demo-models
+.PHONY: run test install browser clean demo-models eval-demo-models
 
 $(VENV)/.installed: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,24 @@ install: $(VENV)/.installed
 run: install
 	$(PY) app.py $(ARGS)
 
-test: install
+test: install browser
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(PY) -m pytest -q -n 2 --dist loadgroup tests
+
+# The browser tests drive Debian's chromium (no browser is downloaded). Installed here when
+# this is a Debian machine and we are root; otherwise `make test` stops with what to do.
+# SKIP_BROWSER_TESTS=1 runs the rest of the suite anyway (the browser tests then skip).
+browser:
+	@if command -v chromium >/dev/null 2>&1; then :; \
+	elif [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then \
+	  echo "installing Debian's chromium for the browser tests"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; \
+	elif [ "$(SKIP_BROWSER_TESTS)" = 1 ]; then \
+	  echo "WARNING: chromium is missing: the browser tests will be SKIPPED (SKIP_BROWSER_TESTS=1)" >&2; \
+	else \
+	  echo "error: the browser tests need Debian's chromium: run 'sudo apt-get install chromium'," >&2; \
+	  echo "       or 'make test SKIP_BROWSER_TESTS=1' to run the rest of the suite without them" >&2; \
+	  exit 1; \
+	fi
 
 # Re-train the embedded demo pair (about 45 minutes on 2 CPU cores; needs Debian's
 # python3.11-doc, which the script installs when run as root) and measure it.

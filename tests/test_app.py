@@ -2,7 +2,8 @@
 Chromium (Playwright, Debian's chromium) and by `gradio_client`.
 
 Screenshots of the main states are written to artifacts/screenshots/ (not committed).
-The browser tests skip when Chromium or Playwright is missing; CI installs both.
+The browser tests skip when Chromium or Playwright is missing; `make test` installs Chromium
+(or stops and says how, unless SKIP_BROWSER_TESTS=1) and the requirements bring Playwright.
 """
 
 from __future__ import annotations
