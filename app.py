@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
-    p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "autoregressive"],
+    p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
                    help="default decoding mode (triforce with a draft, else retrieval)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="default answer length limit (default 128)")
     p.add_argument("--budget", type=int, default=4096, help="default retrieval budget in tokens (default 4096)")

@@ -49,7 +49,7 @@ import torch
 from triforce_core.config import GenerationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Finished
-from triforce_core.loading import DTYPES, default_model_names
+from triforce_core.loading import DTYPES, default_model_names, sync_device
 from triforce_core.speculation import make_generator
 
 from .roofline import Limit, measure_limit
@@ -194,7 +194,7 @@ class Bench:
         ids = torch.tensor([prompt[:-1]], device=hf.device)
         t0 = time.perf_counter()
         cache = hf(input_ids=ids, use_cache=True).past_key_values
-        _sync(hf.device)
+        sync_device(hf.device)
         return cache, time.perf_counter() - t0
 
     @torch.inference_mode()
@@ -219,7 +219,7 @@ class Bench:
         try:
             t0 = time.perf_counter()
             out = hf.generate(input_ids=ids, attention_mask=torch.ones_like(ids), streamer=clock, **kwargs)
-            _sync(hf.device)
+            sync_device(hf.device)
             t1 = time.perf_counter()
         finally:
             counter.handle.remove()
@@ -436,11 +436,6 @@ def machine_info(engine: TriForceEngine, load_before: float | None = None, load_
     if dev.type == "cuda":
         info["gpu"] = torch.cuda.get_device_name(dev)
     return info
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def print_table(report: dict, file=sys.stderr) -> None:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from triforce_core.loading import sync_device
 from triforce_core.model import DecoderModel
 
 BUFFER_BYTES = 512 * 2**20  # well above any last-level cache
@@ -34,9 +35,7 @@ class Limit:
 
 def kv_bytes(model: DecoderModel, context_tokens: int) -> int:
     """K and V of `context_tokens` tokens over all layers: 2 * L * Hkv * D * dtype bytes * context."""
-    s = model.spec
-    elem = torch.empty((), dtype=model.dtype).element_size()
-    return 2 * s.num_layers * s.num_kv_heads * s.head_dim * elem * context_tokens
+    return model.spec.kv_bytes(context_tokens, torch.empty((), dtype=model.dtype).element_size())
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = BUFFER_BYTES, passes: int = 7) -> float:
@@ -44,12 +43,10 @@ def measure_bandwidth(device: torch.device, nbytes: int = BUFFER_BYTES, passes: 
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     times = []
     for i in range(passes + 1):
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync_device(device)
         t0 = time.perf_counter()
         x.sum()
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
+        sync_device(device)
         if i:  # the first pass touches the pages
             times.append(time.perf_counter() - t0)
     del x

@@ -227,8 +227,11 @@ def sizes(folder: Path) -> dict:
 
     with safe_open(str(folder / "model.safetensors"), "pt") as f:
         n = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
-    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
-    kv = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * head_dim * 4
+    from transformers import AutoConfig
+
+    from triforce_core.model import ModelSpec
+
+    kv = ModelSpec.from_config(AutoConfig.from_pretrained(str(folder))).kv_bytes()
     return {"parameters": n, "weight_bytes_fp32": 4 * n, "file_bytes": (folder / "model.safetensors").stat().st_size,
             "kv_bytes_per_token_fp32": kv, "kv_bytes_at_16k_fp32": kv * 16384,
             "kv_at_16k_over_weights_fp32": round(kv * 16384 / (4 * n), 2),

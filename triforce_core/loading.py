@@ -65,6 +65,12 @@ def resolve_device(device: str = "auto") -> torch.device:
     return torch.device(device)
 
 
+def sync_device(device: torch.device) -> None:
+    """Wait for the device's queued work (CUDA runs asynchronously): before reading a clock."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
 def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     """auto = bfloat16 on CUDA, float32 on CPU (CPU attention is several times faster in float32)."""
     if dtype == "auto":

@@ -59,10 +59,9 @@ class ModelSpec:
     rope_type: str
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
 
-    @property
-    def kv_bytes_per_token(self) -> int:
-        """Bytes of K and V one token occupies in a float32 cache (x element size / 4 otherwise)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * 4
+    def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
+        """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size * tokens
 
     @classmethod
     def from_config(cls, config: Any) -> "ModelSpec":

@@ -41,6 +41,7 @@ import torch
 from .config import GenerationConfig, SamplingConfig
 from .events import LEVELS, ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
+from .loading import sync_device
 from .lookup import ContextIndex
 from .model import DecoderModel
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
@@ -491,7 +492,7 @@ class Decoder:
         if self.lookup is not None:
             self.lookup.index.reset(self.prompt)
         self._reset_counters()
-        _sync_device(self.target.device)
+        sync_device(self.target.device)
         return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse)
 
     def _select(self, queries: torch.Tensor | None) -> None:
@@ -660,7 +661,7 @@ class Decoder:
             yield from events
             if done:
                 break
-        _sync_device(self.target.device)
+        sync_device(self.target.device)
         decode_s = time.perf_counter() - t0
         n_new = len(new_levels)
         acceptance = {
@@ -780,11 +781,6 @@ class _TextState:
 
 def _bonus_only(p: torch.Tensor, generator) -> VerifyResult:
     return VerifyResult(accepted=0, token=sample(p, generator), bonus=True)
-
-
-def _sync_device(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def make_generator(seed: int | None, device: torch.device) -> torch.Generator:
