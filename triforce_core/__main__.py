@@ -352,11 +352,22 @@ def _load_engine(args):
         raise UsageError(str(e)) from None
 
 
-def _write_tokens(ev, colour: bool) -> None:
-    """Stream a Committed event's text, coloured by the level of its last token on a terminal."""
-    if ev.text:
-        sys.stdout.write((LEVEL_COLOURS.get(ev.levels[-1], "") + ev.text + "\x1b[0m") if colour else ev.text)
-        sys.stdout.flush()
+def _write_tokens(ev, detok) -> None:
+    """Stream a Committed event's text; with a detokenizer (a terminal) each token's text is
+    coloured by the level that proposed it."""
+    if detok is None:
+        sys.stdout.write(ev.text)
+    else:
+        sys.stdout.write("".join(LEVEL_COLOURS.get(level, "") + text + "\x1b[0m"
+                                 for text, level in zip(detok.push(ev.token_ids), ev.levels) if text))
+    sys.stdout.flush()
+
+
+def _colour_detokenizer(engine, colour: bool):
+    """Per-token text for colouring on a terminal (None: plain text, e.g. a pipe or NO_COLOR)."""
+    from .detokenize import IncrementalDetokenizer
+
+    return IncrementalDetokenizer(engine.decode) if colour and engine.tokenizer is not None else None
 
 
 def cmd_generate(args) -> int:
@@ -382,10 +393,10 @@ def cmd_generate(args) -> int:
                 print(f"--- sample {i + 1}\n{r.text}")
             print(_stats_line(_summary([r.stats for r in results])), file=sys.stderr)
         return 0
-    colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ
+    detok = _colour_detokenizer(engine, sys.stdout.isatty() and "NO_COLOR" not in os.environ)
     for ev in engine.generate(prompt, config):
         if isinstance(ev, Committed):
-            _write_tokens(ev, colour)
+            _write_tokens(ev, detok)
         elif isinstance(ev, Finished):
             sys.stdout.write("\n")
             print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
@@ -416,11 +427,12 @@ def cmd_chat(args) -> int:
     for q in args.question:
         if not args.json:
             print(f"Q: {q}\nA: ", end="", flush=True)
+        detok = _colour_detokenizer(engine, colour)
         for ev in session.ask(q):
             if args.json:
                 continue
             if isinstance(ev, Committed):
-                _write_tokens(ev, colour)
+                _write_tokens(ev, detok)
             elif isinstance(ev, Finished):
                 sys.stdout.write("\n\n")
                 print(_stats_line(ev.stats.as_dict()), file=sys.stderr)

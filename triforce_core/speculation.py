@@ -39,6 +39,7 @@ from typing import Iterator
 import torch
 
 from .config import GenerationConfig, SamplingConfig
+from .detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
 from .loading import sync_device
@@ -588,7 +589,7 @@ class Decoder:
         recent_acc: deque[float] = deque(maxlen=4)
         stop_reason = "max_new_tokens"
         capture = self.retrieval is not None
-        text_state = _TextState(self.detokenize)
+        detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
         run = spec.gamma2  # length of the next lookup run: doubles while the target takes it all
         schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
@@ -644,7 +645,7 @@ class Decoder:
             new_levels += levels
             done = stop_reason == "eos" or len(new_levels) >= spec.max_new_tokens
             # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
-            events.append(Committed(tuple(new), tuple(levels), text_state.push(new)))
+            events.append(Committed(tuple(new), tuple(levels), "".join(detok.push(new)) if detok else ""))
             # 5. Every lane rolls back to the committed sequence (O(1) per cache).
             self.full.commit(committed)
             if self.lookup is not None:
@@ -757,26 +758,6 @@ class DraftSchedule:
             return
         self.backoff = 1
         self.length = min(self.longest, proposed + 1) if accepted == proposed else accepted
-
-
-class _TextState:
-    """Incremental detokenization: emit only text that is complete (no dangling byte pieces)."""
-
-    def __init__(self, detokenize):
-        self.detokenize = detokenize
-        self.ids: list[int] = []
-        self.emitted = 0
-
-    def push(self, ids: list[int]) -> str:
-        if self.detokenize is None:
-            return ""
-        self.ids += ids
-        text = self.detokenize(self.ids)
-        if text.endswith("\ufffd"):  # an incomplete multi-byte character: wait for the rest
-            return ""
-        out = text[self.emitted :]
-        self.emitted = len(text)
-        return out
 
 
 def _bonus_only(p: torch.Tensor, generator) -> VerifyResult:

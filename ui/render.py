@@ -10,6 +10,7 @@ from __future__ import annotations
 import html
 from typing import Callable, Iterable, Sequence
 
+from triforce_core.detokenize import IncrementalDetokenizer
 from triforce_core.events import Committed, Event
 
 # level -> (label, background colour for HTML, ANSI colour for terminals)
@@ -23,34 +24,18 @@ _RESET = "\x1b[0m"
 
 
 class TokenSplitter:
-    """Splits committed tokens into (text, level) pieces, incrementally.
-
-    Each token's text is the growth of the decoded prefix, so spacing and characters spread
-    over several tokens come out right (an incomplete character is attached to the next token).
-    Decoding the whole prefix each time is fine for one answer; `window` bounds the cost by
-    decoding only the last tokens.
-    """
+    """Splits committed tokens into (text, level) pieces, incrementally (one text per token,
+    from `triforce_core.detokenize`)."""
 
     def __init__(self, decode: Callable[[Sequence[int]], str], window: int = 64):
-        self.decode = decode
-        self.window = window
-        self.ids: list[int] = []
+        self._detok = IncrementalDetokenizer(decode, window)
+
+    @property
+    def ids(self) -> list[int]:
+        return self._detok.ids
 
     def push(self, ev: Committed) -> list[tuple[str, str]]:
-        out = []
-        for tok, level in zip(ev.token_ids, ev.levels):
-            ctx = self.ids[-self.window :]
-            before = self.decode(ctx) if ctx else ""
-            self.ids.append(tok)
-            after = self.decode(ctx + [tok])
-            if after.endswith("\ufffd"):  # incomplete character: wait for the next token
-                out.append(("", level))
-                continue
-            # a completed character may also finish earlier pending bytes: compare on the
-            # undamaged part of `before`
-            stem = before.rstrip("\ufffd")
-            out.append((after[len(stem) :] if after.startswith(stem) else after, level))
-        return out
+        return list(zip(self._detok.push(ev.token_ids), ev.levels))
 
 
 def _pieces(events: Iterable[Event], decode: Callable[[Sequence[int]], str]) -> list[tuple[str, str]]:

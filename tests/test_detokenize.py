@@ -1,0 +1,68 @@
+"""The incremental detokenizer shared by the engine, the command line and the app."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+
+from transformers import AutoTokenizer
+
+from triforce_core.detokenize import IncrementalDetokenizer
+from triforce_core.events import Committed
+from triforce_core.loading import DEMO_TARGET
+
+TEXT = ("Naïve café — «quoted» 東京 and 🙂 emoji.\n\tdef f(x):\n        return x ** 2  # ünïcödé\n" * 6)
+
+
+def _tokenizer():
+    return AutoTokenizer.from_pretrained(str(DEMO_TARGET))
+
+
+def test_pieces_add_up_to_the_whole_decode_whatever_the_chunking():
+    tok = _tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    full = tok.decode(ids)
+    for step in (1, 2, 3, 7, 40):
+        d = IncrementalDetokenizer(tok.decode, window=16)
+        pieces = []
+        for i in range(0, len(ids), step):
+            pieces += d.push(ids[i : i + step])
+        assert len(pieces) == len(ids)
+        assert "".join(pieces) == full, step
+        assert "\ufffd" not in "".join(pieces)
+
+
+def test_cost_per_token_does_not_grow_with_the_answer():
+    tok = _tokenizer()
+    ids = tok.encode(TEXT * 4, add_special_tokens=False)
+    lengths: list[int] = []
+
+    def decode(seq):
+        lengths.append(len(seq))
+        return tok.decode(seq)
+
+    d = IncrementalDetokenizer(decode, window=32)
+    d.push(ids)
+    assert len(ids) > 500 and max(lengths) == 33  # the window and the new token, never the whole answer
+
+
+def test_terminal_output_colours_each_token_by_its_level():
+    from triforce_core.__main__ import LEVEL_COLOURS, _write_tokens
+
+    tok = _tokenizer()
+    ids = tok.encode("Hello there, general", add_special_tokens=False)
+    levels = (["lookup", "retrieval", "target"] * len(ids))[: len(ids)]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), IncrementalDetokenizer(tok.decode))
+    text = out.getvalue()
+    for level in set(levels):
+        assert LEVEL_COLOURS[level] in text
+    plain = text
+    for code in (*LEVEL_COLOURS.values(), "\x1b[0m"):
+        plain = plain.replace(code, "")
+    assert plain == tok.decode(ids)
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        _write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), None)
+    assert out.getvalue() == tok.decode(ids)  # no terminal: plain text
