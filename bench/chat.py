@@ -54,9 +54,9 @@ CONFIGS: dict[str, dict] = {
     "triforce-gate": {"min_confidence": 0.5},
     "triforce-draft": {"small_draft": True},
     "retrieval": {"mode": "retrieval"},
-    "retrieval-paper": {"mode": "retrieval", "lookup": False, "adaptive_gamma": False},
+    "retrieval-paper": {**PAPER_METHOD, "mode": "retrieval"},
     "draft": {"mode": "draft"},
-    "draft-paper": {"mode": "draft", "lookup": False, "adaptive_gamma": False},
+    "draft-paper": {**PAPER_METHOD, "mode": "draft"},
     "lookup": {"mode": "lookup"},
     "autoregressive": {"mode": "autoregressive"},
 }

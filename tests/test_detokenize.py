@@ -66,3 +66,18 @@ def test_terminal_output_colours_each_token_by_its_level():
     with contextlib.redirect_stdout(out):
         _write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), None)
     assert out.getvalue() == tok.decode(ids)  # no terminal: plain text
+
+
+def test_a_rounds_text_at_once_equals_its_tokens_texts():
+    """push_text (the engine's Committed.text: two decodes a round) gives what push gives."""
+    tok = _tokenizer()
+    ids = tok.encode(TEXT, add_special_tokens=False)
+    for step in (1, 3, 8, 33):
+        whole, per_token = IncrementalDetokenizer(tok.decode, window=16), IncrementalDetokenizer(tok.decode, window=16)
+        texts = []
+        for i in range(0, len(ids), step):
+            part = ids[i : i + step]
+            texts.append(whole.push_text(part))
+            assert texts[-1] == "".join(per_token.push(part)), (step, i)
+        assert "".join(texts) == tok.decode(ids)
+    assert IncrementalDetokenizer(tok.decode).push_text([]) == ""

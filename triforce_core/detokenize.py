@@ -15,6 +15,10 @@ from typing import Callable, Sequence
 
 
 class IncrementalDetokenizer:
+    """`push` gives each token's own text (for colouring by level); `push_text` the text of a
+    whole round at once, with two decodes per round instead of two per token (the engine's
+    `Committed.text`, on the decoding loop's hot path)."""
+
     def __init__(self, decode: Callable[[Sequence[int]], str], window: int = 64):
         self.decode = decode
         self.window = window
@@ -36,3 +40,14 @@ class IncrementalDetokenizer:
             stem = before.rstrip("\ufffd")
             out.append(after[len(stem) :] if after.startswith(stem) else after)
         return out
+
+    def push_text(self, ids: Sequence[int]) -> str:
+        """The text `ids` add together (what ''.join(push(ids)) gives)."""
+        if not ids:
+            return ""
+        ctx = self.ids[-self.window :]
+        before = self.decode(ctx) if ctx else ""
+        self.ids += [int(t) for t in ids]
+        after = self.decode(ctx + [int(t) for t in ids]).rstrip("\ufffd")  # hold back an incomplete character
+        stem = before.rstrip("\ufffd")
+        return after[len(stem) :] if after.startswith(stem) else after

@@ -645,7 +645,7 @@ class Decoder:
             new_levels += levels
             done = stop_reason == "eos" or len(new_levels) >= spec.max_new_tokens
             # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
-            events.append(Committed(tuple(new), tuple(levels), "".join(detok.push(new)) if detok else ""))
+            events.append(Committed(tuple(new), tuple(levels), detok.push_text(new) if detok else ""))
             # 5. Every lane rolls back to the committed sequence (O(1) per cache).
             self.full.commit(committed)
             if self.lookup is not None:
