@@ -40,11 +40,11 @@ browser:
 # Re-train the embedded demo pair (about 45 minutes on 2 CPU cores; needs Debian's
 # python3.11-doc, which the script installs when run as root) and measure it.
 demo-models: install
-	$(PY) scripts/make_sample_document.py
-	$(PY) scripts/train_demo_models.py
+	$(PY) -m scripts.make_sample_document
+	$(PY) -m scripts.train_demo_models
 
 eval-demo-models: install
-	HF_HUB_OFFLINE=1 $(PY) scripts/eval_demo_models.py --json artifacts/demo-eval.json
+	HF_HUB_OFFLINE=1 $(PY) -m scripts.eval_demo_models --json artifacts/demo-eval.json
 
 clean:
 	rm -rf $(VENV) .pytest_cache

@@ -3,12 +3,16 @@
     python app.py                                   # the embedded demo pair, http://127.0.0.1:7860
     python app.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
 
+The same port serves an OpenAI-compatible API at /v1 (chat completions, models); `python -m
+triforce_core serve` serves the API alone, without the browser app.
+
 Nothing happens on import; the app is built and launched only under `__main__`.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -16,7 +20,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
         "level that proposed it.",
-        epilog="Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
+        epilog="The same port serves an OpenAI-compatible API: POST /v1/chat/completions, GET /v1/models. "
+        "Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
         "endpoint, no file access beyond uploads.",
     )
     p.add_argument("--target", help="hub id or local folder (default: the embedded demo target)")
@@ -26,20 +31,27 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-                   help="default decoding mode (triforce with a draft, else retrieval)")
+                   help="default decoding mode (the app: triforce with a draft, else retrieval; the HTTP API: "
+                   "lookup below 8,192 prompt tokens, triforce above)")
     p.add_argument("--max-new-tokens", type=int, default=128, help="default answer length limit (default 128)")
     p.add_argument("--budget", type=int, default=4096, help="default retrieval budget in tokens (default 4096)")
     p.add_argument("--max-upload-mb", type=int, default=50, help="largest accepted upload (default 50 MB)")
     p.add_argument("--max-cached-sessions", type=int, default=4,
                    help="users whose KV caches stay in memory between questions (default 4)")
+    p.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
+                   help="require 'Authorization: Bearer KEY' on the HTTP API (default: $TRIFORCE_API_KEY, else none)")
+    p.add_argument("--api-slots", type=int, default=4,
+                   help="idle conversations whose caches the HTTP API and the chat endpoint keep, least recently "
+                   "used evicted (default 4)")
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError, TriForceEngine
-    from triforce_core.loading import default_model_names
-    from ui.app import Settings, build_app, launch_options
+    from triforce_core.loading import default_model_names, served_model_name
+    from ui.app import Settings
+    from ui.server import build_server, run_server
 
     try:
         target, draft = default_model_names(args.target, args.draft)
@@ -48,13 +60,19 @@ def main(argv: list[str] | None = None) -> int:
         mode = args.mode or ("triforce" if engine.draft is not None else "retrieval")
         defaults = Settings(mode=mode, max_new_tokens=args.max_new_tokens, budget=args.budget)
         defaults.config()
-        demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=args.max_upload_mb,
-                         max_cached_sessions=args.max_cached_sessions)
+        if args.api_slots < 0:
+            raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
+        name = served_model_name(target)
+        app = build_server(engine, model_name=name, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
+                           api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
+                           max_cached_sessions=args.max_cached_sessions)
     except (ModelLoadError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    demo.queue(default_concurrency_limit=8)
-    demo.launch(**launch_options(args.host, args.port, args.max_upload_mb))
+    url = f"http://{args.host}:{args.port}"
+    print(f"TriForce Studio on {url}/ ; OpenAI-compatible API at {url}/v1 (model {name!r}"
+          + (", API key required" if args.api_key else "") + ")", file=sys.stderr)
+    run_server(app, args.host, args.port)
     return 0
 
 

@@ -29,15 +29,15 @@ from pathlib import Path
 
 import torch
 
+from triforce_core.benchmark import machine_info
 from triforce_core.config import PAPER_METHOD, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
+from triforce_core.resources import SAMPLE_DIR
 from triforce_core.session import ChatSession
 
-from .harness import machine_info
-
-DOCUMENT = Path(__file__).resolve().parent.parent / "assets" / "sample" / "python-tutorial-data-structures-modules.txt"
+DOCUMENT = SAMPLE_DIR / "python-tutorial-data-structures-modules.txt"
 OPEN_QUESTIONS = (
     "What is a module?",
     "How do I sort a list?",

@@ -1,6 +1,6 @@
 """Profile one mode's decoding at a long context: where do the milliseconds of a round go?
 
-    python bench/profile_decode.py [--mode triforce] [--context-tokens 16000] [--max-new-tokens 64] \\
+    python -m bench.profile_decode [--mode triforce] [--context-tokens 16000] [--max-new-tokens 64] \\
         [--top 25] [--torch]
 
 Prefills the prompt once (not profiled), warms up, then decodes `--max-new-tokens` tokens under
@@ -16,15 +16,11 @@ import io
 import pstats
 import sys
 import time
-from pathlib import Path
 
-if __package__ in (None, ""):
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import torch
 
-import torch  # noqa: E402
-
-from bench.harness import Bench  # noqa: E402
-from triforce_core.config import GenerationConfig, SpeculationConfig  # noqa: E402
+from triforce_core.benchmark import Bench
+from triforce_core.config import GenerationConfig, SpeculationConfig
 
 
 def main(argv: list[str] | None = None) -> int:

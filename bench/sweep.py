@@ -1,10 +1,10 @@
 """Sweep: decoding speed of every mode over context lengths, and TriForce over budget x chunk size.
 
-    python bench/sweep.py [--target T --draft D] [--contexts 2048,4096,8192,16000] \\
+    python -m bench.sweep [--target T --draft D] [--contexts 2048,4096,8192,16000] \\
         [--budgets 1024,2048,4096] [--chunk-sizes 4,8,16] [--grid-context 16000] \\
         [--max-new-tokens 64] [--repeats 3] [--out artifacts/bench]
 
-Writes OUT/sweep.json (every report of `bench.harness`, the grid and the break-even context),
+Writes OUT/sweep.json (every report of `triforce_core.benchmark`, the grid and the break-even context),
 OUT/sweep.html (the figures, self-contained) and OUT/*.png when kaleido can render (it drives a
 local Chrome/Chromium; without one the PNGs are skipped and the HTML is still written).
 The models are loaded and each prompt is prefilled once; the grid reuses the prefill of its
@@ -19,10 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script: make `bench` and `triforce_core` importable
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-
-from bench.harness import MODES, OUR_MODES, Bench, BenchError, parse_modes, print_table  # noqa: E402
+from triforce_core.benchmark import MODES, OUR_MODES, Bench, BenchError, parse_modes, print_table
 
 SPECULATIVE = ("triforce", "retrieval", "draft")
 
@@ -175,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     a.out.mkdir(parents=True, exist_ok=True)
     result = {
-        "command": "python bench/sweep.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m bench.sweep " + " ".join(argv if argv is not None else sys.argv[1:]),
         "contexts": reports,
         "grid_context": grid_context,
         "grid": grid,

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Measure the embedded demo pair on held-out text (the figures of assets/models/README.md).
 
 * per-token loss of the same held-out tokens (the last 512 of each 16K-token stream) seen with
@@ -13,7 +12,7 @@
 * the draft's top-1 agreement with the target on held-out 512-token windows;
 * sizes: parameters, weight bytes, KV bytes per token.
 
-    python scripts/eval_demo_models.py [--models assets/models] [--json OUT]
+    python -m scripts.eval_demo_models [--models assets/models] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,9 +28,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-import demo_corpus  # noqa: E402
+from . import demo_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,21 +1,18 @@
-#!/usr/bin/env python3
 """Write the app's bundled sample document: the "Classes" chapter of the Python tutorial.
 
 The chapter comes from the reStructuredText sources in Debian's python3.11-doc package,
 turned into plain text the same way as the training text. The tutorial is held out of the
 demo models' training data, so answers about it come from the document, not from memory.
 
-    python scripts/make_sample_document.py [--out assets/sample/python-tutorial-classes.txt]
+    python -m scripts.make_sample_document [--out assets/sample/python-tutorial-classes.txt]
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo_corpus  # noqa: E402
+from . import demo_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = (

@@ -1,4 +1,3 @@
-#!/usr/bin/env python3
 """Train the embedded demo pair: a long-context Llama target and a small Llama draft.
 
 Everything runs offline on a CPU (about 45 minutes on 2 cores with the defaults):
@@ -20,8 +19,8 @@ Everything runs offline on a CPU (about 45 minutes on 2 cores with the defaults)
 Both models are saved in bfloat16 safetensors with the tokenizer under ``assets/models``.
 Seeded and deterministic for a given machine and library versions.
 
-    python scripts/train_demo_models.py               # full run
-    python scripts/train_demo_models.py --quick       # a two-minute smoke run into a scratch folder
+    python -m scripts.train_demo_models               # full run (from the repository root)
+    python -m scripts.train_demo_models --quick       # a two-minute smoke run into a scratch folder
 """
 
 from __future__ import annotations
@@ -32,7 +31,6 @@ import math
 import os
 import random
 import shutil
-import sys
 import time
 from pathlib import Path
 
@@ -40,8 +38,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import demo_corpus  # noqa: E402
+from . import demo_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECIALS = ["<|endoftext|>", "<|system|>", "<|user|>", "<|assistant|>", "<|end|>"]

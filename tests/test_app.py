@@ -87,11 +87,12 @@ def http_status(url: str) -> int:
 
 
 def test_secure_defaults(server):
-    from ui.app import launch_options
+    import app
+    from ui.server import mount_options
 
-    opts = launch_options()
-    assert opts["server_name"] == "127.0.0.1" and opts["share"] is False and opts["max_file_size"] == "50mb"
-    assert opts["enable_monitoring"] is False and opts["allowed_paths"] == []
+    assert app.parse_args([]).host == "127.0.0.1" and app.parse_args([]).api_key in (None, os.environ.get("TRIFORCE_API_KEY"))
+    opts = mount_options()
+    assert opts["max_file_size"] == "50mb" and opts["enable_monitoring"] is False and opts["allowed_paths"] == []
     url = server["url"]
     for path in (ROOT / "app.py", SAMPLE, Path("/etc/passwd")):
         assert http_status(f"{url}gradio_api/file={path}") in (403, 404)
@@ -181,6 +182,47 @@ def test_concurrent_calls_on_the_same_document_and_on_none_are_kept_apart(server
     assert not errors, errors
     assert together == alone
     assert alone[0] != alone[1] and alone[2] != alone[3]
+
+
+def test_the_http_api_on_the_app_port_and_the_chat_endpoint_at_once(server, documents):
+    """The OpenAI-compatible API is served on the app's port; two of its requests and two
+    `chat` endpoint calls at once (the same documents and questions) each answer as alone, and
+    a follow-up question reuses the document the chat endpoint prefilled."""
+    openai = pytest.importorskip("openai")
+    client = openai.OpenAI(base_url=server["url"] + "v1", api_key="unused", max_retries=0, timeout=300)
+    assert [m.id for m in client.models.list().data] == ["triforce-demo"]
+    calls = [("a", "What follows «Objects have individuality, and multiple names»?"),
+             ("b", "How does an iterator work?")]
+
+    def http(k, q):
+        content = documents[k].read_text(encoding="utf-8").strip() + "\n\n" + q
+        r = client.chat.completions.create(model="triforce-demo", messages=[{"role": "user", "content": content}],
+                                           temperature=0, max_tokens=MAX_NEW)
+        return r.choices[0].message.content, r.model_extra["triforce"]
+
+    alone = [ask_api(server["url"], q, documents[k])[-1] for k, q in calls]
+    http_alone = [http(k, q) for k, q in calls]
+    assert [text for text, _ in http_alone] == alone  # the same conversation through either door
+    assert all(stats["reused_tokens"] > 500 for _, stats in http_alone)  # prefilled by the chat endpoint
+    together: dict[str, str] = {}
+    errors: list[BaseException] = []
+
+    def run(name, fn, *args):
+        try:
+            out = fn(*args)
+            together[name] = out[0] if isinstance(out, tuple) else out[-1]
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(f"http{i}", http, k, q)) for i, (k, q) in enumerate(calls)]
+    threads += [threading.Thread(target=run, args=(f"chat{i}", ask_api, server["url"], q, documents[k]))
+                for i, (k, q) in enumerate(calls)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert not errors, errors
+    assert [together["http0"], together["http1"]] == alone and [together["chat0"], together["chat1"]] == alone
 
 
 # -- the browser -----------------------------------------------------------------------------------

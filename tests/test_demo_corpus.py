@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import json
 import random
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "scripts"))
+from scripts import demo_corpus, train_demo_models
 
-import demo_corpus  # noqa: E402
-import train_demo_models  # noqa: E402
+ROOT = Path(__file__).resolve().parents[1]
 
 # Prose in which short word sequences recur with different continuations, as in real
 # documentation ("the value of", "is returned"), and unique longer phrases.

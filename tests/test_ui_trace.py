@@ -1,9 +1,6 @@
-"""The app's pure parts: events -> answer trace -> HTML and figure data; the engine worker."""
+"""The app's pure parts: events -> answer trace -> HTML and figure data."""
 
 from __future__ import annotations
-
-import threading
-import time
 
 import pytest
 
@@ -13,7 +10,6 @@ from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, G
 from triforce_core.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
 from ui.figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
-from ui.worker import EngineWorker, Progress
 
 NAMES = {i: f"<{i}>" for i in range(100)}
 
@@ -176,71 +172,3 @@ def test_chunk_labels_point_into_the_document(chat_engine):
     assert label(start + 60, start + 62)[0] == "page 2"
     assert label(0, 1) == ("chat template / question", "")
     assert label(10_000, 10_004) == ("the answer so far", "")
-
-
-# -- the worker ------------------------------------------------------------------------------------
-
-def counting(name, n, log, closed):
-    def start(progress):
-        def gen():
-            try:
-                progress(1, 1)
-                for i in range(n):
-                    log.append((name, i))
-                    yield i
-            finally:
-                closed.append(name)
-
-        return gen()
-
-    return start
-
-
-def test_worker_interleaves_jobs_and_delivers_everything_in_order():
-    worker = EngineWorker()
-    log, closed = [], []
-    gate = threading.Event()
-    worker.submit(lambda p: iter([gate.wait(5)]))  # hold the worker until both jobs are queued
-    a = worker.submit(counting("a", 20, log, closed))
-    b = worker.submit(counting("b", 20, log, closed))
-    gate.set()
-    items_a, items_b = list(a), list(b)
-    assert items_a[0] == Progress(1, 1) and items_a[1:] == list(range(20)) and items_b[1:] == list(range(20))
-    firsts = [name for name, _ in log[:6]]
-    assert "a" in firsts and "b" in firsts  # round-robin, not one job after the other
-    assert sorted(closed) == ["a", "b"]
-    worker.close()
-
-
-def test_cancel_closes_the_generation_and_errors_reach_the_consumer():
-    worker = EngineWorker()
-    log, closed = [], []
-    job = worker.submit(counting("long", 10**9, log, closed))
-    first = [job.get(timeout=5) for _ in range(3)]
-    job.cancel()
-    assert job.finished.wait(5) and job.stopped and closed == ["long"] and first[0] == Progress(1, 1)
-
-    def failing(progress):
-        raise ValueError("the question is empty")
-
-    with pytest.raises(ValueError, match="question is empty"):
-        list(worker.submit(failing))
-    assert worker.call(lambda: 42) == 42  # the worker lives on
-
-
-def test_cancel_aborts_a_prefill_between_chunks():
-    worker = EngineWorker()
-    calls = []
-
-    def prefill(progress):
-        for i in range(1000):
-            calls.append(i)
-            progress(i, 1000)
-            time.sleep(0.002)
-        return iter(["done"])
-
-    job = worker.submit(prefill)
-    assert isinstance(job.get(timeout=5), Progress)
-    job.cancel()
-    assert job.finished.wait(5) and job.stopped and len(calls) < 1000
-    worker.close()

@@ -39,7 +39,7 @@ def _add_model_args(g) -> None:
     models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
 
 
-def _add_decoding_args(g, mode: bool = True) -> None:
+def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
     dec = g.add_argument_group("decoding")
     if mode:
         dec.add_argument(
@@ -50,12 +50,16 @@ def _add_decoding_args(g, mode: bool = True) -> None:
         )
     else:
         g.set_defaults(mode=None)
-    dec.add_argument("--max-new-tokens", type=int, default=128)
-    dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    dec.add_argument("--top-p", type=float, default=1.0)
-    dec.add_argument("--top-k", type=int, default=0, help="0 = off")
-    dec.add_argument("--seed", type=int, default=None)
-    dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
+    dec.add_argument("--max-new-tokens", type=int, default=128,
+                     help="longest answer (default 128)" + ("" if sampling else "; a request's max_tokens overrides it"))
+    if sampling:
+        dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+        dec.add_argument("--top-p", type=float, default=1.0)
+        dec.add_argument("--top-k", type=int, default=0, help="0 = off")
+        dec.add_argument("--seed", type=int, default=None)
+        dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
+    else:  # set by each request
+        g.set_defaults(temperature=0.0, top_p=1.0, top_k=0, seed=None, ignore_eos=False)
     spec = g.add_argument_group("speculation")
     spec.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens (default 4096)")
     spec.add_argument("--chunk-size", type=int, default=8, help="retrieval chunk size (default 8)")
@@ -95,7 +99,8 @@ def _add_decoding_args(g, mode: bool = True) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     p = _Parser(
-        prog="python -m triforce_core",
+        # the installed command (pyproject.toml) shows its own name; `python -m` would show __main__.py
+        prog="triforce" if Path(sys.argv[0]).name == "triforce" else "python -m triforce_core",
         description="TriForce: lossless hierarchical speculative decoding for long contexts.",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
@@ -175,6 +180,31 @@ def build_parser() -> argparse.ArgumentParser:
                    help="torch intra-op threads (default: torch's own; 1 is steadier on a shared CPU)")
     b.add_argument("--json", metavar="OUT", help="write the report as JSON to OUT (- = stdout)")
 
+    v = sub.add_parser(
+        "serve",
+        help="serve the OpenAI-compatible HTTP API alone (no browser app)",
+        description=(
+            "Serve POST /v1/chat/completions (streaming and not) and GET /v1/models for OpenAI-compatible "
+            "clients, headless. Sampling (temperature, top_p, seed), max_tokens and stop sequences come with "
+            "each request; the flags below set the decoding mode and caches. A conversation resent whole "
+            "each turn prefills only its new tokens (--slots idle caches are kept, least recently used evicted)."
+        ),
+        epilog=(
+            "Example: python -m triforce_core serve --port 8000, then OpenAI(base_url='http://127.0.0.1:8000/v1', "
+            "api_key='unused').chat.completions.create(model='triforce-demo', messages=[...]). "
+            "Each response carries its speculation statistics under `triforce` (README, HTTP API)."
+        ),
+    )
+    _add_model_args(v)
+    net = v.add_argument_group("server")
+    net.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    net.add_argument("--port", type=int, default=8000, help="port (default 8000)")
+    net.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
+                     help="require 'Authorization: Bearer KEY' (default: $TRIFORCE_API_KEY, else none)")
+    net.add_argument("--slots", type=int, default=4,
+                     help="idle conversations whose caches are kept for prefix reuse (default 4)")
+    _add_decoding_args(v, sampling=False)
+
     i = sub.add_parser(
         "ingest",
         help="extract the text of a document (txt, md, html, pdf, epub, docx)",
@@ -210,8 +240,9 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Thin wrapper over `bench.harness` (the repository's benchmark package)."""
-    harness = _import_bench()
+    """Thin wrapper over `triforce_core.benchmark` (imported here: it pulls in torch and transformers)."""
+    from . import benchmark as harness
+
     modes = harness.parse_modes(args.modes)
     if args.repeats < 1:
         raise UsageError(f"--repeats must be >= 1, got {args.repeats}")
@@ -248,16 +279,27 @@ def cmd_bench(args) -> int:
     return 0
 
 
-def _import_bench():
-    """`bench` lives next to `triforce_core` in the repository (not an installed package)."""
-    root = str(Path(__file__).resolve().parent.parent)
-    if root not in sys.path:
-        sys.path.append(root)
-    try:
-        from bench import harness
-    except ImportError as e:
-        raise UsageError(f"the benchmark package bench/ is not available next to triforce_core ({e})") from None
-    return harness
+def cmd_serve(args) -> int:
+    from .loading import served_model_name
+    from .serving.openai_api import ChatCompletionsAPI, create_app, run_server
+    from .serving.worker import EngineWorker
+    from .slots import SlotPool
+
+    if args.slots < 0:
+        raise UsageError(f"--slots must be >= 0, got {args.slots}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    _check_flags(args)
+    engine, config = _load_engine(args)
+    if engine.tokenizer is None:
+        raise UsageError("the HTTP API needs a target with a tokenizer")
+    name = served_model_name(_model_names(args)[0])
+    api = ChatCompletionsAPI(engine, EngineWorker(), SlotPool(engine, args.slots), model_name=name,
+                             base_config=config, mode=args.mode, api_key=args.api_key)
+    url = f"http://{args.host}:{args.port}/v1"
+    print(f"serving {name!r} at {url}" + (" (API key required)" if args.api_key else ""), file=sys.stderr, flush=True)
+    run_server(create_app(api), args.host, args.port)
+    return 0
 
 
 def _model_names(args) -> tuple[str, str | None]:
@@ -531,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
             return cmd_chat(args)
         if args.command == "bench":
             return cmd_bench(args)  # its BenchError is a ValueError: one line, exit 2
+        if args.command == "serve":
+            return cmd_serve(args)
         return cmd_generate(args)
     except (UsageError, ConfigError, ModelLoadError, ContextLengthError, SessionError) as e:
         return _error(e)

@@ -179,11 +179,18 @@ def _child_main() -> None:
     sys.stdout.flush()
 
 
+_CHILD_CODE = "from triforce_core.documents import _child_main; _child_main()"
+# The folder holding this copy of `triforce_core`: a checkout's root, or site-packages.
 _PACKAGE_PARENT = str(Path(__file__).resolve().parent.parent)
-_CHILD_CODE = (
-    "import sys; sys.path.insert(0, sys.argv[1]); "
-    "from triforce_core.documents import _child_main; _child_main()"
-)
+
+
+def _child_env() -> dict[str, str]:
+    """The child imports this very copy of the package, installed or not: it runs in the
+    package's parent folder (first on a `-c` interpreter's path), which also leads its
+    PYTHONPATH (for PYTHONSAFEPATH, which drops the working directory)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (_PACKAGE_PARENT, env.get("PYTHONPATH")) if p)
+    return env
 
 
 def _in_child(data: bytes, name: str, timeout_s: float, memory_bytes: int | None) -> Document:
@@ -194,8 +201,9 @@ def _in_child(data: bytes, name: str, timeout_s: float, memory_bytes: int | None
 
     try:
         proc = subprocess.run(
-            [sys.executable, "-c", _CHILD_CODE, _PACKAGE_PARENT],
+            [sys.executable, "-c", _CHILD_CODE],
             input=pickle.dumps((data, name, memory_bytes)), capture_output=True, timeout=timeout_s, check=False,
+            cwd=_PACKAGE_PARENT, env=_child_env(),
         )
     except subprocess.TimeoutExpired:
         raise DocumentError(f"extraction took longer than {timeout_s:g} s and was stopped") from None

@@ -122,15 +122,12 @@ class TriForceEngine:
         prompt_ids: Sequence[int],
         config: GenerationConfig = GenerationConfig(),
         on_prefill_progress: Callable[[int, int], None] | None = None,
+        progress_events: bool = False,
     ) -> Iterator[Event]:
         """Yield the events of one generation (see `triforce_core.events`)."""
         generator = make_generator(config.sampling.seed, self.target.device)
         decoder = self._decoder(prompt_ids, config, generator)
-        prefilled = decoder.prefill([int(i) for i in prompt_ids], on_prefill_progress)
-        yield prefilled
-        if decoder.selection_event is not None:
-            yield decoder.selection_event
-        yield from decoder.run(prefilled)
+        return decoder.generate([int(i) for i in prompt_ids], on_prefill_progress, progress_events)
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> GenerationResult:
         """Generate to the end and collect the result."""

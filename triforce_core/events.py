@@ -12,6 +12,12 @@ token copied from an earlier match in the context, `triforce_core.lookup`; no mo
 `Drafted` event may carry any proposing level; `Verified.level` names the *verifying* level
 ("retrieval" or "target").
 
+A scheduler may ask for `PrefillProgress` events (an opt-in extension: `progress_events=True`
+on `Decoder.generate`, `TriForceEngine.generate`, `Slot.generate` and `ChatSession.ask`): they
+come before `Prefilled`, one after each prefill chunk, so a worker serving several callers can
+run other callers' rounds between the chunks of a long prefill. Consumers that do not ask never
+see one.
+
 To stop a generation, close the generator (`gen.close()`); the engine checks between rounds,
 so a stop takes effect within one round. No `Finished` follows a close.
 """
@@ -22,6 +28,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Union
 
 LEVELS = ("lookup", "draft", "retrieval", "target")
+
+
+@dataclass(frozen=True)
+class PrefillProgress:
+    """Opt-in: `done` of the `total` prompt tokens to run through the target are cached so far."""
+
+    done: int
+    total: int
 
 
 @dataclass(frozen=True)
@@ -109,4 +123,4 @@ class Finished:
     stats: GenerationStats
 
 
-Event = Union[Prefilled, ChunksSelected, Drafted, Verified, Committed, Finished]
+Event = Union[PrefillProgress, Prefilled, ChunksSelected, Drafted, Verified, Committed, Finished]

@@ -16,9 +16,9 @@ from typing import Any
 import torch
 
 from .model import DecoderModel, ModelSpec, UnsupportedModelError
+from .resources import DEMO_MODELS
 
 # The embedded demo pair (see assets/models/README.md once it is installed).
-DEMO_MODELS = Path(__file__).resolve().parent.parent / "assets" / "models"
 DEMO_TARGET = DEMO_MODELS / "target"
 DEMO_DRAFT = DEMO_MODELS / "draft"
 
@@ -53,6 +53,15 @@ def default_model_names(target: str | None, draft: str | None) -> tuple[str, str
     if draft is None and DEMO_DRAFT.is_dir():
         draft = str(DEMO_DRAFT)
     return str(DEMO_TARGET), draft
+
+
+def served_model_name(target: str) -> str:
+    """The model id the HTTP API answers to: "triforce-demo" for the embedded pair, a local
+    folder's name, else the hub id as given."""
+    path = Path(target)
+    if path.is_dir():
+        return "triforce-demo" if path.resolve() == DEMO_TARGET.resolve() else path.resolve().name
+    return target
 
 
 def resolve_device(device: str = "auto") -> torch.device:

@@ -24,17 +24,15 @@ out-of-memory error frees the caches and leaves the session usable.
 
 from __future__ import annotations
 
-import gc
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-import torch
-
 from .config import GenerationConfig
 from .engine import ContextLengthError, TriForceEngine
 from .events import Committed, Event, Finished, Prefilled
-from .speculation import Decoder, make_generator
+from .prompting import render_prompt
+from .slots import Slot
 
 
 class SessionError(RuntimeError):
@@ -129,7 +127,7 @@ class ChatSession:
         self.config = config or GenerationConfig()
         self.allow_truncation = allow_truncation
         self.turns: list[Turn] = []
-        self._decoder: Decoder | None = None
+        self._slot = Slot(engine)  # the conversation's caches, kept between turns
         self._document = ""
         self._document_tokens: int | None = None
         self.set_document(document)
@@ -178,27 +176,11 @@ class ChatSession:
 
     def prompt_ids(self, question: str) -> list[int]:
         """Token ids of the whole conversation plus `question`, ready for the answer."""
-        text = self.prompt_text(question)
-        if getattr(self.engine.tokenizer, "chat_template", None):
-            return self._encode(text)
-        return list(self.engine.tokenizer(text)["input_ids"])
+        return render_prompt(self.engine.tokenizer, self.messages(question))[1]
 
     def prompt_text(self, question: str) -> str:
         """The text `prompt_ids` tokenizes: the chat template's rendering, or a plain transcript."""
-        tok = self.engine.tokenizer
-        messages = self.messages(question)
-        if getattr(tok, "chat_template", None):
-            return tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-        parts = []
-        for m in messages:
-            if m["role"] == "system":
-                parts.append(m["content"] + "\n\n")
-            elif m["role"] == "user":
-                parts.append(f"Question: {m['content']}\n")
-            else:
-                parts.append(f"Answer: {m['content']}\n\n")
-        parts.append("Answer:")
-        return "".join(parts)
+        return render_prompt(self.engine.tokenizer, self.messages(question))[0]
 
     def token_char_spans(self, question: str) -> tuple[list[tuple[int, int]], int]:
         """For the prompt of `question`: each token's (start, end) characters in the document
@@ -231,10 +213,12 @@ class ChatSession:
         question: str,
         config: GenerationConfig | None = None,
         on_prefill_progress: Callable[[int, int], None] | None = None,
+        progress_events: bool = False,
     ) -> Iterator[Event]:
         """Answer `question` after the conversation so far; a generator of events (close it to stop).
 
-        Checks (empty question, context window) raise here, before anything runs.
+        Checks (empty question, context window) raise here, before anything runs. With
+        `progress_events`, `PrefillProgress` events come between the prefill's chunks.
         """
         t0 = time.perf_counter()
         question = (question or "").strip()
@@ -242,31 +226,42 @@ class ChatSession:
             raise ValueError("the question is empty")
         config = config or self.config
         prompt, truncation = self._fit(question, config)
-        return self._turn(question, prompt, config, truncation, on_prefill_progress, t0)
+        return self._turn(question, prompt, config, truncation, on_prefill_progress, progress_events, t0)
 
-    def regenerate(self, config: GenerationConfig | None = None, on_prefill_progress=None) -> Iterator[Event]:
+    def prompt_for(self, question: str, config: GenerationConfig | None = None) -> list[int]:
+        """The prompt ids `ask(question)` would run, checked against the context window (a
+        ContextLengthError gives the numbers); nothing runs and the conversation is unchanged."""
+        question = (question or "").strip()
+        if not question:
+            raise ValueError("the question is empty")
+        return self._fit(question, config or self.config)[0]
+
+    def regenerate(self, config: GenerationConfig | None = None, on_prefill_progress=None,
+                   progress_events: bool = False) -> Iterator[Event]:
         """Answer the last question again; the caches roll back to the end of the previous turn."""
         if not self.turns:
             raise ValueError("there is no answer to regenerate")
         last = self.turns.pop()
         try:
-            return self.ask(last.question, config, on_prefill_progress)
+            return self.ask(last.question, config, on_prefill_progress, progress_events)
         except Exception:
             self.turns.append(last)
             raise
 
-    def edit_last(self, question: str, config: GenerationConfig | None = None, on_prefill_progress=None) -> Iterator[Event]:
+    def edit_last(self, question: str, config: GenerationConfig | None = None, on_prefill_progress=None,
+                  progress_events: bool = False) -> Iterator[Event]:
         """Replace the last question (and its answer) by `question` and answer it."""
         if not self.turns:
             raise ValueError("there is no question to edit")
         last = self.turns.pop()
         try:
-            return self.ask(question, config, on_prefill_progress)
+            return self.ask(question, config, on_prefill_progress, progress_events)
         except Exception:
             self.turns.append(last)
             raise
 
-    def rerun_last(self, config: GenerationConfig, on_prefill_progress=None) -> Iterator[Event]:
+    def rerun_last(self, config: GenerationConfig, on_prefill_progress=None,
+                   progress_events: bool = False) -> Iterator[Event]:
         """Answer the last question again with `config` (e.g. autoregressively, to compare),
         leaving the conversation as it was: the original answer stays the last turn.
 
@@ -276,7 +271,7 @@ class ChatSession:
             raise ValueError("there is no question to answer again")
         last = self.turns.pop()
         try:
-            events = self.ask(last.question, config, on_prefill_progress)
+            events = self.ask(last.question, config, on_prefill_progress, progress_events)
         finally:
             self.turns.append(last)
 
@@ -291,26 +286,15 @@ class ChatSession:
 
     def cache_lengths(self) -> dict[str, int]:
         """Tokens held by each cache (0 when there is none yet)."""
-        d = self._decoder
-        if d is None:
-            return {"target": 0, "retrieval": 0, "draft": 0}
-        return {
-            "target": d.full.cache.length,
-            "retrieval": d.retrieval.cache.length if d.retrieval is not None else 0,
-            "draft": d.small.cache.length if d.small is not None else 0,
-        }
+        return self._slot.cache_lengths()
 
     def cached_tokens(self) -> list[int]:
         """The token ids whose keys/values the target's cache holds."""
-        d = self._decoder
-        return [] if d is None else list(d.history[: d.full.cache.length])
+        return self._slot.cached_tokens()
 
     def release(self) -> None:
         """Free the caches (the next turn prefills from scratch)."""
-        self._decoder = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        self._slot.release()
 
     # -- internals -------------------------------------------------------------------------
     def _fit(self, question: str, config: GenerationConfig) -> tuple[list[int], Truncation | None]:
@@ -352,69 +336,43 @@ class ChatSession:
         self.engine.check_prompt(prompt, config)
         return prompt, Truncation(before_tokens, self.document_tokens, before_chars, len(self._document))
 
-    def _decoder_for(self, config: GenerationConfig, prompt_len: int) -> Decoder:
-        d = self._decoder
-        if d is not None and d.config == config:
-            if config.sampling.seed is not None:
-                d.generator.manual_seed(config.sampling.seed)
-            return d
-        # New settings: fresh lanes, but the target's cache (the expensive part) carries over.
-        generator = make_generator(config.sampling.seed, self.engine.target.device)
-        capacity = self.engine.capacity_for(prompt_len, config)
-        handover = {} if d is None else {"full_cache": d.full.cache, "history": d.history}
-        self._decoder = None
-        self._decoder = self.engine.make_decoder(config, capacity, generator, **handover)
-        return self._decoder
-
-    def _failed(self, e: Exception, during: str) -> None:
-        """Free the caches (they may be half-written) and turn out-of-memory into SessionError."""
-        self.release()
-        if _is_oom(e):
-            raise SessionError(
-                f"out of memory {during}; the caches were freed. "
-                "Try a shorter document, a smaller retrieval budget or a lower-precision dtype"
-            ) from None
-
-    def _turn(self, question, prompt, config, truncation, on_prefill_progress, t0: float) -> Iterator[Event]:
+    def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0) -> Iterator[Event]:
         first_token_s = None
         turn = Turn(question, truncation=truncation)
         self.turns.append(turn)
         answer_ids: list[int] = []
+        prefilled: Prefilled | None = None
         try:
-            try:
-                decoder = self._decoder_for(config, len(prompt))
-                prefilled = decoder.prefill(prompt, on_prefill_progress)
-            except Exception as e:
-                self._failed(e, f"while prefilling {len(prompt)} tokens")
-                raise
-            yield prefilled
-            if decoder.selection_event is not None:
-                yield decoder.selection_event
-            try:
-                for ev in decoder.run(prefilled):
-                    if isinstance(ev, Committed):
-                        if first_token_s is None:
-                            first_token_s = time.perf_counter() - t0
-                        answer_ids += ev.token_ids
-                        turn.token_ids += ev.token_ids
-                        turn.levels += ev.levels
-                    elif isinstance(ev, Finished):
-                        s = ev.stats
-                        turn.stats = TurnStats(
-                            prompt_tokens=len(prompt), prefill_tokens=prefilled.tokens,
-                            reused_tokens=prefilled.reused_tokens, prefill_s=prefilled.seconds,
-                            first_token_s=first_token_s if first_token_s is not None else time.perf_counter() - t0,
-                            decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
-                            acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
-                            stop_reason=s.stop_reason, mode=s.mode,
-                        )
-                    yield ev
-            except Exception as e:
-                self._failed(e, "while decoding")
-                raise
+            for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events):
+                if isinstance(ev, Prefilled):
+                    prefilled = ev
+                elif isinstance(ev, Committed):
+                    if first_token_s is None:
+                        first_token_s = time.perf_counter() - t0
+                    answer_ids += ev.token_ids
+                    turn.token_ids += ev.token_ids
+                    turn.levels += ev.levels
+                elif isinstance(ev, Finished):
+                    s = ev.stats
+                    turn.stats = TurnStats(
+                        prompt_tokens=len(prompt), prefill_tokens=prefilled.tokens,
+                        reused_tokens=prefilled.reused_tokens, prefill_s=prefilled.seconds,
+                        first_token_s=first_token_s if first_token_s is not None else time.perf_counter() - t0,
+                        decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
+                        acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
+                        stop_reason=s.stop_reason, mode=s.mode,
+                    )
+                yield ev
+        except Exception as e:  # the slot has freed its caches (they may be half-written)
+            if _is_oom(e):
+                during = "while decoding" if prefilled is not None else f"while prefilling {len(prompt)} tokens"
+                raise SessionError(
+                    f"out of memory {during}; the caches were freed. "
+                    "Try a shorter document, a smaller retrieval budget or a lower-precision dtype"
+                ) from None
+            raise
         finally:
             # Whatever happened (finished, stopped, failed), what was generated is kept. The text
             # is not stripped: re-tokenized next turn, it then matches the cached ids.
             ids = [t for t in answer_ids if t not in self.engine.eos_token_ids]
             turn.answer = self.engine.decode(ids)
-

@@ -34,13 +34,24 @@ from __future__ import annotations
 import time
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Generator, Iterator
 
 import torch
 
 from .config import GenerationConfig, SamplingConfig
 from .detokenize import IncrementalDetokenizer
-from .events import LEVELS, ChunksSelected, Committed, Drafted, Event, Finished, GenerationStats, Prefilled, Verified
+from .events import (
+    LEVELS,
+    ChunksSelected,
+    Committed,
+    Drafted,
+    Event,
+    Finished,
+    GenerationStats,
+    Prefilled,
+    PrefillProgress,
+    Verified,
+)
 from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
 from .loading import sync_device
 from .lookup import ContextIndex
@@ -109,7 +120,7 @@ class Lane:
         self.covered += len(self.fed)
         self.fed = []
 
-    def prefill(self, tokens: list[int], chunk: int, capture_last: bool = False, on_progress=None):
+    def prefill(self, tokens: list[int], chunk: int, capture_last: bool = False):
         """Feed committed tokens in chunks without computing logits.
 
         With capture_last, return the post-rope queries [L, H, D] of the last token fed.
@@ -127,8 +138,6 @@ class Lane:
             self.covered += len(part)
             if last:
                 queries = out.queries[:, -1]
-            if on_progress is not None:
-                on_progress(i + len(part), len(tokens))
         return queries
 
 
@@ -452,13 +461,50 @@ class Decoder:
         self._refreshed = False
 
     # -- prefill ---------------------------------------------------------------------------
+    def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False) -> Iterator[Event]:
+        """One generation: prefill `prompt` (reusing the cached prefix), then decode.
+
+        The one way the engine, chat sessions, cache slots and the bench run a generation.
+        `on_prefill_progress(done, total)` is called after each prefill chunk; with
+        `progress_events` a `PrefillProgress` event is also yielded there, so a scheduler can
+        interleave other work with a long prefill (and close the generator to abort it).
+        """
+        steps = self.prefill_steps(prompt)
+        while True:
+            try:
+                done, total = next(steps)
+            except StopIteration as end:
+                prefilled = end.value
+                break
+            if on_prefill_progress is not None:
+                on_prefill_progress(done, total)
+            if progress_events:
+                yield PrefillProgress(done, total)
+        yield prefilled
+        if self.selection_event is not None:
+            yield self.selection_event
+        yield from self.run(prefilled)
+
     def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
-        """Make every lane hold prompt[:-1] (the last prompt token stays pending).
+        """Run `prefill_steps` to the end (for callers that decode with `run` themselves)."""
+        steps = self.prefill_steps(prompt)
+        while True:
+            try:
+                done, total = next(steps)
+            except StopIteration as end:
+                return end.value
+            if on_progress is not None:
+                on_progress(done, total)
+
+    def prefill_steps(self, prompt: list[int]) -> Generator[tuple[int, int], None, Prefilled]:
+        """Make every lane hold prompt[:-1] (the last prompt token stays pending); yields
+        (done, total) new tokens after each target chunk and returns the `Prefilled` event.
 
         The target's full cache keeps the longest common prefix of what it already holds and
         the new prompt; only the rest is run through the target (prefix reuse for chat). The
         small draft's window is rebuilt and the retrieval chunks are re-selected for the new
-        last query.
+        last query. Closed between chunks, the full cache keeps what was prefilled so far, and
+        `history` names exactly those tokens (a later prompt reuses them).
         """
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -478,7 +524,16 @@ class Decoder:
             lane.cache.grow(need)
         lane.cache.truncate(reuse)
         lane.covered, lane.fed, lane.pending = reuse, [], []
-        queries = lane.prefill(body[reuse:], chunk, capture_last=self.retrieval is not None, on_progress=on_progress)
+        self.history = body[:reuse]  # == what the full cache holds, after every chunk
+        fresh = body[reuse:]
+        queries = None
+        for i in range(0, len(fresh), chunk):
+            part = fresh[i : i + chunk]
+            last = i + chunk >= len(fresh)
+            q = lane.prefill(part, chunk, capture_last=last and self.retrieval is not None)
+            self.history += part
+            queries = q if q is not None else queries
+            yield i + len(part), len(fresh)
         lane.pending = self.prompt[-1:]
         self.history = list(self.prompt)
         if self.small is not None:

@@ -1,8 +1,9 @@
 """Presentation of the engine's events, and the Gradio app.
 
 `ui.render`, `ui.trace` and `ui.figures` are pure functions of events (no model, no server);
-`ui.app.build_app` builds the Gradio app and `ui.worker` runs the engine for it. Gradio and
-plotly are imported only when those are used, so the terminal chat stays light.
+`ui.app.build_app` builds the Gradio app and `ui.server` serves it with the OpenAI-compatible
+HTTP API on one port (`triforce_core.serving` runs the engine for both). Gradio and plotly are
+imported only when those are used, so the terminal chat stays light.
 """
 
 from .render import (

@@ -9,12 +9,13 @@ the engine goes through one `EngineWorker` thread, so users cannot corrupt each 
 and answers are generators fed from that worker, so Stop ends a generation within one round.
 
 The named endpoint `chat(message, document)` streams an answer's plain text for
-`gradio_client` (see the README).
+`gradio_client` (see the README). Its calls borrow cache slots from the same `SlotPool` as the
+OpenAI-compatible HTTP API (`triforce_core.serving.openai_api`), which `ui.server` serves on
+the same port.
 """
 
 from __future__ import annotations
 
-import hashlib
 import html
 import threading
 import time
@@ -36,10 +37,13 @@ from triforce_core.config import (
 )
 from triforce_core.documents import EXTENSIONS, Document, DocumentError, load_document
 from triforce_core.engine import ContextLengthError, TriForceEngine
-from triforce_core.events import ChunksSelected, Committed
+from triforce_core.events import ChunksSelected, Committed, PrefillProgress
+from triforce_core.resources import APP_CSS as CSS_PATH
+from triforce_core.resources import SAMPLE_DOCUMENT
+from triforce_core.serving.worker import EngineWorker, Job
 from triforce_core.session import ChatSession, SessionError
+from triforce_core.slots import SlotPool
 
-from .api_sessions import ApiSessions
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .render import (
     context_gauge_html,
@@ -51,11 +55,7 @@ from .render import (
     transcript_html,
 )
 from .trace import AnswerTrace
-from .worker import EngineWorker, Job, Progress
 
-ROOT = Path(__file__).resolve().parent.parent
-SAMPLE_DOCUMENT = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
-CSS_PATH = ROOT / "assets" / "app.css"
 MAX_UPLOAD_MB = 50
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
@@ -231,17 +231,20 @@ def build_app(
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
     title: str = "TriForce Studio",
+    worker: EngineWorker | None = None,
+    slots: SlotPool | None = None,
 ) -> gr.Blocks:
-    """The app around one engine (created once, here). Launch with `demo.launch(**launch_options())`."""
+    """The app around one engine (created once, here), run by `worker` (the one scheduler; a new
+    one by default), its `chat` endpoint lending caches from `slots`. Served by `ui.server`."""
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
     defaults = defaults or Settings(mode="triforce" if engine.draft is not None else "retrieval")
-    worker = EngineWorker()
+    worker = worker or EngineWorker()
+    slots = slots if slots is not None else SlotPool(engine, capacity=2)
     pool = SessionPool(worker, max_cached_sessions)
     window = engine.context_window
     max_bytes = max_upload_mb * 1_000_000
-    api_sessions = ApiSessions(lambda: ChatSession(engine), lambda old: worker.call(old.release), capacity=2)
     modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
 
     def new_user() -> UserState:
@@ -313,7 +316,7 @@ def build_app(
             for item in job.stream(UPDATE_EVERY_S):
                 if item is None:
                     pass
-                elif isinstance(item, Progress):
+                elif isinstance(item, PrefillProgress):
                     status = status_html(
                         f"{label}: prefilling {item.done:,} / {item.total:,} tokens", "busy", item.done / max(item.total, 1)
                     )
@@ -382,8 +385,8 @@ def build_app(
         return user, settings
 
     def ask_start(user: UserState, question: str, config: GenerationConfig):
-        def start(progress):
-            events = user.session.ask(question, config, on_prefill_progress=progress)
+        def start():
+            events = user.session.ask(question, config, progress_events=True)
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events
 
@@ -407,8 +410,8 @@ def build_app(
         user.session.system_prompt = (system or "").strip() or None
         config = settings.config()
 
-        def start(progress):
-            events = user.session.regenerate(config, on_prefill_progress=progress)
+        def start():
+            events = user.session.regenerate(config, progress_events=True)
             user.answers = user.answers[: len(user.session.turns)]
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events
@@ -422,12 +425,12 @@ def build_app(
             raise gr.Error("Ask a question (and let the answer finish) first.")
         answer = user.answers[-1]
         ar = Settings(**{**settings.__dict__, "mode": "autoregressive"}).config()
-        user.job = job = worker.submit(lambda progress: user.session.rerun_last(ar, on_prefill_progress=progress))
+        user.job = job = worker.submit(lambda: user.session.rerun_last(ar, progress_events=True))
         baseline = AnswerTrace(engine.decode)
         last = 0.0
         try:
             for item in job.stream(UPDATE_EVERY_S):
-                if item is not None and not isinstance(item, Progress):
+                if item is not None and not isinstance(item, PrefillProgress):
                     baseline.push(item, time.perf_counter())
                 if time.perf_counter() - last > 0.5:
                     last = time.perf_counter()
@@ -478,25 +481,22 @@ def build_app(
         message = (message or "").strip()
         if not message:
             raise gr.Error("the message is empty")
-        key, doc = "", None
+        doc = None
         if document is not None:
             path = Path(document if isinstance(document, str) else getattr(document, "path", None) or document.name)
             try:
-                data = path.read_bytes()
                 doc = load_document(path, max_bytes=max_bytes, name=path.name)
             except DocumentError as e:
                 raise gr.Error(f"could not read {path.name}: {e}")
-            key = hashlib.sha256(data).hexdigest()
-        session, fresh = api_sessions.take(key)
         config = defaults.config()
-
-        def start(progress):
-            if fresh:
-                session.set_document(doc)
-            session.clear()
-            return session.ask(message, config, on_prefill_progress=progress)
-
-        job = worker.submit(start)
+        # The conversation a chat session would start (the document leading the question),
+        # rendered and checked against the context window on the worker, which owns the tokenizer.
+        try:
+            prompt = worker.call(lambda: ChatSession(engine, doc).prompt_for(message, config))
+        except (ContextLengthError, ValueError) as e:
+            raise gr.Error(str(e))
+        slot, _ = slots.take(prompt)
+        job = worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
         text = ""
         ok = False
         try:
@@ -510,9 +510,9 @@ def build_app(
         finally:
             job.cancel()
             if ok:
-                api_sessions.give_back(key, session)
+                slots.give_back(slot)
             else:  # a failed or abandoned call: its caches are not worth keeping
-                worker.call(session.release)
+                slots.discard(slot)
         yield text
 
     # -- layout ----------------------------------------------------------------------------------
@@ -608,19 +608,3 @@ def build_app(
 
 SETTING_NAMES = ["mode", "temperature", "top_p", "max_new_tokens", "budget", "chunk_size", "gamma1", "gamma2",
                  "draft_window", "seed", "lookup"]
-
-
-def launch_options(host: str = "127.0.0.1", port: int = 7860, max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
-    """Secure defaults for `demo.launch`: local only, no share link, upload limit, no monitoring."""
-    return dict(
-        server_name=host,
-        server_port=port,
-        share=False,
-        max_file_size=f"{max_upload_mb}mb",
-        enable_monitoring=False,
-        allowed_paths=[],
-        ssr_mode=False,
-        show_error=True,
-        css_paths=[CSS_PATH] if CSS_PATH.exists() else None,
-        footer_links=["api"],
-    )

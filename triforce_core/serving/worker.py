@@ -1,16 +1,17 @@
-"""One background thread that runs every generation of the app, round-robin.
+"""The one scheduler: a background thread that runs every generation, round-robin.
 
-The model is shared by all users; each user has their own `ChatSession` (their own caches).
-Only this thread touches the engine, so two users can never interleave inside a forward or
-write to each other's caches. Several generations advance together: the worker takes one
-event from each active job in turn (an event is at most one speculation round), so a second
-user's answer streams while the first one's does. A prefill is one step (its progress is
-reported, and a stop aborts it between chunks).
+The model is shared by every caller (the app's users, the `chat` endpoint, the HTTP API);
+each has their own caches (a `ChatSession` or a `Slot`). Only this thread touches the engine,
+so two callers can never interleave inside a forward or write to each other's caches. Several
+generations advance together: the worker takes one event from each active job in turn, and
+an event is at most one speculation round or one prefill chunk (generations started with
+`progress_events=True` yield a `PrefillProgress` after each chunk), so a long prefill of one
+caller does not freeze the others' streams.
 
-    job = worker.submit(lambda progress: session.ask("...", on_prefill_progress=progress))
-    for item in job:          # events, `Progress(done, total)`, in order; errors re-raised here
+    job = worker.submit(lambda: session.ask("...", progress_events=True))
+    for item in job:          # the events, in order; errors re-raised here
         ...
-    job.cancel()              # stop: the engine's generator is closed within one round
+    job.cancel()              # stop: the generator is closed within one round or chunk
 """
 
 from __future__ import annotations
@@ -18,18 +19,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
-from dataclasses import dataclass
 from typing import Callable, Iterator
-
-
-@dataclass(frozen=True)
-class Progress:
-    done: int  # prompt tokens prefilled so far
-    total: int
-
-
-class Stopped(Exception):
-    """The job was cancelled (raised inside a prefill to abort it)."""
 
 
 _END = object()
@@ -38,7 +28,7 @@ _END = object()
 class Job:
     """A generation submitted to the worker; iterate it to receive its items."""
 
-    def __init__(self, start: Callable[[Callable[[int, int], None]], Iterator]):
+    def __init__(self, start: Callable[[], Iterator]):
         self._start = start
         self._items: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()
@@ -86,11 +76,6 @@ class Job:
                 return
 
     # -- worker side -----------------------------------------------------------------------
-    def _progress(self, done: int, total: int) -> None:
-        if self._cancelled.is_set():
-            raise Stopped("stopped during the prefill")
-        self._items.put(Progress(done, total))
-
     def _step(self) -> bool:
         """Advance by one event; False when the job is over."""
         try:
@@ -100,13 +85,10 @@ class Job:
                     self._gen.close()  # the engine stops between rounds
                 return self._end()
             if self._gen is None:
-                self._gen = self._start(self._progress)
+                self._gen = self._start()
             self._items.put(next(self._gen))
             return True
         except StopIteration:
-            return self._end()
-        except Stopped:
-            self.stopped = True
             return self._end()
         except BaseException as e:  # reported to the consumer, the worker lives on
             self._items.put(e)
@@ -125,11 +107,12 @@ class EngineWorker:
         self._pending: collections.deque[Job] = collections.deque()
         self._wake = threading.Condition()
         self._closed = False
+        self._running = 0
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, start: Callable[[Callable[[int, int], None]], Iterator]) -> Job:
-        """Queue a generation: `start(progress)` is called in the worker and returns its event iterator."""
+    def submit(self, start: Callable[[], Iterator]) -> Job:
+        """Queue a generation: `start()` is called in the worker and returns its event iterator."""
         job = Job(start)
         with self._wake:
             if self._closed:
@@ -140,10 +123,15 @@ class EngineWorker:
 
     def call(self, fn: Callable[[], object]):
         """Run `fn()` in the worker thread (e.g. anything touching a session's caches) and return its result."""
-        def start(_progress):
+        def start():
             yield fn()
 
         return next(iter(self.submit(start)))
+
+    def jobs(self) -> int:
+        """Generations queued or running now."""
+        with self._wake:
+            return len(self._pending) + self._running
 
     def close(self) -> None:
         with self._wake:
@@ -164,5 +152,8 @@ class EngineWorker:
                     return
                 while self._pending:
                     active.append(self._pending.popleft())
+                self._running = len(active)
             # One event from each active job in turn.
             active = [job for job in active if job._step()]
+            with self._wake:
+                self._running = len(active)

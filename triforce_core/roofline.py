@@ -15,8 +15,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
-from triforce_core.loading import sync_device
-from triforce_core.model import DecoderModel
+from .loading import sync_device
+from .model import DecoderModel
 
 BUFFER_BYTES = 512 * 2**20  # well above any last-level cache
 

@@ -1,6 +1,6 @@
 """Benchmark harness: our four modes against Hugging Face `generate` and assisted generation.
 
-    from bench.harness import Bench
+    from triforce_core.benchmark import Bench
     bench = Bench.load(target=None, draft=None)            # the embedded demo pair
     prompt = bench.context_prompt(16000)                   # the sample document, 16,000 tokens
     report = bench.run(prompt, config, modes, repeats=3)   # the JSON of `python -m triforce_core bench`
@@ -46,18 +46,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from triforce_core.config import GenerationConfig
-from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed, Finished
-from triforce_core.loading import DTYPES, default_model_names, sync_device
-from triforce_core.speculation import make_generator
-
+from .config import GenerationConfig
+from .engine import TriForceEngine
+from .events import Committed, Finished
+from .loading import DTYPES, default_model_names, sync_device
+from .resources import SAMPLE_DOCUMENT
 from .roofline import Limit, measure_limit
+from .speculation import make_generator
 
 OUR_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 HF_MODES = ("hf-generate", "hf-assisted")
 MODES = OUR_MODES + HF_MODES
-SAMPLE_DOCUMENT = Path(__file__).resolve().parent.parent / "assets" / "sample" / "python-tutorial-classes.txt"
 QUESTION = "\n\nQuestion: How does Python find an attribute of an instance of a class?\nAnswer:"
 WARMUP_TOKENS = 4
 

@@ -1,0 +1,65 @@
+"""One server on one port: the Gradio app at `/` and the OpenAI-compatible HTTP API at `/v1`.
+
+    app = build_server(engine, model_name="triforce-demo-target")
+    run_server(app, "127.0.0.1", 7860)
+
+Both halves share one `EngineWorker` (the scheduler every caller goes through) and one
+`SlotPool` (the `chat` endpoint's and the HTTP API's prefix-matched caches); the app's users
+keep their own sessions, capped by `max_cached_sessions`.
+"""
+
+from __future__ import annotations
+
+from fastapi import FastAPI
+
+from triforce_core.engine import TriForceEngine
+from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
+from triforce_core.serving.worker import EngineWorker
+from triforce_core.slots import SlotPool
+
+from .app import CSS_PATH, MAX_UPLOAD_MB, Settings, build_app
+
+__all__ = ["build_server", "mount_options", "run_server"]
+
+
+def mount_options(max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
+    """Secure defaults for mounting the app: upload limit, no file access beyond uploads, no
+    monitoring endpoint (the bind address, 127.0.0.1 by default, is the server's)."""
+    return dict(
+        max_file_size=f"{max_upload_mb}mb",
+        enable_monitoring=False,
+        allowed_paths=[],
+        ssr_mode=False,
+        show_error=True,
+        css_paths=[CSS_PATH] if CSS_PATH.exists() else None,
+        footer_links=["api"],
+    )
+
+
+def build_server(
+    engine: TriForceEngine,
+    *,
+    model_name: str,
+    defaults: Settings | None = None,
+    api_mode: str | None = None,
+    api_key: str | None = None,
+    api_slots: int = 4,
+    max_upload_mb: int = MAX_UPLOAD_MB,
+    max_cached_sessions: int = 4,
+) -> FastAPI:
+    """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`."""
+    import gradio as gr
+
+    worker = EngineWorker()
+    slots = SlotPool(engine, capacity=api_slots)
+    demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
+                     max_cached_sessions=max_cached_sessions, worker=worker, slots=slots)
+    demo.queue(default_concurrency_limit=8)
+    base = (defaults or Settings()).config()
+    api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,
+                             api_key=api_key)
+    app = FastAPI(title="TriForce Studio", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(api.router)
+    app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
+    app.state.tf_api = api
+    return app
