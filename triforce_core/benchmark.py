@@ -48,7 +48,7 @@ import torch
 
 from .config import GenerationConfig
 from .engine import TriForceEngine
-from .events import Committed, Finished
+from .events import Committed, Finished, Prefilled
 from .loading import DTYPES, default_model_names, sync_device
 from .resources import SAMPLE_DOCUMENT
 from .roofline import Limit, measure_limit
@@ -253,11 +253,13 @@ class Bench:
         generator = make_generator(cfg.sampling.seed, engine.target.device)
         dec = engine.make_decoder(cfg, engine.capacity_for(len(prompt), cfg), generator,
                                   full_cache=full_cache, history=list(prompt))
-        pre = dec.prefill(prompt)
+        pre = None
         ids: list[int] = []
         stats = None
-        for ev in dec.run(pre):
-            if isinstance(ev, Committed):
+        for ev in dec.generate(prompt):
+            if isinstance(ev, Prefilled):
+                pre = ev
+            elif isinstance(ev, Committed):
                 ids += ev.token_ids
             elif isinstance(ev, Finished):
                 stats = ev.stats

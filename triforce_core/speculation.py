@@ -574,39 +574,19 @@ class Decoder:
 
     def mark(self) -> None:
         """Remember the post-prefill state (call right after `prefill`)."""
-        snap = []
-        for lane in (self.full, self.retrieval, self.small):
-            if lane is None:
-                snap.append(None)
-                continue
-            c = lane.cache
-            data = None if isinstance(c, FullCache) else (c.k[:, :, : c.length].clone(), c.v[:, :, : c.length].clone())
-            if isinstance(c, RetrievalCache):
-                extra = (c.selection, c.exact_positions)
-            else:
-                extra = (getattr(c, "evicted", 0),)
-            snap.append((lane.covered, list(lane.fed), list(lane.pending), c.length, data, extra))
-        self._mark = tuple(snap)
+        self._mark = tuple(
+            None if lane is None else (lane.covered, list(lane.fed), list(lane.pending), lane.cache.snapshot())
+            for lane in (self.full, self.retrieval, self.small)
+        )
 
     def restore(self) -> None:
         """Return to the state saved by `mark` (O(budget + draft window), no prefill)."""
         assert self._mark is not None, "restore() without mark()"
         for lane, snap in zip((self.full, self.retrieval, self.small), self._mark):
-            if lane is None:
-                continue
-            covered, fed, pending, length, data, extra = snap
-            c = lane.cache
-            if data is None:
-                c.truncate(length)
-            else:
-                c.k[:, :, :length] = data[0]
-                c.v[:, :, :length] = data[1]
-                c.length = length
-            if isinstance(c, RetrievalCache):
-                c.selection, c.exact_positions = extra
-            elif isinstance(c, StreamingCache):
-                c.evicted = extra[0]
-            lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
+            if lane is not None:
+                covered, fed, pending, cache = snap
+                lane.cache.restore(cache)
+                lane.covered, lane.fed, lane.pending = covered, list(fed), list(pending)
         if self.lookup is not None and len(self.lookup.index.tokens) != len(self.prompt):
             self.lookup.index.reset(self.prompt)
         self._reset_counters()

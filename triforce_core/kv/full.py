@@ -32,6 +32,13 @@ class FullCache(KVStore):
         super().truncate(length)
         self.low_water = min(self.low_water, length)
 
+    def snapshot(self) -> tuple:
+        # Writes only ever append here, so the slots before `length` stay as they are: O(1).
+        return (self.length,)
+
+    def restore(self, snap: tuple) -> None:
+        self.truncate(snap[0])
+
     def grow(self, capacity: int) -> None:
         if capacity > self.capacity:
             super().grow(capacity)

@@ -54,6 +54,13 @@ class RetrievalCache(KVStore):
         self.recent = recent
         self.selection: Selection | None = None
 
+    def snapshot(self) -> tuple:
+        return super().snapshot(), self.selection, self.exact_positions
+
+    def restore(self, snap: tuple) -> None:
+        data, self.selection, self.exact_positions = snap
+        super().restore(data)
+
     def select(self, queries: torch.Tensor, upto: int) -> Selection:
         """Rebuild the cache from full[:upto] using queries [L, H, D] (post-rope, one position)."""
         full, C = self.full, self.chunk_size

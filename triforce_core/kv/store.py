@@ -90,3 +90,15 @@ class KVStore:
     def positions(self, logical_start: int, n: int) -> torch.Tensor:
         """Rotary positions of n new tokens whose sequence index starts at logical_start."""
         return torch.arange(logical_start, logical_start + n, device=self.k.device)
+
+    def snapshot(self) -> tuple:
+        """What `restore` needs to return here: a copy of the valid slots (later writes may
+        overwrite them, e.g. a compaction or a re-selection)."""
+        n = self.length
+        return n, self.k[:, :, :n].clone(), self.v[:, :, :n].clone()
+
+    def restore(self, snap: tuple) -> None:
+        n, k, v = snap
+        self.k[:, :, :n] = k
+        self.v[:, :, :n] = v
+        self.length = n

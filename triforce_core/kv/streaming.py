@@ -37,6 +37,13 @@ class StreamingCache(KVStore):
         super().__init__(num_layers, num_kv_heads, head_dim, sinks + window + self.slack + margin, dtype, device)
         self.evicted = 0  # tokens dropped from the middle so far
 
+    def snapshot(self) -> tuple:
+        return super().snapshot(), self.evicted
+
+    def restore(self, snap: tuple) -> None:
+        data, self.evicted = snap
+        super().restore(data)
+
     def positions(self, logical_start: int, n: int) -> torch.Tensor:
         # Re-based: a token's position is its slot in the cache, whatever its sequence index.
         return torch.arange(self.length, self.length + n, device=self.k.device)
