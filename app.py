@@ -17,6 +17,8 @@ import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
+
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
         "level that proposed it.",
@@ -33,8 +35,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
                    help="default decoding mode (the app: triforce with a draft, else retrieval; the HTTP API: "
                    "lookup below 8,192 prompt tokens, triforce above)")
-    p.add_argument("--max-new-tokens", type=int, default=128, help="default answer length limit (default 128)")
-    p.add_argument("--budget", type=int, default=4096, help="default retrieval budget in tokens (default 4096)")
+    p.add_argument("--max-new-tokens", type=int, default=SpeculationConfig.max_new_tokens,
+                   help="default answer length limit (default %(default)s)")
+    p.add_argument("--budget", type=int, default=CacheConfig.budget,
+                   help="default retrieval budget in tokens (default %(default)s)")
     p.add_argument("--max-upload-mb", type=int, default=50, help="largest accepted upload (default 50 MB)")
     p.add_argument("--max-cached-sessions", type=int, default=4,
                    help="users whose KV caches stay in memory between questions (default 4)")

@@ -12,9 +12,9 @@ import os
 import sys
 from pathlib import Path
 
-from .config import SpeculationConfig
+from .config import CacheConfig, SpeculationConfig
 
-_SPEC = SpeculationConfig()  # the defaults the flags show and fall back to
+_SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
 
 
@@ -50,8 +50,8 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         )
     else:
         g.set_defaults(mode=None)
-    dec.add_argument("--max-new-tokens", type=int, default=128,
-                     help="longest answer (default 128)" + ("" if sampling else "; a request's max_tokens overrides it"))
+    dec.add_argument("--max-new-tokens", type=int, default=_SPEC.max_new_tokens,
+                     help=f"longest answer (default {_SPEC.max_new_tokens})" + ("" if sampling else "; a request's max_tokens overrides it"))
     if sampling:
         dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
         dec.add_argument("--top-p", type=float, default=1.0)
@@ -61,12 +61,16 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
     else:  # set by each request
         g.set_defaults(temperature=0.0, top_p=1.0, top_k=0, seed=None, ignore_eos=False)
     spec = g.add_argument_group("speculation")
-    spec.add_argument("--budget", type=int, default=4096, help="retrieval budget in tokens (default 4096)")
-    spec.add_argument("--chunk-size", type=int, default=8, help="retrieval chunk size (default 8)")
-    spec.add_argument("--draft-window", type=int, default=240, help="recent tokens in the draft's cache (default 240)")
-    spec.add_argument("--draft-sinks", type=int, default=16, help="attention-sink tokens in the draft's cache (default 16)")
-    spec.add_argument("--gamma1", type=int, default=2, help="small-draft tokens per retrieval verification (default 2)")
-    spec.add_argument("--gamma2", type=int, default=6, help="tokens the target verifies per round (default 6)")
+    spec.add_argument("--budget", type=int, default=_CACHE.budget, help="retrieval budget in tokens (default %(default)s)")
+    spec.add_argument("--chunk-size", type=int, default=_CACHE.chunk_size, help="retrieval chunk size (default %(default)s)")
+    spec.add_argument("--draft-window", type=int, default=_CACHE.draft_window,
+                      help="recent tokens in the draft's cache (default %(default)s)")
+    spec.add_argument("--draft-sinks", type=int, default=_CACHE.draft_sinks,
+                      help="attention-sink tokens in the draft's cache (default %(default)s)")
+    spec.add_argument("--gamma1", type=int, default=_SPEC.gamma1,
+                      help="small-draft tokens per retrieval verification (default %(default)s)")
+    spec.add_argument("--gamma2", type=int, default=_SPEC.gamma2,
+                      help="tokens the target verifies per round (default %(default)s)")
     spec.add_argument(
         "--no-lookup", dest="lookup", action="store_false",
         help="turn context lookup off (with --mode triforce: the paper's pure three-level method)",
@@ -93,7 +97,8 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         f"(default {_SPEC.min_confidence:g}: always)",
     )
     spec.add_argument(
-        "--refresh-every", type=int, default=256, help="re-select retrieval chunks every N tokens (0 = never; default 256)"
+        "--refresh-every", type=int, default=_CACHE.refresh_every,
+        help="re-select retrieval chunks every N tokens (0 = never; default %(default)s)"
     )
 
 

@@ -20,7 +20,7 @@ import html
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Callable
 
@@ -68,14 +68,14 @@ class Settings:
     """What the settings accordion holds (defaults = the engine's defaults)."""
 
     mode: str = "triforce"
-    temperature: float = 0.0
-    top_p: float = 1.0
-    max_new_tokens: int = 128
-    budget: int = 4096
-    chunk_size: int = 8
-    gamma1: int = 2
-    gamma2: int = 6
-    draft_window: int = 240
+    temperature: float = SamplingConfig.temperature
+    top_p: float = SamplingConfig.top_p
+    max_new_tokens: int = SpeculationConfig.max_new_tokens
+    budget: int = CacheConfig.budget
+    chunk_size: int = CacheConfig.chunk_size
+    gamma1: int = SpeculationConfig.gamma1
+    gamma2: int = SpeculationConfig.gamma2
+    draft_window: int = CacheConfig.draft_window
     seed: int | None = None
     lookup: bool = True  # off: the paper's pure three levels (small draft -> retrieval -> target)
 
@@ -91,6 +91,42 @@ class Settings:
             ),
             cache=CacheConfig(budget=int(self.budget), chunk_size=int(self.chunk_size), draft_window=int(self.draft_window)),
         )
+
+
+# The settings accordion, one control per `Settings` field, in rows; `Settings` holds the names,
+# the defaults and (through `config()`) the validation, so this is the only other place a
+# setting is named. `setting_control(name, value, modes)` builds one control.
+SETTING_ROWS = (
+    ("mode", "temperature", "top_p"),
+    ("max_new_tokens", "budget", "chunk_size"),
+    ("gamma1", "gamma2", "draft_window", "seed", "lookup"),
+)
+SETTING_NAMES = [f.name for f in fields(Settings)]  # the order handlers receive the values in
+_SLIDERS = {  # name: (low, high, step, label)
+    "temperature": (0.0, 2.0, 0.05, "Temperature (0 = greedy)"),
+    "top_p": (0.05, 1.0, 0.05, "Top-p"),
+    "max_new_tokens": (1, 2048, 1, "Max new tokens"),
+    "budget": (64, 16384, 64, "Retrieval budget (tokens)"),
+    "chunk_size": (1, 64, 1, "Chunk size"),
+    "gamma1": (1, 8, 1, "γ1 (small-draft tokens)"),
+    "gamma2": (1, 16, 1, "γ2 (tokens per target round)"),
+    "draft_window": (16, 2048, 16, "Draft window"),
+}
+_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup"}
+assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
+
+
+def setting_control(name: str, value, modes: list[str]):
+    """The accordion's control for one `Settings` field, showing `value`."""
+    elem_id = _ELEM_IDS.get(name)
+    if name == "mode":
+        return gr.Dropdown(modes, value=value, label="Mode", elem_id=elem_id)
+    if name == "seed":
+        return gr.Number(value=-1 if value is None else value, label="Seed (sampling; -1 = random)", precision=0)
+    if name == "lookup":
+        return gr.Checkbox(value, label="Context lookup (off: the paper's three levels)", elem_id=elem_id)
+    low, high, step, label = _SLIDERS[name]
+    return gr.Slider(low, high, value=value, step=step, label=label, elem_id=elem_id)
 
 
 @dataclass
@@ -547,24 +583,11 @@ def build_app(
                     teaching = gr.Checkbox(False, label="Teaching view (rejected drafts, rounds)", elem_id="tf-teaching")
                 with gr.Accordion("Settings", open=False, elem_id="tf-settings"):
                     system = gr.Textbox(label="System prompt", lines=2, placeholder="optional")
-                    with gr.Row():
-                        mode = gr.Dropdown(modes, value=defaults.mode, label="Mode", elem_id="tf-mode")
-                        temperature = gr.Slider(0.0, 2.0, value=defaults.temperature, step=0.05,
-                                                label="Temperature (0 = greedy)")
-                        top_p = gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="Top-p")
-                    with gr.Row():
-                        max_new = gr.Slider(1, 2048, value=defaults.max_new_tokens, step=1, label="Max new tokens",
-                                            elem_id="tf-max-new")
-                        budget = gr.Slider(64, 16384, value=defaults.budget, step=64, label="Retrieval budget (tokens)")
-                        chunk = gr.Slider(1, 64, value=defaults.chunk_size, step=1, label="Chunk size")
-                    with gr.Row():
-                        gamma1 = gr.Slider(1, 8, value=defaults.gamma1, step=1, label="γ1 (small-draft tokens)")
-                        gamma2 = gr.Slider(1, 16, value=defaults.gamma2, step=1, label="γ2 (tokens per target round)")
-                        draft_window = gr.Slider(16, 2048, value=defaults.draft_window, step=16, label="Draft window")
-                        seed = gr.Number(value=-1 if defaults.seed is None else defaults.seed,
-                                         label="Seed (sampling; -1 = random)", precision=0)
-                        lookup = gr.Checkbox(defaults.lookup, label="Context lookup (off: the paper's three levels)",
-                                             elem_id="tf-lookup")
+                    controls = {}
+                    for row in SETTING_ROWS:
+                        with gr.Row():
+                            for name in row:
+                                controls[name] = setting_control(name, getattr(defaults, name), modes)
             with gr.Column(scale=2, min_width=360):
                 map_plot = gr.Plot(retrieval_map_figure(None), label="Retrieval map", elem_id="tf-map")
                 passages = gr.HTML(passages_html([]), elem_id="tf-passages")
@@ -578,7 +601,8 @@ def build_app(
             api_answer = gr.Textbox(label="answer")
             api_btn = gr.Button("chat")
 
-        settings_inputs = [mode, temperature, top_p, max_new, budget, chunk, gamma1, gamma2, draft_window, seed, lookup]
+        settings_inputs = [controls[name] for name in SETTING_NAMES]
+        budget = controls["budget"]
         streamed = [user_state, chat, status, map_plot, passages, acc_plot, speed_plot, stats, gauge_html]
         doc_outputs = [user_state, docinfo, gauge_html, status, chat, map_plot]
 
@@ -604,7 +628,3 @@ def build_app(
         api_btn.click(api_chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
     demo.tf_worker = worker  # for shutdown and tests
     return demo
-
-
-SETTING_NAMES = ["mode", "temperature", "top_p", "max_new_tokens", "budget", "chunk_size", "gamma1", "gamma2",
-                 "draft_window", "seed", "lookup"]
