@@ -182,3 +182,42 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 180) -> None:
+    """Poll `probe()` (True once the server answers) until it does; fail with the log's tail if
+    the process exits or `timeout` seconds pass."""
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        try:
+            if probe():
+                return
+        except Exception:  # noqa: BLE001 - not listening yet (urllib or httpx errors)
+            pass
+        if proc.poll() is not None or time.time() > deadline:
+            proc.kill()
+            pytest.fail(f"{what} did not start:\n{log.read_text()[-3000:]}")
+        time.sleep(0.3)
+
+
+def at_once(calls) -> tuple[list, list[BaseException]]:
+    """Run the zero-argument `calls` in threads at the same time: (results in order, errors)."""
+    import threading
+
+    results: list = [None] * len(calls)
+    errors: list[BaseException] = []
+
+    def run(i):
+        try:
+            results[i] = calls[i]()
+        except BaseException as e:  # noqa: BLE001 - returned to the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    return results, errors

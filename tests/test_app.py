@@ -20,6 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from conftest import at_once, wait_until_up
+
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
 SHOTS = ROOT / "artifacts" / "screenshots"
@@ -48,16 +50,7 @@ def server(tmp_path_factory):
             cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
         )
     url = f"http://127.0.0.1:{port}/"
-    deadline = time.time() + 180
-    while True:
-        try:
-            urllib.request.urlopen(url, timeout=2)
-            break
-        except OSError:
-            if proc.poll() is not None or time.time() > deadline:
-                proc.kill()
-                pytest.fail(f"the app did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.5)
+    wait_until_up(proc, lambda: urllib.request.urlopen(url, timeout=2), log, "the app")
     yield {"url": url, "proc": proc, "log": log}
     proc.terminate()
     try:
@@ -165,20 +158,7 @@ def test_concurrent_calls_on_the_same_document_and_on_none_are_kept_apart(server
              (None, "Hello"), (None, "What is Python?")]
     path = lambda k: documents[k] if k else None  # noqa: E731
     alone = [ask_api(server["url"], q, path(k))[-1] for k, q in calls]
-    together: list[str | None] = [None] * len(calls)
-    errors: list[BaseException] = []
-
-    def call(i: int) -> None:
-        try:
-            together[i] = ask_api(server["url"], calls[i][1], path(calls[i][0]))[-1]
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(calls))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    together, errors = at_once([lambda k=k, q=q: ask_api(server["url"], q, path(k))[-1] for k, q in calls])
     assert not errors, errors
     assert together == alone
     assert alone[0] != alone[1] and alone[2] != alone[3]
@@ -204,25 +184,10 @@ def test_the_http_api_on_the_app_port_and_the_chat_endpoint_at_once(server, docu
     http_alone = [http(k, q) for k, q in calls]
     assert [text for text, _ in http_alone] == alone  # the same conversation through either door
     assert all(stats["reused_tokens"] > 500 for _, stats in http_alone)  # prefilled by the chat endpoint
-    together: dict[str, str] = {}
-    errors: list[BaseException] = []
-
-    def run(name, fn, *args):
-        try:
-            out = fn(*args)
-            together[name] = out[0] if isinstance(out, tuple) else out[-1]
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-
-    threads = [threading.Thread(target=run, args=(f"http{i}", http, k, q)) for i, (k, q) in enumerate(calls)]
-    threads += [threading.Thread(target=run, args=(f"chat{i}", ask_api, server["url"], q, documents[k]))
-                for i, (k, q) in enumerate(calls)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    together, errors = at_once([lambda k=k, q=q: http(k, q)[0] for k, q in calls]
+                               + [lambda k=k, q=q: ask_api(server["url"], q, documents[k])[-1] for k, q in calls])
     assert not errors, errors
-    assert [together["http0"], together["http1"]] == alone and [together["chat0"], together["chat1"]] == alone
+    assert together[:2] == alone and together[2:] == alone
 
 
 # -- the browser -----------------------------------------------------------------------------------

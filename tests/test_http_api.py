@@ -12,14 +12,22 @@ import os
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, save_checkpoint, words
+from conftest import (
+    CHAT_TEMPLATE,
+    at_once,
+    make_hf,
+    make_tokenizer,
+    perturbed,
+    save_checkpoint,
+    wait_until_up,
+    words,
+)
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
 
@@ -60,17 +68,7 @@ def server(models, tmp_path_factory):
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while True:
-        try:
-            if httpx.get(f"{base}/v1/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.time() > deadline:
-            proc.kill()
-            pytest.fail(f"the server did not start:\n{log.read_text()[-3000:]}")
-        time.sleep(0.3)
+    wait_until_up(proc, lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, log)
     yield {"base": base, "proc": proc, "log": log}
     proc.terminate()
     try:
@@ -261,24 +259,14 @@ def test_concurrent_clients_each_get_their_answer_alone(client, reference):
     convs = [conversation(50), conversation(50), conversation(51), conversation(51), conversation(52),
              conversation(53)]
     expected = [reference(m, 30)["text"] for m in convs]
-    got: list[str | None] = [None] * len(convs)
-    errors: list[BaseException] = []
 
     def call(i):
-        try:
-            if i % 2:
-                got[i] = stream_text(client, convs[i], max_tokens=30)[0]
-            else:
-                got[i] = client.chat.completions.create(model=MODEL, messages=convs[i], temperature=0,
-                                                        max_tokens=30).choices[0].message.content
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
+        if i % 2:
+            return stream_text(client, convs[i], max_tokens=30)[0]
+        return client.chat.completions.create(model=MODEL, messages=convs[i], temperature=0,
+                                              max_tokens=30).choices[0].message.content
 
-    threads = [threading.Thread(target=call, args=(i,)) for i in range(len(convs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    got, errors = at_once([lambda i=i: call(i) for i in range(len(convs))])
     assert not errors, errors
     assert got == expected
 

@@ -469,17 +469,10 @@ class Decoder:
         `progress_events` a `PrefillProgress` event is also yielded there, so a scheduler can
         interleave other work with a long prefill (and close the generator to abort it).
         """
-        steps = self.prefill_steps(prompt)
-        while True:
-            try:
-                done, total = next(steps)
-            except StopIteration as end:
-                prefilled = end.value
-                break
-            if on_prefill_progress is not None:
-                on_prefill_progress(done, total)
-            if progress_events:
-                yield PrefillProgress(done, total)
+        if progress_events:
+            prefilled = yield from self.prefill_steps(prompt, on_prefill_progress)
+        else:
+            prefilled = self.prefill(prompt, on_prefill_progress)
         yield prefilled
         if self.selection_event is not None:
             yield self.selection_event
@@ -487,18 +480,17 @@ class Decoder:
 
     def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
         """Run `prefill_steps` to the end (for callers that decode with `run` themselves)."""
-        steps = self.prefill_steps(prompt)
+        steps = self.prefill_steps(prompt, on_progress)
         while True:
             try:
-                done, total = next(steps)
+                next(steps)
             except StopIteration as end:
                 return end.value
-            if on_progress is not None:
-                on_progress(done, total)
 
-    def prefill_steps(self, prompt: list[int]) -> Generator[tuple[int, int], None, Prefilled]:
-        """Make every lane hold prompt[:-1] (the last prompt token stays pending); yields
-        (done, total) new tokens after each target chunk and returns the `Prefilled` event.
+    def prefill_steps(self, prompt: list[int], on_progress=None) -> Generator[PrefillProgress, None, Prefilled]:
+        """Make every lane hold prompt[:-1] (the last prompt token stays pending); after each
+        target chunk, calls `on_progress(done, total)` and yields `PrefillProgress(done, total)`
+        (new tokens); returns the `Prefilled` event.
 
         The target's full cache keeps the longest common prefix of what it already holds and
         the new prompt; only the rest is run through the target (prefix reuse for chat). The
@@ -533,7 +525,9 @@ class Decoder:
             q = lane.prefill(part, chunk, capture_last=last and self.retrieval is not None)
             self.history += part
             queries = q if q is not None else queries
-            yield i + len(part), len(fresh)
+            if on_progress is not None:
+                on_progress(i + len(part), len(fresh))
+            yield PrefillProgress(i + len(part), len(fresh))
         lane.pending = self.prompt[-1:]
         self.history = list(self.prompt)
         if self.small is not None:
