@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError, TriForceEngine
     from triforce_core.loading import default_model_names, served_model_name
-    from ui.app import Settings
+    from ui.settings import Settings
     from ui.server import build_server, run_server
 
     try:

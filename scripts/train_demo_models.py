@@ -8,13 +8,17 @@ Everything runs offline on a CPU (about 45 minutes on 2 cores with the defaults)
    (or reused with ``--tokenizer``);
 3. target: multi-head attention so that its KV cache dominates at long context. First
    induction heads, the mechanism of copying, on short windows of random tokens in which a
-   stretch recurs; then language on 1K-token windows with PoSE-style skipped position ids
-   (positions up to 16K) and a large rope base, where a share of every batch is a synthetic
-   copy task ("What follows «quote»?") whose answer must be copied from far back in a
-   document, or text in which an earlier passage (or a random token string) recurs verbatim;
-   finally 4K-token windows. The target is saved before the draft is trained;
+   stretch recurs; then language windows with PoSE-style skipped position ids (positions up
+   to 16K) and a large rope base, where a share of every batch is a synthetic copy task
+   ("What follows «quote»?") whose answer must be copied from far back in a document, or
+   text in which an earlier passage (or a random token string) recurs verbatim; finally
+   longer windows. The target is saved before the draft is trained;
 4. draft: a much smaller model on 512-token windows, distilled from the target
    (``--draft-only TARGET`` trains just this step against a saved target).
+
+The shipped target came from a fresh run of the defaults followed by fine-tuning runs of
+this script (``--init`` and the phase flags); ``assets/models/README.md`` lists the exact
+invocations, and what else was tried and not kept.
 
 Both models are saved in bfloat16 safetensors with the tokenizer under ``assets/models``.
 Seeded and deterministic for a given machine and library versions.
@@ -26,6 +30,7 @@ Seeded and deterministic for a given machine and library versions.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
 import os
@@ -89,59 +94,11 @@ def encode_plain(tok, text: str) -> list[int]:
 # --------------------------------------------------------------------------------------
 # examples
 # --------------------------------------------------------------------------------------
-def ambiguous_positions(ids: list[int], start: int, context: int = 3) -> list[int]:
-    """Positions i >= start whose last `context` tokens also occur before `start` followed by a
-    token other than ids[i].
-
-    These are the places where a copy that matches only on the last few tokens it wrote goes
-    astray (every teacher-forced miss of the demo target at 16K was such a place): the
-    document offers two continuations of the same short context, and only a longer match
-    says which one the quoted passage takes.
-    """
-    follows: dict[tuple[int, ...], set[int]] = {}
-    for j in range(context, start):
-        follows.setdefault(tuple(ids[j - context:j]), set()).add(ids[j])
-    out = []
-    for i in range(max(start, context), len(ids)):
-        nxt = follows.get(tuple(ids[i - context:i]))
-        if nxt is not None and (len(nxt) > 1 or ids[i] not in nxt):
-            out.append(i)
-    return out
-
-
-def copy_sources(text: str, ids: list[int], offsets, doc: str, picks, spans) -> list[int]:
-    """For each token position t of a copy conversation, the document position whose token
-    the answer takes next (the key an exact copier attends to from query t), or -1.
-
-    The continuation of an answer (after the repeated phrase) is the document's text from
-    the end of the quoted phrase on, so answer token i, at character c of the answer,
-    corresponds to the document token starting at the same character of the phrase's place
-    in the document. A position is given only where that token exists with the same id
-    (byte-level BPE can cut the first token differently), for the query t = i - 1 that
-    predicts it. The repeated phrase itself is left out: it can be copied from the
-    question as well as from the document.
-    """
-    out = [-1] * len(ids)
-    doc_at = text.find(doc)
-    if doc_at < 0:
-        return out
-    token_at = {s: i for i, (s, e) in enumerate(offsets) if e > s}
-    for (quote, cont), (a, _) in zip(picks, spans):
-        where = doc.find(quote + cont)
-        if where < 0:
-            continue
-        for c in range(a + len(quote), a + len(quote) + len(cont)):
-            i = token_at.get(c)
-            if i is None or i == 0:
-                continue
-            p = token_at.get(doc_at + where + (c - a))
-            if p is not None and ids[p] == ids[i] and p < i - 1:
-                out[i - 1] = p
-    return out
-
-
 class Batcher:
-    """Language-model windows and copy-task conversations, with PoSE position ids."""
+    """Language-model windows and copy-task conversations, with PoSE position ids.
+
+    A window is ids, LM weights (0 on padding) and answer weights (1 on the tokens whose loss
+    is the copy loss: copy answers and recurrences)."""
 
     def __init__(self, tok, docs: list[str], stream: np.ndarray, seed: int, copy_share: float,
                  pose_share: float, repeat_share: float = 0.0, random_share: float = 0.0,
@@ -151,8 +108,6 @@ class Batcher:
         self.copy_share, self.pose_share, self.max_position = copy_share, pose_share, max_position
         self.repeat_share = repeat_share
         self.random_share = random_share
-        # share of windows of small-vocabulary recurring passages (alphabet_example)
-        self.alphabet_share = 0.0
         self.random_lengths = (12, 64)
         self.vocab = len(tok)
         self.bos = tok.convert_tokens_to_ids("<|endoftext|>")
@@ -169,11 +124,6 @@ class Batcher:
         # share of copy questions whose phrase's last words also recur elsewhere in the
         # document, followed by other text (demo_corpus.insert_distractors)
         self.distractor_share = 0.0
-        # loss weight of answer tokens whose last three tokens also occur earlier in the
-        # conversation followed by another token (ambiguous_positions); 1: no emphasis
-        self.ambiguous_weight = 1.0
-        # the attention sources of the last copy_example (copy_sources), for batch(sources=True)
-        self.last_sources: list[int] | None = None
         self.torch_rng = torch.Generator().manual_seed(seed)
 
     def positions(self, n: int) -> list[int]:
@@ -203,50 +153,6 @@ class Batcher:
         for i in range(b + 2, b + m):
             ans[i] = 1.0
         return ids, w, ans
-
-    def alphabet_example(self, n: int):
-        """Text in which passages written with a few random "words" recur.
-
-        Each segment of the window (one per 1,024 tokens) holds a passage drawn from its own
-        small vocabulary of 4-12 random words of 1-3 tokens, and later a verbatim run of it
-        from a random place. In such a passage every word, and most pairs of words, occur many
-        times with different continuations, so the recurrence can only be copied by matching
-        the last several tokens written, not the last one or two: the dense form of the
-        "short-suffix jump" by which the target lost its place in long documents. The first
-        6 tokens of a run, where even a perfect copier cannot yet know its place, carry no
-        copy loss.
-        """
-        ids, w = self.lm_example(n)
-        ans = [0.0] * n
-        segments = max(1, n // 1024)
-        size = n // segments
-        for s in range(segments):
-            lo = s * size + (1 if s == 0 else 0)
-            hi = (s + 1) * size
-            span = hi - lo
-            m = self.rng.randint(min(48, span // 4), max(min(48, span // 4), min(256, span // 3)))
-            words = [[self.rng.randrange(len(SPECIALS), self.vocab) for _ in range(self.rng.randint(1, 3))]
-                     for _ in range(self.rng.randint(4, 12))]
-            passage: list[int] = []
-            while len(passage) < m:
-                passage += self.rng.choice(words)
-            passage = passage[:m]
-            r = self.rng.randint(min(24, m), m)
-            off = self.rng.randint(0, m - r)
-            a = self.rng.randint(lo, lo + span - m - r)
-            b = self.rng.randint(a + m, lo + span - r)
-            ids[a:a + m] = passage
-            ids[b:b + r] = passage[off:off + r]
-            for i in range(b + 6, b + r):
-                ans[i] = 1.0
-        return ids, w, ans
-
-    def alphabet_batch(self, b: int, n: int):
-        """A batch of alphabet_example windows (contiguous positions), for a copy-only phase."""
-        rows = [self.alphabet_example(n) for _ in range(b)]
-        t = torch.tensor
-        return (t([r[0] for r in rows]), torch.arange(n).expand(b, n), t([r[1] for r in rows]),
-                t([r[2] for r in rows]))
 
     def induction_batch(self, b: int, n: int):
         """Short windows of random tokens in which a stretch recurs verbatim at a random distance.
@@ -318,56 +224,40 @@ class Batcher:
                 b = a + len(m["content"]) + len("<|end|>")
                 spans.append((a, b))
                 pos = b
-            weights = [0.0] * len(ids)
-            for i, (s, e) in enumerate(offsets):
-                if any(a <= s and e <= b and e > s for a, b in spans):
-                    weights[i] = 1.0
-            is_answer = weights
-            if self.ambiguous_weight != 1.0:
-                first = next(i for i, w in enumerate(weights) if w > 0)
-                for i in ambiguous_positions(ids, first):
-                    if weights[i] > 0:
-                        weights[i] = self.ambiguous_weight
-            lm = [1.0] * len(ids)
+            is_answer = [1.0 if any(a <= s and e <= b and e > s for a, b in spans) else 0.0 for s, e in offsets]
             pad = n - len(ids)
             if pad > 24:
                 self.chars_per_token *= 1.01
-            self.last_sources = copy_sources(text, ids, offsets, doc, picks, spans) + [-1] * pad
-            return ids + [self.pad] * pad, lm + [0.0] * pad, is_answer + [0.0] * pad
+            return ids + [self.pad] * pad, [1.0] * len(ids) + [0.0] * pad, is_answer + [0.0] * pad
 
-    def batch(self, b: int, n: int, sources: bool = False):
-        """`b` windows of `n` tokens: ids, position ids, LM weights, answer weights; with
-        `sources`, also the document position each query should attend to (copy_sources; -1
-        where none: every window but copy questions)."""
-        ids, pos, lm_w, ans_w, src = [], [], [], [], []
+    def batch(self, b: int, n: int):
+        """`b` windows of `n` tokens of the mixture: ids, position ids, LM weights, answer weights."""
+        ids, pos, lm_w, ans_w = [], [], [], []
         for _ in range(b):
             r = self.rng.random()
-            self.last_sources = None
             if r < self.copy_share:
                 x, w, a = self.copy_example(n)
             elif r < self.copy_share + self.repeat_share:
                 x, w, a = self.repeat_example(n)
             elif r < self.copy_share + self.repeat_share + self.random_share:
                 x, w, a = self.repeat_example(n, random_tokens=True)
-            elif r < self.copy_share + self.repeat_share + self.random_share + self.alphabet_share:
-                x, w, a = self.alphabet_example(n)
             else:
                 x, w = self.lm_example(n)
                 a = [0.0] * n
             ids.append(x)
             lm_w.append(w)
             ans_w.append(a)
-            src.append(self.last_sources if self.last_sources is not None else [-1] * n)
             pos.append(self.positions(n))
         t = torch.tensor
-        if sources:
-            return t(ids), t(pos), t(lm_w), t(ans_w), t(src)
         return t(ids), t(pos), t(lm_w), t(ans_w)
 
 
+# --------------------------------------------------------------------------------------
+# models and training
+# --------------------------------------------------------------------------------------
 def lm_losses(logits, ids, lm_w, ans_w):
     """Mean next-token loss over LM-weighted tokens that are not answer tokens, and the
-    ans_w-weighted mean over answer tokens (weights may exceed 1: --ambiguous-weight)."""
+    ans_w-weighted mean over answer tokens."""
     logp = F.log_softmax(logits[:, :-1].float(), dim=-1)
     nll = -logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
     w = lm_w[:, 1:] * (ans_w[:, 1:] == 0)
@@ -377,63 +267,6 @@ def lm_losses(logits, ids, lm_w, ans_w):
     return lm, ans, a.sum()
 
 
-# Queries and keys (after rope) of the layers whose heads --attend-heads supervises, captured
-# during the forward pass by the attention function registered in `capture_attention`.
-_CAPTURED: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-_CAPTURE_LAYERS: set[int] = set()
-
-
-def capture_attention(model, layers) -> None:
-    """Route `model`'s attention through SDPA that also keeps the queries and keys of `layers`
-    (with their gradients) for attention_supervision_loss."""
-    from transformers import AttentionInterface
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-    def sdpa_capturing(module, query, key, value, attention_mask, **kw):
-        if module.layer_idx in _CAPTURE_LAYERS:
-            _CAPTURED[module.layer_idx] = (query, key)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, **kw)
-
-    AttentionInterface.register("sdpa_capturing", sdpa_capturing)
-    _CAPTURE_LAYERS.clear()
-    _CAPTURE_LAYERS.update(layers)
-    model.config._attn_implementation = "sdpa_capturing"
-
-
-def attention_supervision_loss(heads, src: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """1 - the mean attention that the supervised heads put on the exact source, over the
-    queries that have one (src >= 0; copy_sources), and that mean itself.
-
-    A copy that matches only the last few tokens written is as good as the exact one for the
-    next-token loss wherever the look-alike goes on with the same token, which is nearly
-    everywhere; the exact source position names the one place to read from at every answer
-    token, so this loss teaches the match to discriminate where the next-token loss is blind.
-    It is the attention itself, not its logarithm: with -log(attention) the heads of the
-    demo target grew softer (mean attention on the source fell from 0.66 to 0.33 in 70
-    steps), because spreading attention over every look-alike is the cheapest way to lift
-    the queries it cannot yet resolve off zero; 1 - attention gives those little gradient and
-    works on the near misses, where the source competes with a look-alike.
-    """
-    mass = []
-    for b in range(src.shape[0]):
-        rows = (src[b] >= 0).nonzero().squeeze(-1)
-        if rows.numel() == 0:
-            continue
-        target = src[b, rows]
-        future = torch.arange(src.shape[1], device=src.device)[None, :] > rows[:, None]
-        for layer, head in heads:
-            q, k = _CAPTURED[layer]
-            scores = (q[b, head, rows].float() @ k[b, head].float().T) * q.shape[-1] ** -0.5
-            logp = scores.masked_fill(future, float("-inf")).log_softmax(-1)
-            picked = logp.gather(-1, target[:, None]).squeeze(-1)
-            mass.append(picked.exp())
-    if not mass:
-        zero = torch.zeros((), device=src.device)
-        return zero, zero
-    mean = torch.cat(mass).mean()
-    return 1.0 - mean, mean.detach()
-
-
 def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     if step < warmup:
         return peak * (step + 1) / warmup
@@ -441,15 +274,10 @@ def lr_at(step: int, total: int, peak: float, warmup: int) -> float:
     return peak * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-DEVICE = torch.device("cpu")
-
-
-def _autocast():
+def autocast(device: torch.device):
     """bfloat16 autocast on a GPU (weights and optimizer stay float32); nothing on the CPU."""
-    if DEVICE.type == "cuda":
+    if device.type == "cuda":
         return torch.autocast("cuda", dtype=torch.bfloat16)
-    import contextlib
-
     return contextlib.nullcontext()
 
 
@@ -475,66 +303,24 @@ def make_model(tok, hidden, layers, heads, inter, theta, max_pos, yarn: float | 
     return LlamaForCausalLM(cfg)
 
 
-def grow_layers(model, state: dict, layer_map: list[int | None]) -> dict:
-    """Map a checkpoint's layers onto `model`'s deeper stack (depth up-scaling).
-
-    Layer i of `model` takes the weights of checkpoint layer `layer_map[i]`; a `None` entry is
-    a new layer that keeps its random initialisation except for its two output projections
-    (attention `o_proj`, MLP `down_proj`), which are zeroed, so that it adds nothing to the
-    residual stream and the grown model computes exactly what the checkpoint computed. The
-    zeroed projections receive gradient from the first step, so the new layers learn.
-    """
-    prefix = "model.layers."
-    src_layers = {int(k[len(prefix):].split(".", 1)[0]) for k in state if k.startswith(prefix)}
-    missing = sorted({i for i in layer_map if i is not None} - src_layers)
-    if missing:
-        raise ValueError(f"--init-layers names layers {missing}; the checkpoint has {len(src_layers)} "
-                         f"(0-{max(src_layers)})")
-    grown = {k: v for k, v in state.items() if not k.startswith(prefix)}
-    own = model.state_dict()
-    for i, src in enumerate(layer_map):
-        if src is None:
-            for k, v in own.items():
-                if k.startswith(f"{prefix}{i}."):
-                    zero = k.endswith(("self_attn.o_proj.weight", "mlp.down_proj.weight"))
-                    grown[k] = torch.zeros_like(v) if zero else v.clone()
-            continue
-        head = f"{prefix}{src}."
-        for k, v in state.items():
-            if k.startswith(head):
-                grown[f"{prefix}{i}.{k[len(head):]}"] = v
-    return grown
-
-
-def copy_only_loss(model, ids, pos, ans_w):
+def copy_only_loss(model, ids, pos, ans_w, device: torch.device):
     """Next-token loss on the recurring tokens only, projecting only those rows to the vocabulary."""
-    with _autocast():
+    with autocast(device):
         hidden = model.model(input_ids=ids, position_ids=pos).last_hidden_state[:, :-1]
     sel = ans_w[:, 1:] > 0
     logits = model.lm_head(hidden[sel]).float()
     return F.cross_entropy(logits, ids[:, 1:][sel])
 
 
-def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_layers=(), fast_scale=1.0,
-                 attend_heads=(), attend_weight=0.0):
-    """phases: dicts with steps, batch, length and either a kind ("induction", "alphabet") or a mixture.
+def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, device: torch.device = torch.device("cpu")):
+    """phases: dicts with steps, batch, length and either kind="induction" or a mixture.
 
-    The induction and alphabet phases (random-token recurrences, small-vocabulary passages;
-    loss on the copy only) run at a constant learning rate after a short warm-up and end
-    early once the copy loss has fallen below `stop_below` (mean of the last 50 steps). The
-    other phases share one cosine schedule.
-    The layers in `fast_layers` (new layers of a grown target) learn at `fast_scale` times
-    the learning rate of the rest. Returns the per-phase history (steps run, final losses)
-    for the model card.
+    The induction phase (random-token recurrences, loss on the copy only) runs at a constant
+    learning rate after a short warm-up and ends early once its copy loss has fallen below
+    `stop_below` (mean of the last 50 steps). The other phases share one cosine schedule.
+    Returns the per-phase history (steps run, final losses) for the model card.
     """
-    fast = {f"model.layers.{i}." for i in fast_layers}
-    groups = [{"params": [], "scale": 1.0}, {"params": [], "scale": fast_scale}]
-    for name, param in model.named_parameters():
-        groups[any(name.startswith(f) for f in fast)]["params"].append(param)
-    supervise = bool(attend_heads) and attend_weight > 0
-    if supervise:
-        capture_attention(model, {layer for layer, _ in attend_heads})
-    opt = torch.optim.AdamW([g for g in groups if g["params"]], lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     main_total = sum(ph["steps"] for ph in phases if ph.get("kind") is None)
     main_step, step, t0 = 0, 0, time.time()
     report = []
@@ -542,46 +328,38 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
     for ph in phases:
         hist = []
         b, n = ph["batch"], ph["length"]
-        induction = ph.get("kind") is not None  # a copy-only phase
-        make_batch = batcher.alphabet_batch if ph.get("kind") == "alphabet" else batcher.induction_batch
+        induction = ph.get("kind") == "induction"
         for k, v in ph.get("mixture", {}).items():
             setattr(batcher, k, v)
         for i in range(ph["steps"]):
-            att_mass = None
             if induction:
                 lr = ph["lr"] * min(1.0, (i + 1) / 50)
-                ids, pos, lm_w, ans_w = (t.to(DEVICE) for t in make_batch(b, n))
+                ids, pos, lm_w, ans_w = (t.to(device) for t in batcher.induction_batch(b, n))
             else:
                 lr = lr_at(main_step, main_total, peak_lr, 20)
-                ids, pos, lm_w, ans_w, *src = (t.to(DEVICE) for t in batcher.batch(b, n, sources=supervise))
+                ids, pos, lm_w, ans_w = (t.to(device) for t in batcher.batch(b, n))
             for g in opt.param_groups:
-                g["lr"] = lr * g["scale"]
+                g["lr"] = lr
             if induction:
-                ans = copy_only_loss(model, ids, pos, ans_w)
+                ans = copy_only_loss(model, ids, pos, ans_w, device)
                 lm, loss = torch.zeros(()), ans
             else:
-                with _autocast():
+                with autocast(device):
                     logits = model(input_ids=ids, position_ids=pos).logits
                 lm, ans, n_ans = lm_losses(logits, ids, lm_w, ans_w)
                 loss = lm + (ans if n_ans > 0 else 0.0)
-                if supervise:
-                    att, att_mass = attention_supervision_loss(attend_heads, src[0])
-                    loss = loss + attend_weight * att
-                    _CAPTURED.clear()
                 main_step += 1
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             opt.zero_grad(set_to_none=True)
-            hist.append((lm.item(), ans.item(), att_mass.item() if att_mass is not None else float("nan")))
+            hist.append((lm.item(), ans.item()))
             step += 1
             if step % log_every == 0 or i + 1 == ph["steps"]:
                 recent = hist[-log_every:]
-                on_source = [h[2] for h in recent if not math.isnan(h[2])]
                 log(f"target step {step} ({ph['name']} {i + 1}/{ph['steps']}, {b} x {n}) "
                     f"lm {np.mean([h[0] for h in recent]):.3f} copy {np.mean([h[1] for h in recent]):.3f}  "
-                    + (f"attention on source {np.mean(on_source):.3f}  " if on_source else "")
-                    + f"{(time.time() - t0) / 60:.1f} min")
+                    f"{(time.time() - t0) / 60:.1f} min")
             if step % 200 == 0:
                 model.save_pretrained(ckpt / "latest")
             if induction and i >= 50 and np.mean([h[1] for h in hist[-50:]]) < ph["stop_below"]:
@@ -596,19 +374,22 @@ def train_target(model, batcher, phases, peak_lr, log_every, ckpt: Path, fast_la
     return report
 
 
-def train_draft(draft, teacher, batcher, steps, b, n, peak_lr, warmup, log_every):
+def train_draft(draft, teacher, batcher, steps, b, n, peak_lr, warmup, log_every,
+                device: torch.device = torch.device("cpu")):
+    """Distil `draft` from `teacher`: KL to the teacher's next-token law plus a quarter of the
+    plain language-model loss, on contiguous windows of plain text."""
     opt = torch.optim.AdamW(draft.parameters(), lr=peak_lr, betas=(0.9, 0.95), weight_decay=0.1)
     teacher.eval()
     draft.train()
     t0, hist = time.time(), []
     for step in range(steps):
-        ids, _, lm_w, ans_w = (t.to(DEVICE) for t in batcher.batch(b, n))
-        pos = torch.arange(n, device=DEVICE).expand(b, n)
-        with torch.no_grad(), _autocast():
+        ids, _, lm_w, ans_w = (t.to(device) for t in batcher.batch(b, n))
+        pos = torch.arange(n, device=device).expand(b, n)
+        with torch.no_grad(), autocast(device):
             t_logits = teacher(input_ids=ids, position_ids=pos).logits.float()
         for g in opt.param_groups:
             g["lr"] = lr_at(step, steps, peak_lr, warmup)
-        with _autocast():
+        with autocast(device):
             logits = draft(input_ids=ids, position_ids=pos).logits.float()
         mask = lm_w[:, :-1]
         kl = (F.kl_div(F.log_softmax(logits[:, :-1], -1), F.log_softmax(t_logits[:, :-1], -1),
@@ -670,8 +451,13 @@ def set_yarn(folder: Path, factor: float) -> None:
         meta_path.write_text(json.dumps(meta, indent=2) + "\n")
 
 
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+# --------------------------------------------------------------------------------------
+# the command
+# --------------------------------------------------------------------------------------
+def parse_args(argv=None) -> argparse.Namespace:
+    """The flags, checked before any work; shapes are parsed into tuples of ints."""
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, default=ROOT / "assets" / "models", help="where target/ and draft/ go")
     p.add_argument("--work", type=Path, default=ROOT / "artifacts" / "demo-train", help="scratch folder")
     p.add_argument("--seed", type=int, default=1234)
@@ -682,42 +468,19 @@ def main(argv=None) -> int:
     p.add_argument("--target-shape", default="4x256x4x768",
                    help="layers x hidden x heads x MLP width of the target (default 4x256x4x768)")
     p.add_argument("--induction-steps", type=int, default=2500,
-                   help="at most this many steps of 64-token random-token recurrences (ends at copy loss < 1.0)")
+                   help="at most this many induction steps; the phase ends once the copy loss is below 1.0 (0: skip)")
     p.add_argument("--induction-batch", type=int, default=64, help="windows per induction step")
     p.add_argument("--init", type=Path, default=None,
                    help="start the target from these weights (a checkpoint folder) instead of random ones")
-    p.add_argument("--init-layers", default=None, metavar="MAP",
-                   help="with --init, grow the target in depth: one entry per layer of --target-shape, either "
-                        "the --init layer it copies or 'new' for a layer that starts as the identity "
-                        "(e.g. 0,1,new,2,new,3 turns 4 layers into 6 computing the same function)")
-    p.add_argument("--new-layer-lr-scale", type=float, default=1.0, metavar="X",
-                   help="with --init-layers, the new layers learn at X times the learning rate (default 1)")
-    p.add_argument("--alphabet-steps", type=int, default=0,
-                   help="copy-only steps on small-vocabulary recurring passages (--alphabet-shape) after the "
-                        "induction phase, at --peak-lr; ends early at a copy loss below 0.2 (default 0: none)")
-    p.add_argument("--alphabet-shape", default="32x512", help="batch x length of the alphabet steps (default 32x512)")
-    p.add_argument("--language-steps", type=int, default=500, help="steps of 4 x 1024 tokens, language and copying")
+    p.add_argument("--language-steps", type=int, default=500, help="steps of language and copying (--language-shape)")
     p.add_argument("--language-shape", default="4x1024", help="batch x length of the language steps (default 4x1024)")
     p.add_argument("--copy-share", type=float, default=0.35,
-                   help="share of copy-question conversations in the language steps (default 0.35)")
+                   help="share of language-phase windows that are copy questions (default 0.35)")
     p.add_argument("--hard-candidates", type=int, default=1,
-                   help="copy questions ask for the most ambiguous of this many random passages, the one with "
-                        "the most places where the last few characters recur elsewhere (default 1: plain)")
+                   help="each copy question asks for the most ambiguous of this many random passages (default 1)")
     p.add_argument("--distractor-share", type=float, default=0.0,
-                   help="share of copy questions whose phrase's last 2-4 words are also planted elsewhere in the "
-                        "document before other text, so only the whole phrase locates the passage (default 0)")
-    p.add_argument("--ambiguous-weight", type=float, default=1.0,
-                   help="loss weight of copy-answer tokens whose last 3 tokens occur earlier in the document "
-                        "with another continuation (default 1: no emphasis)")
-    p.add_argument("--attend-heads", default=None, metavar="L.H,...",
-                   help="supervise these attention heads (layer.head, e.g. 2.1,3.0) to attend, from each "
-                        "copy-answer token, to the exact document position of the next token (default: none)")
-    p.add_argument("--attend-weight", type=float, default=1.0,
-                   help="weight of that attention loss (1 - attention on the source) beside the next-token "
-                        "losses (default 1)")
-    p.add_argument("--alphabet-share", type=float, default=0.0,
-                   help="share of language-phase windows holding recurring passages written with a few random "
-                        "words, copyable only by matching long suffixes (in the long phase at most 0.2; default 0)")
+                   help="share of copy questions whose phrase's last words are planted elsewhere in the document "
+                        "(default 0)")
     p.add_argument("--long-steps", type=int, default=120, help="then steps of long windows (--long-shape)")
     p.add_argument("--long-shape", default="1x4096", help="batch x length of the long steps (default 1x4096)")
     p.add_argument("--peak-lr", type=float, default=1e-3,
@@ -742,45 +505,17 @@ def main(argv=None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny smoke run into --work/quick")
     a = p.parse_args(argv)
 
-    global DEVICE
-    DEVICE = torch.device(a.device)
-    torch.set_num_threads(a.threads)
-    random.seed(a.seed)
-    np.random.seed(a.seed)
-    torch.manual_seed(a.seed)
     def dims(flag: str, text: str, names: str) -> tuple[int, ...]:
         parts = text.split("x")
         if len(parts) != names.count("x") + 1 or not all(x.isdigit() and int(x) > 0 for x in parts):
             p.error(f"{flag}: expected {names}, got {text!r}")
         return tuple(int(x) for x in parts)
 
-    layers, hidden, heads, inter = dims("--target-shape", a.target_shape, "LAYERSxHIDDENxHEADSxMLP")
-    layer_map = None
-    if a.init_layers is not None:
-        entries = [e.strip() for e in a.init_layers.split(",")]
-        if a.init is None:
-            p.error("--init-layers: needs --init (the weights the layers come from)")
-        if len(entries) != layers or not all(e == "new" or e.isdigit() for e in entries):
-            p.error(f"--init-layers: expected {layers} comma-separated entries (a layer number or 'new'), "
-                    f"got {a.init_layers!r}")
-        layer_map = [None if e == "new" else int(e) for e in entries]
-    attend_heads: list[tuple[int, int]] = []
-    if a.attend_heads:
-        for entry in a.attend_heads.split(","):
-            parts = entry.strip().split(".")
-            if len(parts) != 2 or not all(x.isdigit() for x in parts):
-                p.error(f"--attend-heads: expected comma-separated layer.head entries, got {a.attend_heads!r}")
-            layer, head = int(parts[0]), int(parts[1])
-            if layer >= layers or head >= heads:
-                p.error(f"--attend-heads: {entry.strip()} is outside the target's {layers} layers x {heads} heads")
-            attend_heads.append((layer, head))
-    if not a.attend_weight >= 0:
-        p.error(f"--attend-weight: expected a weight of 0 or more, got {a.attend_weight}")
-    d_layers, d_hidden, d_heads, d_inter = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
-    lang_b, lang_n = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
-    alpha_b, alpha_n = dims("--alphabet-shape", a.alphabet_shape, "BATCHxLENGTH")
-    long_b, long_n = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
-    if max(lang_n, long_n, alpha_n) > MAX_POSITION:
+    a.target_dims = dims("--target-shape", a.target_shape, "LAYERSxHIDDENxHEADSxMLP")
+    a.draft_dims = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
+    a.language_dims = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
+    a.long_dims = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
+    if max(a.language_dims[1], a.long_dims[1]) > MAX_POSITION:
         p.error(f"window lengths are at most {MAX_POSITION} tokens")
     if a.yarn_factor is not None and not 1.0 <= a.yarn_factor <= 16.0:
         p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
@@ -792,39 +527,25 @@ def main(argv=None) -> int:
         p.error(f"--hard-candidates: expected at least 1, got {a.hard_candidates}")
     if not 0.0 <= a.distractor_share <= 1.0:
         p.error(f"--distractor-share: expected a share between 0 and 1, got {a.distractor_share}")
-    if not a.new_layer_lr_scale > 0:
-        p.error(f"--new-layer-lr-scale: expected a positive factor, got {a.new_layer_lr_scale}")
-    if a.new_layer_lr_scale != 1.0 and a.init_layers is None:
-        p.error("--new-layer-lr-scale: needs --init-layers (it applies to the new layers)")
-    if not a.ambiguous_weight > 0:
-        p.error(f"--ambiguous-weight: expected a positive weight, got {a.ambiguous_weight}")
     if not 0.0 <= a.copy_share <= 1.0:
         p.error(f"--copy-share: expected a share between 0 and 1, got {a.copy_share}")
-    if not 0.0 <= a.alphabet_share <= 1.0 - a.copy_share:
-        p.error(f"--alphabet-share: expected a share between 0 and 1 - --copy-share ({1.0 - a.copy_share:g}), "
-                f"got {a.alphabet_share}")
     if a.quick:
         a.out = a.work / "quick"
         a.induction_steps, a.language_steps, a.long_steps, a.draft_steps = 3, 4, 2, 4
-        a.alphabet_steps = min(a.alphabet_steps, 2)
-    a.work.mkdir(parents=True, exist_ok=True)
-    t_start = time.time()
+    return a
 
+
+def load_text_and_tokenizer(a: argparse.Namespace):
+    """The training documents, the held-out ones, the tokenizer and the training token stream."""
     if a.corpus is not None:
         log(f"text from {a.corpus} ...")
         train_docs, held_docs = demo_corpus.load_corpus(a.corpus)
     else:
         log("collecting text ...")
         train_docs, held_docs = demo_corpus.build_corpus()
-    if a.export_corpus is not None:
-        demo_corpus.save_corpus(a.export_corpus, train_docs, held_docs)
-        log(f"{len(train_docs)} training and {len(held_docs)} held-out documents written to {a.export_corpus} "
-            f"({a.export_corpus.stat().st_size / 1e6:.1f} MB)")
-        return 0
     train_texts = [d.text for d in train_docs]
     log(f"{len(train_docs)} training documents ({sum(map(len, train_texts)) / 1e6:.1f} M chars), "
         f"{len(held_docs)} held out ({sum(len(d.text) for d in held_docs) / 1e6:.2f} M chars)")
-
     if a.tokenizer is not None:
         from transformers import AutoTokenizer
 
@@ -839,72 +560,113 @@ def main(argv=None) -> int:
         streams.extend(encode_plain(tok, text))
     stream = np.asarray(streams, dtype=np.int32)
     log(f"training stream: {len(stream) / 1e6:.2f} M tokens ({sum(map(len, train_texts)) / len(stream):.2f} chars/token)")
+    return train_docs, tok, train_texts, stream
+
+
+def target_phases(a: argparse.Namespace) -> list[dict]:
+    """1. induction heads first, on short random-token windows (they did not form in 1,250
+    steps of language with copy tasks mixed in); 2. language with copy tasks, recurring
+    passages and random strings kept in every batch so copying is not forgotten, PoSE position
+    jumps; 3. long windows. Phases with no steps are left out."""
+    recurring = min(0.35, 1.0 - a.copy_share)  # recurring passages and random strings, 4 : 3
+    language = dict(copy_share=a.copy_share, repeat_share=recurring * 4 / 7, random_share=recurring * 3 / 7,
+                    pose_share=0.5, random_lengths=(12, 64))
+    long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, pose_share=0.3, random_lengths=(16, 100))
+    for mixture in (language, long):
+        mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share)
+    phases = [
+        dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64,
+             lr=1e-3, stop_below=1.0),
+        dict(name="language", steps=a.language_steps, batch=a.language_dims[0], length=a.language_dims[1],
+             mixture=language),
+        dict(name="long", steps=a.long_steps, batch=a.long_dims[0], length=a.long_dims[1], mixture=long),
+    ]
+    return [ph for ph in phases if ph["steps"] > 0]
+
+
+def run_target(a: argparse.Namespace, tok, train_docs, train_texts, stream, device: torch.device) -> Path:
+    """Train the target (from --init if given) and save it under --out; returns its folder."""
+    layers, hidden, heads, inter = a.target_dims
+    torch.manual_seed(a.seed)
+    target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION,
+                        yarn=a.yarn_factor if a.train_with_yarn else None).to(device)
+    n_target = sum(p.numel() for p in target.parameters())
+    log(f"target: {n_target / 1e6:.2f} M parameters")
+    if a.init is not None:
+        from safetensors.torch import load_file
+
+        target.load_state_dict(load_file(str(a.init / "model.safetensors"), device=str(device)), strict=False)
+        target.tie_weights()
+        log(f"target weights from {a.init}")
+    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.5)
+    t0 = time.time()
+    report = train_target(target, batcher, target_phases(a), peak_lr=a.peak_lr, log_every=10 if not a.quick else 1,
+                          ckpt=a.work / "target-ckpt", device=device)
+    meta = {
+        "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
+        "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
+        "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
+        "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
+        "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
+        "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
+        "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
+        "role": "target", "parameters": n_target,
+    }
+    # saved before the draft is trained: nothing is lost if the draft's training stops
+    save_bf16(target, tok, a.out / "target", meta)
+    return a.out / "target"
+
+
+def run_draft(a: argparse.Namespace, tok, train_texts, stream, source: Path, device: torch.device) -> None:
+    """Distil the draft from the target saved in `source` and save it under --out."""
+    from transformers import AutoModelForCausalLM
+
+    target = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(device)
+    target_meta = json.loads((source / "training.json").read_text())
+    n_target = target_meta["parameters"]
+    log(f"target from {source}: {n_target / 1e6:.2f} M parameters")
+    layers, hidden, heads, inter = a.draft_dims
+    torch.manual_seed(a.seed + 1)
+    draft = make_model(tok, hidden, layers, heads, inter, 10_000, MAX_POSITION).to(device)
+    n_draft = sum(p.numel() for p in draft.parameters())
+    log(f"draft: {n_draft / 1e6:.2f} M parameters ({n_target / n_draft:.1f} x fewer than the target)")
+    batcher = Batcher(tok, train_texts, stream, a.seed + 1, copy_share=0.0, pose_share=0.0)
+    t0 = time.time()
+    hist = train_draft(draft, target, batcher, a.draft_steps, 16, 512, peak_lr=3e-3,
+                       warmup=min(40, a.draft_steps // 3 + 1), log_every=10 if not a.quick else 1, device=device)
+    meta = {
+        "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
+        "role": "draft", "parameters": n_draft, "draft_shape": a.draft_shape,
+        "distilled_from": {k: target_meta.get(k) for k in ("target_shape", "parameters")},
+        "steps": a.draft_steps, "batch": 16, "length": 512,
+        "final_top1_agreement_train": round(float(np.mean([h[2] for h in hist[-20:]])), 3),
+        "draft_minutes": round((time.time() - t0) / 60, 1),
+    }
+    save_bf16(draft, tok, a.out / "draft", meta)
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    device = torch.device(a.device)
+    torch.set_num_threads(a.threads)
+    random.seed(a.seed)
+    np.random.seed(a.seed)
+    torch.manual_seed(a.seed)
+    a.work.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    if a.export_corpus is not None:
+        train_docs, held_docs = demo_corpus.build_corpus() if a.corpus is None else demo_corpus.load_corpus(a.corpus)
+        demo_corpus.save_corpus(a.export_corpus, train_docs, held_docs)
+        log(f"{len(train_docs)} training and {len(held_docs)} held-out documents written to {a.export_corpus} "
+            f"({a.export_corpus.stat().st_size / 1e6:.1f} MB)")
+        return 0
+    train_docs, tok, train_texts, stream = load_text_and_tokenizer(a)
 
     if a.draft_only is not None:
         source, yarn = a.draft_only, a.yarn_factor
     else:
-        torch.manual_seed(a.seed)
-        target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION,
-                            yarn=a.yarn_factor if a.train_with_yarn else None).to(DEVICE)
-        n_target = sum(p.numel() for p in target.parameters())
-        log(f"target: {n_target / 1e6:.2f} M parameters")
-        if a.init is not None:
-            from safetensors.torch import load_file
-
-            state = load_file(str(a.init / "model.safetensors"), device=str(DEVICE))
-            if layer_map is not None:
-                state = grow_layers(target, state, layer_map)
-            target.load_state_dict(state, strict=False)
-            target.tie_weights()
-            log(f"target weights from {a.init}")
-        batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.5)
-        # 1. induction heads first, on short random-token windows (they did not form in 1,250 steps
-        #    of language with copy tasks mixed in); 2. language with copy tasks, recurring passages
-        #    and random strings kept in every batch so copying is not forgotten, PoSE position
-        #    jumps; 3. long windows.
-        # recurring passages and random strings, 4 : 3; then small-vocabulary passages; the rest plain
-        recurring = min(0.35, 1.0 - a.copy_share - a.alphabet_share)
-        language = dict(copy_share=a.copy_share, repeat_share=recurring * 4 / 7, random_share=recurring * 3 / 7,
-                        alphabet_share=a.alphabet_share, pose_share=0.5, random_lengths=(12, 64))
-        # in the long phase small-vocabulary passages take the place of plain windows (0.2)
-        long = dict(copy_share=0.5, repeat_share=0.15, random_share=0.15, alphabet_share=min(0.2, a.alphabet_share),
-                    pose_share=0.3, random_lengths=(16, 100))
-        for mixture in (language, long):
-            mixture.update(hard_candidates=a.hard_candidates, distractor_share=a.distractor_share,
-                           ambiguous_weight=a.ambiguous_weight)
-        phases = [
-            dict(name="induction", kind="induction", steps=a.induction_steps, batch=a.induction_batch, length=64, lr=1e-3,
-                 stop_below=1.0),
-            dict(name="alphabet", kind="alphabet", steps=a.alphabet_steps, batch=alpha_b, length=alpha_n,
-                 lr=a.peak_lr, stop_below=0.2),
-            dict(name="language", steps=a.language_steps, batch=lang_b, length=lang_n, mixture=language),
-            dict(name="long", steps=a.long_steps, batch=long_b, length=long_n, mixture=long),
-        ]
-        phases = [ph for ph in phases if ph["steps"] > 0]
-        t0 = time.time()
-        report = train_target(target, batcher, phases, peak_lr=a.peak_lr, log_every=10 if not a.quick else 1,
-                              ckpt=a.work / "target-ckpt",
-                              fast_layers=[i for i, src in enumerate(layer_map or []) if src is None],
-                              fast_scale=a.new_layer_lr_scale, attend_heads=attend_heads,
-                              attend_weight=a.attend_weight)
-        target_meta = {
-            "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
-            "train_documents": len(train_docs), "train_tokens_in_corpus": int(len(stream)),
-            "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
-            "init": a.init.name if a.init is not None else None, "init_layers": a.init_layers,
-            "new_layer_lr_scale": a.new_layer_lr_scale, "peak_lr": a.peak_lr,
-            "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
-            "ambiguous_weight": a.ambiguous_weight, "alphabet_share": a.alphabet_share,
-            "alphabet_steps": a.alphabet_steps, "alphabet_shape": a.alphabet_shape,
-            "attend_heads": a.attend_heads, "attend_weight": a.attend_weight if a.attend_heads else None,
-            "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
-            "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
-            "role": "target", "parameters": n_target,
-        }
-        # saved before the draft is trained: nothing is lost if the draft's training stops
-        save_bf16(target, tok, a.out / "target", target_meta)
-        source, yarn = a.out / "target", (2.0 if a.yarn_factor is None else a.yarn_factor)
-
+        source = run_target(a, tok, train_docs, train_texts, stream, device)
+        yarn = 2.0 if a.yarn_factor is None else a.yarn_factor
     # the target as shipped (with its rope scaling) is what the draft is distilled from
     if yarn is not None and yarn != 1.0:
         if (a.out / "target").resolve() != source.resolve():
@@ -915,30 +677,7 @@ def main(argv=None) -> int:
     if a.draft_steps == 0:
         log(f"no draft (--draft-steps 0); target saved to {source}")
         return 0
-    from transformers import AutoModelForCausalLM
-
-    target = AutoModelForCausalLM.from_pretrained(str(source), dtype=torch.float32).to(DEVICE)
-    target_meta = json.loads((source / "training.json").read_text())
-    n_target = target_meta["parameters"]
-    log(f"target from {source}: {n_target / 1e6:.2f} M parameters")
-
-    torch.manual_seed(a.seed + 1)
-    draft = make_model(tok, d_hidden, d_layers, d_heads, d_inter, 10_000, MAX_POSITION).to(DEVICE)
-    n_draft = sum(p.numel() for p in draft.parameters())
-    log(f"draft: {n_draft / 1e6:.2f} M parameters ({n_target / n_draft:.1f} x fewer than the target)")
-    dbatcher = Batcher(tok, train_texts, stream, a.seed + 1, copy_share=0.0, pose_share=0.0)
-    t0 = time.time()
-    hist = train_draft(draft, target, dbatcher, a.draft_steps, 16, 512, peak_lr=3e-3,
-                       warmup=min(40, a.draft_steps // 3 + 1), log_every=10 if not a.quick else 1)
-    draft_meta = {
-        "seed": a.seed, "threads": a.threads, "device": a.device, "torch": torch.__version__,
-        "role": "draft", "parameters": n_draft, "draft_shape": a.draft_shape,
-        "distilled_from": {k: target_meta.get(k) for k in ("target_shape", "parameters")},
-        "steps": a.draft_steps, "batch": 16, "length": 512,
-        "final_top1_agreement_train": round(float(np.mean([h[2] for h in hist[-20:]])), 3),
-        "draft_minutes": round((time.time() - t0) / 60, 1),
-    }
-    save_bf16(draft, tok, a.out / "draft", draft_meta)
+    run_draft(a, tok, train_texts, stream, source, device)
     log(f"saved to {a.out} ({(time.time() - t_start) / 60:.1f} min in all)")
     return 0
 

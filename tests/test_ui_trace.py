@@ -144,7 +144,7 @@ def test_context_gauge():
 
 
 def test_settings_are_validated_with_clear_messages():
-    from ui.app import Settings, settings_from
+    from ui.settings import Settings, settings_from
 
     assert settings_from({"mode": "draft", "budget": 256, "seed": 3.0}).config().sampling.seed == 3
     with pytest.raises(ConfigError, match="budget"):
@@ -158,7 +158,8 @@ def test_settings_are_validated_with_clear_messages():
 
 def test_chunk_labels_point_into_the_document(chat_engine):
     from triforce_core.documents import Document, Section
-    from ui.app import UserState, chunk_labeler, document_span
+    from ui.state import UserState
+    from ui.views import chunk_labeler, document_span
 
     text = words(60, 1) + "\n" + words(60, 2)
     doc = Document(text, "txt", "d.txt", (Section(0, "page 1"), Section(len(words(60, 1)) + 1, "page 2")))

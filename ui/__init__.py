@@ -1,23 +1,21 @@
-"""Presentation of the engine's events, and the Gradio app.
+"""The Gradio app and its presentation of the engine's events.
 
 `ui.render`, `ui.trace` and `ui.figures` are pure functions of events (no model, no server);
-`ui.app.build_app` builds the Gradio app and `ui.server` serves it with the OpenAI-compatible
-HTTP API on one port (`triforce_core.serving` runs the engine for both). Gradio and plotly are
-imported only when those are used, so the terminal chat stays light.
+`ui.app.build_app` lays out the page and wires it to `ui.handlers` (one module per feature),
+which keep per-user state in `ui.state` and compute what the page shows in `ui.views`;
+`ui.settings` is the one definition of the settings. `ui.server` serves the app with the
+OpenAI-compatible HTTP API on one port (`triforce_core.serving` runs the engine for both).
+Gradio and plotly are imported only when those are used.
 """
 
 from .render import (
     LEVEL_STYLE,
-    TokenSplitter,
-    ansi,
     context_gauge_html,
     legend_block,
-    legend_html,
+    passages_html,
     segments_html,
     stats_html,
     status_html,
-    terminal_text,
-    tokens_html,
     transcript_html,
 )
 from .trace import AnswerTrace, RoundStats, Segment
@@ -27,17 +25,13 @@ __all__ = [
     "AnswerTrace",
     "RoundStats",
     "Segment",
-    "TokenSplitter",
-    "ansi",
     "build_app",
     "context_gauge_html",
     "legend_block",
-    "legend_html",
+    "passages_html",
     "segments_html",
     "stats_html",
     "status_html",
-    "terminal_text",
-    "tokens_html",
     "transcript_html",
 ]
 

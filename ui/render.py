@@ -1,80 +1,25 @@
-"""Events -> coloured text. Pure functions: the same events always give the same output.
+"""The app's HTML pieces: an answer's segments coloured by level, the legend, the transcript,
+the context gauge, the status line, tables and the most-read passages. Pure functions: the
+same input always gives the same markup, and every text from a model or a user is escaped.
 
 Each committed token is coloured by the level that proposed it: the context lookup (copied
 from an earlier match in the context), the small draft, the retrieval draft (target weights
-over the retrieved KV chunks) or the full target (its own token after a rejection, or a bonus). Rendering reads only `Committed` events; nothing is re-derived from text.
+over the retrieved KV chunks) or the full target (its own token after a rejection, or a bonus).
 """
 
 from __future__ import annotations
 
 import html
-from typing import Callable, Iterable, Sequence
+from typing import Sequence
 
-from triforce_core.detokenize import IncrementalDetokenizer
-from triforce_core.events import Committed, Event
-
-# level -> (label, background colour for HTML, ANSI colour for terminals)
+# level -> (label, colour); app.css colours the tokens with the same colours
 LEVEL_STYLE = {
-    "lookup": ("context lookup", "#f7e6b0", "\x1b[33m"),
-    "draft": ("small draft", "#c8f7c5", "\x1b[32m"),
-    "retrieval": ("retrieval draft", "#c5dcf7", "\x1b[34m"),
-    "target": ("full target", "#f7c5c5", "\x1b[31m"),
+    "lookup": ("context lookup", "#f7e6b0"),
+    "draft": ("small draft", "#c8f7c5"),
+    "retrieval": ("retrieval draft", "#c5dcf7"),
+    "target": ("full target", "#f7c5c5"),
 }
-_RESET = "\x1b[0m"
 
-
-class TokenSplitter:
-    """Splits committed tokens into (text, level) pieces, incrementally (one text per token,
-    from `triforce_core.detokenize`)."""
-
-    def __init__(self, decode: Callable[[Sequence[int]], str], window: int = 64):
-        self._detok = IncrementalDetokenizer(decode, window)
-
-    @property
-    def ids(self) -> list[int]:
-        return self._detok.ids
-
-    def push(self, ev: Committed) -> list[tuple[str, str]]:
-        return list(zip(self._detok.push(ev.token_ids), ev.levels))
-
-
-def _pieces(events: Iterable[Event], decode: Callable[[Sequence[int]], str]) -> list[tuple[str, str]]:
-    splitter = TokenSplitter(decode)
-    out: list[tuple[str, str]] = []
-    for ev in events:
-        if isinstance(ev, Committed):
-            out += splitter.push(ev)
-    return out
-
-
-def tokens_html(events: Iterable[Event], decode: Callable[[Sequence[int]], str]) -> str:
-    """HTML spans, one per committed token, coloured by level (title = level name)."""
-    spans = []
-    for text, level in _pieces(events, decode):
-        label, colour, _ = LEVEL_STYLE[level]
-        spans.append(
-            f'<span class="tf-{level}" title="{label}" style="background:{colour}">{html.escape(text)}</span>'
-        )
-    return "".join(spans)
-
-
-def legend_html() -> str:
-    return " ".join(
-        f'<span class="tf-{lvl}" style="background:{colour}">{label}</span>'
-        for lvl, (label, colour, _) in LEVEL_STYLE.items()
-    )
-
-
-def terminal_text(events: Iterable[Event], decode: Callable[[Sequence[int]], str]) -> str:
-    """The same colouring with ANSI escape codes, for a terminal."""
-    return ansi(_pieces(events, decode))
-
-
-def ansi(pieces: Iterable[tuple[str, str]]) -> str:
-    return "".join(LEVEL_STYLE[level][2] + text + _RESET for text, level in pieces if text)
-
-
-# -- the app's HTML ------------------------------------------------------------------------
 
 def segments_html(segments, teaching: bool = False) -> str:
     """An answer's segments (see `ui.trace`) as HTML; `teaching` adds rejected drafts and round marks."""
@@ -94,7 +39,7 @@ def segments_html(segments, teaching: bool = False) -> str:
 
 def legend_block(teaching: bool = False) -> str:
     items = [
-        f'<span class="tf-tok tf-{lvl}">{label}</span>' for lvl, (label, _c, _a) in LEVEL_STYLE.items()
+        f'<span class="tf-tok tf-{lvl}">{label}</span>' for lvl, (label, _colour) in LEVEL_STYLE.items()
     ]
     if teaching:
         items.append('<s class="tf-rej tf-draft">rejected draft</s>')

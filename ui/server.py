@@ -17,7 +17,8 @@ from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
 
-from .app import CSS_PATH, MAX_UPLOAD_MB, Settings, build_app
+from .app import CSS_PATH, MAX_UPLOAD_MB, build_app
+from .settings import Settings
 
 __all__ = ["build_server", "mount_options", "run_server"]
 

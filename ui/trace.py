@@ -22,9 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+from triforce_core.detokenize import IncrementalDetokenizer
 from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
-
-from .render import TokenSplitter
 
 
 @dataclass(frozen=True)
@@ -49,7 +48,7 @@ class AnswerTrace:
 
     def __init__(self, decode: Callable[[Sequence[int]], str]):
         self._decode = decode
-        self._splitter = TokenSplitter(decode)
+        self._detok = IncrementalDetokenizer(decode)  # each token's own text, for colouring
         self.segments: list[Segment] = []
         self.rounds: list[RoundStats] = []
         self.selections: list[ChunksSelected] = []
@@ -119,7 +118,7 @@ class AnswerTrace:
         if target is not None:
             title += f": the target accepted {target.accepted} of {target.proposed} proposed tokens"
         self.segments.append(Segment("round", note=title))
-        for i, (text, level) in enumerate(self._splitter.push(ev)):
+        for i, (text, level) in enumerate(zip(self._detok.push(ev.token_ids), ev.levels)):
             for tok, lvl in self._inline.get(i, []) if i <= accepted else []:
                 self.segments.append(Segment("rejected", self._piece(tok), lvl, f"{lvl} token rejected by the retrieval level"))
             if i == accepted:

@@ -1,0 +1,212 @@
+"""Answering: ask, regenerate, compare with autoregressive decoding, stop, clear, and the
+teaching view. Answers are generators fed from the engine's worker, so Stop (or a closed page)
+ends a generation within one round.
+
+Outputs in `ui.views.STREAMED` order.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Callable, Iterator
+
+import gradio as gr
+
+from triforce_core.config import ConfigError, GenerationConfig
+from triforce_core.events import ChunksSelected, PrefillProgress
+from triforce_core.serving.worker import Job
+
+from ..render import legend_block, status_html
+from ..settings import SETTING_NAMES, Settings, settings_from
+from ..state import Answer, AppContext, UserState
+from ..trace import AnswerTrace
+from ..views import answer_footer, answer_updates, empty_panels, gauge, transcript
+
+UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
+PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
+COMPARE_EVERY_S = 0.5  # how often the comparison's progress line refreshes
+HTML_BYTES_PER_S = 100_000  # transcript HTML sent per second at most while streaming
+
+
+def follow(job: Job, take: Callable[[object], None], interval: Callable[[], float]) -> Iterator[None]:
+    """Hand each of `job`'s events to `take` as it arrives, and yield whenever `interval()`
+    seconds have passed since the last yield (the caller then refreshes the page). The worker's
+    queue is polled every UPDATE_EVERY_S, so the page refreshes during a long prefill too.
+    Errors of the generation are raised here; the caller cancels the job however it ends."""
+    last = float("-inf")  # the first event refreshes at once
+    for item in job.stream(UPDATE_EVERY_S):
+        if item is not None:
+            take(item)
+        now = time.perf_counter()
+        if now - last >= interval():
+            last = now
+            yield
+
+
+class _Turn:
+    """One streaming answer: its trace, the status line, whether a new chunk selection awaits
+    the retrieval map, and whether the answer has taken its place beside its turn yet."""
+
+    def __init__(self, user: UserState, answer: Answer, label: str):
+        self.user, self.answer, self.label = user, answer, label
+        self.status = status_html(f"{label}: waiting for the model…", "busy")
+        self.new_map = False
+        self.shown = False
+
+    def take(self, item) -> None:
+        if isinstance(item, PrefillProgress):
+            self.status = status_html(f"{self.label}: prefilling {item.done:,} / {item.total:,} tokens", "busy",
+                                      item.done / max(item.total, 1))
+            return
+        if not self.shown:  # the session has appended this turn: keep answers aligned with turns
+            del self.user.answers[max(0, len(self.user.session.turns) - 1):]
+            self.user.answers.append(self.answer)
+            self.shown = True
+        trace = self.answer.trace
+        trace.push(item, time.perf_counter())
+        self.new_map = self.new_map or isinstance(item, ChunksSelected)
+        if trace.new_tokens:
+            self.status = status_html(f"{self.label}: {trace.new_tokens} tokens", "busy")
+
+
+class AnswerHandlers:
+    def __init__(self, ctx: AppContext):
+        self.ctx = ctx
+
+    def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str):
+        """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates."""
+        ctx = self.ctx
+        answer = Answer(AnswerTrace(ctx.engine.decode))
+        user.job = job = ctx.worker.submit(start)
+        ctx.sessions.touch(user)
+        turn = _Turn(user, answer, label)
+        interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
+        try:
+            for _ in follow(job, turn.take, lambda: interval):
+                now = time.perf_counter()
+                panels = now - last_panels >= PANELS_EVERY_S
+                if panels:
+                    last_panels = now
+                out = answer_updates(user, answer, turn.status, teaching, budget, ctx.window,
+                                     turn.new_map and panels, panels)
+                # The page re-renders the whole transcript on each update: send long ones less
+                # often, so a slow browser never falls behind (and a Stop shows at once).
+                interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
+                yield out
+                turn.new_map = turn.new_map and not panels
+        except Exception as e:  # bad input, context limit, out of memory: shown, the app goes on
+            error = str(e) or type(e).__name__
+        finally:
+            job.cancel()  # a closed page or a failure stops the generation too
+        answer.footer = answer_footer(answer.trace, job.stopped)
+        if not turn.shown and len(user.session.turns) > len(user.answers):
+            user.session.turns.pop()  # failed or stopped before its prefill finished: no answer to keep
+        if error is not None:
+            status = status_html(error, "error")
+        elif job.stopped:
+            status = status_html(f"Stopped after {answer.trace.new_tokens} tokens.", "info")
+        else:
+            status = status_html(answer.footer or "Done.", "ok")
+        yield answer_updates(user, answer, status, teaching, budget, ctx.window, True)
+
+    def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
+        """The user (new if none yet) and the settings, or a clear error."""
+        user = user or self.ctx.new_user()
+        if user.busy:
+            raise gr.Error("An answer is already being generated; wait for it or press Stop.")
+        try:
+            settings = settings_from(dict(zip(SETTING_NAMES, setting_values)))
+        except (ConfigError, TypeError, ValueError) as e:
+            raise gr.Error(f"Invalid setting: {e}")
+        return user, settings
+
+    def on_ask(self, message, user, teaching, system, *setting_values):
+        message = (message or "").strip()
+        if not message:
+            raise gr.Error("Type a question first.")
+        user, settings = self.prepare(user, setting_values)
+        user.session.system_prompt = (system or "").strip() or None
+        config = settings.config()
+
+        def start():
+            events = user.session.ask(message, config, progress_events=True)
+            user.spans, user.doc_first = user.session.token_char_spans(message)
+            return events
+
+        yield from self.run_turn(user, start, teaching, settings.budget, "Answering")
+
+    def on_regenerate(self, user, teaching, system, *setting_values):
+        user, settings = self.prepare(user, setting_values)
+        if not user.session.turns:
+            raise gr.Error("There is no answer to regenerate.")
+        question = user.session.turns[-1].question
+        user.session.system_prompt = (system or "").strip() or None
+        config = settings.config()
+
+        def start():
+            events = user.session.regenerate(config, progress_events=True)
+            user.answers = user.answers[: len(user.session.turns)]
+            user.spans, user.doc_first = user.session.token_char_spans(question)
+            return events
+
+        yield from self.run_turn(user, start, teaching, settings.budget, "Regenerating")
+
+    def on_compare(self, user, teaching, *setting_values):
+        """Re-run the last answer autoregressively; report the speed ratio and whether the
+        outputs are identical (they must be, greedy)."""
+        ctx = self.ctx
+        user, settings = self.prepare(user, setting_values)
+        if not user.session.turns or not user.answers or user.answers[-1].trace.stats is None:
+            raise gr.Error("Ask a question (and let the answer finish) first.")
+        answer = user.answers[-1]
+        ar = Settings(**{**settings.__dict__, "mode": "autoregressive"}).config()
+        user.job = job = ctx.worker.submit(lambda: user.session.rerun_last(ar, progress_events=True))
+        baseline = AnswerTrace(ctx.engine.decode)
+
+        def take(item) -> None:
+            if not isinstance(item, PrefillProgress):
+                baseline.push(item, time.perf_counter())
+
+        def page(message: str, kind: str) -> tuple:
+            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, ctx.window, False)
+
+        try:
+            for _ in follow(job, take, lambda: COMPARE_EVERY_S):
+                yield page(f"Autoregressive baseline: {baseline.new_tokens} tokens…", "busy")
+        except Exception as e:  # shown; the conversation is as it was
+            yield page(str(e) or type(e).__name__, "error")
+            return
+        finally:
+            job.cancel()
+        if job.stopped or baseline.stats is None:
+            yield page("Comparison stopped.", "info")
+            return
+        same = baseline.token_ids == answer.trace.token_ids
+        greedy = settings.temperature == 0
+        identical = ("yes" if same else "NO") if greedy else ("yes" if same else "no (sampling: expected to differ)")
+        answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical}
+        ratio = answer.trace.stats.tokens_per_s / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
+        yield page(
+            f"Autoregressive: {baseline.stats.tokens_per_s:.1f} tok/s; this answer "
+            f"{answer.trace.stats.tokens_per_s:.1f} tok/s ({ratio:.2f}×); identical output: {identical}.",
+            "ok" if same or not greedy else "error",
+        )
+
+    def on_stop(self, user):
+        if user is not None and user.job is not None:
+            user.job.cancel()
+
+    def on_clear(self, user, budget):
+        if user is not None:
+            if user.busy:
+                raise gr.Error("Stop the answer before clearing.")
+            user.session.clear()
+            user.answers = []
+        status = status_html("Conversation cleared (the document stays loaded).", "info")
+        return empty_panels(user, status, budget, self.ctx.window)
+
+    def on_teaching(self, user, teaching):
+        return transcript(user, teaching), legend_block(teaching)
+
+    def on_budget(self, user, budget):
+        return gauge(user, budget, self.ctx.window)

@@ -1,0 +1,96 @@
+"""The app's settings: one definition that names them, holds their defaults, validates them
+and builds the settings accordion's controls.
+
+`Settings` holds the names, the defaults (the engine's, from `triforce_core.config`) and,
+through `config()`, the validation; `SETTING_ROWS` lays the controls out and
+`setting_control` builds one. Handlers receive the values in `SETTING_NAMES` order.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import gradio as gr
+
+from triforce_core.config import (
+    MODES,
+    PAPER_METHOD,
+    CacheConfig,
+    ConfigError,
+    GenerationConfig,
+    SamplingConfig,
+    SpeculationConfig,
+)
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the settings accordion holds (defaults = the engine's defaults)."""
+
+    mode: str = "triforce"
+    temperature: float = SamplingConfig.temperature
+    top_p: float = SamplingConfig.top_p
+    max_new_tokens: int = SpeculationConfig.max_new_tokens
+    budget: int = CacheConfig.budget
+    chunk_size: int = CacheConfig.chunk_size
+    gamma1: int = SpeculationConfig.gamma1
+    gamma2: int = SpeculationConfig.gamma2
+    draft_window: int = CacheConfig.draft_window
+    seed: int | None = None
+    lookup: bool = True  # off: the paper's pure three levels (small draft -> retrieval -> target)
+
+    def config(self) -> GenerationConfig:
+        return GenerationConfig(
+            sampling=SamplingConfig(
+                temperature=float(self.temperature), top_p=float(self.top_p),
+                seed=None if self.seed is None or self.seed < 0 else int(self.seed),
+            ),
+            speculation=SpeculationConfig(
+                mode=self.mode, gamma1=int(self.gamma1), gamma2=int(self.gamma2), max_new_tokens=int(self.max_new_tokens),
+                **({"lookup": True} if self.lookup or self.mode == "lookup" else PAPER_METHOD),
+            ),
+            cache=CacheConfig(budget=int(self.budget), chunk_size=int(self.chunk_size), draft_window=int(self.draft_window)),
+        )
+
+
+SETTING_NAMES = [f.name for f in fields(Settings)]  # the order handlers receive the values in
+# The accordion: one control per `Settings` field, in rows.
+SETTING_ROWS = (
+    ("mode", "temperature", "top_p"),
+    ("max_new_tokens", "budget", "chunk_size"),
+    ("gamma1", "gamma2", "draft_window", "seed", "lookup"),
+)
+_SLIDERS = {  # name: (low, high, step, label)
+    "temperature": (0.0, 2.0, 0.05, "Temperature (0 = greedy)"),
+    "top_p": (0.05, 1.0, 0.05, "Top-p"),
+    "max_new_tokens": (1, 2048, 1, "Max new tokens"),
+    "budget": (64, 16384, 64, "Retrieval budget (tokens)"),
+    "chunk_size": (1, 64, 1, "Chunk size"),
+    "gamma1": (1, 8, 1, "γ1 (small-draft tokens)"),
+    "gamma2": (1, 16, 1, "γ2 (tokens per target round)"),
+    "draft_window": (16, 2048, 16, "Draft window"),
+}
+_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup"}
+assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
+
+
+def setting_control(name: str, value, modes: list[str]):
+    """The accordion's control for one `Settings` field, showing `value`."""
+    elem_id = _ELEM_IDS.get(name)
+    if name == "mode":
+        return gr.Dropdown(modes, value=value, label="Mode", elem_id=elem_id)
+    if name == "seed":
+        return gr.Number(value=-1 if value is None else value, label="Seed (sampling; -1 = random)", precision=0)
+    if name == "lookup":
+        return gr.Checkbox(value, label="Context lookup (off: the paper's three levels)", elem_id=elem_id)
+    low, high, step, label = _SLIDERS[name]
+    return gr.Slider(low, high, value=value, step=step, label=label, elem_id=elem_id)
+
+
+def settings_from(values: dict) -> Settings:
+    """Settings from the accordion's values; raises ConfigError with a clear message."""
+    s = Settings(**{k: v for k, v in values.items() if k in Settings.__dataclass_fields__})
+    if s.mode not in MODES:
+        raise ConfigError(f"mode must be one of {', '.join(MODES)}")
+    s.config()  # validates every field
+    return s

@@ -1,0 +1,100 @@
+"""What the app keeps: the context every handler shares (one engine, one worker, the cache
+pools) and each browser session's `UserState`.
+
+One engine (model weights) serves every user; each browser session has its own `UserState`
+in `gr.State` (its `ChatSession`, hence its own caches, and its answers' traces). Every use of
+the engine goes through the one `EngineWorker`, so users cannot corrupt each other's caches.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+
+from triforce_core.documents import Document
+from triforce_core.engine import TriForceEngine
+from triforce_core.serving.worker import EngineWorker, Job
+from triforce_core.session import ChatSession
+from triforce_core.slots import SlotPool
+
+from .settings import Settings
+from .trace import AnswerTrace
+
+
+@dataclass
+class Answer:
+    """What the page shows of one turn."""
+
+    trace: AnswerTrace
+    footer: str = ""
+    baseline: dict | None = None  # the autoregressive comparison of this answer
+
+
+@dataclass(eq=False)
+class UserState:
+    """One browser session: its document, conversation (a `ChatSession`) and answers."""
+
+    session: ChatSession
+    document: Document | None = None
+    answers: list[Answer] = field(default_factory=list)
+    job: Job | None = None
+    spans: list[tuple[int, int]] = field(default_factory=list)  # prompt token -> document chars
+    doc_first: int = -1  # token position where the document begins
+    last_used: float = field(default_factory=time.monotonic)
+
+    @property
+    def busy(self) -> bool:
+        return self.job is not None and not self.job.finished.is_set()
+
+
+class SessionPool:
+    """Caps how many users' sessions keep their KV caches: the least recently used idle ones are freed."""
+
+    def __init__(self, worker: EngineWorker, max_cached: int):
+        self.worker = worker
+        self.max_cached = max_cached
+        self._users: "weakref.WeakSet[UserState]" = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def touch(self, user: UserState) -> None:
+        user.last_used = time.monotonic()
+        with self._lock:
+            self._users.add(user)
+            holding = sorted(
+                (u for u in self._users if u.session.cache_lengths()["target"] > 0 and u is not user),
+                key=lambda u: u.last_used,
+            )
+        excess = len(holding) + 1 - self.max_cached
+        for u in holding[: max(0, excess)]:
+            if not u.busy:
+                self.worker.call(u.session.release)
+
+
+@dataclass
+class AppContext:
+    """What every handler shares: the engine, the one worker that runs it, the users' session
+    pool, the `chat` endpoint's cache slots, and the app's fixed choices."""
+
+    engine: TriForceEngine
+    worker: EngineWorker
+    sessions: SessionPool
+    slots: SlotPool
+    defaults: Settings
+    max_bytes: int
+
+    @property
+    def window(self) -> int:
+        return self.engine.context_window
+
+    def new_user(self) -> UserState:
+        return UserState(ChatSession(self.engine))
+
+    @staticmethod
+    def release_user(user: UserState | None) -> None:
+        """A closed page: stop its generation and free its caches."""
+        if user is not None:
+            if user.job is not None:
+                user.job.cancel()
+            user.session.release()

@@ -1,0 +1,141 @@
+"""What the page shows, computed from a user's state: the document line, the context gauge,
+the transcript, the statistics table, and the tuples of updates the handlers yield.
+
+Handlers return their updates in the order of `STREAMED` (answers, clearing) or
+`DOCUMENT_OUTPUTS` (loading a document); the layout binds those names to its components.
+"""
+
+from __future__ import annotations
+
+import html
+from typing import Callable
+
+import gradio as gr
+
+from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
+from .render import context_gauge_html, passages_html, segments_html, stats_html, transcript_html
+from .state import Answer, UserState
+from .trace import AnswerTrace
+
+STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge")
+DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map")
+
+
+def doc_info(user: UserState | None) -> str:
+    if user is None or user.document is None:
+        return '<div class="tf-docinfo">No document loaded.</div>'
+    d = user.document
+    pages = f" · {d.pages} pages" if d.pages else ""
+    return (
+        f'<div class="tf-docinfo"><b>{html.escape(d.name or "document")}</b> · {d.format}{pages} · '
+        f"{d.chars:,} characters · {user.session.document_tokens:,} tokens</div>"
+    )
+
+
+def gauge(user: UserState | None, budget, window: int) -> str:
+    """The context gauge: the user's document and conversation against `window` and the budget."""
+    if user is None:
+        return context_gauge_html(0, 0, window, int(budget))
+    doc = user.session.document_tokens if user.document is not None else 0
+    total = len(user.session.cached_tokens()) or doc
+    return context_gauge_html(doc, max(0, total - doc), window, int(budget))
+
+
+def chunk_labeler(user: UserState) -> Callable[[int, int], tuple[str, str]]:
+    """token span -> (where in the document, its text), for the retrieval map's hover."""
+    spans, doc = user.spans, user.document
+    text = user.session.document
+    lead = 0
+    if doc is not None:
+        lead = len(doc.text) - len(doc.text.lstrip())
+
+    def label(start: int, end: int) -> tuple[str, str]:
+        inside = [spans[i] for i in range(max(0, start), min(end, len(spans))) if spans[i][0] >= 0]
+        if inside:
+            a, b = inside[0][0], inside[-1][1]
+            where = doc.locate(a + lead) if doc is not None else ""
+            return where, text[a:b]
+        if start >= len(spans):
+            return "the answer so far", ""
+        return "chat template / question", ""
+
+    return label
+
+
+def document_span(user: UserState) -> tuple[int, int] | None:
+    inside = [i for i, (a, _b) in enumerate(user.spans) if a >= 0]
+    return (inside[0], inside[-1] + 1) if inside else None
+
+
+def answer_footer(trace: AnswerTrace, stopped: bool) -> str:
+    s = trace.stats
+    if s is None:
+        return f"stopped after {trace.new_tokens} tokens" if stopped else ""
+    acc = ", ".join(f"{k} {v:.2f}" for k, v in s.acceptance.items())
+    reused = f", {s.reused_tokens:,} reused" if s.reused_tokens else ""
+    prefill = trace.prefill
+    pre = f"prefill {prefill.tokens:,} tokens in {prefill.seconds:.1f}s{reused} · " if prefill is not None else ""
+    return (
+        f"{s.mode} · {s.new_tokens} tokens at {s.tokens_per_s:.1f} tok/s · {pre}"
+        f"mean accepted {s.mean_accepted:.2f}" + (f" · acceptance {acc}" if acc else "")
+    )
+
+
+def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
+    if answer is None:
+        return [("status", "no answer yet")]
+    t = answer.trace
+    rows = [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}"),
+            ("mean accepted length", f"{t.mean_accepted():.2f} tokens per target forward")]
+    for level, value in t.acceptance().items():
+        name = "lookup / small draft → retrieval" if level == "retrieval" else "proposals → target"
+        rows.append((f"acceptance, {name}", f"{value:.2f}"))
+    if t.prefill is not None:
+        rows.append(("prefill", f"{t.prefill.tokens:,} tokens in {t.prefill.seconds:.2f}s ({t.prefill.reused_tokens:,} reused)"))
+    b = answer.baseline
+    if b is not None:
+        rows.append(("autoregressive", f"{b['tokens_per_s']:.1f} tok/s"))
+        if b["tokens_per_s"] > 0 and t.stats is not None:
+            rows.append(("speed-up", f"{t.stats.tokens_per_s / b['tokens_per_s']:.2f}×"))
+        rows.append(("outputs identical", b["identical"]))
+    return rows
+
+
+def transcript(user: UserState | None, teaching: bool) -> str:
+    if user is None or not user.session.turns:
+        return transcript_html([], "Load a document (or the sample), then ask a question about it.")
+    turns = []
+    for turn, answer in zip(user.session.turns, user.answers):
+        turns.append((turn.question, segments_html(answer.trace.segments, teaching), answer.footer))
+    return transcript_html(turns)
+
+
+def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool, budget, window: int,
+                   new_map: bool, panels: bool = True) -> tuple:
+    """The `STREAMED` updates while `answer` streams: with `panels` the figures and tables too
+    (re-drawn only now and then: plots are the browser's heaviest work), with `new_map` also the
+    retrieval map and its passages (after a new chunk selection)."""
+    t = answer.trace
+    if not panels:  # text only: the answer so far and the status line
+        return (user, transcript(user, teaching), status) + (gr.skip(),) * 6
+    map_fig = passages = gr.skip()
+    if new_map:
+        sel = t.selections[-1] if t.selections else None
+        labeler, span = chunk_labeler(user), document_span(user)
+        map_fig = retrieval_map_figure(sel, labeler, span, max(0, len(t.selections) - 1))
+        passages = passages_html(top_passages(sel, labeler, span))
+    speed = [("this answer", t.tokens_per_s())]
+    if answer.baseline is not None:
+        speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
+    return (
+        user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
+        speed_figure(speed if t.new_tokens else []), stats_html(stats_rows(answer)), gauge(user, budget, window),
+    )
+
+
+def empty_panels(user: UserState | None, status: str, budget, window: int) -> tuple:
+    """The `STREAMED` updates of a page with no answer shown: the panels as they start."""
+    return (
+        user, transcript(user, False), status, retrieval_map_figure(None), passages_html([]),
+        acceptance_figure([]), speed_figure([]), stats_html(stats_rows(None)), gauge(user, budget, window),
+    )
