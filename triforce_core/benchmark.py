@@ -35,6 +35,8 @@ How the runs are made comparable
 from __future__ import annotations
 
 import copy
+import dataclasses
+import functools
 import os
 import platform
 import statistics
@@ -59,6 +61,17 @@ HF_MODES = ("hf-generate", "hf-assisted")
 MODES = OUR_MODES + HF_MODES
 QUESTION = "\n\nQuestion: How does Python find an attribute of an instance of a class?\nAnswer:"
 WARMUP_TOKENS = 4
+
+
+@functools.cache
+def _hf_cache_name() -> str:
+    """The name of a Hugging Face model's KV cache, as an output field and a `generate` keyword:
+    `cache` from transformers 5.24 on (where `past_key_values` is deprecated), before that
+    `past_key_values`."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    fields = {f.name for f in dataclasses.fields(CausalLMOutputWithPast)}
+    return "cache" if "cache" in fields else "past_key_values"
 
 
 class BenchError(ValueError):
@@ -192,7 +205,7 @@ class Bench:
         hf = self.hf_model("target")
         ids = torch.tensor([prompt[:-1]], device=hf.device)
         t0 = time.perf_counter()
-        cache = hf(input_ids=ids, use_cache=True).past_key_values
+        cache = getattr(hf(input_ids=ids, use_cache=True), _hf_cache_name())
         sync_device(hf.device)
         return cache, time.perf_counter() - t0
 
@@ -211,7 +224,7 @@ class Bench:
             kwargs["assistant_model"] = self.hf_model("draft")
             prefix_cache, prefix_s = None, 0.0
         else:
-            kwargs["past_key_values"] = copy.deepcopy(prefix_cache)
+            kwargs[_hf_cache_name()] = copy.deepcopy(prefix_cache)
         ids = torch.tensor([prompt], device=hf.device)
         clock = _FirstTokenClock()
         counter = _CallCounter(hf)
