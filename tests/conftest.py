@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
+import subprocess
+from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -23,6 +26,7 @@ from transformers import (
 from triforce_core.model import DecoderModel
 
 CPU = torch.device("cpu")
+ROOT = Path(__file__).resolve().parents[1]
 # The test models are tiny: one thread per op beats spreading microsecond kernels over cores.
 torch.set_num_threads(1)
 VOCAB = 97
@@ -182,6 +186,23 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(previous)
+
+
+@contextlib.contextmanager
+def running_server(cmd: list[str], log, probe, env: dict, what: str = "the server"):
+    """Start `cmd` (output to `log`), wait until `probe()` answers (see wait_until_up), yield the
+    process, and stop it however the block ends."""
+    with open(log, "w") as out:
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_until_up(proc, probe, log, what)
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 180) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
 import sys
 import threading
 import time
@@ -20,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import at_once, wait_until_up
+from conftest import at_once, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
@@ -44,19 +43,10 @@ def server(tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("app") / "app.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW)],
-            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-        )
     url = f"http://127.0.0.1:{port}/"
-    wait_until_up(proc, lambda: urllib.request.urlopen(url, timeout=2), log, "the app")
-    yield {"url": url, "proc": proc, "log": log}
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW)]
+    with running_server(cmd, log, lambda: urllib.request.urlopen(url, timeout=2), env, "the app") as proc:
+        yield {"url": url, "proc": proc, "log": log}
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,8 +23,8 @@ from conftest import (
     make_hf,
     make_tokenizer,
     perturbed,
+    running_server,
     save_checkpoint,
-    wait_until_up,
     words,
 )
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
@@ -65,16 +64,9 @@ def server(models, tmp_path_factory):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=KEY)
     cmd = [sys.executable, "-m", "triforce_core", "serve", "--target", models["target"], "--draft", models["draft"],
            "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS]
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
-    wait_until_up(proc, lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, log)
-    yield {"base": base, "proc": proc, "log": log}
-    proc.terminate()
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+    with running_server(cmd, log, lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, env) as proc:
+        yield {"base": base, "proc": proc, "log": log}
 
 
 @pytest.fixture(scope="module")
