@@ -18,6 +18,7 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
+    from triforce_core.flags import add_kv_cache_args
 
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
@@ -47,20 +48,24 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-slots", type=int, default=4,
                    help="idle conversations whose caches the HTTP API and the chat endpoint keep, least recently "
                    "used evicted (default 4)")
+    add_kv_cache_args(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError, TriForceEngine
+    from triforce_core.flags import apply_kv_cache_args, check_kv_cache_args
     from triforce_core.loading import default_model_names, served_model_name
     from ui.settings import Settings
     from ui.server import build_server, run_server
 
     try:
+        check_kv_cache_args(args)
         target, draft = default_model_names(args.target, args.draft)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
         engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
+        apply_kv_cache_args(engine, args)
         mode = args.mode or ("triforce" if engine.draft is not None else "retrieval")
         defaults = Settings(mode=mode, max_new_tokens=args.max_new_tokens, budget=args.budget)
         defaults.config()

@@ -6,10 +6,14 @@ import contextlib
 import os
 import random
 import subprocess
+import tempfile
 from pathlib import Path
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+# The app and the CLI keep prefilled K/V under $XDG_CACHE_HOME by default: tests (and the servers
+# they start, which inherit this) write into a folder of their own, never the user's cache.
+os.environ["XDG_CACHE_HOME"] = tempfile.mkdtemp(prefix="triforce-tests-xdg-")
 
 import pytest
 import torch

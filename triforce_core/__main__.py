@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import CacheConfig, SpeculationConfig
+from .flags import add_kv_cache_args, apply_kv_cache_args, check_kv_cache_args
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
@@ -100,6 +101,10 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         "--refresh-every", type=int, default=_CACHE.refresh_every,
         help="re-select retrieval chunks every N tokens (0 = never; default %(default)s)"
     )
+    spec.add_argument(
+        "--prefill-chunk", type=int, default=_CACHE.prefill_chunk,
+        help="prompt tokens per prefill forward, and per block of K/V kept on disk (default %(default)s)"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -156,6 +161,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="cut the document's end when the conversation would not fit (reported)")
     conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
     _add_decoding_args(c)
+    add_kv_cache_args(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 
     b = sub.add_parser(
@@ -209,6 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     net.add_argument("--slots", type=int, default=4,
                      help="idle conversations whose caches are kept for prefix reuse (default 4)")
     _add_decoding_args(v, sampling=False)
+    add_kv_cache_args(v)
 
     i = sub.add_parser(
         "ingest",
@@ -298,6 +305,7 @@ def cmd_serve(args) -> int:
     engine, config = _load_engine(args)
     if engine.tokenizer is None:
         raise UsageError("the HTTP API needs a target with a tokenizer")
+    apply_kv_cache_args(engine, args)
     name = served_model_name(_model_names(args)[0])
     api = ChatCompletionsAPI(engine, EngineWorker(), SlotPool(engine, args.slots), model_name=name,
                              base_config=config, mode=args.mode, api_key=args.api_key)
@@ -353,7 +361,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         ),
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
-            draft_sinks=args.draft_sinks, refresh_every=args.refresh_every,
+            draft_sinks=args.draft_sinks, refresh_every=args.refresh_every, prefill_chunk=args.prefill_chunk,
         ),
     )
     if config.speculation.uses_draft_model and not has_draft:
@@ -383,7 +391,9 @@ def _check_flags(args) -> None:
 
     try:
         _configs(args, has_draft=True)
-    except ConfigError as e:
+        if hasattr(args, "no_kv_cache"):
+            check_kv_cache_args(args)
+    except (ConfigError, ValueError) as e:
         raise UsageError(str(e)) from None
 
 
@@ -467,6 +477,7 @@ def cmd_chat(args) -> int:
     engine, config = _load_engine(args)
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
+    apply_kv_cache_args(engine, args)
     session = ChatSession(engine, document, system_prompt=args.system, config=config,
                           allow_truncation=args.truncate)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
@@ -484,7 +495,8 @@ def cmd_chat(args) -> int:
                 sys.stdout.write("\n\n")
                 print(_stats_line(ev.stats.as_dict()), file=sys.stderr)
             elif isinstance(ev, Prefilled):
-                print(f"[prefilled {ev.tokens} tokens, reused {ev.reused_tokens}, {ev.seconds:.2f}s]", file=sys.stderr)
+                disk = f" ({ev.disk_tokens} from disk)" if ev.disk_tokens else ""
+                print(f"[prefilled {ev.tokens} tokens, reused {ev.reused_tokens}{disk}, {ev.seconds:.2f}s]", file=sys.stderr)
         turn = session.turns[-1]
         if turn.truncation is not None:
             print(f"note: {turn.truncation.message()}", file=sys.stderr)

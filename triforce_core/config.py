@@ -6,7 +6,9 @@ made, with a message that names the field, instead of deep inside the decoding l
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 
@@ -24,6 +26,16 @@ def default_mode(prompt_tokens: int) -> str:
     """The mode used when the user picked none: lookup alone for short prompts, else triforce
     (which needs no small draft with the default settings)."""
     return "lookup" if prompt_tokens < RETRIEVAL_PAYS_FROM else "triforce"
+
+
+# The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
+KV_CACHE_MAX_GB = 8.0
+
+
+def default_kv_cache_folder() -> Path:
+    """`$XDG_CACHE_HOME/triforce-studio/kv`, else `~/.cache/triforce-studio/kv`."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "triforce-studio" / "kv"
 
 
 class ConfigError(ValueError):

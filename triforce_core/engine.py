@@ -17,8 +17,9 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .config import GenerationConfig
+from .config import GenerationConfig, default_kv_cache_folder
 from .events import Committed, Event, Finished, GenerationStats, Prefilled
+from .kv import DiskCache, model_fingerprint
 from .loading import LoadedModel, check_pair, load_model, resolve_device, resolve_dtype
 from .model import DecoderModel
 from .speculation import Decoder, make_generator
@@ -53,6 +54,14 @@ class TriForceEngine:
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
+
+    def use_disk_cache(self, folder: str | None = None, max_bytes: int | None = None) -> DiskCache:
+        """Keep prefilled K/V blocks in `folder` (default `config.default_kv_cache_folder()`) and read them
+        back in later prefills, in this process or another (see `triforce_core.kv.disk`)."""
+        kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
+        self.disk_cache = DiskCache(folder or default_kv_cache_folder(), model_fingerprint(self.target), **kwargs)
+        return self.disk_cache
 
     @classmethod
     def from_pretrained(
@@ -105,7 +114,8 @@ class TriForceEngine:
     def make_decoder(self, config: GenerationConfig, capacity: int, generator, **handover) -> Decoder:
         """A decoder with caches for `capacity` tokens (`handover`: full_cache/history of an earlier one)."""
         detok = self.decode if self.tokenizer is not None else None
-        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok, **handover)
+        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok,
+                       disk=self.disk_cache, **handover)
 
     @staticmethod
     def capacity_for(prompt_len: int, config: GenerationConfig) -> int:

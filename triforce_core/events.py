@@ -43,6 +43,7 @@ class Prefilled:
     tokens: int  # prompt tokens run through the target in this prefill
     seconds: float
     reused_tokens: int = 0  # prompt tokens whose KV was already cached (prefix reuse)
+    disk_tokens: int = 0  # of the reused tokens, those whose KV was read from a disk cache
 
 
 @dataclass(frozen=True)
@@ -108,6 +109,7 @@ class GenerationStats:
     stop_reason: str = ""  # "eos" | "max_new_tokens"
     mode: str = ""
     reused_tokens: int = 0
+    disk_tokens: int = 0  # of the reused tokens, those whose KV was read from a disk cache
     # "proposer:verifier" -> accepted / proposed, e.g. "lookup:target", "draft:retrieval"
     acceptance_by_proposer: dict[str, float] = field(default_factory=dict)
     proposed_by_proposer: dict[str, int] = field(default_factory=dict)

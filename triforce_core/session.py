@@ -53,11 +53,13 @@ class TurnStats:
     mean_accepted: float
     stop_reason: str
     mode: str
+    disk_tokens: int = 0  # of the reused tokens, those whose K/V was read from the disk cache
 
     def as_dict(self) -> dict:
         return {
             "prefill_tokens": self.prefill_tokens,
             "reused_tokens": self.reused_tokens,
+            "disk_tokens": self.disk_tokens,
             "prefill_s": self.prefill_s,
             "first_token_s": self.first_token_s,
             "decode_s": self.decode_s,
@@ -356,7 +358,8 @@ class ChatSession:
                     s = ev.stats
                     turn.stats = TurnStats(
                         prompt_tokens=len(prompt), prefill_tokens=prefilled.tokens,
-                        reused_tokens=prefilled.reused_tokens, prefill_s=prefilled.seconds,
+                        reused_tokens=prefilled.reused_tokens, disk_tokens=prefilled.disk_tokens,
+                        prefill_s=prefilled.seconds,
                         first_token_s=first_token_s if first_token_s is not None else time.perf_counter() - t0,
                         decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
                         acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,

@@ -52,7 +52,7 @@ from .events import (
     PrefillProgress,
     Verified,
 )
-from .kv import FullCache, KVStore, RetrievalCache, StreamingCache
+from .kv import DiskCache, FullCache, KVStore, RetrievalCache, StreamingCache
 from .loading import sync_device
 from .lookup import ContextIndex
 from .model import DecoderModel
@@ -406,15 +406,18 @@ class Decoder:
         detokenize=None,
         full_cache: FullCache | None = None,
         history: list[int] | None = None,
+        disk: DiskCache | None = None,
     ):
         """`full_cache` + `history` hand over a target cache from an earlier decoder (a chat
-        session whose settings changed): `history[:full_cache.length]` are the tokens it holds."""
+        session whose settings changed): `history[:full_cache.length]` are the tokens it holds.
+        `disk`: where prefilled blocks of the target's cache are read from and kept."""
         spec, cc = config.speculation, config.cache
         if spec.uses_draft_model and draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model")
         self.target, self.draft, self.config = target, draft, config
         self.eos_ids = frozenset() if spec.ignore_eos else eos_ids
         self.generator = generator
+        self.disk = disk
         self.detokenize = detokenize
         ts = target.spec
         vocab = target.vocab_size
@@ -493,7 +496,9 @@ class Decoder:
         (new tokens); returns the `Prefilled` event.
 
         The target's full cache keeps the longest common prefix of what it already holds and
-        the new prompt; only the rest is run through the target (prefix reuse for chat). The
+        the new prompt; with a disk cache, whole blocks beyond it are read from disk; only the
+        rest is run through the target (prefix reuse for chat), in chunks that end at multiples
+        of `prefill_chunk` so that a fresh prefill's whole chunks can be kept on disk. The
         small draft's window is rebuilt and the retrieval chunks are re-selected for the new
         last query. Closed between chunks, the full cache keeps what was prefilled so far, and
         `history` names exactly those tokens (a later prompt reuses them).
@@ -512,22 +517,35 @@ class Decoder:
         if reuse == len(body) and reuse > 0 and self.retrieval is not None:
             reuse -= 1  # re-feed one token: the retrieval selection needs the last query
         need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
-        if need > lane.cache.capacity:
-            lane.cache.grow(need)
-        lane.cache.truncate(reuse)
+        cache = lane.cache
+        if need > cache.capacity:
+            cache.grow(need)
+        blocks = self.disk.blocks(body, chunk) if self.disk is not None else []
+        disk_tokens = 0
+        if blocks:
+            reuse, disk_tokens = self._read_disk(blocks, reuse, len(body))
+        cache.truncate(reuse)
         lane.covered, lane.fed, lane.pending = reuse, [], []
         self.history = body[:reuse]  # == what the full cache holds, after every chunk
-        fresh = body[reuse:]
+        total = len(body) - reuse
+        protect = {b.key for b in blocks}
         queries = None
-        for i in range(0, len(fresh), chunk):
-            part = fresh[i : i + chunk]
-            last = i + chunk >= len(fresh)
-            q = lane.prefill(part, chunk, capture_last=last and self.retrieval is not None)
+        at = reuse
+        while at < len(body):
+            end = min(len(body), (at // chunk + 1) * chunk)  # [at, end): up to the next multiple
+            part = body[at:end]
+            whole = end - at == chunk and cache.canonical == at
+            q = lane.prefill(part, chunk, capture_last=end == len(body) and self.retrieval is not None)
             self.history += part
             queries = q if q is not None else queries
+            if whole:
+                cache.canonical = end
+                if blocks:
+                    self.disk.save(cache, blocks[at // chunk], protect)
+            at = end
             if on_progress is not None:
-                on_progress(i + len(part), len(fresh))
-            yield PrefillProgress(i + len(part), len(fresh))
+                on_progress(at - reuse, total)
+            yield PrefillProgress(at - reuse, total)
         lane.pending = self.prompt[-1:]
         self.history = list(self.prompt)
         if self.small is not None:
@@ -543,7 +561,26 @@ class Decoder:
             self.lookup.index.reset(self.prompt)
         self._reset_counters()
         sync_device(self.target.device)
-        return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse)
+        return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse,
+                         disk_tokens=disk_tokens)
+
+    def _read_disk(self, blocks: list, reuse: int, body_len: int) -> tuple[int, int]:
+        """Read the blocks beyond what the cache holds in memory; returns (reuse, tokens read).
+
+        Blocks are read from the first one the cache does not hold canonically, up to the last
+        that ends before the prompt's final body token (its query is needed: see `reuse -= 1`).
+        """
+        cache = self.full.cache
+        chunk = blocks[0].end
+        first = min(reuse, cache.canonical) // chunk
+        end = first
+        while end < len(blocks) and blocks[end].end < body_len and self.disk.has(blocks[end]):
+            end += 1
+        if end * chunk <= reuse:
+            return reuse, 0
+        cache.truncate(first * chunk)
+        read = self.disk.load(cache, blocks, first, end)
+        return first * chunk + read, read
 
     def _select(self, queries: torch.Tensor | None) -> None:
         if queries is None:  # a one-token prompt: nothing is cached, the selection is empty
@@ -718,6 +755,7 @@ class Decoder:
                 stop_reason=stop_reason,
                 mode=spec.mode,
                 reused_tokens=prefilled.reused_tokens,
+                disk_tokens=prefilled.disk_tokens,
                 acceptance_by_proposer=pair_acc,
                 proposed_by_proposer=dict(c.pair_proposed),
                 level_seconds=level_s,

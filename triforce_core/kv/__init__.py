@@ -1,8 +1,9 @@
 """Caches: preallocated tensors with an explicit length (see each module's docstring)."""
 
+from .disk import DiskCache, model_fingerprint
 from .full import FullCache
 from .retrieval import RetrievalCache, Selection
 from .store import CacheFullError, KVStore
 from .streaming import StreamingCache
 
-__all__ = ["CacheFullError", "FullCache", "KVStore", "RetrievalCache", "Selection", "StreamingCache"]
+__all__ = ["CacheFullError", "DiskCache", "model_fingerprint", "FullCache", "KVStore", "RetrievalCache", "Selection", "StreamingCache"]

@@ -10,6 +10,10 @@ from .store import KVStore
 class FullCache(KVStore):
     """Key index == absolute position, so sliding-window layers can slice the cache.
 
+    `canonical`: the leading tokens whose K/V equal what a fresh prefill in aligned chunks
+    computes (each chunk one forward over [j*chunk, (j+1)*chunk)); only those may be written
+    to a `DiskCache`, so that reading them back is bit-exact.
+
     Chunk means for retrieval are cached here and recomputed only for chunks that changed:
     `low_water` records the shortest length the cache was truncated to since the means were
     last brought up to date.
@@ -20,6 +24,7 @@ class FullCache(KVStore):
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
         self.low_water = 0
+        self.canonical = 0
         self._means: torch.Tensor | None = None  # [L, Hkv, n_chunks_max, D] float32
         self._means_chunk = 0
         self._means_valid = 0  # chunks whose mean is up to date
@@ -31,6 +36,7 @@ class FullCache(KVStore):
     def truncate(self, length: int) -> None:
         super().truncate(length)
         self.low_water = min(self.low_water, length)
+        self.canonical = min(self.canonical, length)
 
     def snapshot(self) -> tuple:
         # Writes only ever append here, so the slots before `length` stay as they are: O(1).

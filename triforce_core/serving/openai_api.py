@@ -298,6 +298,7 @@ class Tally:
             "decode_s": decode_s,
             "prefill_tokens": p.tokens if p else 0,
             "reused_tokens": p.reused_tokens if p else 0,
+            "disk_tokens": p.disk_tokens if p else 0,
             "prefill_s": p.seconds if p else 0.0,
             "time_to_first_token_s": (self.t_first - self.t_start) if self.t_first else None,
         }

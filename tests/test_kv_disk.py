@@ -1,0 +1,236 @@
+"""Prefilled K/V kept on disk: read back bit for bit, answers identical, bad files never used."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, to_ours, words
+from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.engine import TriForceEngine
+from triforce_core.events import Committed, Prefilled
+from triforce_core.kv import DiskCache, FullCache, model_fingerprint
+from triforce_core.session import ChatSession
+from triforce_core.slots import Slot
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
+CHUNK = 32  # prefill chunk = disk block: the 300-word document spans 9 whole blocks
+DOCUMENT = words(300, 11)
+Q1, Q2 = words(6, 12), words(5, 13)
+
+
+@pytest.fixture(scope="module")
+def weights():
+    hf = make_hf("llama_gqa_llama3", seed=0)
+    return hf, perturbed(hf, 0.02)
+
+
+def new_engine(weights, folder=None, **disk) -> TriForceEngine:
+    """A fresh engine, as after a restart: new model objects from the same weights."""
+    hf, draft = weights
+    tok = make_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    engine = TriForceEngine(to_ours(hf), to_ours(draft), tok, eos_token_ids=[2])
+    if folder is not None:
+        engine.use_disk_cache(folder, **disk)
+    return engine
+
+
+def config(mode: str, temperature: float = 0.0, seed: int | None = None) -> GenerationConfig:
+    return GenerationConfig(
+        sampling=SamplingConfig(temperature=temperature, seed=seed),
+        speculation=SpeculationConfig(mode=mode, max_new_tokens=12, ignore_eos=True, gamma1=2, gamma2=4),
+        cache=CacheConfig(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, refresh_every=16,
+                          prefill_chunk=CHUNK),
+    )
+
+
+def two_turns(engine, cfg):
+    session = ChatSession(engine, DOCUMENT, config=cfg)
+    answers = []
+    for q in (Q1, Q2):
+        answers.append([t for ev in session.ask(q) if isinstance(ev, Committed) for t in ev.token_ids])
+    return answers, [t.stats for t in session.turns], session
+
+
+def block_files(folder) -> list[Path]:
+    return sorted(Path(folder).glob("*.kv"), key=lambda p: p.stat().st_mtime_ns)
+
+
+@pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
+@pytest.mark.parametrize("mode", MODES)
+def test_answers_after_a_reload_equal_a_fresh_prefill(weights, tmp_path, mode, sampled):
+    cfg = config(mode, 0.8 if sampled else 0.0, seed=5 if sampled else None)
+    reference, ref_stats, _ = two_turns(new_engine(weights), cfg)  # no disk at all
+    written, w_stats, _ = two_turns(new_engine(weights, tmp_path), cfg)
+    assert [s.disk_tokens for s in w_stats] == [0, 0]
+    assert len(block_files(tmp_path)) == 9  # every whole block of the first prompt's body
+    read, r_stats, session = two_turns(new_engine(weights, tmp_path), cfg)
+    assert read == written == reference
+    first = r_stats[0]
+    assert first.disk_tokens == 9 * CHUNK and first.reused_tokens == 9 * CHUNK
+    assert first.prefill_tokens == ref_stats[0].prefill_tokens - 9 * CHUNK
+    assert r_stats[1].disk_tokens == 0  # the second turn reuses the memory cache
+    assert not [p for p in tmp_path.iterdir() if not p.name.endswith(".kv")]  # no temporary files left
+
+
+def test_the_cache_read_back_is_bit_identical(weights, tmp_path):
+    cfg = config("autoregressive")
+    prompt = new_engine(weights).encode(DOCUMENT)
+    caches = []
+    for folder in (None, tmp_path, tmp_path):
+        slot = Slot(new_engine(weights, folder))
+        events = list(slot.generate(prompt, cfg))
+        caches.append((slot.decoder.full.cache, events[0]))
+    (fresh, _), (_, wrote), (back, read) = caches
+    assert wrote.disk_tokens == 0 and read.disk_tokens == 9 * CHUNK
+    n = len(prompt) - 1
+    assert torch.equal(fresh.k[:, :, :n], back.k[:, :, :n]) and torch.equal(fresh.v[:, :, :n], back.v[:, :, :n])
+
+
+def test_only_whole_aligned_chunks_are_written(weights, tmp_path):
+    engine = new_engine(weights, tmp_path)
+    cfg = config("autoregressive")
+    slot = Slot(engine)
+    ids = engine.encode(DOCUMENT)
+    list(slot.generate(ids[:100], cfg))  # blocks 0-2 whole; 96..99 a partial chunk
+    assert len(block_files(tmp_path)) == 3
+    assert slot.decoder.full.cache.canonical == 96
+    list(slot.generate(ids[:200], cfg))  # memory holds 99 (+ the answer): resumes at 99, unaligned
+    assert len(block_files(tmp_path)) == 3
+    full = slot.decoder.full.cache
+    blocks = engine.disk_cache.blocks(ids[:200], CHUNK)
+    with pytest.raises(ValueError, match="not canonical"):
+        engine.disk_cache.save(full, blocks[4])
+
+
+def corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-5] ^= 0x40
+    path.write_bytes(bytes(data))
+
+
+def corrupt_truncate(path: Path) -> None:
+    path.write_bytes(path.read_bytes()[:-100])
+
+
+def corrupt_header(path: Path) -> None:
+    path.write_bytes(b"nonsense" + path.read_bytes()[8:])
+
+
+@pytest.mark.parametrize("damage", [corrupt_flip, corrupt_truncate, corrupt_header])
+def test_a_bad_file_is_reported_rebuilt_and_never_used(weights, tmp_path, caplog, damage):
+    cfg = config("triforce")
+    reference, _, _ = two_turns(new_engine(weights, tmp_path), cfg)
+    engine = new_engine(weights, tmp_path)
+    body = ChatSession(engine, DOCUMENT, config=cfg).prompt_ids(Q1)[:-1]
+    blocks = engine.disk_cache.blocks(body, CHUNK)
+    bad = engine.disk_cache.path(blocks[4])
+    damage(bad)
+    with caplog.at_level(logging.WARNING, logger="triforce_core.kv.disk"):
+        answers, stats, _ = two_turns(engine, cfg)
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1 and bad.name in lines[0] and "\n" not in lines[0], lines
+    assert engine.disk_cache.problems == lines
+    assert answers == reference
+    assert stats[0].disk_tokens == 4 * CHUNK  # the blocks before the bad one
+    assert bad.is_file()  # rebuilt by that prefill
+    again, stats, _ = two_turns(new_engine(weights, tmp_path), cfg)
+    assert again == reference and stats[0].disk_tokens == 9 * CHUNK
+
+
+def test_the_key_is_the_weights_and_the_dtype(weights, tmp_path):
+    hf, draft = weights
+    base = to_ours(hf)
+    assert model_fingerprint(base) == model_fingerprint(to_ours(hf))
+    assert model_fingerprint(base) != model_fingerprint(to_ours(perturbed(hf, 1e-4)))
+    assert model_fingerprint(base) != model_fingerprint(type(base)(hf.config, hf.state_dict(), base.device, torch.float64))
+    # Sampled hashing (large models) still tells checkpoints apart.
+    assert model_fingerprint(base, full_limit=0) != model_fingerprint(to_ours(perturbed(hf, 1e-4)), full_limit=0)
+    cfg = config("autoregressive")
+    two_turns(new_engine(weights, tmp_path), cfg)
+    other = new_engine((perturbed(hf, 1e-3), draft), tmp_path)
+    _, stats, _ = two_turns(other, cfg)
+    assert stats[0].disk_tokens == 0
+
+
+def test_the_folder_is_capped_least_recently_used_first(weights, tmp_path):
+    engine = new_engine(weights, tmp_path)
+    cfg = config("autoregressive")
+    ids = engine.encode(DOCUMENT)
+    block_bytes = block_files_after(engine, ids[:40], cfg, tmp_path)  # text A: one block
+    engine.disk_cache.max_bytes = 4 * block_bytes
+    (a0,) = block_files(tmp_path)
+    list(Slot(engine).generate(ids[64:200], cfg))  # text B: 4 whole blocks, A's is evicted
+    b = block_files(tmp_path)
+    assert len(b) == 4 and a0 not in b
+    assert sum(p.stat().st_size for p in b) <= engine.disk_cache.max_bytes
+    # Reading touches a block: B's first becomes the most recently used, so A's block, written
+    # again, evicts B's second instead.
+    assert list(Slot(engine).generate(ids[64:104], cfg))[0].disk_tokens == CHUNK
+    list(Slot(engine).generate(ids[:40], cfg))
+    files = block_files(tmp_path)
+    assert a0 in files and b[0] in files and b[1] not in files and len(files) == 4
+    # One prompt's blocks never evict each other: over the cap, the later ones are not kept.
+    small = new_engine(weights, tmp_path / "small", max_bytes=2 * block_bytes)
+    list(Slot(small).generate(ids, cfg))
+    assert len(block_files(tmp_path / "small")) == 2
+    assert list(Slot(small).generate(ids, cfg))[0].disk_tokens == 2 * CHUNK
+
+
+def block_files_after(engine, prompt, cfg, folder) -> int:
+    list(Slot(engine).generate(prompt, cfg))
+    files = block_files(folder)
+    assert len(files) == 1
+    return files[0].stat().st_size
+
+
+def test_a_prefill_on_an_unwritable_folder_still_answers(weights, tmp_path):
+    blocked = tmp_path / "file"
+    blocked.write_text("not a folder")
+    engine = new_engine(weights, blocked / "kv")
+    answers, _, _ = two_turns(engine, config("lookup"))
+    reference, _, _ = two_turns(new_engine(weights), config("lookup"))
+    assert answers == reference
+
+
+def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path):
+    doc = tmp_path / "doc.txt"
+    doc.write_text(words(300, 21), encoding="utf-8")
+    folder = tmp_path / "kv"
+    base = [sys.executable, "-m", "triforce_core", "chat", "--target", tiny_pair_dir["target"], "--draft",
+            tiny_pair_dir["draft"], "--document", str(doc), "--question", Q1, "--max-new-tokens", "8",
+            "--ignore-eos", "--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--prefill-chunk",
+            "64", "--json"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+    def run(*extra):
+        out = subprocess.run(base + list(extra), capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
+                             env=env, check=False)
+        assert out.returncode == 0, out.stderr
+        return json.loads(out.stdout)["turns"][0]
+
+    first = run("--kv-cache-dir", str(folder))
+    second = run("--kv-cache-dir", str(folder))
+    plain = run("--no-kv-cache")
+    assert first["stats"]["disk_tokens"] == 0 and second["stats"]["disk_tokens"] >= 256
+    assert first["token_ids"] == second["token_ids"] == plain["token_ids"]
+    assert plain["stats"]["disk_tokens"] == 0
+    # The default folder follows $XDG_CACHE_HOME; --no-kv-cache writes nothing there.
+    xdg = tmp_path / "xdg"
+    env["XDG_CACHE_HOME"] = str(xdg)
+    run("--no-kv-cache")
+    assert not xdg.exists()
+    run()
+    assert len(list((xdg / "triforce-studio" / "kv").glob("*.kv"))) >= 4
+    bad = subprocess.run(base + ["--kv-cache-max-gb", "0"], capture_output=True, text=True, cwd=REPO_ROOT,
+                         timeout=300, env=env, check=False)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --kv-cache-max-gb must be > 0, got 0.0"]

@@ -1,0 +1,36 @@
+"""Command-line flags shared by `python app.py` and the `chat` and `serve` commands."""
+
+from __future__ import annotations
+
+import argparse
+
+from .config import KV_CACHE_MAX_GB, default_kv_cache_folder
+
+GB = 1024**3
+
+
+def add_kv_cache_args(parser) -> None:
+    """--kv-cache-dir, --no-kv-cache, --kv-cache-max-gb (a parser or an argument group)."""
+    g = parser.add_argument_group("prefill kept on disk") if isinstance(parser, argparse.ArgumentParser) else parser
+    g.add_argument("--kv-cache-dir", metavar="DIR", default=None,
+                   help="keep documents' prefilled K/V here and read them back when the same text is opened "
+                   f"again, after a restart too (default: {default_kv_cache_folder()}; $XDG_CACHE_HOME/triforce-studio/kv, "
+                   "else ~/.cache/triforce-studio/kv)")
+    g.add_argument("--no-kv-cache", action="store_true", help="neither read nor write prefilled K/V on disk")
+    g.add_argument("--kv-cache-max-gb", type=float, default=KV_CACHE_MAX_GB, metavar="GB",
+                   help="size cap of that folder; least recently used blocks are deleted (default %(default)g)")
+
+
+def check_kv_cache_args(args) -> None:
+    """Raise ValueError for bad values (before any model is loaded)."""
+    if not args.kv_cache_max_gb > 0:
+        raise ValueError(f"--kv-cache-max-gb must be > 0, got {args.kv_cache_max_gb}")
+    if args.no_kv_cache and args.kv_cache_dir is not None:
+        raise ValueError("--kv-cache-dir and --no-kv-cache contradict each other")
+
+
+def apply_kv_cache_args(engine, args) -> None:
+    """Give `engine` the disk cache the flags ask for (none with --no-kv-cache)."""
+    check_kv_cache_args(args)
+    if not args.no_kv_cache:
+        engine.use_disk_cache(args.kv_cache_dir, int(args.kv_cache_max_gb * GB))

@@ -1,0 +1,275 @@
+"""The target's prefilled K/V kept on disk, in blocks keyed by the exact tokens before them.
+
+    disk = DiskCache(folder, model_key=model_fingerprint(target))
+    blocks = disk.blocks(tokens, 1024)            # one key per whole 1024-token block of `tokens`
+    n = disk.load(full_cache, blocks, first, end) # tokens read back (stops at a miss or a bad file)
+    disk.save(full_cache, blocks[j])              # after block j was computed
+
+A block is one prefill chunk (`CacheConfig.prefill_chunk`; the size is part of the key). Why
+blocks and not whole prompts: a document-chat prompt is template + document + question,
+so no two prompts are equal, but they share their beginning. Block j's key hashes the model's
+key and every token of blocks 0..j (a chain), so any prompt that starts with the same tokens
+finds the same blocks, whoever wrote them (the app, `chat`, the HTTP API, another process).
+
+Exactness: a block is written only when it was computed by one prefill forward over exactly
+its span, after blocks that were themselves computed (or read) that way (`FullCache.canonical`).
+Reading blocks back therefore reproduces, bit for bit, the cache a fresh prefill builds.
+
+A file: a fixed header (magic, version, lengths), a JSON description (key, shape, dtype),
+the block's token ids (int32) and its keys and values, with a CRC-32 of everything after the
+fixed header. A file that is short, fails its checksum or describes something else is
+reported in one line, deleted and rebuilt by the next prefill; it is never used. Writes go
+to a temporary file in the same folder, then `os.replace`; nothing is written elsewhere.
+The folder is capped in bytes; the least recently used blocks (by modification time, touched
+on every read) go first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import struct
+import zlib
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from ..config import KV_CACHE_MAX_GB
+from .full import FullCache
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"TFKV"
+VERSION = 1
+_FIXED = struct.Struct("<4sHIQI")  # magic, version, description length, body length, crc32(rest)
+SUFFIX = ".kv"
+GB = 1024**3
+DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
+
+
+def model_fingerprint(model, full_limit: int = 1 << 30) -> str:
+    """A key for a model's K/V: its architecture, rope parameters, dtype and weights.
+
+    Weights are hashed whole up to `full_limit` bytes in all; a larger model is hashed from each
+    tensor's shape, first and last megabyte and a strided sample (hashing 16 GB at every start
+    would cost minutes; a different checkpoint differs in all of these).
+    """
+    h = hashlib.sha256()
+    config = model.config
+    rope = getattr(config, "rope_parameters", None) or {}
+    h.update(repr(model.spec).encode())
+    h.update(json.dumps(rope, sort_keys=True, default=str).encode())
+    h.update(str(model.dtype).encode())
+    tensors = [model.embed, model.lm_head, model.final_norm]
+    for layer in model.layers:
+        tensors += [t for t in vars(layer).values() if t is not None]
+    whole = sum(t.numel() * t.element_size() for t in tensors) <= full_limit
+    for t in tensors:
+        raw = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
+        h.update(str(tuple(t.shape)).encode())
+        if whole or raw.numel() <= 3 << 20:
+            h.update(raw.numpy().tobytes())
+        else:
+            mb = 1 << 20
+            step = max(1, raw.numel() // (1 << 20))
+            for part in (raw[:mb], raw[-mb:], raw[::step]):
+                h.update(part.contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class Block:
+    """Block `index` of a token sequence: tokens [start, end), keyed by everything up to `end`."""
+
+    index: int
+    start: int
+    end: int
+    key: str
+    tokens: tuple[int, ...]
+
+
+class DiskCache:
+    """K/V blocks of one model in one folder (see the module docstring)."""
+
+    def __init__(self, folder: str | os.PathLike, model_key: str, max_bytes: int = DEFAULT_MAX_BYTES):
+        if max_bytes < 0:
+            raise ValueError(f"the disk cache's size cap must be >= 0, got {max_bytes}")
+        self.folder = Path(folder)
+        self.model_key = model_key
+        self.max_bytes = max_bytes
+        self.full = False  # the cap was reached by one prefill's own blocks: stop writing more
+        self.problems: list[str] = []  # one line per bad file met (also logged)
+
+    # -- keys ------------------------------------------------------------------------------
+    def blocks(self, tokens: list[int], block_tokens: int) -> list[Block]:
+        """The whole `block_tokens`-token blocks of `tokens`, each with its key."""
+        if block_tokens < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+        n, b = len(tokens), block_tokens
+        h = hashlib.sha256(f"{self.model_key}/{b}".encode())
+        out = []
+        for j in range(n // b):
+            part = tuple(int(t) for t in tokens[j * b : (j + 1) * b])
+            h.update(torch.tensor(part, dtype=torch.int32).numpy().tobytes())
+            out.append(Block(j, j * b, (j + 1) * b, h.copy().hexdigest(), part))
+        return out
+
+    def path(self, block: Block) -> Path:
+        return self.folder / (block.key + SUFFIX)
+
+    def has(self, block: Block) -> bool:
+        return self.path(block).is_file()
+
+    # -- reading ---------------------------------------------------------------------------
+    def load(self, cache: FullCache, blocks: list[Block], first: int, end: int) -> int:
+        """Read blocks[first:end] into `cache` (whose length must be blocks[first].start), in
+        order, stopping at the first missing or bad one; returns the tokens read."""
+        if first >= end:
+            return 0
+        if cache.length != blocks[first].start:
+            raise ValueError(f"the cache holds {cache.length} tokens, not {blocks[first].start}")
+        done = 0
+        for block in blocks[first:end]:
+            kv = self._read(block, cache)
+            if kv is None:
+                break
+            a, b = block.start, block.end
+            cache.k[:, :, a:b] = kv[0]
+            cache.v[:, :, a:b] = kv[1]
+            cache.length = b
+            cache.canonical = b
+            done += b - a
+        return done
+
+    def _read(self, block: Block, cache: FullCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+        path = self.path(block)
+        try:
+            with open(path, "rb") as f:
+                data = bytearray(os.fstat(f.fileno()).st_size)
+                data = data[: f.readinto(data)]
+            os.utime(path)  # least recently used eviction goes by modification time
+        except FileNotFoundError:
+            return None  # evicted meanwhile (another process): a miss
+        except OSError as e:
+            self._bad(path, f"cannot be read ({e.strerror or e})")
+            return None
+        L, H, _, D = cache.k.shape
+        n = block.end - block.start
+        try:
+            magic, version, desc_len, body_len, crc = _FIXED.unpack_from(data)
+            if magic != MAGIC or version != VERSION:
+                return self._bad(path, "is not a K/V block of this version")
+            rest = memoryview(data)[_FIXED.size :]
+            if len(rest) != desc_len + body_len:
+                return self._bad(path, f"is truncated ({len(data)} bytes, expected {_FIXED.size + desc_len + body_len})")
+            if zlib.crc32(rest) != crc:
+                return self._bad(path, "fails its checksum")
+            desc = json.loads(bytes(rest[:desc_len]))
+        except (struct.error, ValueError) as e:
+            return self._bad(path, f"is malformed ({e})")
+        elem = cache.k.element_size()
+        expect = {"key": block.key, "shape": [L, H, n, D], "dtype": str(cache.k.dtype).removeprefix("torch.")}
+        if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + 2 * L * H * n * D * elem:
+            return self._bad(path, "describes another block, shape or dtype")
+        body = rest[desc_len:]
+        ids = torch.frombuffer(body, dtype=torch.int32, count=n)
+        if tuple(ids.tolist()) != block.tokens:
+            return self._bad(path, "holds other tokens than its key says")
+        kv = torch.frombuffer(body, dtype=cache.k.dtype, offset=4 * n).view(2, L, H, n, D)
+        return kv[0].to(cache.k.device), kv[1].to(cache.k.device)
+
+    def _bad(self, path: Path, why: str) -> None:
+        line = f"K/V cache file {path.name} {why}: ignored and deleted; it is rebuilt by the next prefill"
+        log.warning(line)
+        self.problems.append(line)
+        try:
+            path.unlink()
+        except OSError:
+            pass
+        return None
+
+    # -- writing ---------------------------------------------------------------------------
+    def save(self, cache: FullCache, block: Block, protect: set[str] = frozenset()) -> bool:
+        """Write `block`'s keys/values from `cache` (computed canonically: see the module
+        docstring) unless present; evict old blocks over the cap, never those in `protect`.
+        Returns whether the block is on disk afterwards."""
+        path = self.path(block)
+        if path.is_file():
+            return True
+        if self.full:
+            return False
+        a, b = block.start, block.end
+        if cache.canonical < b:
+            raise ValueError(f"block {block.index} is not canonical in this cache (canonical up to {cache.canonical})")
+        L, H, _, D = cache.k.shape
+        n = b - a
+        desc = json.dumps({"key": block.key, "shape": [L, H, n, D],
+                           "dtype": str(cache.k.dtype).removeprefix("torch.")}).encode()
+        ids = torch.tensor(block.tokens, dtype=torch.int32).numpy().tobytes()
+        kv = torch.stack([cache.k[:, :, a:b], cache.v[:, :, a:b]]).to("cpu").contiguous()
+        body = ids + kv.view(-1).view(torch.uint8).numpy().tobytes()
+        crc = zlib.crc32(body, zlib.crc32(desc))
+        size = _FIXED.size + len(desc) + len(body)
+        if not self._make_room(size, protect):
+            self.full = True
+            log.warning("the K/V cache folder %s is full (cap %.1f GB): later blocks of this prompt are not kept",
+                        self.folder, self.max_bytes / GB)
+            return False
+        tmp = self.folder / f".{block.key}.{os.getpid()}.{id(self):x}.tmp"
+        try:
+            self.folder.mkdir(parents=True, exist_ok=True)
+            with open(tmp, "wb") as f:
+                f.write(_FIXED.pack(MAGIC, VERSION, len(desc), len(body), crc))
+                f.write(desc)
+                f.write(body)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, path)
+        except OSError as e:
+            log.warning("cannot write the K/V cache file %s (%s): not kept", path, e.strerror or e)
+            try:
+                tmp.unlink(missing_ok=True)
+            except OSError:
+                pass
+            self.full = True  # one line per prompt, not per block
+            return False
+        return True
+
+    def entries(self) -> list[os.DirEntry]:
+        """The block files, least recently used first."""
+        try:
+            found = [e for e in os.scandir(self.folder) if e.name.endswith(SUFFIX) and e.is_file()]
+        except OSError:  # no folder yet (or not a folder: writes then fail and say so)
+            return []
+        return sorted(found, key=lambda e: e.stat().st_mtime_ns)
+
+    def size(self) -> int:
+        return sum(e.stat().st_size for e in self.entries())
+
+    def _make_room(self, size: int, protect: set[str]) -> bool:
+        """Delete least recently used blocks (not in `protect`) until `size` more bytes fit."""
+        if size > self.max_bytes:
+            return False
+        entries = [(e, e.stat().st_size) for e in self.entries()]
+        total = sum(n for _, n in entries)
+        for e, n in entries:
+            if total + size <= self.max_bytes:
+                break
+            if e.name[: -len(SUFFIX)] in protect:
+                continue
+            try:
+                os.unlink(e.path)
+                total -= n
+            except OSError:
+                pass
+        return total + size <= self.max_bytes
+
+    def clear(self) -> None:
+        for e in self.entries():
+            try:
+                os.unlink(e.path)
+            except OSError:
+                pass
