@@ -32,10 +32,12 @@ LEVELS = ("lookup", "draft", "retrieval", "target")
 
 @dataclass(frozen=True)
 class PrefillProgress:
-    """Opt-in: `done` of the `total` prompt tokens to run through the target are cached so far."""
+    """Opt-in: `done` of the `total` prompt tokens to run through the target are cached so far;
+    the first of them is at sequence position `start` (the tokens before it were reused)."""
 
     done: int
     total: int
+    start: int = 0
 
 
 @dataclass(frozen=True)

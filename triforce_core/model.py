@@ -58,6 +58,7 @@ class ModelSpec:
     max_position_embeddings: int
     rope_type: str
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
+    intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
 
     def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
         """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
@@ -106,6 +107,7 @@ class ModelSpec:
             max_position_embeddings=config.max_position_embeddings,
             rope_type=rope_type,
             sliding_windows=tuple(windows),
+            intermediate_size=config.intermediate_size,
         )
 
 

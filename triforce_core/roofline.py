@@ -1,10 +1,16 @@
-"""The physical limit of autoregressive decoding: memory bandwidth / bytes read per token.
+"""The physical limits: decoding by memory bandwidth, prefill by arithmetic.
 
+Decoding:
 Decoding one token reads every weight of the target once and the keys and values of every
 cached token once; at long context and batch size 1 both are far larger than the caches of the
 processor, so a token cannot take less than (weight bytes + KV bytes) / memory bandwidth.
 The bandwidth is measured here, in the same process as the benchmark, by reading a buffer
 much larger than the last-level cache (median of several passes).
+
+Prefill: each new token costs 2 x non-embedding parameters in matrix products, and each causal
+(query, key) pair 4 x head_dim x heads x layers in attention (scores and weighted values); at
+64K tokens attention is most of it. Its limit is the processor's matrix-multiply rate,
+measured here on a square float32 product.
 """
 
 from __future__ import annotations
@@ -63,6 +69,35 @@ def decode_weight_bytes(model: DecoderModel) -> int:
     if model.embed.data_ptr() != model.lm_head.data_ptr():
         w -= (model.embed.shape[0] - 1) * model.embed.shape[1] * model.embed.element_size()
     return w
+
+
+def nonembedding_params(spec) -> int:
+    """Parameters of the attention and MLP projections (what every token multiplies)."""
+    h, qkv = spec.hidden_size, (spec.num_heads + 2 * spec.num_kv_heads) * spec.head_dim
+    attn = h * qkv + spec.num_heads * spec.head_dim * h
+    return spec.num_layers * (attn + 3 * h * spec.intermediate_size)
+
+
+def prefill_flops(spec, start: int, end: int) -> float:
+    """Floating-point operations to prefill positions [start, end) after `start` cached tokens."""
+    n = end - start
+    pairs = (end * (end + 1) - start * (start + 1)) / 2  # sum of (p + 1) over the new positions
+    return 2.0 * nonembedding_params(spec) * n + 4.0 * spec.head_dim * spec.num_heads * spec.num_layers * pairs
+
+
+def measure_matmul_gflops(device: torch.device, n: int = 2048, passes: int = 5) -> float:
+    """The float32 matrix-multiply rate in GFLOP/s (median of `passes` n x n products)."""
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    times = []
+    for i in range(passes + 1):
+        sync_device(device)
+        t0 = time.perf_counter()
+        a @ b
+        sync_device(device)
+        if i:
+            times.append(time.perf_counter() - t0)
+    return 2.0 * n**3 / statistics.median(times) / 1e9
 
 
 def measure_limit(model: DecoderModel, context_tokens: int) -> Limit:

@@ -545,7 +545,7 @@ class Decoder:
             at = end
             if on_progress is not None:
                 on_progress(at - reuse, total)
-            yield PrefillProgress(at - reuse, total)
+            yield PrefillProgress(at - reuse, total, reuse)
         lane.pending = self.prompt[-1:]
         self.history = list(self.prompt)
         if self.small is not None:

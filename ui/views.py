@@ -67,12 +67,38 @@ def document_span(user: UserState) -> tuple[int, int] | None:
     return (inside[0], inside[-1] + 1) if inside else None
 
 
+def prefill_progress_text(progress, elapsed_s: float, spec) -> str:
+    """'prefilling 12,288 / 65,536 tokens · 410 tok/s · about 2 min left'.
+
+    Time left scales the time so far by the arithmetic left over the arithmetic done: later
+    tokens attend to more keys, so a token rate alone would promise too early an end.
+    """
+    from triforce_core.roofline import prefill_flops
+
+    text = f"prefilling {progress.done:,} / {progress.total:,} tokens"
+    if progress.done <= 0 or elapsed_s <= 0:
+        return text
+    a = progress.start
+    done = prefill_flops(spec, a, a + progress.done)
+    left = prefill_flops(spec, a + progress.done, a + progress.total)
+    return f"{text} · {progress.done / elapsed_s:,.0f} tok/s · {_duration(elapsed_s * left / done)} left"
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 1:
+        return "under a second"
+    if seconds < 90:
+        return f"about {seconds:.0f} s"
+    return f"about {seconds / 60:.0f} min" if seconds < 5400 else f"about {seconds / 3600:.1f} h"
+
+
 def answer_footer(trace: AnswerTrace, stopped: bool) -> str:
     s = trace.stats
     if s is None:
         return f"stopped after {trace.new_tokens} tokens" if stopped else ""
     acc = ", ".join(f"{k} {v:.2f}" for k, v in s.acceptance.items())
-    reused = f", {s.reused_tokens:,} reused" if s.reused_tokens else ""
+    disk = f" ({s.disk_tokens:,} from disk)" if s.disk_tokens else ""
+    reused = f", {s.reused_tokens:,} reused{disk}" if s.reused_tokens else ""
     prefill = trace.prefill
     pre = f"prefill {prefill.tokens:,} tokens in {prefill.seconds:.1f}s{reused} · " if prefill is not None else ""
     return (
@@ -91,7 +117,9 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
         name = "lookup / small draft → retrieval" if level == "retrieval" else "proposals → target"
         rows.append((f"acceptance, {name}", f"{value:.2f}"))
     if t.prefill is not None:
-        rows.append(("prefill", f"{t.prefill.tokens:,} tokens in {t.prefill.seconds:.2f}s ({t.prefill.reused_tokens:,} reused)"))
+        p = t.prefill
+        disk = f", {p.disk_tokens:,} of them from disk" if p.disk_tokens else ""
+        rows.append(("prefill", f"{p.tokens:,} tokens in {p.seconds:.2f}s ({p.reused_tokens:,} reused{disk})"))
     b = answer.baseline
     if b is not None:
         rows.append(("autoregressive", f"{b['tokens_per_s']:.1f} tok/s"))

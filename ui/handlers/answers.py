@@ -20,7 +20,7 @@ from ..render import legend_block, status_html
 from ..settings import SETTING_NAMES, Settings, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
-from ..views import answer_footer, answer_updates, empty_panels, gauge, transcript
+from ..views import answer_footer, answer_updates, empty_panels, gauge, prefill_progress_text, transcript
 
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
@@ -47,16 +47,17 @@ class _Turn:
     """One streaming answer: its trace, the status line, whether a new chunk selection awaits
     the retrieval map, and whether the answer has taken its place beside its turn yet."""
 
-    def __init__(self, user: UserState, answer: Answer, label: str):
-        self.user, self.answer, self.label = user, answer, label
+    def __init__(self, user: UserState, answer: Answer, label: str, spec):
+        self.user, self.answer, self.label, self.spec = user, answer, label, spec
+        self.t0 = time.perf_counter()  # the job is submitted right after: the prefill's clock
         self.status = status_html(f"{label}: waiting for the model…", "busy")
         self.new_map = False
         self.shown = False
 
     def take(self, item) -> None:
         if isinstance(item, PrefillProgress):
-            self.status = status_html(f"{self.label}: prefilling {item.done:,} / {item.total:,} tokens", "busy",
-                                      item.done / max(item.total, 1))
+            text = prefill_progress_text(item, time.perf_counter() - self.t0, self.spec)
+            self.status = status_html(f"{self.label}: {text}", "busy", item.done / max(item.total, 1))
             return
         if not self.shown:  # the session has appended this turn: keep answers aligned with turns
             del self.user.answers[max(0, len(self.user.session.turns) - 1):]
@@ -79,7 +80,7 @@ class AnswerHandlers:
         answer = Answer(AnswerTrace(ctx.engine.decode))
         user.job = job = ctx.worker.submit(start)
         ctx.sessions.touch(user)
-        turn = _Turn(user, answer, label)
+        turn = _Turn(user, answer, label, ctx.engine.target.spec)
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
         try:
             for _ in follow(job, turn.take, lambda: interval):
