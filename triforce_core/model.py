@@ -278,7 +278,7 @@ class DecoderModel:
             T = keys.shape[1]
             mask_key = (T, key_start, window if cache.exact_positions else None)
             if mask_key not in masks:
-                masks[mask_key] = _attention_mask(S, T, key_start, mask_key[2], G, x.device)
+                masks[mask_key] = _attention_mask(S, T, key_start, mask_key[2], G, x.device, x.dtype)
             mask = masks[mask_key]
             # Grouped-query attention without copying the cache: the G query heads that share a
             # KV head are folded into the query-length dimension.
@@ -307,6 +307,14 @@ class _Mask:
     visible: torch.Tensor  # [R, T] bool, True = attend
     start: int  # first key column with a hidden entry: keys before it are seen by every query
     hidden: torch.Tensor  # [R, T - start] bool, True = masked out (~visible[:, start:])
+    # When every cached key is seen by every query (no window cut): the additive mask [R, S] of
+    # the new keys alone, for `_split_attention`; else None.
+    new_bias: torch.Tensor | None = None
+
+
+# The CPU flash kernel that also returns each row's log-sum-exp (a private op of the pinned
+# torch); without it prefill keeps the masked path.
+_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float) -> torch.Tensor:
@@ -318,6 +326,8 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | 
     slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with
     3-D inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
     """
+    if q.shape[1] > _SMALL_QUERY_ROWS and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
+        return _split_attention(q, k, v, mask.new_bias, scale)
     if q.shape[1] > _SMALL_QUERY_ROWS or q.device.type != "cpu":
         attn_mask = None if mask is None else mask.visible
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0]
@@ -327,8 +337,32 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | 
     return torch.matmul(scores.softmax(dim=-1), v)
 
 
+def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias: torch.Tensor, scale: float):
+    """Prefill attention as two flash passes merged by their log-sum-exps: the cached keys,
+    seen by every query, with no mask; the chunk's own S keys with the causal mask.
+
+    The CPU flash kernel given a mask over the whole cache reads that mask for every key and
+    cannot skip work: 49 against 55 GFLOP/s (71 % against 79 % of a 2048^2 float32 matrix
+    product) for a 1024-token chunk at 64K keys on this 2-core machine. q: [Hkv, R, D],
+    k/v: [Hkv, T, D], new_bias: [R, S] additive (0 or -inf) -> [Hkv, R, D].
+    """
+    S = new_bias.shape[1]
+    past = k.shape[1] - S
+    out_new, lse_new = _FLASH_LSE(q[None], k[None, :, past:], v[None, :, past:], 0.0, False,
+                                  attn_mask=new_bias, scale=scale)
+    if past == 0:
+        return out_new[0]
+    out_old, lse_old = _FLASH_LSE(q[None], k[None, :, :past], v[None, :, :past], 0.0, False, scale=scale)
+    top = torch.maximum(lse_old, lse_new)  # [1, Hkv, R]; each row sees its own key: finite
+    w_old, w_new = (lse_old - top).exp_(), (lse_new - top).exp_()
+    total = w_old + w_new
+    w_old, w_new = (w_old / total)[..., None], (w_new / total)[..., None]
+    return (out_old.float() * w_old + out_new.float() * w_new).to(q.dtype)[0]
+
+
 def _attention_mask(
-    S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device
+    S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device,
+    dtype: torch.dtype = torch.float32,
 ) -> _Mask | None:
     """Boolean mask [G*S, T] (True = attend) for S new queries against T keys, the new ones last.
 
@@ -349,4 +383,7 @@ def _attention_mask(
         return None
     visible = visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries
     start = int(hidden_cols[0])
-    return _Mask(visible, start, ~visible[:, start:])
+    new_bias = None
+    if start >= past and device.type == "cpu" and G * S > _SMALL_QUERY_ROWS:
+        new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
+    return _Mask(visible, start, ~visible[:, start:], new_bias)
