@@ -43,6 +43,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-upload-mb", type=int, default=50, help="largest accepted upload (default 50 MB)")
     p.add_argument("--max-cached-sessions", type=int, default=4,
                    help="users whose KV caches stay in memory between questions (default 4)")
+    p.add_argument("--max-cache-gb", type=float, default=3.0,
+                   help="memory the users' cached sessions may hold together; least recently used ones are freed "
+                   "beyond it (default %(default)g; a 64K-token session holds about 0.55 GB)")
     p.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on the HTTP API (default: $TRIFORCE_API_KEY, else none)")
     p.add_argument("--api-slots", type=int, default=4,
@@ -62,6 +65,8 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         check_kv_cache_args(args)
+        if not args.max_cache_gb > 0:
+            raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
         target, draft = default_model_names(args.target, args.draft)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
         engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         name = served_model_name(target)
         app = build_server(engine, model_name=name, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
                            api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
-                           max_cached_sessions=args.max_cached_sessions)
+                           max_cached_sessions=args.max_cached_sessions,
+                           max_cache_bytes=int(args.max_cache_gb * 1024**3))
     except (ModelLoadError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -294,6 +294,10 @@ class ChatSession:
         """The token ids whose keys/values the target's cache holds."""
         return self._slot.cached_tokens()
 
+    def cache_bytes(self) -> int:
+        """Memory held by the caches (every level)."""
+        return self._slot.cache_bytes()
+
     def release(self) -> None:
         """Free the caches (the next turn prefills from scratch)."""
         self._slot.release()

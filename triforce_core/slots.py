@@ -57,6 +57,13 @@ class Slot:
             "draft": d.small.cache.length if d.small is not None else 0,
         }
 
+    def cache_bytes(self) -> int:
+        """Memory held by this slot's caches (allocated capacity, all levels)."""
+        d = self.decoder
+        if d is None:
+            return 0
+        return sum(lane.cache.nbytes() for lane in (d.full, d.retrieval, d.small) if lane is not None)
+
     def generate(
         self,
         prompt_ids: Sequence[int],

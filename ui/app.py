@@ -43,6 +43,7 @@ def build_app(
     defaults: Settings | None = None,
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
+    max_cache_bytes: int | None = None,
     title: str = "TriForce Studio",
     worker: EngineWorker | None = None,
     slots: SlotPool | None = None,
@@ -55,7 +56,7 @@ def build_app(
     defaults = defaults or Settings(mode="triforce" if engine.draft is not None else "retrieval")
     worker = worker or EngineWorker()
     ctx = AppContext(
-        engine=engine, worker=worker, sessions=SessionPool(worker, max_cached_sessions),
+        engine=engine, worker=worker, sessions=SessionPool(worker, max_cached_sessions, max_cache_bytes),
         slots=slots if slots is not None else SlotPool(engine, capacity=2), defaults=defaults,
         max_bytes=max_upload_mb * 1_000_000,
     )

@@ -47,6 +47,7 @@ def build_server(
     api_slots: int = 4,
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
+    max_cache_bytes: int | None = None,
 ) -> FastAPI:
     """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`."""
     import gradio as gr
@@ -54,7 +55,8 @@ def build_server(
     worker = EngineWorker()
     slots = SlotPool(engine, capacity=api_slots)
     demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
-                     max_cached_sessions=max_cached_sessions, worker=worker, slots=slots)
+                     max_cached_sessions=max_cached_sessions, max_cache_bytes=max_cache_bytes,
+                     worker=worker, slots=slots)
     demo.queue(default_concurrency_limit=8)
     base = (defaults or Settings()).config()
     api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,

@@ -50,11 +50,13 @@ class UserState:
 
 
 class SessionPool:
-    """Caps how many users' sessions keep their KV caches: the least recently used idle ones are freed."""
+    """Caps how many users' sessions keep their KV caches, by count and by bytes (a 64K-token
+    session holds about half a gigabyte): the least recently used idle ones are freed."""
 
-    def __init__(self, worker: EngineWorker, max_cached: int):
+    def __init__(self, worker: EngineWorker, max_cached: int, max_bytes: int | None = None):
         self.worker = worker
         self.max_cached = max_cached
+        self.max_bytes = max_bytes
         self._users: "weakref.WeakSet[UserState]" = weakref.WeakSet()
         self._lock = threading.Lock()
 
@@ -66,10 +68,22 @@ class SessionPool:
                 (u for u in self._users if u.session.cache_lengths()["target"] > 0 and u is not user),
                 key=lambda u: u.last_used,
             )
-        excess = len(holding) + 1 - self.max_cached
-        for u in holding[: max(0, excess)]:
+        count = len(holding) + 1
+        held = sum(u.session.cache_bytes() for u in holding) + user.session.cache_bytes()
+        for u in holding:  # least recently used first
+            over_bytes = self.max_bytes is not None and held > self.max_bytes
+            if count <= self.max_cached and not over_bytes:
+                break
             if not u.busy:
+                held -= u.session.cache_bytes()
+                count -= 1
                 self.worker.call(u.session.release)
+
+    def held_bytes(self) -> int:
+        """Memory held by every user's caches."""
+        with self._lock:
+            users = list(self._users)
+        return sum(u.session.cache_bytes() for u in users)
 
 
 @dataclass

@@ -45,6 +45,10 @@ class FullCache(KVStore):
     def restore(self, snap: tuple) -> None:
         self.truncate(snap[0])
 
+    def nbytes(self) -> int:
+        means = 0 if self._means is None else self._means.numel() * self._means.element_size()
+        return super().nbytes() + means
+
     def grow(self, capacity: int) -> None:
         if capacity > self.capacity:
             super().grow(capacity)
