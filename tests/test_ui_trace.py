@@ -9,7 +9,7 @@ from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, Spe
 from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
 from triforce_core.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
-from ui.figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
+from ui.figures import MAP_MAX_BARS, acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 
 NAMES = {i: f"<{i}>" for i in range(100)}
 
@@ -108,6 +108,27 @@ def test_retrieval_map_has_one_bar_per_chunk_with_its_text():
     assert "3 chunks of 4 tokens, budget 12" in fig.layout.title.text
     assert fig.layout.shapes  # the document's extent
     assert "No retrieval selection" in retrieval_map_figure(None).layout.annotations[0].text
+
+
+def test_retrieval_map_at_book_length_is_binned():
+    # 64K tokens, every other 8-token chunk chosen: 4,096 chunks into at most MAP_MAX_BARS bars.
+    spans = tuple((a, a + 8) for a in range(0, 65536, 16))
+    counts = tuple(1 + (i % 16) for i in range(len(spans)))
+    sel = ChunksSelected(0, 8, spans, counts, context_tokens=65536, budget=4096, heads_total=16)
+    calls = []
+
+    def label(a, b):
+        calls.append((a, b))
+        return f"page {a // 1000 + 1}", f"text {a}-{b}"
+
+    fig = retrieval_map_figure(sel, label)
+    bar = fig.data[0]
+    assert len(bar.x) == MAP_MAX_BARS and len(calls) == MAP_MAX_BARS
+    assert all(w == 64 - 8 for w in bar.width)  # bins of 64 tokens: chunks at 0 and 16, 32, 48
+    assert list(bar.y[:2]) == [4 / 16, 8 / 16]  # each bin's most chosen chunk
+    assert "4 chunks chosen here, the most by 4 of 16 heads" in bar.hovertext[0]
+    assert "4096 chunks of 8 tokens, budget 4096, shown in 1024 bins" in fig.layout.title.text
+    assert sum(len(h) for h in bar.hovertext) < 200_000
 
 
 def test_most_read_passages_skip_the_sink_and_what_is_not_the_document():

@@ -17,6 +17,24 @@ LEVEL_LINE = {"retrieval": "#2f6fb5", "target": "#c0392b"}  # by *verifying* lev
 
 # token span (start, end) -> (where, text): e.g. ("page 3", "the chunk's text")
 Labeler = Callable[[int, int], tuple[str, str]]
+# Bars in the retrieval map at most: at 64K tokens a selection spans thousands of chunks, and a
+# bar each makes a megabyte of figure the browser redraws on every refresh.
+MAP_MAX_BARS = 1024
+
+
+def _binned(selection: ChunksSelected, max_bars: int) -> list[tuple[int, int, int, int]]:
+    """(start, end, count, chunks): the chosen chunks, merged into bins of whole chunks when
+    there are more than `max_bars`; a bin's count is its most chosen chunk's."""
+    spans = list(zip(selection.chunk_token_spans, selection.scores_or_counts))
+    if len(spans) <= max_bars:
+        return [(a, b, n, 1) for (a, b), n in spans]
+    chunk = max(selection.chunk_size, 1)
+    width = chunk * -(-max(selection.context_tokens, 1) // (chunk * max_bars))  # whole chunks per bin
+    bins: dict[int, list[int]] = {}
+    for (a, b), n in spans:
+        lo, hi, top, k = bins.get(a // width, [a, b, n, 0])
+        bins[a // width] = [min(lo, a), max(hi, b), max(top, n), k + 1]
+    return [tuple(v) for _, v in sorted(bins.items())]
 
 
 def empty_figure(title: str, message: str) -> go.Figure:
@@ -43,16 +61,19 @@ def retrieval_map_figure(
         return empty_figure(title, "No retrieval selection yet: ask a question in triforce or retrieval mode.")
     heads = max(selection.heads_total, 1)
     xs, widths, ys, hover = [], [], [], []
-    for (start, end), count in zip(selection.chunk_token_spans, selection.scores_or_counts):
+    bars = _binned(selection, MAP_MAX_BARS)
+    for start, end, count, chunks in bars:
         xs.append((start + end) / 2)
         widths.append(max(end - start, 1))
         ys.append(count / heads)
-        where, text = labeler(start, end) if labeler is not None else ("", "")
+        where, text = labeler(start, min(end, start + 2 * selection.chunk_size)) if labeler is not None else ("", "")
         text = text.replace("\n", " ").strip()
         if len(text) > 120:
             text = text[:117] + "…"
+        chosen = f"chosen by {count} of {heads} heads" if chunks == 1 else (
+            f"{chunks} chunks chosen here, the most by {count} of {heads} heads")
         hover.append(
-            f"tokens {start}–{end}" + (f" · {where}" if where else "") + f"<br>chosen by {count} of {heads} heads"
+            f"tokens {start}–{end}" + (f" · {where}" if where else "") + f"<br>{chosen}"
             + (f"<br>«{_escape(text)}»" if text else "")
         )
     fig = go.Figure(
@@ -65,6 +86,7 @@ def retrieval_map_figure(
     )
     span = "the whole context fits the budget" if selection.dense else (
         f"{len(selection.chunk_token_spans)} chunks of {selection.chunk_size} tokens, budget {selection.budget}"
+        + (f", shown in {len(bars)} bins" if len(bars) < len(selection.chunk_token_spans) else "")
     )
     when = "after the prompt" if selection.step == 0 else f"refreshed at round {selection.step}"
     fig.update_layout(
