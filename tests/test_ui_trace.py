@@ -162,6 +162,9 @@ def test_context_gauge():
     assert "whole context fits the retrieval budget" in fits
     over = context_gauge_html(16000, 1000, 16384, 4096)
     assert "tf-over" in over and "does not fit" in over and "reads 24%" in over
+    assert "caches in memory" not in over
+    held = context_gauge_html(65000, 100, 65536, 4096, cache_bytes=551_000_000)
+    assert "caches in memory <b>551 MB</b>" in held
 
 
 def test_settings_are_validated_with_clear_messages():

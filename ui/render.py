@@ -63,9 +63,10 @@ def transcript_html(turns: Sequence[tuple[str, str, str]], empty: str = "") -> s
 
 
 def context_gauge_html(
-    document_tokens: int, conversation_tokens: int, window: int, budget: int
+    document_tokens: int, conversation_tokens: int, window: int, budget: int, cache_bytes: int = 0
 ) -> str:
-    """A bar: document and conversation tokens against the context window, with the retrieval budget."""
+    """A bar: document and conversation tokens against the context window, with the retrieval
+    budget, and the memory this conversation's caches hold."""
     window = max(window, 1)
     used = document_tokens + conversation_tokens
     doc_pct = min(100.0, 100.0 * document_tokens / window)
@@ -87,6 +88,7 @@ def context_gauge_html(
         f"</div>"
         f'<div class="tf-gauge-text">document <b>{document_tokens:,}</b> + conversation <b>{conversation_tokens:,}</b> '
         f"of <b>{window:,}</b> tokens · retrieval budget <b>{budget:,}</b> · {reads}"
+        + (f" · caches in memory <b>{cache_bytes / 1e6:,.0f} MB</b>" if cache_bytes else "")
         + (" · <b>does not fit the context window</b>" if over else "")
         + "</div></div>"
     )

@@ -38,7 +38,7 @@ def gauge(user: UserState | None, budget, window: int) -> str:
         return context_gauge_html(0, 0, window, int(budget))
     doc = user.session.document_tokens if user.document is not None else 0
     total = len(user.session.cached_tokens()) or doc
-    return context_gauge_html(doc, max(0, total - doc), window, int(budget))
+    return context_gauge_html(doc, max(0, total - doc), window, int(budget), user.session.cache_bytes())
 
 
 def chunk_labeler(user: UserState) -> Callable[[int, int], tuple[str, str]]:
