@@ -67,13 +67,13 @@ def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.nd
 
 
 def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                  gammas=(2, 2), lookup: bool = False, **spec_kw) -> np.ndarray:
+                  gammas=(2, 2), lookup: bool = False, cache: CacheConfig = CACHE, **spec_kw) -> np.ndarray:
     _, t, d, prompt = _models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
         speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
                                       lookup=lookup, **{**({"lookup_min_match": 1} if lookup else PAPER), **spec_kw}),
-        cache=CACHE,
+        cache=cache,
     )
     counts = np.zeros((V, V))
     for r in TriForceEngine(t, d).run_samples(prompt, cfg, N_SAMPLES):
@@ -155,6 +155,30 @@ def test_negative_control_broken_residual_fails(mode, monkeypatch):
     monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
     p = chi2_pvalue(sample_counts(mode, 1.0), exact_joint(1.0))
     assert p < 1e-3, f"the broken sampler was not detected in {mode} mode (p = {p:.2e})"
+
+
+# The selection following the target's attention, refreshed after every round: the second token
+# is drafted over chunks chosen from what the target attended to while verifying the first.
+FOLLOWING = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=1,
+                        refresh_acceptance=0.0, select_by="attention")
+
+
+def test_joint_law_with_attention_selection_is_exact():
+    _, t, d, prompt = _models()
+    cfg = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=0),
+                           speculation=SpeculationConfig(mode="retrieval", gamma2=1, max_new_tokens=2, ignore_eos=True,
+                                                         lookup=False, **PAPER),
+                           cache=FOLLOWING)
+    assert sum(r.stats.refreshes for r in TriForceEngine(t, d).run_samples(prompt, cfg, 50)) > 10  # power
+    p = chi2_pvalue(sample_counts("retrieval", 1.0, gammas=(1, 1), cache=FOLLOWING), exact_joint(1.0))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+
+
+def test_negative_control_broken_residual_fails_with_attention_selection(monkeypatch):
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    p = chi2_pvalue(sample_counts("retrieval", 1.0, gammas=(1, 1), cache=FOLLOWING), exact_joint(1.0))
+    assert p < 1e-3, f"the broken sampler was not detected with the attention selection (p = {p:.2e})"
 
 
 # Adaptive draft length without lookup: with gamma2 = 2 and two tokens, a first draft rejected

@@ -102,6 +102,11 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         help="re-select retrieval chunks every N tokens (0 = never; default %(default)s)"
     )
     spec.add_argument(
+        "--select-by", choices=["queries", "attention"], default=_CACHE.select_by,
+        help="what a refresh ranks retrieval chunks by: the target's latest query against each chunk's mean key, "
+        "or the attention the target gave each chunk in its recent verifications (default %(default)s)"
+    )
+    spec.add_argument(
         "--prefill-chunk", type=int, default=_CACHE.prefill_chunk,
         help="prompt tokens per prefill forward, and per block of K/V kept on disk (default %(default)s)"
     )
@@ -362,6 +367,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
             draft_sinks=args.draft_sinks, refresh_every=args.refresh_every, prefill_chunk=args.prefill_chunk,
+            select_by=args.select_by,
         ),
     )
     if config.speculation.uses_draft_model and not has_draft:

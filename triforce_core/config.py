@@ -38,6 +38,9 @@ def default_kv_cache_folder() -> Path:
     return Path(base) / "triforce-studio" / "kv"
 
 
+SELECT_BY = ("queries", "attention")
+
+
 class ConfigError(ValueError):
     """An invalid configuration value (the CLI reports it with exit code 2)."""
 
@@ -84,6 +87,11 @@ class CacheConfig:
     draft_sinks    attention-sink tokens kept by the small draft's StreamingLLM cache
     draft_window   recent tokens kept by the small draft's StreamingLLM cache
     prefill_chunk  tokens per forward during prefill (bounds attention memory to O(chunk * L))
+    select_by      what a refresh ranks chunks by: "queries" (the target's latest query against
+                   each chunk's mean key) or "attention" (the attention mass the full target
+                   really gave each chunk in its recent verifications, decayed per round; measured
+                   on CPU for verifications of up to 64 query rows, without sliding windows;
+                   otherwise the queries rank)
     """
 
     budget: int = 4096
@@ -94,6 +102,7 @@ class CacheConfig:
     draft_sinks: int = 16
     draft_window: int = 240
     prefill_chunk: int = 1024
+    select_by: str = "queries"
 
     def __post_init__(self) -> None:
         _check(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
@@ -108,6 +117,7 @@ class CacheConfig:
             f"got {self.recent_tokens}",
         )
         _check(self.refresh_every >= 0, f"refresh_every must be >= 0, got {self.refresh_every}")
+        _check(self.select_by in SELECT_BY, f"select_by must be one of {', '.join(SELECT_BY)}, got {self.select_by!r}")
         _check(0.0 <= self.refresh_acceptance <= 1.0, "refresh_acceptance must be in [0, 1]")
         _check(self.draft_sinks >= 0, f"draft_sinks must be >= 0, got {self.draft_sinks}")
         _check(self.draft_window >= 1, f"draft_window must be >= 1, got {self.draft_window}")

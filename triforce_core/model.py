@@ -16,7 +16,7 @@ the new tokens last; after the last layer it calls `cache.advance(S)`.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import torch
@@ -158,6 +158,20 @@ def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch
 
 
 @dataclass
+class KeyMass:
+    """Asks a forward for the attention mass each chunk of cached keys received.
+
+    After the forward, `layers[l]` is [Hkv, S, n_chunks] float32: for each KV head and new
+    query row, the softmax mass (summed over the query heads sharing the KV head) on cached
+    keys [c*chunk, (c+1)*chunk), the whole chunks before the new tokens. Only the few-row CPU
+    path computes the probabilities explicitly; elsewhere `layers` stays empty.
+    """
+
+    chunk: int
+    layers: list = field(default_factory=list)
+
+
+@dataclass
 class ForwardOutput:
     logits: torch.Tensor | None  # [R, V] float32 for the requested rows
     queries: torch.Tensor | None  # [L, S, H, D] post-rope queries when captured
@@ -246,12 +260,14 @@ class DecoderModel:
         cache: AttentionCache,
         logits_rows: slice | None = slice(None),
         capture_queries: bool = False,
+        key_mass: KeyMass | None = None,
     ) -> ForwardOutput:
         """Run S new tokens through the model, appending their keys/values to `cache`.
 
         input_ids: [S] int64; positions: [S] int64 rotary positions of the new tokens.
         logits_rows: which rows to project to the vocabulary (None = none, e.g. in prefill).
         Returns logits [R, V] in float32 and, when asked, the post-rope queries [L, S, H, D].
+        `key_mass` (a cache whose key index is the position): see `KeyMass`.
         """
         s = self.spec
         S = input_ids.shape[0]
@@ -283,7 +299,13 @@ class DecoderModel:
             # Grouped-query attention without copying the cache: the G query heads that share a
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
-            out = _attention(qg, keys, values, mask, self.scale)  # [Hkv, G*S, D]
+            probs = [] if key_mass is not None and cache.exact_positions and key_start == 0 else None
+            out = _attention(qg, keys, values, mask, self.scale, probs)  # [Hkv, G*S, D]
+            if probs:  # [Hkv, G*S, T] -> mass per whole chunk of the cached keys
+                C = key_mass.chunk
+                n = (T - S) // C
+                p = probs[0][:, :, : n * C].reshape(Hkv, G, S, n, C)
+                key_mass.layers.append(p.sum(dim=(1, 4)))
             out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
             x = x + out @ layer.wo
             h = self._rms_norm(x, layer.mlp_norm)
@@ -300,6 +322,9 @@ class DecoderModel:
 
 # Query rows up to which attention is computed as two matrix products (decode, verification).
 _SMALL_QUERY_ROWS = 8
+# ... and up to which when the caller reads the attention weights (`KeyMass`): a verification
+# of grouped-query heads has G rows per token.
+_PROBED_QUERY_ROWS = 64
 
 
 @dataclass(frozen=True)
@@ -317,7 +342,8 @@ class _Mask:
 _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float) -> torch.Tensor:
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float,
+               probs: list | None = None) -> torch.Tensor:
     """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `_attention_mask` (None: all visible) -> [Hkv, R, D].
 
     Few query rows against a long cache (decoding, verification): two batched matrix products
@@ -326,15 +352,19 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | 
     slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with
     3-D inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
     """
-    if q.shape[1] > _SMALL_QUERY_ROWS and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
+    few = q.shape[1] <= (_SMALL_QUERY_ROWS if probs is None else _PROBED_QUERY_ROWS) and q.device.type == "cpu"
+    if not few and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
         return _split_attention(q, k, v, mask.new_bias, scale)
-    if q.shape[1] > _SMALL_QUERY_ROWS or q.device.type != "cpu":
+    if not few:
         attn_mask = None if mask is None else mask.visible
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0]
     scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
     if mask is not None:  # only the columns that hide something (the new tokens, causally)
         scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), v)
+    weights = scores.softmax(dim=-1)
+    if probs is not None:  # the caller reads the attention weights (KeyMass)
+        probs.append(weights)
+    return torch.matmul(weights, v)
 
 
 def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias: torch.Tensor, scale: float):

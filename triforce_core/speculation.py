@@ -55,7 +55,7 @@ from .events import (
 from .kv import DiskCache, FullCache, KVStore, RetrievalCache, StreamingCache
 from .loading import sync_device
 from .lookup import ContextIndex
-from .model import DecoderModel
+from .model import DecoderModel, KeyMass
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 
 
@@ -89,7 +89,7 @@ class Lane:
         del self.fed[lcp:]
         self.pending = tail[lcp:]
 
-    def advance(self, extra: list[int], capture_queries: bool = False):
+    def advance(self, extra: list[int], capture_queries: bool = False, key_mass: KeyMass | None = None):
         """Feed pending + extra; return logits [len(extra) + 1, V] predicting after the last
         pending token and after each extra token (and the forward's queries if asked)."""
         ids = self.pending + extra
@@ -106,6 +106,7 @@ class Lane:
             self.cache,
             logits_rows=slice(first_row, None),
             capture_queries=capture_queries,
+            key_mass=key_mass,
         )
         self.fed += ids
         self.pending = []
@@ -193,9 +194,9 @@ class RetrievalLane(Lane):
         self.covered = end
         self.pending = committed[end:]
 
-    def reselect(self, queries: torch.Tensor, committed: list[int]):
+    def reselect(self, queries: torch.Tensor, committed: list[int], mass: torch.Tensor | None = None):
         self.fed = []
-        sel = self.cache.select(queries, len(committed) - 1)
+        sel = self.cache.select(queries, len(committed) - 1, mass)
         self.covered = sel.upto
         self.pending = committed[sel.upto :]
         return sel
@@ -655,6 +656,8 @@ class Decoder:
         recent_acc: deque[float] = deque(maxlen=4)
         stop_reason = "max_new_tokens"
         capture = self.retrieval is not None
+        follow = capture and cc.select_by == "attention"
+        self._mass = None
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
         run = spec.gamma2  # length of the next lookup run: doubles while the target takes it all
         schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
@@ -672,10 +675,12 @@ class Decoder:
                 draft = schedule.take()
                 if draft > 0:
                     prop = self.proposer.propose(draft, committed, [], events)
-            # 2. The full target scores every proposed token in one forward.
+            # 2. The full target scores every proposed token in one forward (and, when the
+            #    selection follows it, reports the attention each chunk of its cache received).
             self.full.sync(committed, [])
+            probe = KeyMass(cc.chunk_size) if follow else None
             if capture:
-                logits, queries, _ = self.full.advance(prop.tokens, capture_queries=True)
+                logits, queries, first_row = self.full.advance(prop.tokens, capture_queries=True, key_mass=probe)
             else:
                 logits = self.full.advance(prop.tokens)
             rounds += 1
@@ -697,6 +702,8 @@ class Decoder:
                 run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.gamma2
             elif self.proposer is not None:
                 schedule.update(len(prop.tokens), r.accepted)
+            if probe is not None and probe.layers:  # rows of the committed positions only
+                self._observe(probe, first_row + 1 + r.accepted)
             new = prop.tokens[: r.accepted] + [r.token]
             levels = prop.levels[: r.accepted] + ["target"]
             # 4. Stop conditions: EOS (kept in the output) and the token limit.
@@ -782,11 +789,25 @@ class Decoder:
         )
         if full_up or ((stale or low) and not lane.cache.selection.dense):
             # Queries of the row that produced the last committed token: the freshest position.
-            sel = lane.reselect(queries[:, accepted_row], committed)
+            sel = lane.reselect(queries[:, accepted_row], committed, self._mass)
             self._refreshed = True
             events.append(self._selection_event(sel, step))
         else:
             lane.commit(committed)
+
+
+    # Per round, what the target attended to so far counts this much less: a refresh follows the
+    # recent verifications (a half-life of about 7 rounds).
+    MASS_DECAY = 0.9
+
+    def _observe(self, probe: KeyMass, rows: int) -> None:
+        """Add the attention mass the target's first `rows` query rows gave each chunk."""
+        mass = torch.stack([m[:, :rows].sum(dim=1) for m in probe.layers])  # [L, Hkv, n_chunks]
+        old = self._mass
+        if old is not None:
+            n = min(old.shape[2], mass.shape[2])
+            mass[:, :, :n] += self.MASS_DECAY * old[:, :, :n]
+        self._mass = mass
 
 
 class DraftSchedule:

@@ -61,8 +61,10 @@ class RetrievalCache(KVStore):
         data, self.selection, self.exact_positions = snap
         super().restore(data)
 
-    def select(self, queries: torch.Tensor, upto: int) -> Selection:
-        """Rebuild the cache from full[:upto] using queries [L, H, D] (post-rope, one position)."""
+    def select(self, queries: torch.Tensor, upto: int, mass: torch.Tensor | None = None) -> Selection:
+        """Rebuild the cache from full[:upto] using queries [L, H, D] (post-rope, one position);
+        with `mass` [L, Hkv, n] (attention the full target gave chunks [0, n)), rank by it, the
+        queries' scores only breaking ties (chunks it never attended to)."""
         full, C = self.full, self.chunk_size
         L, Hkv, _, D = full.k.shape
         if upto > full.length:
@@ -85,9 +87,14 @@ class RetrievalCache(KVStore):
         H = queries.shape[1]
         q = queries.float().reshape(L, Hkv, H // Hkv, D)  # [L, Hkv, G, D]
         scores = torch.einsum("lhgd,lhcd->lhgc", q, means) * D**-0.5  # [L, Hkv, G, n_cand]
-        mass = scores.softmax(dim=-1).sum(dim=2)  # [L, Hkv, n_cand]
+        rank = scores.softmax(dim=-1).sum(dim=2)  # [L, Hkv, n_cand]
+        if mass is not None:
+            seen = mass[:, :, 1 : r0 // C].to(rank.device, torch.float32)
+            observed = torch.zeros_like(rank)
+            observed[:, :, : seen.shape[2]] = seen
+            rank = observed + 1e-3 * rank / rank.shape[-1]
         # 2. Top-k chunks per (layer, KV head), kept in sequence order.
-        top = mass.topk(k, dim=-1).indices.sort(dim=-1).values + 1  # [L, Hkv, k] chunk ids
+        top = rank.topk(k, dim=-1).indices.sort(dim=-1).values + 1  # [L, Hkv, k] chunk ids
         # 3. Gather: sink chunk, chosen chunks, recent tokens.
         li = torch.arange(L, device=top.device)[:, None, None]
         hi = torch.arange(Hkv, device=top.device)[None, :, None]
