@@ -66,7 +66,8 @@ def test_greedy_output_is_unchanged_by_attention_selection(kind, mode):
     _assert_same(res.token_ids, ref, gaps)
     assert res.stats.refreshes >= 3 and len(selections) >= 4
     by_queries = [ev for ev in engine.generate(ids, _config(mode, 2, 6, CacheConfig(
-        budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=4, refresh_acceptance=0.0)))
+        budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=4, refresh_acceptance=0.0,
+        select_by="queries")))
         if isinstance(ev, ChunksSelected)]
     # The refreshes really chose other chunks than the queries' estimate would have.
     picked = [(s.chunk_token_spans, s.scores_or_counts) for s in selections[1:]]

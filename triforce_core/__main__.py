@@ -103,8 +103,8 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
     )
     spec.add_argument(
         "--select-by", choices=["queries", "attention"], default=_CACHE.select_by,
-        help="what a refresh ranks retrieval chunks by: the target's latest query against each chunk's mean key, "
-        "or the attention the target gave each chunk in its recent verifications (default %(default)s)"
+        help="what a refresh ranks retrieval chunks by: the attention the target gave each chunk in its recent "
+        "verifications, or the target's latest query against each chunk's mean key (default %(default)s)"
     )
     spec.add_argument(
         "--prefill-chunk", type=int, default=_CACHE.prefill_chunk,

@@ -410,7 +410,7 @@ def _settings(config: GenerationConfig) -> dict:
     spec, cc, s = config.speculation, config.cache, config.sampling
     return {
         "gamma1": spec.gamma1, "gamma2": spec.gamma2, "budget": cc.budget, "chunk_size": cc.chunk_size,
-        "draft_window": cc.draft_window, "draft_sinks": cc.draft_sinks, "refresh_every": cc.refresh_every,
+        "draft_window": cc.draft_window, "draft_sinks": cc.draft_sinks, "refresh_every": cc.refresh_every, "select_by": cc.select_by,
         "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
     }
 

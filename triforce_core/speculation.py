@@ -678,7 +678,9 @@ class Decoder:
             # 2. The full target scores every proposed token in one forward (and, when the
             #    selection follows it, reports the attention each chunk of its cache received).
             self.full.sync(committed, [])
-            probe = KeyMass(cc.chunk_size) if follow else None
+            # (Not for lookup runs: copying needs no retrieval, and reading their many rows'
+            # weights would cost the most common round of the default ~15 %: measured.)
+            probe = KeyMass(cc.chunk_size) if follow and not from_lookup else None
             if capture:
                 logits, queries, first_row = self.full.advance(prop.tokens, capture_queries=True, key_mass=probe)
             else:
