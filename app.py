@@ -45,7 +45,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="users whose KV caches stay in memory between questions (default 4)")
     p.add_argument("--max-cache-gb", type=float, default=3.0,
                    help="memory the users' cached sessions may hold together; least recently used ones are freed "
-                   "beyond it (default %(default)g; a 64K-token session holds about 0.55 GB)")
+                   "beyond it (default %(default)g; a 64K-token session holds about 0.6 GB)")
     p.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on the HTTP API (default: $TRIFORCE_API_KEY, else none)")
     p.add_argument("--api-slots", type=int, default=4,
