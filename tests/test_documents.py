@@ -371,7 +371,8 @@ def test_cli_ingest_json(tmp_path):
     out = _cli(str(path), "--json")
     assert out.returncode == 0, out.stderr
     payload = json.loads(out.stdout)
-    assert set(payload) == {"text", "format", "chars", "pages"}
+    assert set(payload) == {"text", "format", "chars", "pages", "sections"}
+    assert [s["title"] for s in payload["sections"]] == ["page 1", "page 2"]
     assert payload["format"] == "pdf" and payload["pages"] == 2 and payload["chars"] == len(payload["text"])
     plain = _cli(str(path))
     assert plain.returncode == 0 and "Hello page two." in plain.stdout

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from .config import CacheConfig, SpeculationConfig
 from .flags import add_kv_cache_args, apply_kv_cache_args, check_kv_cache_args
+from .sections import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
@@ -164,6 +165,9 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--system", help="system prompt")
     conv.add_argument("--truncate", action="store_true",
                       help="cut the document's end when the conversation would not fit (reported)")
+    conv.add_argument("--sections", metavar="LIST",
+                      help="read only these sections of the document, e.g. 3,5-7 (numbered from 1 as "
+                      "`ingest --json` lists them; a section includes its subsections)")
     conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
     _add_decoding_args(c)
     add_kv_cache_args(c)
@@ -234,7 +238,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="On failure: exit code 2 and one line `error: FILE: reason` on stderr.",
     )
     i.add_argument("file", metavar="FILE")
-    i.add_argument("--json", action="store_true", help='print {"text", "format", "chars", "pages"} as JSON')
+    i.add_argument("--json", action="store_true",
+                   help='print {"text", "format", "chars", "pages", "sections": [{"title", "level", "start", "end"}]} '
+                   "as JSON (sections numbered from 1 in this order for chat --sections; start/end: character "
+                   "offsets into text, a section including its subsections)")
     i.add_argument("--max-mb", type=float, default=50.0, help="largest file accepted, in MB (default 50)")
     i.add_argument("--timeout", type=float, default=60.0, help="time limit for extraction in seconds (default 60)")
     return p
@@ -480,11 +487,23 @@ def cmd_chat(args) -> int:
             document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000))
         except DocumentError as e:
             raise UsageError(f"{args.document}: {e}") from None
+    if args.sections is not None and document is None:
+        raise UsageError("--sections needs --document")
+    picked = None
+    if args.sections is not None:
+        try:
+            picked = parse_spec(args.sections, len(document.sections))
+        except SectionError as e:
+            raise UsageError(f"--sections: {e}") from None
     engine, config = _load_engine(args)
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
     apply_kv_cache_args(engine, args)
-    session = ChatSession(engine, document, system_prompt=args.system, config=config,
+    text = None
+    if document is not None:
+        text = document.text if picked is None else selected_text(document, picked)
+        _check_fits(engine, document, text, config, picked, args.truncate)
+    session = ChatSession(engine, text, system_prompt=args.system, config=config,
                           allow_truncation=args.truncate)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
     out_turns = []
@@ -520,6 +539,18 @@ def cmd_chat(args) -> int:
         doc = {"chars": len(session.document), "tokens": session.document_tokens}
         print(json.dumps({"document": doc, "turns": out_turns}))
     return 0
+
+
+def _check_fits(engine, document, text: str, config, picked, truncate: bool) -> None:
+    """Refuse, before any prefill, a document (or selection) the window cannot hold, with the
+    numbers and the sections to pick from."""
+    window = engine.context_window
+    tokens = len(engine.encode(text))
+    if truncate or tokens + config.speculation.max_new_tokens <= window:
+        return
+    sizes = section_tokens(document, lambda t: len(engine.encode(t))) if document.sections else None
+    what = "the document" if picked is None else f"the {len(picked)} sections picked"
+    raise UsageError(too_long_message(document, tokens, window, sizes, what, config.speculation.max_new_tokens))
 
 
 def _summary(stats: list) -> dict:

@@ -52,6 +52,24 @@ class DocumentError(ValueError):
 class Section:
     start: int  # character offset in Document.text where this page/section begins
     label: str  # "page 3", "chapter 2: Title", "section: Heading"
+    title: str = ""  # the heading's text ("page 3" for a page)
+    level: int = 1  # 1: top (a chapter, an h1, a page); deeper headings 2, 3, ...
+    end: int = 0  # where it ends: the next section at the same or a higher level, or the text's end
+
+    def as_json(self) -> dict:
+        return {"title": self.title, "level": self.level, "start": self.start, "end": self.end}
+
+
+def _spans(sections, length: int) -> tuple[Section, ...]:
+    """Sections in document order, each ending where the next one at its level or above
+    begins (so a section includes its subsections), the last ones at `length`."""
+    ordered = sorted(sections, key=lambda s: s.start)
+    out = []
+    for i, s in enumerate(ordered):
+        end = next((t.start for t in ordered[i + 1 :] if t.level <= s.level and t.start > s.start), length)
+        title = s.title or s.label.split(": ", 1)[-1]
+        out.append(Section(s.start, s.label, title, s.level, max(s.start, min(end, length))))
+    return tuple(out)
 
 
 @dataclass(frozen=True)
@@ -76,7 +94,8 @@ class Document:
         return f"line {self.text.count(chr(10), 0, offset) + 1}"
 
     def as_json(self) -> dict:
-        return {"text": self.text, "format": self.format, "chars": self.chars, "pages": self.pages}
+        return {"text": self.text, "format": self.format, "chars": self.chars, "pages": self.pages,
+                "sections": [s.as_json() for s in self.sections]}
 
 
 # --------------------------------------------------------------------------------------
@@ -237,7 +256,7 @@ def _extract(data: bytes, name: str) -> Document:
         doc = Document(text, fmt, sections=_markdown_sections(text) if fmt == "md" else ())
     if not doc.text.strip():
         raise DocumentError("no extractable text" + (" (a scanned PDF? it needs OCR first)" if fmt == "pdf" else ""))
-    return Document(doc.text, doc.format, name, doc.sections, doc.pages)
+    return Document(doc.text, doc.format, name, _spans(doc.sections, len(doc.text)), doc.pages)
 
 
 # --------------------------------------------------------------------------------------
@@ -302,7 +321,7 @@ def _normalise(text: str) -> str:
 def _markdown_sections(text: str) -> tuple[Section, ...]:
     out = []
     for m in re.finditer(r"(?m)^(#{1,3})\s+(.+?)\s*#*\s*$", text):
-        out.append(Section(m.start(), f"section: {m.group(2)[:80]}"))
+        out.append(Section(m.start(), f"section: {m.group(2)[:80]}", m.group(2)[:200], len(m.group(1))))
     return tuple(out)
 
 
@@ -329,6 +348,7 @@ class _TextParser(HTMLParser):
         self.pre = 0
         self.heading: list[str] | None = None
         self.heading_at = 0
+        self.heading_level = 1
         self.headings: list[tuple[int, str]] = []
         self.title: list[str] | None = None
         self.title_text = ""
@@ -346,7 +366,7 @@ class _TextParser(HTMLParser):
         if tag == "pre":
             self.pre += 1
         if tag in _HEADINGS and not self.hidden:
-            self.heading, self.heading_at = [], self._len()
+            self.heading, self.heading_at, self.heading_level = [], self._len(), int(tag[1])
         if tag in ("img",) and not self.hidden:
             alt = dict(attrs).get("alt")
             if alt:
@@ -369,7 +389,7 @@ class _TextParser(HTMLParser):
         if tag in _HEADINGS and self.heading is not None:
             title = " ".join("".join(self.heading).split())
             if title:
-                self.headings.append((self.heading_at, title))
+                self.headings.append((self.heading_at, title, self.heading_level))
             self.heading = None
 
     def handle_data(self, data):
@@ -409,9 +429,9 @@ def html_to_text(source: str) -> tuple[str, tuple[Section, ...]]:
             out_len += 1
     joined = "\n".join(text).strip("\n")
     line_starts = [m[0] for m in mapping]
-    for at, title in parser.headings:
+    for at, title, level in parser.headings:
         k = bisect.bisect_right(line_starts, at) - 1
-        starts.append(Section(min(mapping[max(k, 0)][1], len(joined)), f"section: {title[:80]}"))
+        starts.append(Section(min(mapping[max(k, 0)][1], len(joined)), f"section: {title[:80]}", title[:200], level))
     return joined, tuple(starts)
 
 
@@ -439,10 +459,11 @@ def _pdf(data: bytes) -> Document:
         parts, sections, at = [], [], 0
         for i in range(n):
             text = (pages[i].extract_text() or "").replace("\x00", "").strip()
-            sections.append(Section(at, f"page {i + 1}"))
+            sections.append(Section(at, f"page {i + 1}", f"page {i + 1}", 1))
             chunk = text + "\n\n"
             parts.append(chunk)
             at += len(chunk)
+        outline = _pdf_outline(reader, [s.start for s in sections])
     except DocumentError:
         raise
     except FileNotDecryptedError:
@@ -452,7 +473,29 @@ def _pdf(data: bytes) -> Document:
         raise DocumentError(f"malformed or truncated PDF ({_one_line(e)})") from None
     if n == 0:
         raise DocumentError("malformed PDF (it has no pages)")
-    return Document("".join(parts).rstrip() + "\n", "pdf", sections=tuple(sections), pages=n)
+    return Document("".join(parts).rstrip() + "\n", "pdf", sections=outline or tuple(sections), pages=n)
+
+
+def _pdf_outline(reader, page_starts: list[int]) -> tuple[Section, ...]:
+    """The PDF's outline (bookmarks) as sections, each starting where its page's text does;
+    () when there is none or it cannot be read (the pages are the sections then)."""
+    out: list[Section] = []
+
+    def walk(items, level: int) -> None:
+        for item in items:
+            if isinstance(item, list):
+                walk(item, level + 1)
+                continue
+            page = reader.get_destination_page_number(item)
+            title = " ".join(str(getattr(item, "title", "") or "").split())
+            if page is not None and 0 <= page < len(page_starts) and title:
+                out.append(Section(page_starts[page], f"page {page + 1}: {title[:80]}", title[:200], level))
+
+    try:
+        walk(reader.outline, 1)
+    except Exception:  # noqa: BLE001 - a broken outline is no reason to refuse the text
+        return ()
+    return tuple(out)
 
 
 # --------------------------------------------------------------------------------------
@@ -556,9 +599,10 @@ def _epub(data: bytes) -> Document:
             continue
         chapter += 1
         title = heads[0].label.split(": ", 1)[-1] if heads else ""
-        sections.append(Section(at, f"chapter {chapter}" + (f": {title}" if title else "")))
+        sections.append(Section(at, f"chapter {chapter}" + (f": {title}" if title else ""),
+                                title or f"chapter {chapter}", 1))
         for h in heads[1:]:
-            sections.append(Section(at + h.start, f"chapter {chapter}, {h.label}"))
+            sections.append(Section(at + h.start, f"chapter {chapter}, {h.label}", h.title, h.level + 1))
         chunk = text.strip() + "\n\n"
         parts.append(chunk)
         at += len(chunk)
@@ -641,7 +685,9 @@ def _docx(data: bytes) -> Document:
         if not line:
             continue
         if style.lower().startswith(("heading", "title")):
-            sections.append(Section(at, f"section: {line[:80]}"))
+            digits = "".join(c for c in style if c.isdigit())
+            level = int(digits) if digits and style.lower().startswith("heading") else 1
+            sections.append(Section(at, f"section: {line[:80]}", line[:200], max(1, level)))
         chunk = line + "\n\n"
         parts.append(chunk)
         at += len(chunk)

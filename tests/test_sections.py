@@ -1,0 +1,162 @@
+"""A book's sections: extracted with titles, levels and spans, picked by number, refused with
+the numbers when they do not fit."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import words
+from test_documents import make_epub, make_pdf
+
+from triforce_core.documents import Document, Section, load_document
+from triforce_core.sections import SectionError, merged_spans, parse_spec, selected_text
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+BOOK_MD = """# Part One
+intro text here
+## Chapter A
+alpha alpha
+### Detail
+deep
+## Chapter B
+beta beta
+# Part Two
+two two
+"""
+
+
+def outline(doc: Document) -> list[tuple[str, int, str]]:
+    """(title, level, the section's text) for each section."""
+    return [(s.title, s.level, doc.text[s.start : s.end]) for s in doc.sections]
+
+
+def test_markdown_headings_nest_and_include_their_subsections(tmp_path):
+    path = tmp_path / "book.md"
+    path.write_text(BOOK_MD)
+    doc = load_document(path, timeout_s=None)
+    assert outline(doc) == [
+        ("Part One", 1, BOOK_MD[: BOOK_MD.index("# Part Two")]),
+        ("Chapter A", 2, "## Chapter A\nalpha alpha\n### Detail\ndeep\n"),
+        ("Detail", 3, "### Detail\ndeep\n"),
+        ("Chapter B", 2, "## Chapter B\nbeta beta\n"),
+        ("Part Two", 1, "# Part Two\ntwo two\n"),
+    ]
+    assert doc.locate(doc.text.index("beta")) == "section: Chapter B"  # labels unchanged
+
+
+def test_html_heading_levels(tmp_path):
+    path = tmp_path / "page.html"
+    path.write_text("<html><body><h1>Top</h1><p>one</p><h2>Sub</h2><p>two</p><h3>Deep</h3><p>three</p>"
+                    "<h2>Other</h2><p>four</p><h1>Next</h1><p>five</p></body></html>")
+    doc = load_document(path, timeout_s=None)
+    got = [(t, lvl, " ".join(text.split())) for t, lvl, text in outline(doc)]
+    assert got == [("Top", 1, "Top one Sub two Deep three Other four"), ("Sub", 2, "Sub two Deep three"),
+                   ("Deep", 3, "Deep three"), ("Other", 2, "Other four"), ("Next", 1, "Next five")]
+
+
+def test_epub_chapters_in_spine_order_with_their_headings(tmp_path):
+    path = make_epub(tmp_path / "b.epub", [("First", "one one"), ("Second", "two two"), ("Third", "three")],
+                     spine_order=[1, 0, 2])
+    doc = load_document(path, timeout_s=None)
+    assert [(t, lvl) for t, lvl, _ in outline(doc)] == [("Second", 1), ("First", 1), ("Third", 1)]
+    assert "two two" in outline(doc)[0][2] and "one one" not in outline(doc)[0][2]
+    assert outline(doc)[-1][2].rstrip().endswith("three")
+
+
+def test_docx_heading_styles_give_levels(tmp_path):
+    import docx
+
+    d = docx.Document()
+    d.add_heading("Report", level=0)  # the Title style
+    d.add_heading("Intro", level=1)
+    d.add_paragraph("intro body")
+    d.add_heading("Detail", level=2)
+    d.add_paragraph("detail body")
+    d.add_heading("End", level=1)
+    d.add_paragraph("end body")
+    d.save(str(tmp_path / "r.docx"))
+    doc = load_document(tmp_path / "r.docx", timeout_s=None)
+    assert [(t, lvl) for t, lvl, _ in outline(doc)] == [("Report", 1), ("Intro", 1), ("Detail", 2), ("End", 1)]
+    assert "detail body" in outline(doc)[1][2] and "end body" not in outline(doc)[1][2]
+
+
+def test_pdf_outline_else_pages(tmp_path):
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=11)
+    for title, level, body in (("Chapter 1", 0, "first page"), ("Section 1.1", 1, "second page"),
+                               ("Chapter 2", 0, "third page")):
+        pdf.add_page()
+        pdf.start_section(title, level=level)
+        pdf.multi_cell(0, 6, body)
+    pdf.output(str(tmp_path / "o.pdf"))
+    doc = load_document(tmp_path / "o.pdf", timeout_s=None)
+    got = [(t, lvl, " ".join(text.split())) for t, lvl, text in outline(doc)]
+    assert got == [("Chapter 1", 1, "first page second page"), ("Section 1.1", 2, "second page"),
+                   ("Chapter 2", 1, "third page")]
+    plain = load_document(make_pdf(tmp_path / "p.pdf", ["one", "two"]), timeout_s=None)
+    assert [(t, lvl) for t, lvl, _ in outline(plain)] == [("page 1", 1), ("page 2", 1)]
+
+
+def test_parse_spec():
+    assert parse_spec("3,5-7", 9) == [2, 4, 5, 6]
+    assert parse_spec(" 2 , 1-2 ", 2) == [0, 1]
+    for bad, why in (("", "empty"), ("3,,4", "empty"), ("x", "not a section"), ("4-2", "backwards"),
+                     ("0", "does not exist"), ("10", "sections 1-9"), ("2-10", "sections 1-9")):
+        with pytest.raises(SectionError, match=why):
+            parse_spec(bad, 9)
+    with pytest.raises(SectionError, match="no sections"):
+        parse_spec("1", 0)
+
+
+def test_a_picked_chapter_brings_its_subsections_once(tmp_path):
+    path = tmp_path / "book.md"
+    path.write_text(BOOK_MD)
+    doc = load_document(path, timeout_s=None)
+    assert [names for _, _, names in merged_spans(doc.sections, [1, 2, 4])] == [[1, 2], [4]]
+    text = selected_text(doc, parse_spec("2-3,5", len(doc.sections)))
+    assert text == ("[Section 2: Chapter A]\n## Chapter A\nalpha alpha\n### Detail\ndeep\n\n"
+                    "[Section 5: Part Two]\n# Part Two\ntwo two\n")
+    assert "beta" not in text and text.count("deep") == 1
+
+
+def _chat(tiny_pair_dir, *args):
+    cmd = [sys.executable, "-m", "triforce_core", "chat", "--target", tiny_pair_dir["target"], "--draft",
+           tiny_pair_dir["draft"], "--max-new-tokens", "6", "--ignore-eos", "--budget", "32", "--chunk-size", "4",
+           "--draft-window", "16", "--no-kv-cache", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False,
+                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_pair_dir, tmp_path):
+    # Word-level test vocabulary: every word is one token; the tiny target's window is 1,024.
+    parts = [("Alpha", 300), ("Beta", 620), ("Gamma", 400)]
+    book = "".join(f"# {title}\n{words(n, i)}\n" for i, (title, n) in enumerate(parts))
+    path = tmp_path / "book.md"
+    path.write_text(book)
+    sections = json.loads(subprocess.run([sys.executable, "-m", "triforce_core", "ingest", str(path), "--json"],
+                                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120).stdout)["sections"]
+    assert [(s["title"], s["level"]) for s in sections] == [("Alpha", 1), ("Beta", 1), ("Gamma", 1)]
+    assert book[sections[1]["start"] : sections[1]["end"]].startswith("# Beta\n")
+
+    whole = _chat(tiny_pair_dir, "--document", str(path), "--question", "w9")
+    assert whole.returncode == 2
+    line = whole.stderr.strip().splitlines()
+    assert len(line) == 1 and "over the target's context window of 1,024" in line[0]
+    assert "--sections" in line[0] and "1 'Alpha'" in line[0] and "2 'Beta'" in line[0]
+    assert "[prefilled" not in whole.stderr  # refused before any prefill
+
+    picked = _chat(tiny_pair_dir, "--document", str(path), "--sections", "1,3", "--question", "w9", "--json")
+    assert picked.returncode == 0, picked.stderr
+    doc = json.loads(picked.stdout)["document"]
+    assert 700 <= doc["tokens"] < 1000  # Alpha and Gamma with their headings, not Beta
+    too_many = _chat(tiny_pair_dir, "--document", str(path), "--sections", "2-3", "--question", "w9")
+    assert too_many.returncode == 2 and "the 2 sections picked is" in too_many.stderr
+    bad = _chat(tiny_pair_dir, "--document", str(path), "--sections", "4", "--question", "w9")
+    assert bad.returncode == 2 and bad.stderr.strip() == "error: --sections: section 4 does not exist: the document has sections 1-3"

@@ -1,0 +1,83 @@
+"""Reading a book by its sections: which ones to read, and the text they make.
+
+    picked = parse_spec("3,5-7", len(doc.sections))        # [2, 4, 5, 6] (0-based)
+    text = selected_text(doc, picked)                        # what the conversation reads
+
+Sections are numbered from 1 in document order, as `ingest --json` lists them; a section's
+span includes its subsections (`Section.end`), so picking a chapter picks its sections too and
+picking both reads each character once. The picked spans are read in document order, each
+after a line naming it, so the model (and the reader of a transcript) sees where a gap is.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+from .documents import Document, Section
+
+
+class SectionError(ValueError):
+    """A selection that cannot be read: a bad spec, or one that does not fit (one line)."""
+
+
+def parse_spec(spec: str, count: int) -> list[int]:
+    """'3,5-7' -> [2, 4, 5, 6]: 0-based indices of sections numbered 1..count, sorted, unique."""
+    if count == 0:
+        raise SectionError("the document has no sections to pick from")
+    picked: set[int] = set()
+    for part in (spec or "").split(","):
+        part = part.strip()
+        if not part:
+            raise SectionError(f"empty item in the section list {spec!r} (expected e.g. 3,5-7)")
+        lo, sep, hi = part.partition("-")
+        try:
+            a, b = int(lo), int(hi) if sep else int(lo)
+        except ValueError:
+            raise SectionError(f"{part!r} is not a section number or a range like 5-7") from None
+        if a > b:
+            raise SectionError(f"the range {part!r} runs backwards")
+        if a < 1 or b > count:
+            raise SectionError(f"section {a if a < 1 else b} does not exist: the document has sections 1-{count}")
+        picked.update(range(a - 1, b))
+    return sorted(picked)
+
+
+def merged_spans(sections: Sequence[Section], picked: Sequence[int]) -> list[tuple[int, int, list[int]]]:
+    """The character spans the picked sections cover, overlaps merged: (start, end, the picked
+    sections that start in it), in document order."""
+    spans: list[tuple[int, int, list[int]]] = []
+    for i in sorted(picked, key=lambda i: (sections[i].start, -sections[i].end)):
+        s = sections[i]
+        if spans and s.start < spans[-1][1]:  # inside (or overlapping) the previous span
+            a, b, names = spans[-1]
+            spans[-1] = (a, max(b, s.end), names + [i])
+        else:
+            spans.append((s.start, s.end, [i]))
+    return spans
+
+
+def selected_text(doc: Document, picked: Sequence[int]) -> str:
+    """The text of the picked sections, each span after a line naming its first section."""
+    parts = []
+    for a, b, names in merged_spans(doc.sections, picked):
+        head = doc.sections[names[0]]
+        parts.append(f"[Section {names[0] + 1}: {head.title}]\n" + doc.text[a:b].strip())
+    return "\n\n".join(parts) + "\n"
+
+
+def section_tokens(doc: Document, count_tokens: Callable[[str], int]) -> list[int]:
+    """Tokens of each section's own span (its subsections included)."""
+    return [count_tokens(doc.text[s.start : s.end]) for s in doc.sections]
+
+
+def too_long_message(doc: Document, tokens: int, window: int, sizes: Sequence[int] | None, what: str,
+                     answer: int = 0) -> str:
+    """One line: the numbers, and how to pick what fits (the top-level sections listed)."""
+    plus = f" (+ {answer:,} for the answer)" if answer else ""
+    line = f"{what} is {tokens:,} tokens{plus}, over the target's context window of {window:,}"
+    if not doc.sections or sizes is None:
+        return line + " (it has no sections to pick from)"
+    top = [f"{i + 1} {doc.sections[i].title[:40]!r} {sizes[i]:,}" for i in range(len(doc.sections))
+           if doc.sections[i].level == 1][:8]
+    return (f"{line}; pick sections that fit with --sections (e.g. 3,5-7; `ingest --json FILE` lists all "
+            f"{len(doc.sections)}): " + ", ".join(top) + (" ..." if len(doc.sections) > len(top) else ""))
