@@ -129,7 +129,10 @@ def test_pdf_pages_and_page_map(tmp_path):
     assert "Second page here." in doc.text and "Third and last." in doc.text
     assert doc.locate(doc.text.index("Second page")) == "page 2"
     assert doc.locate(doc.text.index("Third and last")) == "page 3"
-    assert doc.as_json() == {"text": doc.text, "format": "pdf", "chars": len(doc.text), "pages": 3}
+    starts = [doc.text.index(t) for t in ("Page one", "Second page", "Third and last")]
+    assert doc.as_json() == {"text": doc.text, "format": "pdf", "chars": len(doc.text), "pages": 3, "sections": [
+        {"title": f"page {i + 1}", "level": 1, "start": a, "end": b}
+        for i, (a, b) in enumerate(zip(starts, [*starts[1:], len(doc.text)]))]}
 
 
 def test_pdf_encrypted_with_empty_user_password_opens(tmp_path):
