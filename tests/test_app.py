@@ -392,3 +392,26 @@ def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page
     wait_status(page, "Conversation cleared")
     assert page.locator(".tf-assistant").count() == 0
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
+
+
+def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
+    text = SAMPLE.read_text(encoding="utf-8")
+    quarter = len(text) // 4
+    parts = [text[i * quarter : (i + 1) * quarter] for i in range(4)] * 2  # ~28K tokens > 16K
+    book = tmp_path / "book.md"
+    book.write_text("".join(f"# Part {i + 1}\n\n{p}\n\n" for i, p in enumerate(parts)), encoding="utf-8")
+    page.set_input_files("#tf-upload input[type=file]", str(book))
+    wait_status(page, "pick the sections to read")
+    page.wait_for_selector("#tf-toc-list label:has-text('Part 8')")
+    labels = page.locator("#tf-toc-list label").all_inner_texts()
+    assert len(labels) == 8 and labels[0].startswith("1. Part 1 · ") and labels[0].endswith(" tokens")
+    page.locator("#tf-toc-list label", has_text="2. Part 2").click()
+    page.locator("#tf-toc-list label", has_text="3. Part 3").click()
+    page.click("#tf-read-sections")
+    reading = wait_status(page, "Reading sections", "rror")
+    assert "Reading sections 2, 3 of book.md" in reading, reading
+    assert "book.md, sections 2, 3" in page.inner_text("#tf-docinfo")
+    shot(page, "09-book-sections")
+    ask(page, "What follows «Part 3»?")
+    done = wait_status(page, "tok/s", "rror")
+    assert "tok/s" in done, done

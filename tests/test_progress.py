@@ -31,7 +31,7 @@ def test_time_left_follows_the_arithmetic_not_the_token_rate():
     spec = replace(to_ours(make_hf("llama_gqa_llama3")).spec, hidden_size=0, intermediate_size=0)  # attention only
     # Half the tokens from position 0 are a quarter of the pairs: three times the time so far is left.
     line = prefill_progress_text(PrefillProgress(5000, 10000, 0), 10.0, spec)
-    assert line == "prefilling 5,000 / 10,000 tokens · 500 tok/s · about 30 s left"
+    assert line == "prefilling 5,000 / 10,000 tokens · 500 tokens/s · about 30 s left"
     # After 20,000 reused tokens the second half costs (30k^2 - 25k^2) / (25k^2 - 20k^2) = 11/9 the first.
     line = prefill_progress_text(PrefillProgress(5000, 10000, 20000), 90.0, spec)
     assert line.endswith("about 2 min left")  # 110 s

@@ -78,3 +78,51 @@ def test_a_conversation_through_the_handlers(chat_engine: TriForceEngine, worker
     cleared = answers.on_clear(user, 32)
     assert cleared[0] is user and not user.session.turns and not user.answers
     assert user.session.document_tokens > 0  # the document stays loaded
+
+
+def _book() -> Document:
+    """Three top-level sections, one with a subsection: 1,270 tokens, over the 1,024 window."""
+    parts, sections, at = [], [], 0
+    for title, level, n in (("Alpha", 1, 250), ("Beta", 1, 300), ("Beta detail", 2, 320), ("Gamma", 1, 400)):
+        body = f"{words(n, len(parts) + 7)}\n"
+        sections.append(Section(at, f"section: {title}", title, level))
+        parts.append(body)
+        at += len(body)
+    text = "".join(parts)
+    ends = [sections[1].start, sections[3].start, sections[3].start, len(text)]
+    return Document(text, "md", "book.md", tuple(Section(s.start, s.label, s.title, s.level, e)
+                                                  for s, e in zip(sections, ends)))
+
+
+def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriForceEngine, worker):
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    user, info, _gauge, status, _chat, _map, box, toc = documents.set_document(None, _book(), 32)
+    # Not refused, not cut: nothing is read until sections are picked.
+    assert "over the context window of 1,024" in status and "pick the sections" in status
+    assert user.document is None and user.session.document_tokens == 0
+    assert box["visible"] is True
+    labels = [label for label, _ in toc["choices"]]
+    assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u20033. Beta detail · 320 tokens"
+    assert labels[1] == "2. Beta · 620 tokens"  # a section includes its subsection
+    assert "4 sections" in toc["label"] and "window of 1,024" in toc["label"]
+
+    # Beta (with its detail) and Gamma: 1,020 tokens + the template + 12 for the answer, too many.
+    with pytest.warns(UserWarning, match="sections picked"):  # gr.Warning: a toast on the page
+        refused = documents.on_sections([1, 3], user, 32, 12)
+    assert "The 2 sections picked is 1,0" in refused[3] and "window of 1,024" in refused[3]
+    assert "tf-error" in refused[3]
+    assert user.session.document_tokens == 0  # nothing was read
+    out = documents.on_sections([0, 2, 3], user, 32, 12)  # Alpha, Beta detail, Gamma
+    assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-1]["value"] == [0, 2, 3]
+    assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
+    assert 970 < user.session.document_tokens < 1000
+    updates = list(answers.on_ask("w9 w10", user, False, "", *_values()))
+    assert "tf-ok" in updates[-1][2] and user.answers[0].trace.new_tokens > 0
+    with pytest.raises(gr.Error, match="Tick at least one"):
+        documents.on_sections([], user, 32, 12)
+    # A document that fits loads as before, its table of contents offered too.
+    small = Document(words(50, 1), "md", "s.md", (Section(0, "section: S", "S", 1, 10),))
+    user, *_rest, box, toc = documents.set_document(user, small, 32)
+    assert user.document is small and box["visible"] is True and len(toc["choices"]) == 1

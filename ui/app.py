@@ -79,6 +79,10 @@ def build_app(
                     sample_btn = gr.Button("Use the sample document", elem_id="tf-sample", scale=1)
                 page["docinfo"] = gr.HTML(doc_info(None), elem_id="tf-docinfo")
                 page["gauge"] = gr.HTML(gauge(None, defaults.budget, ctx.window), elem_id="tf-gauge")
+                with gr.Column(visible=False, elem_id="tf-toc") as page["toc"]:
+                    page["toc_list"] = gr.CheckboxGroup(choices=[], type="value", label="Table of contents",
+                                                        elem_id="tf-toc-list")
+                    read_btn = gr.Button("Read the selected sections", elem_id="tf-read-sections", size="sm")
                 legend = gr.HTML(legend_block(False), elem_id="tf-legend")
                 page["chat"] = gr.HTML(transcript(None, False), elem_id="tf-chat", autoscroll=True)
                 page["status"] = gr.HTML(status_html("Ready.", "info"), elem_id="tf-status")
@@ -122,6 +126,8 @@ def build_app(
 
         upload.upload(documents.on_upload, [upload, user, budget], doc_outputs, **private)
         sample_btn.click(documents.on_sample, [user, budget], doc_outputs, **private)
+        read_btn.click(documents.on_sections, [page["toc_list"], user, budget, controls["max_new_tokens"]],
+                       doc_outputs, **private)
         # The box empties the moment a question is sent (what it held moves to `asked`), never
         # when the answer ends: a next question typed meanwhile is kept.
         asked = gr.State("")

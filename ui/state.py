@@ -42,6 +42,8 @@ class UserState:
     job: Job | None = None
     spans: list[tuple[int, int]] = field(default_factory=list)  # prompt token -> document chars
     doc_first: int = -1  # token position where the document begins
+    book: Document | None = None  # the whole file when its sections can be picked (`document`: what is read)
+    book_sizes: list[int] = field(default_factory=list)  # tokens of each of the book's sections
     last_used: float = field(default_factory=time.monotonic)
 
     @property

@@ -18,7 +18,23 @@ from .state import Answer, UserState
 from .trace import AnswerTrace
 
 STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge")
-DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map")
+DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", "toc", "toc_list")
+
+
+def toc_update(user: UserState | None, window: int) -> tuple:
+    """The table of contents (its box, its list): one choice per section of the book, indented
+    by level, with its size in tokens; hidden when the document has no sections."""
+    book = user.book if user is not None else None
+    if book is None or not book.sections:
+        return gr.update(visible=False), gr.update(choices=[], value=[])
+    choices = [
+        ("\u2003" * (s.level - 1) + f"{i + 1}. {s.title[:70]} · {n:,} tokens", i)
+        for i, (s, n) in enumerate(zip(book.sections, user.book_sizes))
+    ]
+    total = sum(n for s, n in zip(book.sections, user.book_sizes) if s.level == 1)
+    label = (f"Table of contents: {len(choices)} sections, about {total:,} tokens against a window of {window:,}. "
+             "Tick the sections to read (a section includes its subsections), then Read the selected sections.")
+    return gr.update(visible=True), gr.update(choices=choices, value=[], label=label)
 
 
 def doc_info(user: UserState | None) -> str:
@@ -37,7 +53,8 @@ def gauge(user: UserState | None, budget, window: int) -> str:
     if user is None:
         return context_gauge_html(0, 0, window, int(budget))
     doc = user.session.document_tokens if user.document is not None else 0
-    total = len(user.session.cached_tokens()) or doc
+    # Until the first question the cache may still hold an earlier document's prompt.
+    total = (len(user.session.cached_tokens()) or doc) if user.session.turns else doc
     return context_gauge_html(doc, max(0, total - doc), window, int(budget), user.session.cache_bytes())
 
 
@@ -68,7 +85,7 @@ def document_span(user: UserState) -> tuple[int, int] | None:
 
 
 def prefill_progress_text(progress, elapsed_s: float, spec) -> str:
-    """'prefilling 12,288 / 65,536 tokens · 410 tok/s · about 2 min left'.
+    """'prefilling 12,288 / 65,536 tokens · 410 tokens/s · about 2 min left'.
 
     Time left scales the time so far by the arithmetic left over the arithmetic done: later
     tokens attend to more keys, so a token rate alone would promise too early an end.
@@ -81,7 +98,7 @@ def prefill_progress_text(progress, elapsed_s: float, spec) -> str:
     a = progress.start
     done = prefill_flops(spec, a, a + progress.done)
     left = prefill_flops(spec, a + progress.done, a + progress.total)
-    return f"{text} · {progress.done / elapsed_s:,.0f} tok/s · {_duration(elapsed_s * left / done)} left"
+    return f"{text} · {progress.done / elapsed_s:,.0f} tokens/s · {_duration(elapsed_s * left / done)} left"
 
 
 def _duration(seconds: float) -> str:

@@ -1,4 +1,6 @@
-"""Loading a document: an upload (a clear error for a file that cannot be read) or the sample."""
+"""Loading a document: an upload (a clear error for a file that cannot be read) or the sample;
+a book with sections also gets its table of contents, from which the user picks what to read
+(a book over the context window is read that way, never cut)."""
 
 from __future__ import annotations
 
@@ -8,11 +10,13 @@ import gradio as gr
 
 from triforce_core.documents import Document, DocumentError, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
+from triforce_core.sections import merged_spans, section_tokens, selected_text, too_long_message
+from triforce_core.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html
 from ..state import AppContext, UserState
-from ..views import doc_info, gauge, transcript
+from ..views import doc_info, gauge, toc_update, transcript
 
 
 class DocumentHandlers:
@@ -21,28 +25,69 @@ class DocumentHandlers:
     def __init__(self, ctx: AppContext):
         self.ctx = ctx
 
+    def _read(self, user: UserState, doc: Document) -> None:
+        self.ctx.worker.call(lambda: (user.session.set_document(doc), user.session.document_tokens))
+        user.document, user.answers, user.spans = doc, [], []
+
+    def _outputs(self, user: UserState, budget, status: str) -> tuple:
+        w = self.ctx.window
+        return (user, doc_info(user), gauge(user, budget, w), status, transcript(user, False),
+                retrieval_map_figure(None), *toc_update(user, w))
+
     def set_document(self, user: UserState | None, doc: Document, budget) -> tuple:
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is being generated; stop it before changing the document.")
-        self.ctx.worker.call(lambda: (user.session.set_document(doc), user.session.document_tokens))
-        user.document, user.answers, user.spans = doc, [], []
-        return (
-            user, doc_info(user), gauge(user, budget, self.ctx.window),
-            status_html(f"Loaded {doc.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"),
-            transcript(user, False), retrieval_map_figure(None),
-        )
+        count = self.ctx.engine.encode
+        tokens, sizes = self.ctx.worker.call(
+            lambda: (len(count(doc.text)), section_tokens(doc, lambda t: len(count(t))) if doc.sections else []))
+        user.book, user.book_sizes = (doc, sizes) if doc.sections else (None, [])
+        if tokens > self.ctx.window and doc.sections:  # a book: nothing is read until sections are picked
+            self._read(user, Document("", doc.format, doc.name))
+            user.document = None
+            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {self.ctx.window:,}: "
+                       "pick the sections to read in the table of contents.")
+            return self._outputs(user, budget, status_html(message, "info"))
+        self._read(user, doc)
+        return self._outputs(user, budget, status_html(
+            f"Loaded {doc.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
+
+    def on_sections(self, picked, user: UserState | None, budget, max_new_tokens):
+        """Read only the ticked sections of the book (indices into its sections)."""
+        if user is None or user.book is None:
+            raise gr.Error("Load a document with sections first.")
+        if user.busy:
+            raise gr.Error("An answer is being generated; stop it before changing the document.")
+        if not picked:
+            raise gr.Error("Tick at least one section.")
+        book, picked = user.book, sorted(int(i) for i in picked)
+        text = selected_text(book, picked)
+        # The conversation's prompt without a question: the document, the template, the system prompt.
+        system = user.session.system_prompt
+        tokens = self.ctx.worker.call(lambda: len(ChatSession(self.ctx.engine, text, system_prompt=system).prompt_ids("")))
+        room = int(max_new_tokens or 0)
+        if tokens + room > self.ctx.window:
+            message = too_long_message(book, tokens, self.ctx.window, user.book_sizes,
+                                       f"The {len(picked)} sections picked", room).split("; pick")[0]
+            gr.Warning(message)
+            return (user, gr.skip(), gr.skip(), status_html(message + ". Pick fewer.", "error"),
+                    gr.skip(), gr.skip(), gr.skip(), gr.skip())
+        names = ", ".join(str(names[0] + 1) for _a, _b, names in merged_spans(book.sections, picked))
+        self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
+        out = self._outputs(user, budget, status_html(
+            f"Reading sections {names} of {book.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
+        return out[:-1] + (gr.update(value=picked),)
 
     def on_upload(self, file, user, budget):
         if file is None:
-            return (gr.skip(),) * 6
+            return (gr.skip(),) * 8
         path = Path(file if isinstance(file, str) else file.name)
         try:
             doc = load_document(path, max_bytes=self.ctx.max_bytes, name=path.name)
         except DocumentError as e:
             message = f"Could not read {path.name}: {e}"
             gr.Warning(message)
-            return (user, gr.skip(), gr.skip(), status_html(message, "error"), gr.skip(), gr.skip())
+            return (user, gr.skip(), gr.skip(), status_html(message, "error"), *(gr.skip(),) * 4)
         return self.set_document(user, doc, budget)
 
     def on_sample(self, user, budget):
