@@ -227,6 +227,18 @@ def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 1
         time.sleep(0.3)
 
 
+def run_main(argv):
+    """The command line's main(argv) in-process -> (exit code, stdout, stderr)."""
+    import io
+
+    from triforce_core.__main__ import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(argv))
+    return code, out.getvalue(), err.getvalue()
+
+
 def at_once(calls) -> tuple[list, list[BaseException]]:
     """Run the zero-argument `calls` in threads at the same time: (results in order, errors)."""
     import threading

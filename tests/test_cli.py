@@ -6,8 +6,6 @@ exactly one line `error: ...` on stderr.
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 import os
 import random
@@ -18,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_CACHE_FLAGS
+from conftest import SMALL_CACHE_FLAGS, run_main
 from triforce_core.__main__ import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -61,14 +59,6 @@ def gpt2_dir(tmp_path_factory):
     config = GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=97, bos_token_id=1, eos_token_id=2)
     GPT2LMHeadModel(config).save_pretrained(path)
     return str(path)
-
-
-def run_main(argv):
-    """main(argv) in-process -> (exit code, stdout, stderr)."""
-    out, err = io.StringIO(), io.StringIO()
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(list(argv))
-    return code, out.getvalue(), err.getvalue()
 
 
 def pair_args(files):

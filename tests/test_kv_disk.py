@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, to_ours, words
+from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, run_main, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Prefilled
@@ -202,21 +202,19 @@ def test_a_prefill_on_an_unwritable_folder_still_answers(weights, tmp_path):
     assert answers == reference
 
 
-def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path):
+def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path, monkeypatch):
+    """Each `main` call loads the models afresh: a restart, as far as the disk cache can tell."""
     doc = tmp_path / "doc.txt"
     doc.write_text(words(300, 21), encoding="utf-8")
     folder = tmp_path / "kv"
-    base = [sys.executable, "-m", "triforce_core", "chat", "--target", tiny_pair_dir["target"], "--draft",
-            tiny_pair_dir["draft"], "--document", str(doc), "--question", Q1, "--max-new-tokens", "8",
-            "--ignore-eos", "--budget", "32", "--chunk-size", "4", "--draft-window", "16", "--prefill-chunk",
-            "64", "--json"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    base = ["chat", "--target", tiny_pair_dir["target"], "--draft", tiny_pair_dir["draft"], "--document", str(doc),
+            "--question", Q1, "--max-new-tokens", "8", "--ignore-eos", "--budget", "32", "--chunk-size", "4",
+            "--draft-window", "16", "--prefill-chunk", "64", "--json"]
 
     def run(*extra):
-        out = subprocess.run(base + list(extra), capture_output=True, text=True, cwd=REPO_ROOT, timeout=300,
-                             env=env, check=False)
-        assert out.returncode == 0, out.stderr
-        return json.loads(out.stdout)["turns"][0]
+        code, out, err = run_main(base + list(extra))
+        assert code == 0, err
+        return json.loads(out)["turns"][0]
 
     first = run("--kv-cache-dir", str(folder))
     second = run("--kv-cache-dir", str(folder))
@@ -226,11 +224,10 @@ def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path
     assert plain["stats"]["disk_tokens"] == 0
     # The default folder follows $XDG_CACHE_HOME; --no-kv-cache writes nothing there.
     xdg = tmp_path / "xdg"
-    env["XDG_CACHE_HOME"] = str(xdg)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(xdg))
     run("--no-kv-cache")
     assert not xdg.exists()
     run()
     assert len(list((xdg / "triforce-studio" / "kv").glob("*.kv"))) >= 4
-    bad = subprocess.run(base + ["--kv-cache-max-gb", "0"], capture_output=True, text=True, cwd=REPO_ROOT,
-                         timeout=300, env=env, check=False)
-    assert bad.returncode == 2 and bad.stderr.strip().splitlines() == ["error: --kv-cache-max-gb must be > 0, got 0.0"]
+    code, _, err = run_main(base + ["--kv-cache-max-gb", "0"])
+    assert code == 2 and err.strip().splitlines() == ["error: --kv-cache-max-gb must be > 0, got 0.0"]
