@@ -358,7 +358,7 @@ def test_stop_ends_the_generation_mid_answer(page):
 
 def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents):
     ensure_sample(page)
-    page.set_input_files("#tf-upload input[type=file]", str(documents["bad"]))
+    upload(page, documents["bad"])
     err = wait_status(page, "Could not read")
     assert "broken.pdf" in err and page.locator("#tf-status .tf-error").count() == 1
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")  # the document is kept
@@ -394,13 +394,22 @@ def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
 
 
+def upload(page, path) -> None:
+    """Give the upload box a file as a person would: first clear the file it still shows."""
+    box = page.locator("#tf-upload input[type=file]")
+    if box.count() == 0:
+        page.locator("#tf-upload button[aria-label='Clear']").first.click()
+        box.wait_for(state="attached")
+    page.set_input_files("#tf-upload input[type=file]", str(path))
+
+
 def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     text = SAMPLE.read_text(encoding="utf-8")
     quarter = len(text) // 4
     parts = [text[i * quarter : (i + 1) * quarter] for i in range(4)] * 2  # ~28K tokens > 16K
     book = tmp_path / "book.md"
     book.write_text("".join(f"# Part {i + 1}\n\n{p}\n\n" for i, p in enumerate(parts)), encoding="utf-8")
-    page.set_input_files("#tf-upload input[type=file]", str(book))
+    upload(page, book)
     wait_status(page, "pick the sections to read")
     page.wait_for_selector("#tf-toc-list label:has-text('Part 8')")
     labels = page.locator("#tf-toc-list label").all_inner_texts()

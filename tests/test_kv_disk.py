@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,12 +12,11 @@ import torch
 from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, run_main, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed, Prefilled
-from triforce_core.kv import DiskCache, FullCache, model_fingerprint
+from triforce_core.events import Committed
+from triforce_core.kv import model_fingerprint
 from triforce_core.session import ChatSession
 from triforce_core.slots import Slot
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 CHUNK = 32  # prefill chunk = disk block: the 300-word document spans 9 whole blocks
 DOCUMENT = words(300, 11)

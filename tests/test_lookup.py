@@ -63,7 +63,7 @@ def test_min_match_must_be_positive():
 
 # -- the adaptive draft length ----------------------------------------------------------------
 def test_draft_schedule_follows_acceptance():
-    from triforce_core.speculation import DraftSchedule
+    from triforce_core.schedule import DraftSchedule
 
     s = DraftSchedule(longest=6, adaptive=True)
     assert s.take() == 6
@@ -88,7 +88,7 @@ def test_draft_schedule_follows_acceptance():
 
 
 def test_draft_schedule_pause_is_bounded_and_fixed_schedule_never_changes():
-    from triforce_core.speculation import DraftSchedule
+    from triforce_core.schedule import DraftSchedule
 
     s = DraftSchedule(longest=4, adaptive=True)
     for _ in range(10):

@@ -4,19 +4,16 @@ the numbers when they do not fit."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
-from conftest import words
+from conftest import run_main, words
 from test_documents import make_epub, make_pdf
 
-from triforce_core.documents import Document, Section, load_document
-from triforce_core.sections import SectionError, merged_spans, parse_spec, selected_text
+from triforce_core.documents import Document, load_document
+from triforce_core.sections import (SectionError, merged_spans, parse_spec, selected_text, too_long_message,
+                                    top_level)
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BOOK_MD = """# Part One
 intro text here
 ## Chapter A
@@ -68,6 +65,47 @@ def test_epub_chapters_in_spine_order_with_their_headings(tmp_path):
     assert outline(doc)[-1][2].rstrip().endswith("three")
 
 
+BOOK_CHAPTERS = [("Part One", "part intro"), ("The Storm", 'storm text</p><h2 id="calm">After</h2><p>calm text'),
+                 ("Part Two", "two text")]
+NAV = """<?xml version="1.0" encoding="utf-8"?>
+<html xmlns="http://www.w3.org/1999/xhtml" xmlns:epub="http://www.idpf.org/2007/ops"><head><title>Contents</title></head>
+<body><nav epub:type="landmarks"><ol><li><a href="../text/ch2.xhtml">Landmark</a></li></ol></nav>
+<nav epub:type="toc"><h1>Contents</h1><ol>
+<li><a href="../text/ch0.xhtml">Part One</a><ol>
+  <li><a href="../text/ch1.xhtml">The Storm</a><ol><li><a href="../text/ch1.xhtml#calm">The Calm</a></li></ol></li>
+  <li><a href="../text/gone.xhtml">Missing</a></li></ol></li>
+<li><a href="../text/ch2.xhtml">Part <b>Two</b></a></li></ol></nav></body></html>"""
+NCX = """<?xml version="1.0" encoding="utf-8"?>
+<ncx xmlns="http://www.daisy.org/z3986/2005/ncx/" version="2005-1"><head/><docTitle><text>Book</text></docTitle><navMap>
+<navPoint id="a"><navLabel><text>Part One</text></navLabel><content src="text/ch0.xhtml"/>
+  <navPoint id="b"><navLabel><text>The Storm</text></navLabel><content src="text/ch1.xhtml"/>
+    <navPoint id="c"><navLabel><text>The Calm</text></navLabel><content src="text/ch1.xhtml#calm"/></navPoint>
+  </navPoint></navPoint>
+<navPoint id="d"><navLabel><text>Part Two</text></navLabel><content src="text/ch2.xhtml"/></navPoint></navMap></ncx>"""
+
+
+@pytest.mark.parametrize("toc", ["nav", "ncx"])
+def test_epub_table_of_contents_gives_titles_levels_and_fragments(tmp_path, toc):
+    path = make_epub(tmp_path / "b.epub", BOOK_CHAPTERS, **{toc: NAV if toc == "nav" else NCX})
+    doc = load_document(path, timeout_s=None)
+    got = [(t, lvl, " ".join(text.split())) for t, lvl, text in outline(doc)]
+    assert got == [  # the book's own titles and nesting, not the chapters' headings ("After")
+        ("Part One", 1, "Part One part intro The Storm storm text After calm text"),
+        ("The Storm", 2, "The Storm storm text After calm text"),
+        ("The Calm", 3, "After calm text"),  # lands on the element its #calm names
+        ("Part Two", 1, "Part Two two text"),
+    ]
+    assert doc.locate(doc.text.index("calm text")) == "chapter 1, section: The Calm"
+    assert doc.locate(doc.text.index("two text")) == "chapter 2: Part Two"
+
+
+def test_epub_without_a_readable_table_of_contents_uses_the_spine(tmp_path):
+    for name, nav in (("none.epub", None), ("broken.epub", "<html><body><nav><ol><li><a href='x'>cut")):
+        doc = load_document(make_epub(tmp_path / name, BOOK_CHAPTERS, nav=nav), timeout_s=None)
+        assert [(t, lvl) for t, lvl, _ in outline(doc)] == [("Part One", 1), ("The Storm", 1), ("After", 2),
+                                                            ("Part Two", 1)], name
+
+
 def test_docx_heading_styles_give_levels(tmp_path):
     import docx
 
@@ -104,6 +142,30 @@ def test_pdf_outline_else_pages(tmp_path):
     assert [(t, lvl) for t, lvl, _ in outline(plain)] == [("page 1", 1), ("page 2", 1)]
 
 
+def test_pdf_outline_entries_start_at_their_printed_titles_mid_page(tmp_path):
+    from fpdf import FPDF
+
+    pdf = FPDF()
+    pdf.set_font("helvetica", size=11)
+    pdf.add_page()
+    for title, level, printed, body in (("Chapter 1", 0, "Chapter 1", "first body, see Chapter 2 below."),
+                                        ("Chapter 2", 0, "Chapter 2", "second body"),
+                                        ("Detail", 1, "2.1 Detail", "detail body")):
+        pdf.start_section(title, level=level)
+        pdf.multi_cell(0, 6, printed, new_x="LMARGIN", new_y="NEXT")
+        pdf.multi_cell(0, 6, body, new_x="LMARGIN", new_y="NEXT")
+    pdf.add_page()
+    pdf.start_section("Chapter 3", level=0)  # its title is not printed: the page's start
+    pdf.multi_cell(0, 6, "third page")
+    pdf.output(str(tmp_path / "m.pdf"))
+    doc = load_document(tmp_path / "m.pdf", timeout_s=None)
+    got = [(t, lvl, " ".join(text.split())) for t, lvl, text in outline(doc)]
+    assert got == [("Chapter 1", 1, "Chapter 1 first body, see Chapter 2 below."),  # not cut at the mention
+                   ("Chapter 2", 1, "Chapter 2 second body 2.1 Detail detail body"),
+                   ("Detail", 2, "2.1 Detail detail body"), ("Chapter 3", 1, "third page")]
+    assert doc.locate(doc.text.index("second body")) == "page 1: Chapter 2"
+
+
 def test_parse_spec():
     assert parse_spec("3,5-7", 9) == [2, 4, 5, 6]
     assert parse_spec(" 2 , 1-2 ", 2) == [0, 1]
@@ -126,12 +188,25 @@ def test_a_picked_chapter_brings_its_subsections_once(tmp_path):
     assert "beta" not in text and text.count("deep") == 1
 
 
-def _chat(tiny_pair_dir, *args):
-    cmd = [sys.executable, "-m", "triforce_core", "chat", "--target", tiny_pair_dir["target"], "--draft",
-           tiny_pair_dir["draft"], "--max-new-tokens", "6", "--ignore-eos", "--budget", "32", "--chunk-size", "4",
-           "--draft-window", "16", "--no-kv-cache", *args]
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+def test_the_refusal_lists_the_outermost_sections_whatever_their_level(tmp_path):
+    path = tmp_path / "notes.md"
+    path.write_text("## Foreword\nf\n# Part\np\n## Inside\ni\n")  # no level-1 heading first
+    doc = load_document(path, timeout_s=None)
+    assert top_level(doc.sections) == [0, 1]  # Inside is within Part
+    message = too_long_message(doc, 2000, 1024, [10, 20, 5], "the document", 6)
+    assert message.startswith("the document is 2,000 tokens (+ 6 for the answer), over the target's context "
+                              "window of 1,024; pick sections that fit with --sections")
+    assert message.endswith(": 1 'Foreword' 10, 2 'Part' 20")
+    plain = Document("just text\n", "txt")
+    assert too_long_message(plain, 2000, 1024, None, "the document").endswith("(it has no sections to pick from)")
+
+
+def _chat(tiny_pair_dir, *args) -> SimpleNamespace:
+    """`chat` run in-process (each call loads the models afresh, as a new process would)."""
+    code, out, err = run_main(["chat", "--target", tiny_pair_dir["target"], "--draft", tiny_pair_dir["draft"],
+                               "--max-new-tokens", "6", "--ignore-eos", "--budget", "32", "--chunk-size", "4",
+                               "--draft-window", "16", "--no-kv-cache", *args])
+    return SimpleNamespace(returncode=code, stdout=out, stderr=err)
 
 
 def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_pair_dir, tmp_path):
@@ -140,8 +215,9 @@ def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_p
     book = "".join(f"# {title}\n{words(n, i)}\n" for i, (title, n) in enumerate(parts))
     path = tmp_path / "book.md"
     path.write_text(book)
-    sections = json.loads(subprocess.run([sys.executable, "-m", "triforce_core", "ingest", str(path), "--json"],
-                                         capture_output=True, text=True, cwd=REPO_ROOT, timeout=120).stdout)["sections"]
+    code, out, err = run_main(["ingest", str(path), "--json"])
+    assert code == 0, err
+    sections = json.loads(out)["sections"]
     assert [(s["title"], s["level"]) for s in sections] == [("Alpha", 1), ("Beta", 1), ("Gamma", 1)]
     assert book[sections[1]["start"] : sections[1]["end"]].startswith("# Beta\n")
 
@@ -157,6 +233,7 @@ def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_p
     doc = json.loads(picked.stdout)["document"]
     assert 700 <= doc["tokens"] < 1000  # Alpha and Gamma with their headings, not Beta
     too_many = _chat(tiny_pair_dir, "--document", str(path), "--sections", "2-3", "--question", "w9")
-    assert too_many.returncode == 2 and "the 2 sections picked is" in too_many.stderr
+    assert too_many.returncode == 2 and "the selection (sections 2-3) is 1,0" in too_many.stderr
+    assert "[prefilled" not in too_many.stderr
     bad = _chat(tiny_pair_dir, "--document", str(path), "--sections", "4", "--question", "w9")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --sections: section 4 does not exist: the document has sections 1-3"

@@ -106,12 +106,12 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     labels = [label for label, _ in toc["choices"]]
     assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u20033. Beta detail · 320 tokens"
     assert labels[1] == "2. Beta · 620 tokens"  # a section includes its subsection
-    assert "4 sections" in toc["label"] and "window of 1,024" in toc["label"]
+    assert "4 sections, about 1,270 tokens" in toc["label"] and "window of 1,024" in toc["label"]
 
     # Beta (with its detail) and Gamma: 1,020 tokens + the template + 12 for the answer, too many.
-    with pytest.warns(UserWarning, match="sections picked"):  # gr.Warning: a toast on the page
+    with pytest.warns(UserWarning, match="selection"):  # gr.Warning: a toast on the page
         refused = documents.on_sections([1, 3], user, 32, 12)
-    assert "The 2 sections picked is 1,0" in refused[3] and "window of 1,024" in refused[3]
+    assert "The selection (sections 2, 4) is 1,0" in refused[3] and "window of 1,024" in refused[3]
     assert "tf-error" in refused[3]
     assert user.session.document_tokens == 0  # nothing was read
     out = documents.on_sections([0, 2, 3], user, 32, 12)  # Alpha, Beta detail, Gamma

@@ -154,7 +154,9 @@ def build_parser() -> argparse.ArgumentParser:
         ),
         epilog=(
             "A conversation longer than the target's context window is refused with the numbers, "
-            "unless --truncate is given (then the document's end is cut and the cut is reported)."
+            "unless --truncate is given (then the document's end is cut and the cut is reported). "
+            "A document (or --sections selection) that does not fit is refused before any prefill, "
+            "with its size, the window and the sizes of its top-level sections to pick from."
         ),
     )
     _add_model_args(c)
@@ -233,7 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
             "Extract the text of a document: .txt/.md (any encoding), .html (visible text), .pdf "
             "(page by page), .epub (spine order), .docx. The content is checked against the "
             "extension, archives are read with size caps, and extraction runs in a separate "
-            "process with a time limit."
+            "process with a time limit. Its sections (headings; EPUB: the table of contents, else "
+            "the spine; PDF: the outline, else the pages; DOCX: Title/Heading styles) come with --json."
         ),
         epilog="On failure: exit code 2 and one line `error: FILE: reason` on stderr.",
     )
@@ -502,7 +505,7 @@ def cmd_chat(args) -> int:
     text = None
     if document is not None:
         text = document.text if picked is None else selected_text(document, picked)
-        _check_fits(engine, document, text, config, picked, args.truncate)
+        _check_fits(engine, document, text, config, args.sections, args.truncate)
     session = ChatSession(engine, text, system_prompt=args.system, config=config,
                           allow_truncation=args.truncate)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
@@ -541,7 +544,7 @@ def cmd_chat(args) -> int:
     return 0
 
 
-def _check_fits(engine, document, text: str, config, picked, truncate: bool) -> None:
+def _check_fits(engine, document, text: str, config, spec: str | None, truncate: bool) -> None:
     """Refuse, before any prefill, a document (or selection) the window cannot hold, with the
     numbers and the sections to pick from."""
     window = engine.context_window
@@ -549,7 +552,7 @@ def _check_fits(engine, document, text: str, config, picked, truncate: bool) -> 
     if truncate or tokens + config.speculation.max_new_tokens <= window:
         return
     sizes = section_tokens(document, lambda t: len(engine.encode(t))) if document.sections else None
-    what = "the document" if picked is None else f"the {len(picked)} sections picked"
+    what = "the document" if spec is None else f"the selection (sections {spec.replace(' ', '')})"
     raise UsageError(too_long_message(document, tokens, window, sizes, what, config.speculation.max_new_tokens))
 
 

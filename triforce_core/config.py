@@ -159,7 +159,7 @@ class SpeculationConfig:
             to pay for its forwards (README, Benchmarks); the paper's setting is
             lookup=False, small_draft=True.
     adaptive_gamma  the draft of the levels below the target follows what the target accepts
-            (at most gamma2; after misses, plain target steps: `speculation.DraftSchedule`).
+            (at most gamma2; after misses, plain target steps: `schedule.DraftSchedule`).
             Off: every draft is gamma2 long (the paper).
     min_confidence  triforce only: the retrieval level's own token joins the speculation only
             when its law gives it at least this probability; else the round ends there (0 =

@@ -344,6 +344,8 @@ class _TextParser(HTMLParser):
     def __init__(self):
         super().__init__(convert_charrefs=True)
         self.parts: list[str] = []
+        self.length = 0  # of the parts so far (summing them per heading or anchor would be quadratic)
+        self.anchors: dict[str, int] = {}  # id -> offset in the raw text (where a TOC link lands)
         self.hidden = 0
         self.pre = 0
         self.heading: list[str] | None = None
@@ -353,8 +355,9 @@ class _TextParser(HTMLParser):
         self.title: list[str] | None = None
         self.title_text = ""
 
-    def _len(self) -> int:
-        return sum(len(p) for p in self.parts)
+    def _emit(self, text: str) -> None:
+        self.parts.append(text)
+        self.length += len(text)
 
     def handle_starttag(self, tag, attrs):
         if tag == "title":
@@ -362,19 +365,22 @@ class _TextParser(HTMLParser):
         if tag in _HIDDEN:
             self.hidden += 1
         elif tag in _BLOCK:
-            self.parts.append("\n")
+            self._emit("\n")
+        for key, value in attrs:
+            if value and (key == "id" or key == "name" and tag == "a"):
+                self.anchors.setdefault(value, self.length)
         if tag == "pre":
             self.pre += 1
         if tag in _HEADINGS and not self.hidden:
-            self.heading, self.heading_at, self.heading_level = [], self._len(), int(tag[1])
+            self.heading, self.heading_at, self.heading_level = [], self.length, int(tag[1])
         if tag in ("img",) and not self.hidden:
             alt = dict(attrs).get("alt")
             if alt:
-                self.parts.append(f" {alt} ")
+                self._emit(f" {alt} ")
 
     def handle_startendtag(self, tag, attrs):
         if tag in ("br", "hr"):
-            self.parts.append("\n")
+            self._emit("\n")
 
     def handle_endtag(self, tag):
         if tag == "title" and self.title is not None:
@@ -383,7 +389,7 @@ class _TextParser(HTMLParser):
         if tag in _HIDDEN:
             self.hidden = max(0, self.hidden - 1)
         elif tag in _BLOCK:
-            self.parts.append("\n")
+            self._emit("\n")
         if tag == "pre":
             self.pre = max(0, self.pre - 1)
         if tag in _HEADINGS and self.heading is not None:
@@ -399,13 +405,19 @@ class _TextParser(HTMLParser):
             return
         if not self.pre:
             data = re.sub(r"\s+", " ", data)
-        self.parts.append(data)
+        self._emit(data)
         if self.heading is not None:
             self.heading.append(data)
 
 
 def html_to_text(source: str) -> tuple[str, tuple[Section, ...]]:
     """Visible text of an HTML page and its h1-h3 headings as sections."""
+    text, sections, _anchors = _html(source)
+    return text, sections
+
+
+def _html(source: str) -> tuple[str, tuple[Section, ...], dict[str, int]]:
+    """html_to_text, plus where each element id lands in the text (the start of its line)."""
     parser = _TextParser()
     try:
         parser.feed(source)
@@ -429,10 +441,13 @@ def html_to_text(source: str) -> tuple[str, tuple[Section, ...]]:
             out_len += 1
     joined = "\n".join(text).strip("\n")
     line_starts = [m[0] for m in mapping]
+
+    def tidied(at: int) -> int:
+        return min(mapping[max(bisect.bisect_right(line_starts, at) - 1, 0)][1], len(joined))
+
     for at, title, level in parser.headings:
-        k = bisect.bisect_right(line_starts, at) - 1
-        starts.append(Section(min(mapping[max(k, 0)][1], len(joined)), f"section: {title[:80]}", title[:200], level))
-    return joined, tuple(starts)
+        starts.append(Section(tidied(at), f"section: {title[:80]}", title[:200], level))
+    return joined, tuple(starts), {name: tidied(at) for name, at in parser.anchors.items()}
 
 
 # --------------------------------------------------------------------------------------
@@ -463,7 +478,7 @@ def _pdf(data: bytes) -> Document:
             chunk = text + "\n\n"
             parts.append(chunk)
             at += len(chunk)
-        outline = _pdf_outline(reader, [s.start for s in sections])
+        outline = _pdf_outline(reader, "".join(parts), [s.start for s in sections])
     except DocumentError:
         raise
     except FileNotDecryptedError:
@@ -476,10 +491,22 @@ def _pdf(data: bytes) -> Document:
     return Document("".join(parts).rstrip() + "\n", "pdf", sections=outline or tuple(sections), pages=n)
 
 
-def _pdf_outline(reader, page_starts: list[int]) -> tuple[Section, ...]:
-    """The PDF's outline (bookmarks) as sections, each starting where its page's text does;
+def _pdf_outline(reader, text: str, page_starts: list[int]) -> tuple[Section, ...]:
+    """The PDF's outline (bookmarks) as sections, each starting at the line of its page where
+    its title is printed (a chapter may begin mid-page), else where the page's text does;
     () when there is none or it cannot be read (the pages are the sections then)."""
     out: list[Section] = []
+    bounds = page_starts[1:] + [len(text)]
+
+    def start_of(title: str, page: int) -> int:
+        lo, hi = page_starts[page], bounds[page]
+        if out and lo <= out[-1].start < hi:  # after the entry before it on the same page
+            lo = out[-1].start + 1
+        # The title beginning a line (after a section number, if any): a mention of it in a
+        # sentence, or a line it shares with the entry before, is not where a section begins.
+        heading = r"\s+".join(map(re.escape, title.split()))
+        found = re.compile(rf"(?m)^[^\S\n]*(?:[\dIVXivx.]+[^\S\n]+)?{heading}").search(text, lo, hi)
+        return page_starts[page] if found is None else found.start()
 
     def walk(items, level: int) -> None:
         for item in items:
@@ -489,7 +516,7 @@ def _pdf_outline(reader, page_starts: list[int]) -> tuple[Section, ...]:
             page = reader.get_destination_page_number(item)
             title = " ".join(str(getattr(item, "title", "") or "").split())
             if page is not None and 0 <= page < len(page_starts) and title:
-                out.append(Section(page_starts[page], f"page {page + 1}: {title[:80]}", title[:200], level))
+                out.append(Section(start_of(title, page), f"page {page + 1}: {title[:80]}", title[:200], level))
 
     try:
         walk(reader.outline, 1)
@@ -576,37 +603,121 @@ def _epub(data: bytes) -> Document:
     manifest = {}
     for el in opf.iter():
         if _local(el.tag) == "item" and el.get("id") and el.get("href"):
-            manifest[el.get("id")] = (el.get("href"), el.get("media-type", ""))
+            manifest[el.get("id")] = el
     spine = [el.get("idref") for el in opf.iter() if _local(el.tag) == "itemref"]
     if not spine:
         raise DocumentError("malformed EPUB (its spine lists no chapters)")
     parts, sections, at, chapter = [], [], 0, 0
+    read: dict[str, tuple[int, dict[str, int]]] = {}  # chapter file -> (its offset in the text, its anchors)
     for idref in spine:
         item = manifest.get(idref)
         if item is None:
             continue
-        href, media = item
+        media = item.get("media-type", "")
         if media and "html" not in media and "xml" not in media:
             continue
-        path = posixpath.normpath(posixpath.join(base, href.split("#")[0]))
+        path, _ = _epub_href(base, item.get("href"))
         if not arc.has(path):
             continue
         raw = arc.read(path)
         if b"<!ENTITY" in raw[:4096].upper():
             raise DocumentError(f"unsafe XML in {path} (entity declarations are not allowed)")
-        text, heads = html_to_text(_decode_text(raw))
+        text, heads, anchors = _html(_decode_text(raw))
         if not text.strip():
             continue
+        read.setdefault(path, (at, anchors))
         chapter += 1
         title = heads[0].label.split(": ", 1)[-1] if heads else ""
         sections.append(Section(at, f"chapter {chapter}" + (f": {title}" if title else ""),
                                 title or f"chapter {chapter}", 1))
-        for h in heads[1:]:
-            sections.append(Section(at + h.start, f"chapter {chapter}, {h.label}", h.title, h.level + 1))
+        for h in heads[1:]:  # nested in the chapter, one level per heading level below its first
+            level = 1 + max(1, h.level - heads[0].level)
+            sections.append(Section(at + h.start, f"chapter {chapter}, {h.label}", h.title, level))
         chunk = text.strip() + "\n\n"
         parts.append(chunk)
         at += len(chunk)
-    return Document("".join(parts).rstrip() + "\n" if parts else "", "epub", sections=tuple(sections))
+    toc = _epub_toc_sections(arc, opf, manifest, base, read)
+    return Document("".join(parts).rstrip() + "\n" if parts else "", "epub", sections=toc or tuple(sections))
+
+
+def _epub_href(folder: str, href: str) -> tuple[str, str]:
+    """(archive path, fragment) of a link written in a file of `folder`."""
+    from urllib.parse import unquote
+
+    target, _, fragment = href.partition("#")
+    return posixpath.normpath(posixpath.join(folder, unquote(target))), unquote(fragment)
+
+
+def _epub_toc_sections(arc: _Archive, opf, manifest: dict, base: str,
+                       read: dict[str, tuple[int, dict[str, int]]]) -> tuple[Section, ...]:
+    """The book's own table of contents as sections: the EPUB 3 navigation document, else the
+    EPUB 2 NCX; levels from its nesting. An entry lands where its link does (the chapter's
+    start, or the element its #fragment names). () when there is none, it cannot be read or
+    none of its links reach the text read (the spine's chapters are the sections then)."""
+    nav = next((el for el in manifest.values() if "nav" in (el.get("properties") or "").split()), None)
+    spine = next((el for el in opf.iter() if _local(el.tag) == "spine"), None)
+    ncx = manifest.get(spine.get("toc") if spine is not None else None) or next(
+        (el for el in manifest.values() if el.get("media-type") == "application/x-dtbncx+xml"), None)
+    entries: list[tuple[str, str, str, int]] = []  # (path, fragment, title, level)
+    for item, walk in ((nav, _nav_entries), (ncx, _ncx_entries)):
+        if item is None or entries:
+            continue
+        path, _ = _epub_href(base, item.get("href"))
+        try:
+            if arc.has(path):
+                walk(_xml(arc.read(path), path), posixpath.dirname(path), entries)
+        except (DocumentError, RecursionError):  # an unreadable table of contents is no reason to refuse the book
+            entries.clear()
+    out, chapter = [], 0
+    for path, fragment, title, level in entries:
+        if path not in read:
+            continue
+        at, anchors = read[path]
+        chapter += level == 1
+        label = f"chapter {chapter}: {title[:80]}" if level == 1 else f"chapter {max(chapter, 1)}, section: {title[:80]}"
+        out.append(Section(at + anchors.get(fragment, 0), label, title[:200], level))
+    return tuple(out)
+
+
+def _text_of(el) -> str:
+    return " ".join("".join(el.itertext()).split())
+
+
+def _nav_entries(root, folder: str, out: list) -> None:
+    """EPUB 3: <nav epub:type="toc"><ol><li><a href>Title</a><ol>...</ol></li></ol></nav>."""
+    navs = [el for el in root.iter() if _local(el.tag) == "nav"]
+    toc = next((n for n in navs if "toc" in (n.get("{http://www.idpf.org/2007/ops}type") or "").split()),
+               navs[0] if navs else None)
+    top = next((el for el in toc.iter() if _local(el.tag) == "ol"), None) if toc is not None else None
+
+    def walk(ol, level: int) -> None:
+        for li in (c for c in ol if _local(c.tag) == "li"):
+            link = next((c for c in li if _local(c.tag) == "a"), None)
+            if link is not None and link.get("href") and _text_of(link):
+                out.append((*_epub_href(folder, link.get("href")), _text_of(link), level))
+            for sub in (c for c in li if _local(c.tag) == "ol"):
+                walk(sub, level + 1)
+
+    if top is not None:
+        walk(top, 1)
+
+
+def _ncx_entries(root, folder: str, out: list) -> None:
+    """EPUB 2: <navMap><navPoint><navLabel><text>Title</text></navLabel><content src/>
+    <navPoint>...</navPoint></navPoint></navMap>."""
+    nav_map = next((el for el in root.iter() if _local(el.tag) == "navMap"), None)
+
+    def walk(parent, level: int) -> None:
+        for point in (c for c in parent if _local(c.tag) == "navPoint"):
+            label = next((c for c in point if _local(c.tag) == "navLabel"), None)
+            content = next((c for c in point if _local(c.tag) == "content"), None)
+            title = _text_of(label) if label is not None else ""
+            if title and content is not None and content.get("src"):
+                out.append((*_epub_href(folder, content.get("src")), title, level))
+            walk(point, level + 1)
+
+    if nav_map is not None:
+        walk(nav_map, 1)
 
 
 _W = "{http://schemas.openxmlformats.org/wordprocessingml/2006/main}"

@@ -70,14 +70,31 @@ def section_tokens(doc: Document, count_tokens: Callable[[str], int]) -> list[in
     return [count_tokens(doc.text[s.start : s.end]) for s in doc.sections]
 
 
+def top_level(sections: Sequence[Section]) -> list[int]:
+    """The sections no earlier one contains: level 1 in a tidy outline, but also a Markdown file
+    whose headings start at ##, or a foreword before the first part. Their spans do not overlap,
+    so their sizes add up to the book's."""
+    out, end = [], -1
+    for i, s in enumerate(sections):
+        if s.start >= end:
+            out.append(i)
+            end = s.end
+    return out
+
+
+def over_window(what: str, tokens: int, window: int, answer: int = 0) -> str:
+    """'the document is 1,320 tokens (+ 6 for the answer), over the target's context window of 1,024'."""
+    plus = f" (+ {answer:,} for the answer)" if answer else ""
+    return f"{what} is {tokens:,} tokens{plus}, over the target's context window of {window:,}"
+
+
 def too_long_message(doc: Document, tokens: int, window: int, sizes: Sequence[int] | None, what: str,
                      answer: int = 0) -> str:
-    """One line: the numbers, and how to pick what fits (the top-level sections listed)."""
-    plus = f" (+ {answer:,} for the answer)" if answer else ""
-    line = f"{what} is {tokens:,} tokens{plus}, over the target's context window of {window:,}"
+    """One line for the command line: the numbers, and how to pick what fits (the top-level
+    sections listed with their sizes)."""
+    line = over_window(what, tokens, window, answer)
     if not doc.sections or sizes is None:
         return line + " (it has no sections to pick from)"
-    top = [f"{i + 1} {doc.sections[i].title[:40]!r} {sizes[i]:,}" for i in range(len(doc.sections))
-           if doc.sections[i].level == 1][:8]
+    top = [f"{i + 1} {doc.sections[i].title[:40]!r} {sizes[i]:,}" for i in top_level(doc.sections)]
     return (f"{line}; pick sections that fit with --sections (e.g. 3,5-7; `ingest --json FILE` lists all "
-            f"{len(doc.sections)}): " + ", ".join(top) + (" ..." if len(doc.sections) > len(top) else ""))
+            f"{len(doc.sections)}): " + ", ".join(top[:8]) + (", ..." if len(top) > 8 else ""))

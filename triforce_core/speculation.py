@@ -1,6 +1,6 @@
 """The decoding loop: TriForce's three levels and the single-level modes, one code path.
 
-Structure
+Structure (lanes in `lanes.py`, proposers in `proposers.py`, the draft length in `schedule.py`)
 ---------
 A *lane* is one model running over one cache; it knows which token ids its cache holds, so
 after any verification it can roll back to the longest common prefix with the current path by
@@ -33,360 +33,20 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from dataclasses import dataclass, field
 from typing import Generator, Iterator
 
 import torch
 
-from .config import GenerationConfig, SamplingConfig
+from .config import GenerationConfig
 from .detokenize import IncrementalDetokenizer
-from .events import (
-    LEVELS,
-    ChunksSelected,
-    Committed,
-    Drafted,
-    Event,
-    Finished,
-    GenerationStats,
-    Prefilled,
-    PrefillProgress,
-    Verified,
-)
-from .kv import DiskCache, FullCache, KVStore, RetrievalCache, StreamingCache
+from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled, PrefillProgress
+from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache
+from .lanes import Lane, RetrievalLane, StreamingLane
 from .loading import sync_device
-from .lookup import ContextIndex
 from .model import DecoderModel, KeyMass
+from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
-
-
-class Lane:
-    """One model over one cache.
-
-    covered  committed tokens accounted for by the cache (for the streaming cache some of them
-             were skipped or evicted on purpose)
-    fed      tokens fed since the last commit, in order (their KV follows the covered part)
-    pending  tokens of the current path not yet fed
-    """
-
-    def __init__(self, model: DecoderModel, cache: KVStore, vocab_size: int):
-        self.model = model
-        self.cache = cache
-        self.vocab_size = vocab_size  # laws are padded/cut to the target's vocabulary
-        self.covered = 0
-        self.fed: list[int] = []
-        self.pending: list[int] = []
-        self.seconds = 0.0  # time in decoding forwards (what a round costs at this level)
-        self.forwards = 0
-
-    def sync(self, committed: list[int], spec: list[int]) -> None:
-        """Make the lane's path committed + spec: keep the common prefix, drop the rest."""
-        tail = committed[self.covered :] + spec
-        lcp = 0
-        limit = min(len(self.fed), len(tail) - 1)  # at least one token stays pending
-        while lcp < limit and self.fed[lcp] == tail[lcp]:
-            lcp += 1
-        self.cache.truncate(self.cache.length - (len(self.fed) - lcp))
-        del self.fed[lcp:]
-        self.pending = tail[lcp:]
-
-    def advance(self, extra: list[int], capture_queries: bool = False, key_mass: KeyMass | None = None):
-        """Feed pending + extra; return logits [len(extra) + 1, V] predicting after the last
-        pending token and after each extra token (and the forward's queries if asked)."""
-        ids = self.pending + extra
-        if not ids:
-            raise RuntimeError("lane has nothing to feed")
-        t0 = time.perf_counter()
-        first_row = len(self.pending) - 1 if self.pending else 0
-        self.cache.reserve(len(ids))
-        start = self.covered + len(self.fed)
-        positions = self.cache.positions(start, len(ids))
-        out = self.model.forward(
-            torch.tensor(ids, device=self.model.device),
-            positions,
-            self.cache,
-            logits_rows=slice(first_row, None),
-            capture_queries=capture_queries,
-            key_mass=key_mass,
-        )
-        self.fed += ids
-        self.pending = []
-        logits = _fit_vocab(out.logits, self.vocab_size)
-        self.seconds += time.perf_counter() - t0  # CPU: synchronous; CUDA: launch + the logits' sync
-        self.forwards += 1
-        return (logits, out.queries, first_row) if capture_queries else logits
-
-    def commit(self, committed: list[int]) -> None:
-        """After a round: keep only committed tokens; the last committed token stays pending."""
-        self.sync(committed, [])
-        self.covered += len(self.fed)
-        self.fed = []
-
-    def prefill(self, tokens: list[int], chunk: int, capture_last: bool = False):
-        """Feed committed tokens in chunks without computing logits.
-
-        With capture_last, return the post-rope queries [L, H, D] of the last token fed.
-        """
-        queries = None
-        for i in range(0, len(tokens), chunk):
-            part = tokens[i : i + chunk]
-            self.cache.reserve(len(part))
-            positions = self.cache.positions(self.covered, len(part))
-            last = capture_last and i + chunk >= len(tokens)
-            out = self.model.forward(
-                torch.tensor(part, device=self.model.device), positions, self.cache, logits_rows=None,
-                capture_queries=last,
-            )
-            self.covered += len(part)
-            if last:
-                queries = out.queries[:, -1]
-        return queries
-
-
-class StreamingLane(Lane):
-    """The small draft over its StreamingLLM cache."""
-
-    cache: StreamingCache
-
-    def prefill(self, tokens: list[int], chunk: int) -> None:
-        c = self.cache
-        skip_to = len(tokens) - c.window  # only sinks + the last `window` tokens matter
-        if skip_to > c.sinks:
-            self._absorb(tokens[: c.sinks], chunk)
-            self.covered += skip_to - c.sinks
-            c.evicted += skip_to - c.sinks
-            tokens = tokens[skip_to:]
-        self._absorb(tokens, chunk)
-
-    def _absorb(self, tokens: list[int], chunk: int) -> None:
-        """Feed committed tokens, compacting whenever the cache runs out of room."""
-        c = self.cache
-        while tokens:
-            if c.room <= 0:
-                c.compact(force=True)
-            n = min(len(tokens), c.room, chunk)
-            super().prefill(tokens[:n], n)
-            tokens = tokens[n:]
-
-    def commit(self, committed: list[int]) -> None:
-        super().commit(committed)
-        c = self.cache
-        c.compact()
-        backlog = self.pending[:-1]
-        if len(backlog) > c.margin // 2:  # e.g. a new user turn: absorb it like a prefill
-            self.pending = self.pending[-1:]
-            skip = max(0, len(backlog) - c.window)  # older tokens would be evicted anyway
-            self.covered += skip
-            c.evicted += skip
-            self._absorb(backlog[skip:], c.window)
-
-
-class RetrievalLane(Lane):
-    """The target's weights over the retrieval cache; committed KV is copied from the full cache."""
-
-    cache: RetrievalCache
-
-    def commit(self, committed: list[int]) -> None:
-        c = self.cache
-        c.truncate(c.length - len(self.fed))
-        self.fed = []
-        end = len(committed) - 1
-        c.append_from_full(self.covered, end)
-        self.covered = end
-        self.pending = committed[end:]
-
-    def reselect(self, queries: torch.Tensor, committed: list[int], mass: torch.Tensor | None = None):
-        self.fed = []
-        sel = self.cache.select(queries, len(committed) - 1, mass)
-        self.covered = sel.upto
-        self.pending = committed[sel.upto :]
-        return sel
-
-
-def _fit_vocab(logits: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Cut or pad (with -inf) a draft's logits to the target's vocabulary size."""
-    v = logits.shape[-1]
-    if v == vocab:
-        return logits
-    if v > vocab:
-        return logits[..., :vocab]
-    pad = logits.new_full((*logits.shape[:-1], vocab - v), float("-inf"))
-    return torch.cat([logits, pad], dim=-1)
-
-
-@dataclass
-class Proposal:
-    tokens: list[int]
-    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses)
-    levels: list[str]
-
-
-@dataclass
-class _Counters:
-    """Proposed/accepted tokens by verifying level, and by (proposer, verifier) pair."""
-
-    proposed: dict[str, int] = field(default_factory=dict)
-    accepted: dict[str, int] = field(default_factory=dict)
-    pair_proposed: dict[str, int] = field(default_factory=dict)
-    pair_accepted: dict[str, int] = field(default_factory=dict)
-
-    def add(self, level: str, levels: list[str], accepted: int) -> None:
-        """`levels`: the proposer of each proposed token; the first `accepted` were accepted."""
-        self.proposed[level] = self.proposed.get(level, 0) + len(levels)
-        self.accepted[level] = self.accepted.get(level, 0) + accepted
-        for i, who in enumerate(levels):
-            key = f"{who}:{level}"
-            self.pair_proposed[key] = self.pair_proposed.get(key, 0) + 1
-            self.pair_accepted[key] = self.pair_accepted.get(key, 0) + (i < accepted)
-
-
-class Lookup:
-    """Context lookup as a proposer: point masses on the continuation of an earlier match."""
-
-    level = "lookup"
-
-    def __init__(self, min_match: int):
-        self.index = ContextIndex(min_match=min_match)
-        self.seconds = 0.0
-        self.calls = 0
-
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
-        t0 = time.perf_counter()
-        tokens, _ = self.index.propose(committed + spec if spec else committed, n)
-        self.seconds += time.perf_counter() - t0
-        self.calls += 1
-        if tokens:
-            events.append(Drafted(self.level, tuple(tokens)))
-        return Proposal(tokens, None, [self.level] * len(tokens))
-
-    def commit(self, committed: list[int]) -> None:
-        self.index.extend(committed[len(self.index.tokens) :])
-
-
-class Sampler:
-    """Proposes n tokens by sampling its lane autoregressively (or argmax when greedy)."""
-
-    def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None):
-        self.lane = lane
-        self.level = level
-        self.sampling = sampling
-        self.generator = generator
-
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
-        self.lane.sync(committed, spec)
-        tokens: list[int] = []
-        laws: list[torch.Tensor] = []
-        logits = self.lane.advance([])[-1]
-        for i in range(n):
-            if self.sampling.greedy:
-                t = int(logits.argmax())
-            else:
-                law = warp(logits, self.sampling)
-                laws.append(law)
-                t = sample(law, self.generator)
-            tokens.append(t)
-            if i < n - 1:
-                logits = self.lane.advance([t])[-1]
-        events.append(Drafted(self.level, tuple(tokens)))
-        return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * n)
-
-    def commit(self, committed: list[int]) -> None:
-        self.lane.commit(committed)
-
-
-class Verifier:
-    """TriForce's middle level: the retrieval lane verifies what the levels below propose.
-
-    Below it: the context lookup where the sequence's end recurs (its whole remaining run), else
-    the small draft (gamma1 tokens), else nothing -- then the retrieval level drafts its own
-    token. Either way each emitted token follows the retrieval level's law p_mid.
-    """
-
-    level = "retrieval"
-    verify = staticmethod(verify_stochastic)  # the exact rule (tests swap in broken ones)
-
-    def __init__(
-        self,
-        lane: RetrievalLane,
-        lower: Sampler | None,
-        gamma1: int,
-        sampling: SamplingConfig,
-        generator: torch.Generator | None,
-        counters: _Counters,
-        lookup: Lookup | None = None,
-        min_confidence: float = 0.0,
-    ):
-        self.min_confidence = min_confidence
-        self.lane = lane
-        self.lower = lower
-        self.lookup = lookup
-        self.gamma1 = gamma1
-        self.sampling = sampling
-        self.generator = generator
-        self.counters = counters
-
-    def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
-        if self.lookup is not None:
-            d = self.lookup.propose(room, committed, spec, events)
-            if d.tokens:
-                return d
-        if self.lower is not None:
-            return self.lower.propose(min(self.gamma1, room), committed, spec, events)
-        return Proposal([], None, [])
-
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
-        tokens: list[int] = []
-        levels: list[str] = []
-        laws: list[torch.Tensor] = []
-        while len(tokens) < n:
-            # 1. The lower levels propose: a lookup run, gamma1 small-draft tokens, or nothing.
-            d = self._lower_proposal(n - len(tokens), committed, spec + tokens, events)
-            # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
-            self.lane.sync(committed, spec + tokens)
-            logits = self.lane.advance(d.tokens)  # [g + 1, V]
-            # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
-            if self.sampling.greedy:
-                r = verify_greedy(d.tokens, logits)
-                law = logits[0].float().softmax(-1) if not d.tokens and self.min_confidence else None
-            else:
-                p_mid = warp(logits, self.sampling)
-                r = self.verify(d.tokens, d.laws, p_mid, self.generator)
-                law = p_mid[0]
-            # 4. Drafting alone, its own token joins the speculation only when its law is sure
-            #    (max probability >= min_confidence): an unsure token would mostly be rejected,
-            #    and each speculated token costs the target a row. The test reads the law, never
-            #    the sampled token, so the kept token still follows p_mid exactly; after a lower
-            #    proposal the emitted token is always kept (dropping a residual resample would
-            #    bias the law of that position).
-            keep = bool(d.tokens) or law is None or float(law.max()) >= self.min_confidence
-            if not self.sampling.greedy:
-                laws.append(p_mid[: r.accepted + keep])  # the law each emitted token follows
-            if d.tokens:
-                self.counters.add(self.level, d.levels, r.accepted)
-                events.append(_verified(self.level, d.tokens, r))
-            elif keep:
-                events.append(Drafted(self.level, (r.token,)))
-            tokens += d.tokens[: r.accepted] + [r.token] * keep
-            levels += d.levels[: r.accepted] + [self.level] * keep
-            if not keep:
-                break
-        law = torch.cat(laws)[:n] if laws else None
-        return Proposal(tokens[:n], law, levels[:n])
-
-    def commit(self, committed: list[int]) -> None:
-        if self.lower is not None:
-            self.lower.commit(committed)
-        self.lane.commit(committed)
-
-
-def _verified(level: str, proposed: list[int], r) -> Verified:
-    return Verified(
-        level=level,
-        accepted=r.accepted,
-        rejected_ids=tuple(proposed[r.accepted :]),
-        resampled_id=None if r.bonus else r.token,
-        proposed=len(proposed),
-        bonus_id=r.token if r.bonus else None,
-    )
+from .schedule import DraftSchedule
 
 
 class Decoder:
@@ -433,7 +93,7 @@ class Decoder:
         self.history: list[int] = list(history or [])[: full.length]
         self.full.covered = len(self.history)
         full.truncate(len(self.history))
-        self.counters = _Counters()
+        self.counters = Counters()
         self.retrieval: RetrievalLane | None = None
         self.small: StreamingLane | None = None
         if spec.uses_retrieval:
@@ -624,7 +284,7 @@ class Decoder:
         self._reset_counters()
 
     def _reset_counters(self) -> None:
-        self.counters = _Counters()
+        self.counters = Counters()
         if isinstance(self.proposer, Verifier):
             self.proposer.counters = self.counters
         for lane in (self.full, self.retrieval, self.small):
@@ -697,7 +357,7 @@ class Decoder:
                     r = _bonus_only(p[0], self.generator)
             if prop.tokens:
                 self.counters.add("target", prop.levels, r.accepted)
-                events.append(_verified("target", prop.tokens, r))
+                events.append(verified_event("target", prop.tokens, r))
                 if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
                     recent_acc.append(r.accepted / len(prop.tokens))
             if from_lookup:
@@ -810,44 +470,6 @@ class Decoder:
             n = min(old.shape[2], mass.shape[2])
             mass[:, :, :n] += self.MASS_DECAY * old[:, :, :n]
         self._mass = mass
-
-
-class DraftSchedule:
-    """How many tokens the levels below the target draft in a round (0: a plain target step).
-
-    Fixed (the paper): always `longest`. Adaptive: `longest` at first; after a draft the target
-    took whole, one more (up to `longest`); after a partial one, as many as were accepted;
-    after a draft with nothing accepted, `pause` plain target steps and then a one-token draft,
-    the pause doubling with each such miss in a row (1, 2, 4, .. 16 steps) and reset by any
-    accepted token. Drafting costs a forward of the lower level per token and the target a
-    verification row each, so where the lower level keeps missing (e.g. sampling from a flat
-    law) rounds fall back to about the price of autoregressive decoding, and where it hits the
-    draft grows back. Exact: a proposal's length may depend on anything already decided.
-    """
-
-    MAX_PAUSE = 16
-
-    def __init__(self, longest: int, adaptive: bool):
-        self.longest, self.adaptive = longest, adaptive
-        self.length, self.pause, self.backoff = longest, 0, 1
-
-    def take(self) -> int:
-        """The draft length of this round."""
-        if self.pause > 0:
-            self.pause -= 1
-            return 0
-        return self.length
-
-    def update(self, proposed: int, accepted: int) -> None:
-        """After the target accepted `accepted` of `proposed` drafted tokens."""
-        if not self.adaptive or proposed == 0:
-            return
-        if accepted == 0:
-            self.length, self.pause = 1, self.backoff
-            self.backoff = min(2 * self.backoff, self.MAX_PAUSE)
-            return
-        self.backoff = 1
-        self.length = min(self.longest, proposed + 1) if accepted == proposed else accepted
 
 
 def _bonus_only(p: torch.Tensor, generator) -> VerifyResult:

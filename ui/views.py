@@ -12,6 +12,8 @@ from typing import Callable
 
 import gradio as gr
 
+from triforce_core.sections import top_level
+
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .render import context_gauge_html, passages_html, segments_html, stats_html, transcript_html
 from .state import Answer, UserState
@@ -31,7 +33,7 @@ def toc_update(user: UserState | None, window: int) -> tuple:
         ("\u2003" * (s.level - 1) + f"{i + 1}. {s.title[:70]} · {n:,} tokens", i)
         for i, (s, n) in enumerate(zip(book.sections, user.book_sizes))
     ]
-    total = sum(n for s, n in zip(book.sections, user.book_sizes) if s.level == 1)
+    total = sum(user.book_sizes[i] for i in top_level(book.sections))
     label = (f"Table of contents: {len(choices)} sections, about {total:,} tokens against a window of {window:,}. "
              "Tick the sections to read (a section includes its subsections), then Read the selected sections.")
     return gr.update(visible=True), gr.update(choices=choices, value=[], label=label)

@@ -10,7 +10,7 @@ import gradio as gr
 
 from triforce_core.documents import Document, DocumentError, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
-from triforce_core.sections import merged_spans, section_tokens, selected_text, too_long_message
+from triforce_core.sections import merged_spans, over_window, section_tokens, selected_text
 from triforce_core.session import ChatSession
 
 from ..figures import retrieval_map_figure
@@ -67,8 +67,8 @@ class DocumentHandlers:
         tokens = self.ctx.worker.call(lambda: len(ChatSession(self.ctx.engine, text, system_prompt=system).prompt_ids("")))
         room = int(max_new_tokens or 0)
         if tokens + room > self.ctx.window:
-            message = too_long_message(book, tokens, self.ctx.window, user.book_sizes,
-                                       f"The {len(picked)} sections picked", room).split("; pick")[0]
+            numbers = ", ".join(str(i + 1) for i in picked)
+            message = over_window(f"The selection (sections {numbers})", tokens, self.ctx.window, room)
             gr.Warning(message)
             return (user, gr.skip(), gr.skip(), status_html(message + ". Pick fewer.", "error"),
                     gr.skip(), gr.skip(), gr.skip(), gr.skip())

@@ -1,0 +1,200 @@
+"""Proposers: what drafts tokens for the level above to verify, with the law each was drawn from.
+
+    lookup      Lookup (context n-gram match, no model): point masses
+    draft       Sampler(draft lane)
+    retrieval   Sampler(retrieval lane)
+    triforce    Verifier(retrieval lane, Sampler(draft lane), gamma1): TriForce's middle level
+
+Each has `propose(n, committed, spec, events) -> Proposal` and `commit(committed)`. The middle
+level verifies what the levels below propose exactly (residual resampling), so each token it
+emits follows the retrieval level's law p_mid, the q the target's verification uses.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from .config import SamplingConfig
+from .events import Drafted, Event, Verified
+from .lanes import Lane, RetrievalLane
+from .lookup import ContextIndex
+from .sampling import sample, verify_greedy, verify_stochastic, warp
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses)
+    levels: list[str]
+
+
+@dataclass
+class Counters:
+    """Proposed/accepted tokens by verifying level, and by (proposer, verifier) pair."""
+
+    proposed: dict[str, int] = field(default_factory=dict)
+    accepted: dict[str, int] = field(default_factory=dict)
+    pair_proposed: dict[str, int] = field(default_factory=dict)
+    pair_accepted: dict[str, int] = field(default_factory=dict)
+
+    def add(self, level: str, levels: list[str], accepted: int) -> None:
+        """`levels`: the proposer of each proposed token; the first `accepted` were accepted."""
+        self.proposed[level] = self.proposed.get(level, 0) + len(levels)
+        self.accepted[level] = self.accepted.get(level, 0) + accepted
+        for i, who in enumerate(levels):
+            key = f"{who}:{level}"
+            self.pair_proposed[key] = self.pair_proposed.get(key, 0) + 1
+            self.pair_accepted[key] = self.pair_accepted.get(key, 0) + (i < accepted)
+
+
+class Lookup:
+    """Context lookup as a proposer: point masses on the continuation of an earlier match."""
+
+    level = "lookup"
+
+    def __init__(self, min_match: int):
+        self.index = ContextIndex(min_match=min_match)
+        self.seconds = 0.0
+        self.calls = 0
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        t0 = time.perf_counter()
+        tokens, _ = self.index.propose(committed + spec if spec else committed, n)
+        self.seconds += time.perf_counter() - t0
+        self.calls += 1
+        if tokens:
+            events.append(Drafted(self.level, tuple(tokens)))
+        return Proposal(tokens, None, [self.level] * len(tokens))
+
+    def commit(self, committed: list[int]) -> None:
+        self.index.extend(committed[len(self.index.tokens) :])
+
+
+class Sampler:
+    """Proposes n tokens by sampling its lane autoregressively (or argmax when greedy)."""
+
+    def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None):
+        self.lane = lane
+        self.level = level
+        self.sampling = sampling
+        self.generator = generator
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        self.lane.sync(committed, spec)
+        tokens: list[int] = []
+        laws: list[torch.Tensor] = []
+        logits = self.lane.advance([])[-1]
+        for i in range(n):
+            if self.sampling.greedy:
+                t = int(logits.argmax())
+            else:
+                law = warp(logits, self.sampling)
+                laws.append(law)
+                t = sample(law, self.generator)
+            tokens.append(t)
+            if i < n - 1:
+                logits = self.lane.advance([t])[-1]
+        events.append(Drafted(self.level, tuple(tokens)))
+        return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * n)
+
+    def commit(self, committed: list[int]) -> None:
+        self.lane.commit(committed)
+
+
+class Verifier:
+    """TriForce's middle level: the retrieval lane verifies what the levels below propose.
+
+    Below it: the context lookup where the sequence's end recurs (its whole remaining run), else
+    the small draft (gamma1 tokens), else nothing -- then the retrieval level drafts its own
+    token. Either way each emitted token follows the retrieval level's law p_mid.
+    """
+
+    level = "retrieval"
+    verify = staticmethod(verify_stochastic)  # the exact rule (tests swap in broken ones)
+
+    def __init__(
+        self,
+        lane: RetrievalLane,
+        lower: Sampler | None,
+        gamma1: int,
+        sampling: SamplingConfig,
+        generator: torch.Generator | None,
+        counters: Counters,
+        lookup: Lookup | None = None,
+        min_confidence: float = 0.0,
+    ):
+        self.min_confidence = min_confidence
+        self.lane = lane
+        self.lower = lower
+        self.lookup = lookup
+        self.gamma1 = gamma1
+        self.sampling = sampling
+        self.generator = generator
+        self.counters = counters
+
+    def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
+        if self.lookup is not None:
+            d = self.lookup.propose(room, committed, spec, events)
+            if d.tokens:
+                return d
+        if self.lower is not None:
+            return self.lower.propose(min(self.gamma1, room), committed, spec, events)
+        return Proposal([], None, [])
+
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+        tokens: list[int] = []
+        levels: list[str] = []
+        laws: list[torch.Tensor] = []
+        while len(tokens) < n:
+            # 1. The lower levels propose: a lookup run, gamma1 small-draft tokens, or nothing.
+            d = self._lower_proposal(n - len(tokens), committed, spec + tokens, events)
+            # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
+            self.lane.sync(committed, spec + tokens)
+            logits = self.lane.advance(d.tokens)  # [g + 1, V]
+            # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
+            if self.sampling.greedy:
+                r = verify_greedy(d.tokens, logits)
+                law = logits[0].float().softmax(-1) if not d.tokens and self.min_confidence else None
+            else:
+                p_mid = warp(logits, self.sampling)
+                r = self.verify(d.tokens, d.laws, p_mid, self.generator)
+                law = p_mid[0]
+            # 4. Drafting alone, its own token joins the speculation only when its law is sure
+            #    (max probability >= min_confidence): an unsure token would mostly be rejected,
+            #    and each speculated token costs the target a row. The test reads the law, never
+            #    the sampled token, so the kept token still follows p_mid exactly; after a lower
+            #    proposal the emitted token is always kept (dropping a residual resample would
+            #    bias the law of that position).
+            keep = bool(d.tokens) or law is None or float(law.max()) >= self.min_confidence
+            if not self.sampling.greedy:
+                laws.append(p_mid[: r.accepted + keep])  # the law each emitted token follows
+            if d.tokens:
+                self.counters.add(self.level, d.levels, r.accepted)
+                events.append(verified_event(self.level, d.tokens, r))
+            elif keep:
+                events.append(Drafted(self.level, (r.token,)))
+            tokens += d.tokens[: r.accepted] + [r.token] * keep
+            levels += d.levels[: r.accepted] + [self.level] * keep
+            if not keep:
+                break
+        law = torch.cat(laws)[:n] if laws else None
+        return Proposal(tokens[:n], law, levels[:n])
+
+    def commit(self, committed: list[int]) -> None:
+        if self.lower is not None:
+            self.lower.commit(committed)
+        self.lane.commit(committed)
+
+
+def verified_event(level: str, proposed: list[int], r) -> Verified:
+    return Verified(
+        level=level,
+        accepted=r.accepted,
+        rejected_ids=tuple(proposed[r.accepted :]),
+        resampled_id=None if r.bonus else r.token,
+        proposed=len(proposed),
+        bonus_id=r.token if r.bonus else None,
+    )
