@@ -34,8 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-                   help="default decoding mode (the app: triforce with a draft, else retrieval; the HTTP API: "
-                   "lookup below 8,192 prompt tokens, triforce above)")
+                   help="default decoding mode (the app: triforce with a draft, else retrieval, so that its panels "
+                   "show the retrieval level; the HTTP API: lookup, the fastest measured)")
     p.add_argument("--max-new-tokens", type=int, default=SpeculationConfig.max_new_tokens,
                    help="default answer length limit (default %(default)s)")
     p.add_argument("--budget", type=int, default=CacheConfig.budget,

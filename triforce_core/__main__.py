@@ -47,8 +47,8 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         dec.add_argument(
             "--mode",
             choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-            help="default: lookup for prompts shorter than 8,192 tokens, where the retrieval level reads most "
-            "of the cache, else triforce (measured: README, Benchmarks)",
+            help="default: lookup, the fastest measured at every prompt length on this CPU (document chat at "
+            "16K-64K; README, Long documents); triforce is TriForce's hierarchy with lookup in front",
         )
     else:
         g.set_defaults(mode=None)
@@ -363,10 +363,10 @@ def _read_prompt(args, engine) -> list[int]:
 
 def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
     """The generation config of the flags; without --mode, the default for `prompt_tokens`
-    (lookup alone for short prompts, else triforce; unknown length: triforce)."""
-    from .config import RETRIEVAL_PAYS_FROM, CacheConfig, GenerationConfig, SamplingConfig, default_mode
+    (`config.default_mode`: the measured best)."""
+    from .config import CacheConfig, GenerationConfig, SamplingConfig, default_mode
 
-    mode = args.mode or default_mode(RETRIEVAL_PAYS_FROM if prompt_tokens is None else prompt_tokens)
+    mode = args.mode or default_mode(prompt_tokens)
     config = GenerationConfig(
         sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
         speculation=SpeculationConfig(

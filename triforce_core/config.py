@@ -13,19 +13,22 @@ from pathlib import Path
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 
 
-# Prompt length (tokens) from which TriForce's retrieval level pays for itself. With context
-# lookup every speculative mode beat autoregressive decoding at every measured length (2K-16K,
-# `bench --context-tokens N --modes triforce,lookup,autoregressive`, README, Benchmarks);
-# below this length a 4,096-token retrieval budget reads most of the cache, a retrieval step
-# costs about a target step, and lookup alone was faster (3.88x against 3.22x at 2K, 6.49x
-# against 5.43x at 4K; triforce ahead from 8K). An explicit mode is always kept.
-RETRIEVAL_PAYS_FROM = 8192
+# Prompt length (tokens) from which TriForce's retrieval level pays for itself on this CPU: none
+# measured so far. On document chat, the workload users run (`bench.chat`, greedy, every
+# configuration answering every question in one process), lookup alone beat triforce (lookup
+# in front of the retrieval level) at every length: 2.49x against 2.18x autoregressive at 16K,
+# 2.44x against 2.23x at 32K, 2.16x against 1.95x at 64K (the bash manual; README, Long
+# documents), 3.93x against 3.81x on the 14K Python tutorial. (The synthetic prompt bench had
+# put triforce ahead from 8K.) A retrieval forward costs ~10 ms here whatever it reads, and its
+# tokens add rows to the target's verification. An explicit mode is always kept.
+RETRIEVAL_PAYS_FROM: int | None = None
 
 
-def default_mode(prompt_tokens: int) -> str:
-    """The mode used when the user picked none: lookup alone for short prompts, else triforce
-    (which needs no small draft with the default settings)."""
-    return "lookup" if prompt_tokens < RETRIEVAL_PAYS_FROM else "triforce"
+def default_mode(prompt_tokens: int | None = None) -> str:
+    """The mode used when the user picked none: lookup alone, unless the prompt is at least
+    RETRIEVAL_PAYS_FROM tokens (then triforce, which needs no small draft by default)."""
+    pays = RETRIEVAL_PAYS_FROM is not None and prompt_tokens is not None and prompt_tokens >= RETRIEVAL_PAYS_FROM
+    return "triforce" if pays else "lookup"
 
 
 # The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
