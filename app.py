@@ -34,8 +34,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-                   help="default decoding mode (the app: triforce with a draft, else retrieval, so that its panels "
-                   "show the retrieval level; the HTTP API: lookup, the fastest measured)")
+                   help="default decoding mode of the app and the HTTP API (default: lookup, the fastest measured on "
+                   "document chat; the retrieval map shows a selection in triforce or retrieval mode)")
     p.add_argument("--max-new-tokens", type=int, default=SpeculationConfig.max_new_tokens,
                    help="default answer length limit (default %(default)s)")
     p.add_argument("--budget", type=int, default=CacheConfig.budget,
@@ -58,6 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError, TriForceEngine
+    from triforce_core.config import default_mode
     from triforce_core.flags import apply_kv_cache_args, check_kv_cache_args
     from triforce_core.loading import default_model_names, served_model_name
     from ui.settings import Settings
@@ -71,8 +72,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
         engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
         apply_kv_cache_args(engine, args)
-        mode = args.mode or ("triforce" if engine.draft is not None else "retrieval")
-        defaults = Settings(mode=mode, max_new_tokens=args.max_new_tokens, budget=args.budget)
+        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
         defaults.config()
         if args.api_slots < 0:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")

@@ -44,7 +44,9 @@ def server(tmp_path_factory):
     log = tmp_path_factory.mktemp("app") / "app.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     url = f"http://127.0.0.1:{port}/"
-    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW)]
+    # triforce, not the default lookup alone: these tests watch the retrieval level's panels.
+    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW),
+           "--mode", "triforce"]
     with running_server(cmd, log, lambda: urllib.request.urlopen(url, timeout=2), env, "the app") as proc:
         yield {"url": url, "proc": proc, "log": log}
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from conftest import words
-from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig
+from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, default_mode
 from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
 from triforce_core.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
@@ -176,7 +176,7 @@ def test_settings_are_validated_with_clear_messages():
     with pytest.raises(ConfigError, match="mode"):
         settings_from({"mode": "fast"})
     assert Settings().config() == GenerationConfig(
-        speculation=SpeculationConfig(), cache=CacheConfig()
+        speculation=SpeculationConfig(mode=default_mode()), cache=CacheConfig()
     )
 
 

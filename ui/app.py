@@ -53,7 +53,7 @@ def build_app(
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
-    defaults = defaults or Settings(mode="triforce" if engine.draft is not None else "retrieval")
+    defaults = defaults or Settings()
     worker = worker or EngineWorker()
     ctx = AppContext(
         engine=engine, worker=worker, sessions=SessionPool(worker, max_cached_sessions, max_cache_bytes),

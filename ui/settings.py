@@ -20,6 +20,7 @@ from triforce_core.config import (
     GenerationConfig,
     SamplingConfig,
     SpeculationConfig,
+    default_mode,
 )
 
 
@@ -27,7 +28,7 @@ from triforce_core.config import (
 class Settings:
     """What the settings accordion holds (defaults = the engine's defaults)."""
 
-    mode: str = "triforce"
+    mode: str = default_mode()  # the measured fastest (config.default_mode)
     temperature: float = SamplingConfig.temperature
     top_p: float = SamplingConfig.top_p
     max_new_tokens: int = SpeculationConfig.max_new_tokens
