@@ -58,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError, TriForceEngine
-    from triforce_core.config import default_mode
+    from triforce_core.config import GB, default_mode
     from triforce_core.flags import apply_kv_cache_args, check_kv_cache_args
     from triforce_core.loading import default_model_names, served_model_name
     from ui.settings import Settings
@@ -80,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         app = build_server(engine, model_name=name, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
                            api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
                            max_cached_sessions=args.max_cached_sessions,
-                           max_cache_bytes=int(args.max_cache_gb * 1024**3))
+                           max_cache_bytes=int(args.max_cache_gb * GB))
     except (ModelLoadError, ConfigError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -33,6 +33,7 @@ def default_mode(prompt_tokens: int | None = None) -> str:
 
 # The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
 KV_CACHE_MAX_GB = 8.0
+GB = 1024**3
 
 
 def default_kv_cache_folder() -> Path:

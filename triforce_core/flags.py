@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import KV_CACHE_MAX_GB, default_kv_cache_folder
-
-GB = 1024**3
+from .config import GB, KV_CACHE_MAX_GB, default_kv_cache_folder
 
 
 def add_kv_cache_args(parser) -> None:

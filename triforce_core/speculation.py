@@ -339,8 +339,10 @@ class Decoder:
             #    selection follows it, reports the attention each chunk of its cache received).
             self.full.sync(committed, [])
             # (Not for lookup runs: copying needs no retrieval, and reading their many rows'
-            # weights would cost the most common round of the default ~15 %: measured.)
-            probe = KeyMass(cc.chunk_size) if follow and not from_lookup else None
+            # weights would cost the most common round of the default ~15 %: measured. Nor
+            # while the whole context fits the budget: no refresh then chooses anything.)
+            dense = follow and self.retrieval.cache.selection.dense
+            probe = KeyMass(cc.chunk_size) if follow and not from_lookup and not dense else None
             if capture:
                 logits, queries, first_row = self.full.advance(prop.tokens, capture_queries=True, key_mass=probe)
             else:

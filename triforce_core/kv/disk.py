@@ -37,7 +37,7 @@ from pathlib import Path
 
 import torch
 
-from ..config import KV_CACHE_MAX_GB
+from ..config import GB, KV_CACHE_MAX_GB
 from .full import FullCache
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,6 @@ MAGIC = b"TFKV"
 VERSION = 1
 _FIXED = struct.Struct("<4sHIQI")  # magic, version, description length, body length, crc32(rest)
 SUFFIX = ".kv"
-GB = 1024**3
 DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
 
 
