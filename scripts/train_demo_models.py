@@ -490,6 +490,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="layers x hidden x heads x MLP width of the draft (default 2x128x2x256)")
     p.add_argument("--draft-only", type=Path, default=None, metavar="TARGET",
                    help="train only the draft, distilled from this saved target (its folder is kept)")
+    p.add_argument("--max-position", type=int, default=MAX_POSITION,
+                   help=f"the target's context window: saved as max_position_embeddings and spanned by the "
+                        f"PoSE position jumps (default {MAX_POSITION}; the 64K target: 65536 with --yarn-factor 8)")
     p.add_argument("--yarn-factor", type=float, default=None,
                    help="save the target under --out with YaRN rope scaling by this factor (1: plain rope; "
                         "default 2 when training the target, none with --draft-only); the draft learns from it")
@@ -515,8 +518,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     a.draft_dims = dims("--draft-shape", a.draft_shape, "LAYERSxHIDDENxHEADSxMLP")
     a.language_dims = dims("--language-shape", a.language_shape, "BATCHxLENGTH")
     a.long_dims = dims("--long-shape", a.long_shape, "BATCHxLENGTH")
-    if max(a.language_dims[1], a.long_dims[1]) > MAX_POSITION:
-        p.error(f"window lengths are at most {MAX_POSITION} tokens")
+    if not 1024 <= a.max_position <= 262144:
+        p.error(f"--max-position: expected 1024 to 262144 tokens, got {a.max_position}")
+    if max(a.language_dims[1], a.long_dims[1]) > a.max_position:
+        p.error(f"window lengths are at most --max-position ({a.max_position}) tokens")
     if a.yarn_factor is not None and not 1.0 <= a.yarn_factor <= 16.0:
         p.error(f"--yarn-factor: expected a factor between 1 and 16, got {a.yarn_factor}")
     if not a.peak_lr > 0:
@@ -588,7 +593,7 @@ def run_target(a: argparse.Namespace, tok, train_docs, train_texts, stream, devi
     """Train the target (from --init if given) and save it under --out; returns its folder."""
     layers, hidden, heads, inter = a.target_dims
     torch.manual_seed(a.seed)
-    target = make_model(tok, hidden, layers, heads, inter, 500_000, MAX_POSITION,
+    target = make_model(tok, hidden, layers, heads, inter, 500_000, a.max_position,
                         yarn=a.yarn_factor if a.train_with_yarn else None).to(device)
     n_target = sum(p.numel() for p in target.parameters())
     log(f"target: {n_target / 1e6:.2f} M parameters")
@@ -598,7 +603,8 @@ def run_target(a: argparse.Namespace, tok, train_docs, train_texts, stream, devi
         target.load_state_dict(load_file(str(a.init / "model.safetensors"), device=str(device)), strict=False)
         target.tie_weights()
         log(f"target weights from {a.init}")
-    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.5)
+    batcher = Batcher(tok, train_texts, stream, a.seed, copy_share=0.35, pose_share=0.5,
+                      max_position=a.max_position)
     t0 = time.time()
     report = train_target(target, batcher, target_phases(a), peak_lr=a.peak_lr, log_every=10 if not a.quick else 1,
                           ckpt=a.work / "target-ckpt", device=device)
@@ -608,7 +614,7 @@ def run_target(a: argparse.Namespace, tok, train_docs, train_texts, stream, devi
         "held_out": list(demo_corpus.HELD_OUT_DIRS), "target_shape": a.target_shape,
         "init": a.init.name if a.init is not None else None, "peak_lr": a.peak_lr,
         "hard_candidates": a.hard_candidates, "distractor_share": a.distractor_share,
-        "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None,
+        "trained_with_yarn": a.yarn_factor if a.train_with_yarn else None, "max_position": a.max_position,
         "target_phases": report, "target_minutes": round((time.time() - t0) / 60, 1),
         "role": "target", "parameters": n_target,
     }

@@ -333,3 +333,25 @@ def test_module_entry_point_subprocess(files, greedy_json):
     ids = out["samples"][0]["token_ids"]
     assert ids == greedy_json["autoregressive"]["samples"][0]["token_ids"][:5]
     assert out["stats"]["mode"] == "retrieval"
+
+
+def test_generate_json_inspect_prints_the_checks(files):
+    """--inspect adds each verification's checks (sampled: u, p, q consistent with the rule);
+    without it the JSON has none; without --json it is refused with one line."""
+    argv = pair_args(files) + ["--prompt-ids-file", files["ids"], "--mode", "triforce", "--ignore-eos",
+                               "--max-new-tokens", "12", "--temperature", "0.8", "--seed", "1", "--json"]
+    code, out, err = run_main(argv + ["--inspect"])
+    assert code == 0, err
+    sample = json.loads(out)["samples"][0]
+    verifications = sample["verifications"]
+    assert {v["level"] for v in verifications} >= {"target"}
+    checks = [c for v in verifications for c in v["checks"]]
+    assert checks
+    for c in checks:
+        assert set(c) == {"token_id", "proposer", "verifier", "q", "p", "u", "accepted", "p_top", "q_top",
+                          "residual_top", "text"}
+        assert c["accepted"] == (c["u"] * c["q"] < c["p"])
+        assert isinstance(c["text"], str)
+    code, out, err = run_main(argv)
+    assert code == 0 and "verifications" not in json.loads(out)["samples"][0]
+    assert_one_error_line(*run_main(pair_args(files) + ["--prompt", "w5", "--inspect"]), "--inspect", "--json")

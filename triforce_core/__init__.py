@@ -25,6 +25,7 @@ _EXPORTS = {
     "Finished": "events",
     "GenerationStats": "events",
     "Prefilled": "events",
+    "TokenCheck": "events",
     "Verified": "events",
     "ModelLoadError": "loading",
 }
@@ -32,7 +33,7 @@ _EXPORTS = {
 if TYPE_CHECKING:  # pragma: no cover
     from .config import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
     from .engine import ContextLengthError, GenerationResult, TriForceEngine
-    from .events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
+    from .events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, TokenCheck, Verified
     from .loading import ModelLoadError
 
 
@@ -62,6 +63,7 @@ __all__ = [
     "Prefilled",
     "SamplingConfig",
     "SpeculationConfig",
+    "TokenCheck",
     "TriForceEngine",
     "Verified",
 ]

@@ -143,6 +143,10 @@ def build_parser() -> argparse.ArgumentParser:
     _add_decoding_args(g)
     g.add_argument("--num-samples", type=int, default=1, help="independent samples of the same prompt (one prefill)")
     g.add_argument("--json", action="store_true", help="print one JSON object on stdout")
+    g.add_argument("--inspect", action="store_true",
+                   help="with --json: each sample adds \"verifications\", every verification with the values its "
+                        "rule used for each checked token (q, p, the draw u, the decision, the top of p and q, "
+                        "the residual after a rejection; see docs/method.md)")
 
     c = sub.add_parser(
         "chat",
@@ -443,6 +447,15 @@ def _colour_detokenizer(engine, colour: bool):
     return IncrementalDetokenizer(engine.decode) if colour and engine.tokenizer is not None else None
 
 
+def _with_token_text(sample: dict, engine) -> dict:
+    """Each inspected check gains `text`, its token decoded (when there is a tokenizer)."""
+    if engine.tokenizer is not None:
+        for v in sample.get("verifications", ()):
+            for c in v["checks"]:
+                c["text"] = engine.decode([c["token_id"]])
+    return sample
+
+
 def cmd_generate(args) -> int:
     from .events import Committed, Finished
 
@@ -453,11 +466,13 @@ def cmd_generate(args) -> int:
     prompt = _read_prompt(args, engine)
     if args.mode is None:  # the default mode depends on the prompt's length
         config = _configs(args, engine.draft is not None, len(prompt))
+    if args.inspect and not args.json:
+        raise UsageError("--inspect needs --json (the checks are printed in the JSON object)")
     if args.json or args.num_samples > 1:
-        results = engine.run_samples(prompt, config, args.num_samples)
+        results = engine.run_samples(prompt, config, args.num_samples, inspect=args.inspect)
         if args.json:
             out = {
-                "samples": [{**r.as_dict(), "stats": r.stats.as_dict()} for r in results],
+                "samples": [{**_with_token_text(r.as_dict(), engine), "stats": r.stats.as_dict()} for r in results],
                 "stats": _summary([r.stats for r in results]),
             }
             print(json.dumps(out))

@@ -12,13 +12,13 @@ samples of one prompt and prefills it only once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 import torch
 
 from .config import GenerationConfig, default_kv_cache_folder
-from .events import Committed, Event, Finished, GenerationStats, Prefilled
+from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint
 from .loading import LoadedModel, check_pair, load_model, resolve_device, resolve_dtype
 from .model import DecoderModel
@@ -35,9 +35,13 @@ class GenerationResult:
     levels: list[str]  # levels[i] = level that proposed token_ids[i]
     text: str
     stats: GenerationStats
+    verifications: list[Verified] = field(default_factory=list)  # with inspect: every Verified event
 
     def as_dict(self) -> dict:
-        return {"token_ids": self.token_ids, "levels": self.levels, "text": self.text}
+        out = {"token_ids": self.token_ids, "levels": self.levels, "text": self.text}
+        if self.verifications:
+            out["verifications"] = [asdict(v) for v in self.verifications]
+        return out
 
 
 class TriForceEngine:
@@ -133,24 +137,28 @@ class TriForceEngine:
         config: GenerationConfig = GenerationConfig(),
         on_prefill_progress: Callable[[int, int], None] | None = None,
         progress_events: bool = False,
+        inspect: bool = False,
     ) -> Iterator[Event]:
-        """Yield the events of one generation (see `triforce_core.events`)."""
+        """Yield the events of one generation (see `triforce_core.events`); with `inspect`,
+        each `Verified` event carries the verification rule's values (`TokenCheck`s)."""
         generator = make_generator(config.sampling.seed, self.target.device)
         decoder = self._decoder(prompt_ids, config, generator)
-        return decoder.generate([int(i) for i in prompt_ids], on_prefill_progress, progress_events)
+        return decoder.generate([int(i) for i in prompt_ids], on_prefill_progress, progress_events, inspect)
 
-    def run(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig()) -> GenerationResult:
-        """Generate to the end and collect the result."""
-        return _collect(self.generate(prompt_ids, config))
+    def run(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig(),
+            inspect: bool = False) -> GenerationResult:
+        """Generate to the end and collect the result (with `inspect`, its verifications too)."""
+        return _collect(self.generate(prompt_ids, config, inspect=inspect))
 
     def run_samples(
-        self, prompt_ids: Sequence[int], config: GenerationConfig, num_samples: int
+        self, prompt_ids: Sequence[int], config: GenerationConfig, num_samples: int, inspect: bool = False
     ) -> list[GenerationResult]:
         """`num_samples` independent samples; the prompt is prefilled once and restored between samples."""
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         generator = make_generator(config.sampling.seed, self.target.device)
         decoder = self._decoder(prompt_ids, config, generator)
+        decoder.set_inspect(inspect)
         prefilled = decoder.prefill([int(i) for i in prompt_ids])
         decoder.mark()
         results = []
@@ -167,12 +175,15 @@ def _collect(events: Iterator[Event]) -> GenerationResult:
     levels: list[str] = []
     text: list[str] = []
     stats = None
+    verifications: list[Verified] = []
     for ev in events:
-        if isinstance(ev, Committed):
+        if isinstance(ev, Verified) and ev.checks:
+            verifications.append(ev)
+        elif isinstance(ev, Committed):
             ids += ev.token_ids
             levels += ev.levels
             text.append(ev.text)
         elif isinstance(ev, Finished):
             stats = ev.stats
     assert stats is not None, "generation ended without Finished"
-    return GenerationResult(ids, levels, "".join(text), stats)
+    return GenerationResult(ids, levels, "".join(text), stats, verifications)

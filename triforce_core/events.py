@@ -18,6 +18,11 @@ come before `Prefilled`, one after each prefill chunk, so a worker serving sever
 run other callers' rounds between the chunks of a long prefill. Consumers that do not ask never
 see one.
 
+A caller may also ask for the numbers behind each decision (an opt-in extension: `inspect=True`
+on the same four calls): each `Verified` then carries `checks`, one `TokenCheck` per proposed
+token the verifier checked (the accepted ones and the first rejected one), holding the values
+the rule used. Without it `checks` is empty and the hot path computes nothing extra.
+
 To stop a generation, close the generator (`gen.close()`); the engine checks between rounds,
 so a stop takes effect within one round. No `Finished` follows a close.
 """
@@ -73,6 +78,36 @@ class Drafted:
     token_ids: tuple[int, ...]
 
 
+TopEntries = tuple[tuple[int, float], ...]  # (token id, probability), most likely first
+
+
+@dataclass(frozen=True)
+class TokenCheck:
+    """One proposed token as the verification rule saw it (`inspect=True`).
+
+    Sampling: accepted iff u * q < p, i.e. u < p(x)/q(x); after a rejection the replacement
+    (`Verified.resampled_id`) was drawn from norm(max(0, p - q)), whose most likely entries are
+    `residual_top`. Greedy: u is None, p and q are the softmax of the two levels' logits at
+    temperature 1, and accepted iff x is the verifier's argmax (`p_top[0]`), which is also the
+    replacement after a rejection.
+
+    q is the law the rule used for x: the proposer's, except that a token which passed the
+    retrieval level reaches the target with that level's law (TriForce's middle level emits
+    tokens that follow it); a context lookup's point mass gives q = 1.
+    """
+
+    token_id: int
+    proposer: str  # level that proposed the token (as in Committed.levels)
+    verifier: str  # "retrieval" or "target"
+    q: float  # q(x)
+    p: float  # p(x), the verifier's probability of x
+    u: float | None  # the uniform draw (None when greedy)
+    accepted: bool
+    p_top: TopEntries  # top entries of p at this position
+    q_top: TopEntries  # top entries of q ((x, 1.0) for a point mass)
+    residual_top: TopEntries = ()  # top of norm(max(0, p - q)) at a rejection (sampling only)
+
+
 @dataclass(frozen=True)
 class Verified:
     """Outcome of one verification by `level` ("retrieval" or "target")."""
@@ -83,6 +118,7 @@ class Verified:
     resampled_id: int | None  # replacement drawn after a rejection (None if all accepted)
     proposed: int = 0
     bonus_id: int | None = None  # extra token drawn when everything was accepted
+    checks: tuple[TokenCheck, ...] = ()  # with inspect=True: each checked token, in order
 
 
 @dataclass(frozen=True)

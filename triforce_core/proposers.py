@@ -5,7 +5,9 @@
     retrieval   Sampler(retrieval lane)
     triforce    Verifier(retrieval lane, Sampler(draft lane), gamma1): TriForce's middle level
 
-Each has `propose(n, committed, spec, events) -> Proposal` and `commit(committed)`. The middle
+Each has `propose(n, committed, spec, events) -> Proposal` and `commit(committed)`; the model
+proposers also have `inspect` (set by the decoder): when on, greedy proposals carry their laws
+(softmax at temperature 1) and the middle level's `Verified` events carry `TokenCheck`s. The middle
 level verifies what the levels below propose exactly (residual resampling), so each token it
 emits follows the retrieval level's law p_mid, the q the target's verification uses.
 """
@@ -18,7 +20,8 @@ from dataclasses import dataclass, field
 import torch
 
 from .config import SamplingConfig
-from .events import Drafted, Event, Verified
+from .events import Drafted, Event, TokenCheck, Verified
+from .inspection import greedy_law, token_checks
 from .lanes import Lane, RetrievalLane
 from .lookup import ContextIndex
 from .sampling import sample, verify_greedy, verify_stochastic, warp
@@ -27,7 +30,8 @@ from .sampling import sample, verify_greedy, verify_stochastic, warp
 @dataclass
 class Proposal:
     tokens: list[int]
-    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses)
+    laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses;
+    #                            greedy with inspect: the softmax each argmax was taken of)
     levels: list[str]
 
 
@@ -81,6 +85,7 @@ class Sampler:
         self.level = level
         self.sampling = sampling
         self.generator = generator
+        self.inspect = False
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
         self.lane.sync(committed, spec)
@@ -90,6 +95,8 @@ class Sampler:
         for i in range(n):
             if self.sampling.greedy:
                 t = int(logits.argmax())
+                if self.inspect:
+                    laws.append(greedy_law(logits))
             else:
                 law = warp(logits, self.sampling)
                 laws.append(law)
@@ -134,6 +141,7 @@ class Verifier:
         self.sampling = sampling
         self.generator = generator
         self.counters = counters
+        self.inspect = False
 
     def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
         if self.lookup is not None:
@@ -158,6 +166,7 @@ class Verifier:
             if self.sampling.greedy:
                 r = verify_greedy(d.tokens, logits)
                 law = logits[0].float().softmax(-1) if not d.tokens and self.min_confidence else None
+                p_mid = greedy_law(logits) if self.inspect else None
             else:
                 p_mid = warp(logits, self.sampling)
                 r = self.verify(d.tokens, d.laws, p_mid, self.generator)
@@ -169,11 +178,12 @@ class Verifier:
             #    proposal the emitted token is always kept (dropping a residual resample would
             #    bias the law of that position).
             keep = bool(d.tokens) or law is None or float(law.max()) >= self.min_confidence
-            if not self.sampling.greedy:
+            if p_mid is not None:
                 laws.append(p_mid[: r.accepted + keep])  # the law each emitted token follows
             if d.tokens:
                 self.counters.add(self.level, d.levels, r.accepted)
-                events.append(verified_event(self.level, d.tokens, r))
+                checks = token_checks(self.level, d.tokens, d.levels, d.laws, p_mid, r) if self.inspect else ()
+                events.append(verified_event(self.level, d.tokens, r, checks))
             elif keep:
                 events.append(Drafted(self.level, (r.token,)))
             tokens += d.tokens[: r.accepted] + [r.token] * keep
@@ -189,7 +199,7 @@ class Verifier:
         self.lane.commit(committed)
 
 
-def verified_event(level: str, proposed: list[int], r) -> Verified:
+def verified_event(level: str, proposed: list[int], r, checks: tuple[TokenCheck, ...] = ()) -> Verified:
     return Verified(
         level=level,
         accepted=r.accepted,
@@ -197,4 +207,5 @@ def verified_event(level: str, proposed: list[int], r) -> Verified:
         resampled_id=None if r.bonus else r.token,
         proposed=len(proposed),
         bonus_id=r.token if r.bonus else None,
+        checks=checks,
     )

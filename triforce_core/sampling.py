@@ -59,11 +59,18 @@ class VerifyResult:
     token      the verifier's own next token: a residual resample after a rejection, or the
                bonus token when all were accepted
     bonus      True when `token` is the bonus (everything accepted)
+    u          stochastic rule: the uniform draws [gamma] it compared (None when greedy)
+    residual   stochastic rule after a rejection: the law [V] the replacement was drawn from
+
+    `u` and `residual` are the rule's own tensors, kept so an inspector shows the values that
+    decided rather than recomputing them; holding them costs nothing.
     """
 
     accepted: int
     token: int
     bonus: bool
+    u: torch.Tensor | None = None
+    residual: torch.Tensor | None = None
 
 
 def verify_greedy(draft_tokens: list[int], p_logits: torch.Tensor) -> VerifyResult:
@@ -92,6 +99,7 @@ def verify_stochastic(
     from p_i with x_i removed, renormalised -- which is norm(max(0, p_i - q_i)) for that q_i.
     """
     gamma = len(draft_tokens)
+    u = None
     if gamma:
         x = torch.tensor(draft_tokens, device=p.device)
         rows = torch.arange(gamma, device=p.device)
@@ -110,5 +118,5 @@ def verify_stochastic(
             total = float(residual.sum())
             # p == q up to rounding makes the residual vanish; then p itself is the residual law.
             law = residual / total if total > 0.0 else p[i]
-            return VerifyResult(accepted=i, token=sample(law, generator), bonus=False)
-    return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)
+            return VerifyResult(accepted=i, token=sample(law, generator), bonus=False, u=u, residual=law)
+    return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True, u=u)

@@ -216,11 +216,13 @@ class ChatSession:
         config: GenerationConfig | None = None,
         on_prefill_progress: Callable[[int, int], None] | None = None,
         progress_events: bool = False,
+        inspect: bool = False,
     ) -> Iterator[Event]:
         """Answer `question` after the conversation so far; a generator of events (close it to stop).
 
         Checks (empty question, context window) raise here, before anything runs. With
-        `progress_events`, `PrefillProgress` events come between the prefill's chunks.
+        `progress_events`, `PrefillProgress` events come between the prefill's chunks; with
+        `inspect`, each `Verified` event carries its `TokenCheck`s.
         """
         t0 = time.perf_counter()
         question = (question or "").strip()
@@ -228,7 +230,7 @@ class ChatSession:
             raise ValueError("the question is empty")
         config = config or self.config
         prompt, truncation = self._fit(question, config)
-        return self._turn(question, prompt, config, truncation, on_prefill_progress, progress_events, t0)
+        return self._turn(question, prompt, config, truncation, on_prefill_progress, progress_events, t0, inspect)
 
     def prompt_for(self, question: str, config: GenerationConfig | None = None) -> list[int]:
         """The prompt ids `ask(question)` would run, checked against the context window (a
@@ -239,31 +241,31 @@ class ChatSession:
         return self._fit(question, config or self.config)[0]
 
     def regenerate(self, config: GenerationConfig | None = None, on_prefill_progress=None,
-                   progress_events: bool = False) -> Iterator[Event]:
+                   progress_events: bool = False, inspect: bool = False) -> Iterator[Event]:
         """Answer the last question again; the caches roll back to the end of the previous turn."""
         if not self.turns:
             raise ValueError("there is no answer to regenerate")
         last = self.turns.pop()
         try:
-            return self.ask(last.question, config, on_prefill_progress, progress_events)
+            return self.ask(last.question, config, on_prefill_progress, progress_events, inspect)
         except Exception:
             self.turns.append(last)
             raise
 
     def edit_last(self, question: str, config: GenerationConfig | None = None, on_prefill_progress=None,
-                  progress_events: bool = False) -> Iterator[Event]:
+                  progress_events: bool = False, inspect: bool = False) -> Iterator[Event]:
         """Replace the last question (and its answer) by `question` and answer it."""
         if not self.turns:
             raise ValueError("there is no question to edit")
         last = self.turns.pop()
         try:
-            return self.ask(question, config, on_prefill_progress, progress_events)
+            return self.ask(question, config, on_prefill_progress, progress_events, inspect)
         except Exception:
             self.turns.append(last)
             raise
 
     def rerun_last(self, config: GenerationConfig, on_prefill_progress=None,
-                   progress_events: bool = False) -> Iterator[Event]:
+                   progress_events: bool = False, inspect: bool = False) -> Iterator[Event]:
         """Answer the last question again with `config` (e.g. autoregressively, to compare),
         leaving the conversation as it was: the original answer stays the last turn.
 
@@ -273,7 +275,7 @@ class ChatSession:
             raise ValueError("there is no question to answer again")
         last = self.turns.pop()
         try:
-            events = self.ask(last.question, config, on_prefill_progress, progress_events)
+            events = self.ask(last.question, config, on_prefill_progress, progress_events, inspect)
         finally:
             self.turns.append(last)
 
@@ -342,14 +344,15 @@ class ChatSession:
         self.engine.check_prompt(prompt, config)
         return prompt, Truncation(before_tokens, self.document_tokens, before_chars, len(self._document))
 
-    def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0) -> Iterator[Event]:
+    def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0,
+              inspect: bool = False) -> Iterator[Event]:
         first_token_s = None
         turn = Turn(question, truncation=truncation)
         self.turns.append(turn)
         answer_ids: list[int] = []
         prefilled: Prefilled | None = None
         try:
-            for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events):
+            for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events, inspect):
                 if isinstance(ev, Prefilled):
                     prefilled = ev
                 elif isinstance(ev, Committed):

@@ -70,8 +70,10 @@ class Slot:
         config: GenerationConfig,
         on_prefill_progress: Callable[[int, int], None] | None = None,
         progress_events: bool = False,
+        inspect: bool = False,
     ) -> Iterator[Event]:
         """The events of one generation after `prompt_ids` (checks raise here, before anything runs).
+        With `inspect`, each `Verified` event carries its `TokenCheck`s.
 
         Stopped (the generator closed), the caches keep what was committed and stay usable;
         failed (an exception, e.g. out of memory), they are freed, since they may be half-written.
@@ -79,12 +81,12 @@ class Slot:
         prompt = [int(i) for i in prompt_ids]
         self.engine.check_prompt(prompt, config)
         self.last_used = time.monotonic()
-        return self._generate(prompt, config, on_prefill_progress, progress_events)
+        return self._generate(prompt, config, on_prefill_progress, progress_events, inspect)
 
-    def _generate(self, prompt, config, on_prefill_progress, progress_events) -> Iterator[Event]:
+    def _generate(self, prompt, config, on_prefill_progress, progress_events, inspect) -> Iterator[Event]:
         try:
             decoder = self._decoder_for(config, len(prompt))
-            yield from decoder.generate(prompt, on_prefill_progress, progress_events)
+            yield from decoder.generate(prompt, on_prefill_progress, progress_events, inspect)
         except Exception:
             self.release()
             raise

@@ -43,6 +43,7 @@ from .events import LEVELS, ChunksSelected, Committed, Event, Finished, Generati
 from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .loading import sync_device
+from .inspection import greedy_law, token_checks
 from .model import DecoderModel, KeyMass
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
@@ -123,16 +124,20 @@ class Decoder:
         self.selection_event: ChunksSelected | None = None
         self._mark: tuple | None = None
         self._refreshed = False
+        self.inspect = False
 
     # -- prefill ---------------------------------------------------------------------------
-    def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False) -> Iterator[Event]:
+    def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False,
+                 inspect: bool = False) -> Iterator[Event]:
         """One generation: prefill `prompt` (reusing the cached prefix), then decode.
 
         The one way the engine, chat sessions, cache slots and the bench run a generation.
         `on_prefill_progress(done, total)` is called after each prefill chunk; with
         `progress_events` a `PrefillProgress` event is also yielded there, so a scheduler can
         interleave other work with a long prefill (and close the generator to abort it).
+        With `inspect`, each `Verified` event carries its `TokenCheck`s.
         """
+        self.set_inspect(inspect)
         if progress_events:
             prefilled = yield from self.prefill_steps(prompt, on_prefill_progress)
         else:
@@ -141,6 +146,14 @@ class Decoder:
         if self.selection_event is not None:
             yield self.selection_event
         yield from self.run(prefilled)
+
+    def set_inspect(self, on: bool) -> None:
+        """Report the verification rule's values (`TokenCheck`s) from now on, or stop."""
+        self.inspect = on
+        proposers = [self.proposer, getattr(self.proposer, "lower", None)]
+        for p in proposers:
+            if hasattr(p, "inspect"):
+                p.inspect = on
 
     def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
         """Run `prefill_steps` to the end (for callers that decode with `run` themselves)."""
@@ -351,6 +364,7 @@ class Decoder:
             # 3. Exact verification against the target's law.
             if sampling.greedy:
                 r = verify_greedy(prop.tokens, logits)
+                p = greedy_law(logits) if self.inspect else None
             else:
                 p = warp(logits, sampling)
                 if prop.tokens:
@@ -359,7 +373,8 @@ class Decoder:
                     r = _bonus_only(p[0], self.generator)
             if prop.tokens:
                 self.counters.add("target", prop.levels, r.accepted)
-                events.append(verified_event("target", prop.tokens, r))
+                checks = token_checks("target", prop.tokens, prop.levels, prop.laws, p, r) if self.inspect else ()
+                events.append(verified_event("target", prop.tokens, r, checks))
                 if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
                     recent_acc.append(r.accepted / len(prop.tokens))
             if from_lookup:
