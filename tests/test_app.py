@@ -426,3 +426,41 @@ def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     ask(page, "What follows «Part 3»?")
     done = wait_status(page, "tok/s", "rror")
     assert "tok/s" in done, done
+
+
+def test_the_lesson_steps_round_by_round_and_the_inspector_shows_a_rejection(page):
+    """The guided lesson: the sample, a fixed question, sampled, in step mode. Three Steps show
+    three rounds (narrated); the inspector opens on the first rejection, and a click on any
+    rejected token shows its p, q, u and the residual's bars."""
+    page.click("#tf-lesson-start")
+    wait_status(page, "Step mode: the prefill done", "rror")
+    assert page.is_checked("#tf-teaching input[type=checkbox]") and page.is_checked("#tf-stepmode input[type=checkbox]")
+    assert "What is a class?" in page.locator(".tf-user").last.inner_text()
+    for k in (1, 2, 3):
+        page.click("#tf-step")
+        wait_status(page, f"Step mode: round {k} done", "rror")
+        assert f"Round {k}:" in page.inner_text("#tf-narration")
+    assert page.locator(".tf-assistant").last.locator(".tf-round").count() == 3
+    shot(page, "05-lesson-stepped")
+    while "Round" in page.inner_text("#tf-narration") and "residual" not in page.inner_text("#tf-inspector"):
+        page.click("#tf-step")  # until the first rejection has opened the inspector
+        time.sleep(0.3)
+        if "tok/s" in status(page):
+            break
+    page.uncheck("#tf-stepmode input[type=checkbox]")  # run on to the end
+    wait_status(page, "tok/s", "rror")
+    assert "residual" in page.inner_text("#tf-inspector")  # opened by the lesson itself
+    rejected = page.locator(".tf-assistant").last.locator("s.tf-rej[title*='rejected: u']")
+    assert rejected.count() > 0
+    rejected.last.click()
+    page.wait_for_function("document.querySelector('#tf-inspector').innerText.includes('u = ')")
+    text = page.inner_text("#tf-inspector")
+    assert "rejected" in text and "p(x) = " in text and "q(x) = " in text and "residual" in text
+    page.wait_for_selector("#tf-inspector-plot .js-plotly-plot")
+    legend = page.locator("#tf-inspector-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+    assert legend == ["p (verifier)", "q (proposer)", "residual"]
+    title = page.locator(".tf-assistant").last.locator(".tf-tok[title*='accepted']").first.get_attribute("title")
+    assert " proposed, " in title and "accepted: u " in title  # the short form on hover
+    shot(page, "06-inspector")
+    page.reload()  # a fresh session: the settings the lesson changed are the defaults again
+    page.wait_for_selector("#tf-send")

@@ -80,6 +80,29 @@ def test_cancel_closes_the_generation_and_errors_reach_the_consumer():
     worker.close()
 
 
+def test_a_stepping_job_waits_between_steps_without_holding_up_others():
+    worker = EngineWorker()
+    log, closed = [], []
+    # pause after every multiple of 3 (a "round" is three items)
+    job = worker.submit(counting("stepped", 12, log, closed), pause_after=lambda i: i % 3 == 2, stepping=True)
+    assert [job.get(timeout=5) for _ in range(3)] == [0, 1, 2]
+    assert job.get(timeout=0.3) is None  # waits for a step
+    assert job.waiting and len(log) == 3
+    other = worker.submit(counting("other", 5, log, closed))  # others run meanwhile
+    assert list(other) == list(range(5))
+    job.step()
+    assert [job.get(timeout=5) for _ in range(3)] == [3, 4, 5]
+    assert job.get(timeout=0.3) is None and job.steps_taken == 1
+    job.set_stepping(False)  # run on to the end
+    assert list(job) == list(range(6, 12)) and not job.waiting
+    # a waiting job still stops at once
+    held = worker.submit(counting("held", 10**9, log, closed), pause_after=lambda i: True, stepping=True)
+    assert held.get(timeout=5) == 0 and held.get(timeout=0.3) is None
+    held.cancel()
+    assert held.finished.wait(5) and held.stopped and "held" in closed
+    worker.close()
+
+
 def test_a_long_prefill_is_interleaved_with_another_callers_rounds(chat_engine):
     """Caller B decodes while caller A prefills 600 tokens in 32-token chunks: B's rounds run
     between A's chunks (not after A's whole prefill), and both answers equal their runs alone."""

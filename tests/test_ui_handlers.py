@@ -13,6 +13,8 @@ from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
 from ui.handlers.answers import AnswerHandlers, follow
 from ui.handlers.documents import DocumentHandlers
+from ui.handlers.teaching import TeachingHandlers
+from ui.narration import round_sentence
 from ui.settings import SETTING_NAMES, Settings
 from ui.state import AppContext, SessionPool
 
@@ -58,7 +60,7 @@ def test_a_conversation_through_the_handlers(chat_engine: TriForceEngine, worker
     user, *_ = documents.set_document(None, doc, 32)
     assert user.session.document_tokens > 0
 
-    updates = list(answers.on_ask("w9 w10", user, False, "", *_values()))
+    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values()))
     final = updates[-1]
     assert final[0] is user and len(user.answers) == len(user.session.turns) == 1
     assert "tok/s" in final[2] and "tf-ok" in final[2]  # the footer as the status line
@@ -71,9 +73,9 @@ def test_a_conversation_through_the_handlers(chat_engine: TriForceEngine, worker
     assert len(user.session.turns) == 1  # the comparison re-ran the turn, it did not add one
 
     with pytest.raises(gr.Error, match="Type a question first"):
-        list(answers.on_ask("  ", user, False, "", *_values()))
+        list(answers.on_ask("  ", user, False, False, "", *_values()))
     with pytest.raises(gr.Error, match="Invalid setting"):
-        list(answers.on_ask("w9", user, False, "", *_values(mode="fastest")))
+        list(answers.on_ask("w9", user, False, False, "", *_values(mode="fastest")))
 
     cleared = answers.on_clear(user, 32)
     assert cleared[0] is user and not user.session.turns and not user.answers
@@ -118,7 +120,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-1]["value"] == [0, 2, 3]
     assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
     assert 970 < user.session.document_tokens < 1000
-    updates = list(answers.on_ask("w9 w10", user, False, "", *_values()))
+    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values()))
     assert "tf-ok" in updates[-1][2] and user.answers[0].trace.new_tokens > 0
     with pytest.raises(gr.Error, match="Tick at least one"):
         documents.on_sections([], user, 32, 12)
@@ -126,3 +128,42 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     small = Document(words(50, 1), "md", "s.md", (Section(0, "section: S", "S", 1, 10),))
     user, *_rest, box, toc = documents.set_document(user, small, 32)
     assert user.document is small and box["visible"] is True and len(toc["choices"]) == 1
+
+
+def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):
+    """Step mode: the generation waits after the prefill and after each round; three Steps show
+    three rounds, then it runs on. The teaching view records the rule's values: a rejected
+    proposal opens in the inspector with its draw u, p/q and the residual."""
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
+    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    values = _values(temperature=0.8, seed=2, max_new_tokens=30, lookup=False)
+    seen, narrated = [], []
+    for out in answers.on_ask("w9 w10", user, True, True, "", *values):
+        if "Step mode" in out[2]:  # the handler saw the job waiting (it waits until stepped)
+            assert user.job.waiting
+            rounds = len(user.answers[-1].trace.rounds) if user.answers else 0
+            seen.append(rounds)
+            assert f"round {rounds + 1}" in out[2]
+            narrated.append(out[9])
+            if len(seen) <= 3:
+                teaching.on_step(user)
+            else:
+                teaching.on_step_mode(user, False)  # run on to the end
+    assert seen == [0, 1, 2, 3], seen
+    assert "Round 3:" in narrated[-1] and "Press <b>Step</b>" in narrated[-1]
+    trace = user.answers[0].trace
+    assert len(trace.rounds) > 3 and trace.stats is not None and user.job.steps_taken == 3
+    assert round_sentence(trace, 1).startswith("Round 1: the small draft")
+    picked = [i for i, seg in enumerate(trace.segments) if seg.kind == "rejected" and seg.checks]
+    assert picked, "a sampled answer of 30 tokens with a random pair rejects something"
+    html, fig = teaching.on_pick(f"0:{picked[0]}@123", user)
+    assert "rejected</b>" in html and "u = " in html and "residual" in html
+    assert [t.name for t in fig.data] == ["p (verifier)", "q (proposer)", "residual"]
+    # a token without checks of an answer asked with the teaching view off says how to get them
+    list(answers.on_ask("w11", user, False, False, "", *values))
+    seg = next(i for i, s in enumerate(user.answers[1].trace.segments) if s.kind == "token" and s.level != "target")
+    html, _ = teaching.on_pick(f"1:{seg}@1", user)
+    assert "Turn on the teaching view" in html
+    assert "Click a token" in teaching.on_pick("nonsense", user)[0]

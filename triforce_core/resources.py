@@ -1,4 +1,4 @@
-"""Where the bundled files are: the embedded demo models, the sample documents, the app's CSS.
+"""Where the bundled files are: the embedded demo models, the sample documents, the app's CSS and script.
 
 They live in `assets/` at the root of the repository. `pip install .` ships the same folder
 inside the package, as `triforce_core/assets` (pyproject.toml maps it), so one lookup serves
@@ -22,3 +22,4 @@ DEMO_MODELS = ASSETS / "models"  # target/ and draft/: see assets/models/README.
 SAMPLE_DIR = ASSETS / "sample"
 SAMPLE_DOCUMENT = SAMPLE_DIR / "python-tutorial-classes.txt"  # the app's and the bench's default document
 APP_CSS = ASSETS / "app.css"
+APP_JS = ASSETS / "app.js"  # the page's script: a click on a token opens the inspector

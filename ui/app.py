@@ -26,6 +26,9 @@ from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
 from .handlers.documents import DocumentHandlers
+from .handlers.teaching import TeachingHandlers
+from .inspector import inspector_figure, inspector_html
+from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
 from .settings import SETTING_NAMES, SETTING_ROWS, Settings, setting_control
 from .state import AppContext, SessionPool
@@ -62,6 +65,7 @@ def build_app(
     )
     modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
     documents, answers, endpoint = DocumentHandlers(ctx), AnswerHandlers(ctx), ChatEndpoint(ctx)
+    teach = TeachingHandlers(ctx)
 
     # -- layout ----------------------------------------------------------------------------------
     with gr.Blocks(title=title, fill_width=True) as demo:
@@ -86,6 +90,7 @@ def build_app(
                 legend = gr.HTML(legend_block(False), elem_id="tf-legend")
                 page["chat"] = gr.HTML(transcript(None, False), elem_id="tf-chat", autoscroll=True)
                 page["status"] = gr.HTML(status_html("Ready.", "info"), elem_id="tf-status")
+                page["narration"] = gr.HTML(narration_html(None), elem_id="tf-narration")
                 with gr.Row():
                     message = gr.Textbox(placeholder="Ask about the document, e.g. What follows «a phrase from it»?",
                                          show_label=False, scale=5,
@@ -96,7 +101,13 @@ def build_app(
                     regen_btn = gr.Button("Regenerate", elem_id="tf-regenerate")
                     compare_btn = gr.Button("Compare with autoregressive", elem_id="tf-compare")
                     clear_btn = gr.Button("Clear conversation", elem_id="tf-clear")
-                    teaching = gr.Checkbox(False, label="Teaching view (rejected drafts, rounds)", elem_id="tf-teaching")
+                    teaching = gr.Checkbox(False, label="Teaching view (rejected drafts, rounds, p and q)",
+                                           elem_id="tf-teaching")
+                with gr.Row():
+                    stepmode = gr.Checkbox(False, label="Step mode (one round per Step)", elem_id="tf-stepmode")
+                    step_btn = gr.Button("Step", elem_id="tf-step")
+                    lesson_btn = gr.Button("Lesson: watch one round at a time", elem_id="tf-lesson-start")
+                lesson = gr.HTML("", elem_id="tf-lesson")
                 with gr.Accordion("Settings", open=False, elem_id="tf-settings"):
                     system = gr.Textbox(label="System prompt", lines=2, placeholder="optional")
                     controls = {}
@@ -110,6 +121,11 @@ def build_app(
                 page["acceptance"] = gr.Plot(acceptance_figure([]), label="Acceptance", elem_id="tf-acceptance")
                 page["speed"] = gr.Plot(speed_figure([]), label="Speed", elem_id="tf-speed")
                 page["stats"] = gr.HTML(stats_html(stats_rows(None)), elem_id="tf-stats")
+                page["inspector"] = gr.HTML(inspector_html(None, engine.decode), elem_id="tf-inspector")
+                page["inspector_plot"] = gr.Plot(inspector_figure(None, engine.decode), label="p and q",
+                                                 elem_id="tf-inspector-plot")
+        # Filled by the page's script when a token is clicked (see ui/app.js): "turn:segment@nonce".
+        pick = gr.Textbox("", elem_id="tf-pick", elem_classes=["tf-hidden"], show_label=False, container=False)
         # The API endpoint's own (hidden) components.
         with gr.Row(visible=False):
             api_message = gr.Textbox(label="message")
@@ -132,17 +148,24 @@ def build_app(
         # when the answer ends: a next question typed meanwhile is kept.
         asked = gr.State("")
         take = dict(fn=lambda m: ("", m), inputs=message, outputs=[message, asked], queue=False, **private)
-        ask = dict(fn=answers.on_ask, inputs=[asked, user, teaching, system, *settings_inputs], outputs=streamed,
-                   concurrency_limit=None, **private)
+        ask = dict(fn=answers.on_ask, inputs=[asked, user, teaching, stepmode, system, *settings_inputs],
+                   outputs=streamed, concurrency_limit=None, **private)
         send_btn.click(**take).then(**ask)
         message.submit(**take).then(**ask)
         stop_btn.click(answers.on_stop, [user], None, queue=False, **private)
-        regen_btn.click(answers.on_regenerate, [user, teaching, system, *settings_inputs], streamed,
+        regen_btn.click(answers.on_regenerate, [user, teaching, stepmode, system, *settings_inputs], streamed,
                         concurrency_limit=None, **private)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
                           concurrency_limit=None, **private)
         clear_btn.click(answers.on_clear, [user, budget], streamed, **private)
         teaching.change(answers.on_teaching, [user, teaching], [page["chat"], legend], **private)
+        pick.change(teach.on_pick, [pick, user], [page["inspector"], page["inspector_plot"]], queue=False, **private)
+        step_btn.click(teach.on_step, [user], None, queue=False, **private)
+        stepmode.change(teach.on_step_mode, [user, stepmode], None, queue=False, **private)
+        lesson_controls = [teaching, stepmode, controls["mode"], controls["temperature"], controls["seed"],
+                           controls["lookup"], asked, lesson]
+        lesson_btn.click(documents.on_sample, [user, budget], doc_outputs, **private).then(
+            teach.lesson_setup, [user], lesson_controls, **private).success(**ask)
         budget.change(answers.on_budget, [user, budget], page["gauge"], **private)
         api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
     demo.tf_worker = worker  # for shutdown and tests

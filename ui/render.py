@@ -21,17 +21,23 @@ LEVEL_STYLE = {
 }
 
 
-def segments_html(segments, teaching: bool = False) -> str:
-    """An answer's segments (see `ui.trace`) as HTML; `teaching` adds rejected drafts and round marks."""
+def segments_html(segments, teaching: bool = False, key: int | None = None) -> str:
+    """An answer's segments (see `ui.trace`) as HTML; `teaching` adds rejected drafts and round marks.
+
+    With `key` (the answer's turn), each token carries `data-tf="turn:segment"`, which the page's
+    script sends to the inspector when the token is clicked."""
     out = []
-    for seg in segments:
+    for i, seg in enumerate(segments):
+        data = f' data-tf="{key}:{i}"' if key is not None else ""
         if seg.kind == "token":
             label = LEVEL_STYLE[seg.level][0]
-            out.append(f'<span class="tf-tok tf-{seg.level}" title="{label}">{html.escape(seg.text)}</span>')
+            title = html.escape(f"{label} · {seg.note}" if seg.note else label)
+            out.append(f'<span class="tf-tok tf-{seg.level}" title="{title}"{data}>{html.escape(seg.text)}</span>')
         elif not teaching:
             continue
         elif seg.kind == "rejected":
-            out.append(f'<s class="tf-rej tf-{seg.level}" title="{html.escape(seg.note)}">{html.escape(seg.text)}</s>')
+            out.append(f'<s class="tf-rej tf-{seg.level}" title="{html.escape(seg.note)}"{data}>'
+                       f"{html.escape(seg.text)}</s>")
         elif seg.kind == "round":
             out.append(f'<span class="tf-round" title="{html.escape(seg.note)}"></span>')
     return "".join(out)

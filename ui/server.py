@@ -17,6 +17,8 @@ from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
 
+from triforce_core.resources import APP_JS
+
 from .app import CSS_PATH, MAX_UPLOAD_MB, build_app
 from .settings import Settings
 
@@ -33,6 +35,7 @@ def mount_options(max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
         ssr_mode=False,
         show_error=True,
         css_paths=[CSS_PATH] if CSS_PATH.exists() else None,
+        head=f"<script>{APP_JS.read_text(encoding='utf-8')}</script>" if APP_JS.exists() else None,
         footer_links=["api"],
     )
 

@@ -30,6 +30,7 @@ class Answer:
     trace: AnswerTrace
     footer: str = ""
     baseline: dict | None = None  # the autoregressive comparison of this answer
+    inspected: bool = False  # generated with inspect=True: its tokens carry the rule's values
 
 
 @dataclass(eq=False)
@@ -45,6 +46,7 @@ class UserState:
     book: Document | None = None  # the whole file when its sections can be picked (`document`: what is read)
     book_sizes: list[int] = field(default_factory=list)  # tokens of each of the book's sections
     last_used: float = field(default_factory=time.monotonic)
+    auto_inspect: bool = False  # the lesson: open the inspector on the next answer's first rejection
 
     @property
     def busy(self) -> bool:

@@ -15,6 +15,10 @@ the speculation (`Verified("target")`): its rejected tail starts at offset `acce
 round's `Committed` tokens are speculation[:accepted] plus the target's own token, so both
 kinds of rejection can be drawn where they happened, struck through, before the token that
 replaced them. Nothing is re-derived from text: only the events are read.
+
+With `inspect=True` generations, each segment also keeps the `TokenCheck`s that concern it
+(its own verifications, lowest level first) and, for a token a verifier drew itself after a
+rejection, the check of the token it replaced (`drawn_from`): what the inspector shows.
 """
 
 from __future__ import annotations
@@ -23,7 +27,9 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from triforce_core.detokenize import IncrementalDetokenizer
-from triforce_core.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, Verified
+from triforce_core.events import (
+    ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, TokenCheck, Verified,
+)
 
 
 @dataclass(frozen=True)
@@ -32,6 +38,27 @@ class Segment:
     text: str = ""
     level: str = ""  # who proposed it: lookup | draft | retrieval | target
     note: str = ""  # hover text
+    token_id: int = -1
+    checks: tuple[TokenCheck, ...] = ()  # this token's verifications, lowest level first (inspect)
+    drawn_from: TokenCheck | None = None  # the rejection this token replaced (inspect)
+    round: int = 0  # 1-based round the segment belongs to
+    rejected_by: str = ""  # for a rejected proposal: the level that discarded it
+
+
+def check_summary(c: TokenCheck) -> str:
+    """The short form of one decision, e.g. 'retrieval proposed, target accepted: u 0.31 < p/q 0.74/0.58'."""
+    verdict = "accepted" if c.accepted else "rejected"
+    head = f"{c.proposer} proposed, {c.verifier} {verdict}"
+    if c.u is None:  # greedy
+        best, p_best = c.p_top[0] if c.p_top else (c.token_id, c.p)
+        why = "it is the argmax" if c.accepted else f"its argmax is another token (p {p_best:.2f})"
+        return f"{head}: {why}; p {c.p:.2f}"
+    sign = "<" if c.accepted else "≥"
+    return f"{head}: u {c.u:.2f} {sign} p/q {c.p:.2f}/{c.q:.2f}"
+
+
+# (token, proposing level, its checks so far, the rejection it replaced)
+_Spec = tuple[int, str, tuple[TokenCheck, ...], TokenCheck | None]
 
 
 @dataclass
@@ -63,8 +90,8 @@ class AnswerTrace:
 
     # -- folding events --------------------------------------------------------------------
     def _reset_round(self) -> None:
-        self._spec: list[tuple[int, str]] = []  # the speculation the target will verify
-        self._inline: dict[int, list[tuple[int, str]]] = {}  # offset -> small-draft tokens rejected there
+        self._spec: list[_Spec] = []  # the speculation the target will verify
+        self._inline: dict[int, list[_Spec]] = {}  # offset -> small-draft tokens rejected there
         self._drafted: Drafted | None = None
         self._target: Verified | None = None
         self._proposed: dict[str, int] = {}
@@ -78,15 +105,18 @@ class AnswerTrace:
         elif isinstance(ev, Drafted):
             self._drafted = ev
             if ev.level == "retrieval":  # the retrieval level's own tokens join the speculation
-                self._spec += [(t, "retrieval") for t in ev.token_ids]
+                self._spec += [(t, "retrieval", (), None) for t in ev.token_ids]
         elif isinstance(ev, Verified):
             self._count(ev)
             if ev.level == "retrieval":
                 self._verified_by_retrieval(ev)
             else:
                 if not self._spec and self._drafted is not None:
-                    self._spec = [(t, self._drafted.level) for t in self._drafted.token_ids]
+                    self._spec = [(t, self._drafted.level, (), None) for t in self._drafted.token_ids]
                 self._spec = self._spec[: ev.proposed]
+                for i, c in enumerate(ev.checks[: len(self._spec)]):
+                    t, lvl, checks, drawn = self._spec[i]
+                    self._spec[i] = (t, lvl, checks + (c,), drawn)
                 self._target = ev
         elif isinstance(ev, Committed):
             if self._t0 is None:
@@ -103,34 +133,58 @@ class AnswerTrace:
         drafted = self._drafted.token_ids if self._drafted is not None else ev.rejected_ids
         lower = self._drafted.level if self._drafted is not None else "draft"  # lookup or small draft
         base = len(self._spec)
+        checks = ev.checks
+        rejection = checks[ev.accepted] if len(checks) > ev.accepted else None
         if ev.rejected_ids:
-            self._inline.setdefault(base + ev.accepted, []).extend((t, lower) for t in ev.rejected_ids)
-        self._spec += [(t, lower) for t in drafted[: ev.accepted]]
+            self._inline.setdefault(base + ev.accepted, []).extend(
+                (t, lower, (rejection,) if k == 0 and rejection else (), None) for k, t in enumerate(ev.rejected_ids))
+        self._spec += [(t, lower, checks[j:j + 1], None) for j, t in enumerate(drafted[: ev.accepted])]
         extra = ev.resampled_id if ev.resampled_id is not None else ev.bonus_id
         if extra is not None:
-            self._spec.append((extra, "retrieval"))
+            self._spec.append((extra, "retrieval", (), rejection if ev.resampled_id is not None else None))
 
     def _committed(self, ev: Committed, at_s: float) -> None:
         target = self._target
         accepted = target.accepted if target is not None else 0
         rejected_tail = self._spec[accepted:] if target is not None and target.rejected_ids else []
-        title = f"round {len(self.rounds) + 1}"
+        n = len(self.rounds) + 1
+        title = f"round {n}"
         if target is not None:
             title += f": the target accepted {target.accepted} of {target.proposed} proposed tokens"
-        self.segments.append(Segment("round", note=title))
+        self.segments.append(Segment("round", note=title, round=n))
+        target_rejection = (target.checks[accepted] if target is not None and target.rejected_ids
+                            and len(target.checks) > accepted else None)
         for i, (text, level) in enumerate(zip(self._detok.push(ev.token_ids), ev.levels)):
-            for tok, lvl in self._inline.get(i, []) if i <= accepted else []:
-                self.segments.append(Segment("rejected", self._piece(tok), lvl, f"{lvl} token rejected by the retrieval level"))
+            for tok, lvl, checks, _ in self._inline.get(i, []) if i <= accepted else []:
+                note = check_summary(checks[-1]) if checks else f"{lvl} token discarded after the rejection before it"
+                self.segments.append(Segment("rejected", self._piece(tok), lvl, note, tok, checks, round=n,
+                                             rejected_by="retrieval"))
             if i == accepted:
-                for tok, lvl in rejected_tail:
-                    self.segments.append(Segment("rejected", self._piece(tok), lvl, "proposal rejected by the full target"))
-            self.segments.append(Segment("token", text, level))
+                for k, (tok, lvl, checks, _) in enumerate(rejected_tail):
+                    note = check_summary(checks[-1]) if k == 0 and checks else "proposal rejected by the full target"
+                    self.segments.append(Segment("rejected", self._piece(tok), lvl, note, tok, checks, round=n,
+                                                 rejected_by="target"))
+            tok = ev.token_ids[i]
+            if i < accepted and i < len(self._spec):
+                _, _, checks, drawn = self._spec[i]
+            else:  # the target's own token: drawn after its rejection, or a bonus
+                checks, drawn = (), target_rejection
+            note = self._note(level, checks, drawn)
+            self.segments.append(Segment("token", text, level, note, tok, checks, drawn, round=n))
         self.token_ids += ev.token_ids
         self.levels += ev.levels
         self.text += ev.text
         self.rounds.append(RoundStats(len(self.rounds) + 1, len(ev.token_ids), dict(self._proposed), dict(self._accepted), at_s))
         self._last_t = at_s
         self._reset_round()
+
+    def _note(self, level: str, checks: tuple[TokenCheck, ...], drawn: TokenCheck | None) -> str:
+        if checks:
+            return check_summary(checks[-1])
+        if drawn is not None:
+            return (f"{level} drew it after rejecting «{self._piece(drawn.token_id)}»"
+                    + (" (from the residual)" if drawn.u is not None else " (its argmax)"))
+        return ""
 
     def _piece(self, token: int) -> str:
         return self._decode([token]).replace("\ufffd", "\u00b7")

@@ -15,11 +15,14 @@ import gradio as gr
 from triforce_core.sections import top_level
 
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
+from .inspector import inspector_figure, inspector_html
+from .narration import narration_html
 from .render import context_gauge_html, passages_html, segments_html, stats_html, transcript_html
 from .state import Answer, UserState
 from .trace import AnswerTrace
 
-STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge")
+STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge", "narration",
+            "inspector", "inspector_plot")
 DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", "toc", "toc_list")
 
 
@@ -152,19 +155,35 @@ def transcript(user: UserState | None, teaching: bool) -> str:
     if user is None or not user.session.turns:
         return transcript_html([], "Load a document (or the sample), then ask a question about it.")
     turns = []
-    for turn, answer in zip(user.session.turns, user.answers):
-        turns.append((turn.question, segments_html(answer.trace.segments, teaching), answer.footer))
+    for k, (turn, answer) in enumerate(zip(user.session.turns, user.answers)):
+        turns.append((turn.question, segments_html(answer.trace.segments, teaching, k), answer.footer))
     return transcript_html(turns)
 
 
+def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, waiting: bool = False) -> tuple:
+    """The round narration (teaching view) and, for the lesson, the inspector opened once on the
+    answer's first checked rejection."""
+    t = answer.trace
+    narration = narration_html(t, waiting=waiting) if teaching else gr.skip()
+    inspector = plot = gr.skip()
+    if user.auto_inspect and decode is not None:
+        seg = next((s for s in t.segments if s.kind == "rejected" and s.checks), None)
+        if seg is not None:
+            user.auto_inspect = False
+            inspector, plot = inspector_html(seg, decode, answer.inspected), inspector_figure(seg, decode)
+    return narration, inspector, plot
+
+
 def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool, budget, window: int,
-                   new_map: bool, panels: bool = True) -> tuple:
+                   new_map: bool, panels: bool = True, decode=None, waiting: bool = False) -> tuple:
     """The `STREAMED` updates while `answer` streams: with `panels` the figures and tables too
     (re-drawn only now and then: plots are the browser's heaviest work), with `new_map` also the
-    retrieval map and its passages (after a new chunk selection)."""
+    retrieval map and its passages (after a new chunk selection). `waiting`: a stepped
+    generation waits for Step."""
     t = answer.trace
-    if not panels:  # text only: the answer so far and the status line
-        return (user, transcript(user, teaching), status) + (gr.skip(),) * 6
+    extra = teaching_updates(user, answer, teaching, decode, waiting)
+    if not panels:  # text only: the answer so far, the status line and the narration
+        return (user, transcript(user, teaching), status) + (gr.skip(),) * 6 + extra
     map_fig = passages = gr.skip()
     if new_map:
         sel = t.selections[-1] if t.selections else None
@@ -177,7 +196,7 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
     return (
         user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
         speed_figure(speed if t.new_tokens else []), stats_html(stats_rows(answer)), gauge(user, budget, window),
-    )
+    ) + extra
 
 
 def empty_panels(user: UserState | None, status: str, budget, window: int) -> tuple:
@@ -185,4 +204,5 @@ def empty_panels(user: UserState | None, status: str, budget, window: int) -> tu
     return (
         user, transcript(user, False), status, retrieval_map_figure(None), passages_html([]),
         acceptance_figure([]), speed_figure([]), stats_html(stats_rows(None)), gauge(user, budget, window),
+        narration_html(None), inspector_html(None, str), inspector_figure(None, str),
     )

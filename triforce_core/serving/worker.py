@@ -12,6 +12,11 @@ caller does not freeze the others' streams.
     for item in job:          # the events, in order; errors re-raised here
         ...
     job.cancel()              # stop: the generator is closed within one round or chunk
+
+Stepping (the app's step mode): a job submitted with `pause_after` (a test on each item, e.g.
+"this ends a speculation round") and `stepping` on waits after every such item until `step()`
+is called, without holding up the other jobs; `set_stepping(False)` lets it run on, and
+`cancel()` stops it whether it waits or not.
 """
 
 from __future__ import annotations
@@ -28,16 +33,48 @@ _END = object()
 class Job:
     """A generation submitted to the worker; iterate it to receive its items."""
 
-    def __init__(self, start: Callable[[], Iterator]):
+    def __init__(self, start: Callable[[], Iterator], pause_after: Callable[[object], bool] | None = None,
+                 stepping: bool = False):
         self._start = start
         self._items: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()
         self.finished = threading.Event()
         self.stopped = False  # True when the job ended because of cancel()
         self._gen: Iterator | None = None
+        self._pause_after = pause_after
+        self.stepping = stepping and pause_after is not None
+        self._lock = threading.Lock()
+        self._steps = 0  # step() calls not used yet
+        self._held = False  # the last item was a pause point
+        self._wake: threading.Condition | None = None  # the worker's, set when submitted
+        self.steps_taken = 0
 
     def cancel(self) -> None:
         self._cancelled.set()
+        self._nudge()
+
+    def step(self) -> None:
+        """Stepping: let the job run to its next pause point."""
+        with self._lock:
+            self._steps += 1
+        self._nudge()
+
+    def set_stepping(self, on: bool) -> None:
+        """Turn stepping on (pause at the next pause point) or off (run on)."""
+        self.stepping = bool(on) and self._pause_after is not None
+        self._nudge()
+
+    @property
+    def waiting(self) -> bool:
+        """Paused at a pause point until `step()` (or stepping off, or cancel)."""
+        with self._lock:
+            return self.stepping and self._held and self._steps == 0 and not self._cancelled.is_set() \
+                and not self.finished.is_set()
+
+    def _nudge(self) -> None:
+        if self._wake is not None:
+            with self._wake:
+                self._wake.notify()
 
     @property
     def cancelled(self) -> bool:
@@ -84,9 +121,19 @@ class Job:
                 if self._gen is not None:
                     self._gen.close()  # the engine stops between rounds
                 return self._end()
+            if self._held:
+                with self._lock:
+                    if self.stepping:
+                        if self._steps == 0:
+                            return True  # waiting for step(): nothing to do this turn
+                        self._steps -= 1
+                        self.steps_taken += 1
+                    self._held = False
             if self._gen is None:
                 self._gen = self._start()
-            self._items.put(next(self._gen))
+            item = next(self._gen)
+            self._items.put(item)
+            self._held = self._pause_after is not None and bool(self._pause_after(item))
             return True
         except StopIteration:
             return self._end()
@@ -111,9 +158,13 @@ class EngineWorker:
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
-    def submit(self, start: Callable[[], Iterator]) -> Job:
-        """Queue a generation: `start()` is called in the worker and returns its event iterator."""
-        job = Job(start)
+    def submit(self, start: Callable[[], Iterator], pause_after: Callable[[object], bool] | None = None,
+               stepping: bool = False) -> Job:
+        """Queue a generation: `start()` is called in the worker and returns its event iterator.
+        With `pause_after` and `stepping`, the job waits for `step()` after each item the test
+        accepts (see the module docstring)."""
+        job = Job(start, pause_after, stepping)
+        job._wake = self._wake
         with self._wake:
             if self._closed:
                 raise RuntimeError("the worker is closed")
@@ -157,3 +208,6 @@ class EngineWorker:
             active = [job for job in active if job._step()]
             with self._wake:
                 self._running = len(active)
+                # every job waits for a step: sleep until one is nudged (a step, a stop, a new job)
+                if active and not self._pending and not self._closed and all(j.waiting for j in active):
+                    self._wake.wait(timeout=1.0)

@@ -21,6 +21,7 @@ from ..settings import SETTING_NAMES, Settings, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
 from ..views import answer_footer, answer_updates, empty_panels, gauge, prefill_progress_text, transcript
+from .teaching import round_pauses
 
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
@@ -74,11 +75,16 @@ class AnswerHandlers:
     def __init__(self, ctx: AppContext):
         self.ctx = ctx
 
-    def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str):
-        """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates."""
+    def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str,
+                 config: GenerationConfig | None = None, stepping: bool = False):
+        """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates.
+
+        With the teaching view on, the generation was started with inspect=True (`start` does
+        that); with `config`, it can be stepped round by round (paused while `stepping`)."""
         ctx = self.ctx
-        answer = Answer(AnswerTrace(ctx.engine.decode))
-        user.job = job = ctx.worker.submit(start)
+        answer = Answer(AnswerTrace(ctx.engine.decode), inspected=teaching)
+        pauses = round_pauses(config, ctx.engine.eos_token_ids) if config is not None else None
+        user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
         turn = _Turn(user, answer, label, ctx.engine.target.spec)
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
@@ -88,8 +94,15 @@ class AnswerHandlers:
                 panels = now - last_panels >= PANELS_EVERY_S
                 if panels:
                     last_panels = now
-                out = answer_updates(user, answer, turn.status, teaching, budget, ctx.window,
-                                     turn.new_map and panels, panels)
+                waiting = job.waiting
+                status = turn.status
+                if waiting:
+                    rounds = len(answer.trace.rounds)
+                    status = status_html(
+                        f"Step mode: {'round ' + str(rounds) if rounds else 'the prefill'} done. Press Step for "
+                        f"round {rounds + 1} (untick Step mode to run on).", "info")
+                out = answer_updates(user, answer, status, teaching, budget, ctx.window,
+                                     turn.new_map and panels, panels, ctx.engine.decode, waiting)
                 # The page re-renders the whole transcript on each update: send long ones less
                 # often, so a slow browser never falls behind (and a Stop shows at once).
                 interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
@@ -108,7 +121,7 @@ class AnswerHandlers:
             status = status_html(f"Stopped after {answer.trace.new_tokens} tokens.", "info")
         else:
             status = status_html(answer.footer or "Done.", "ok")
-        yield answer_updates(user, answer, status, teaching, budget, ctx.window, True)
+        yield answer_updates(user, answer, status, teaching, budget, ctx.window, True, ctx.engine.decode)
 
     def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
         """The user (new if none yet) and the settings, or a clear error."""
@@ -121,7 +134,7 @@ class AnswerHandlers:
             raise gr.Error(f"Invalid setting: {e}")
         return user, settings
 
-    def on_ask(self, message, user, teaching, system, *setting_values):
+    def on_ask(self, message, user, teaching, stepping, system, *setting_values):
         message = (message or "").strip()
         if not message:
             raise gr.Error("Type a question first.")
@@ -130,13 +143,13 @@ class AnswerHandlers:
         config = settings.config()
 
         def start():
-            events = user.session.ask(message, config, progress_events=True)
+            events = user.session.ask(message, config, progress_events=True, inspect=bool(teaching))
             user.spans, user.doc_first = user.session.token_char_spans(message)
             return events
 
-        yield from self.run_turn(user, start, teaching, settings.budget, "Answering")
+        yield from self.run_turn(user, start, teaching, settings.budget, "Answering", config, bool(stepping))
 
-    def on_regenerate(self, user, teaching, system, *setting_values):
+    def on_regenerate(self, user, teaching, stepping, system, *setting_values):
         user, settings = self.prepare(user, setting_values)
         if not user.session.turns:
             raise gr.Error("There is no answer to regenerate.")
@@ -145,12 +158,12 @@ class AnswerHandlers:
         config = settings.config()
 
         def start():
-            events = user.session.regenerate(config, progress_events=True)
+            events = user.session.regenerate(config, progress_events=True, inspect=bool(teaching))
             user.answers = user.answers[: len(user.session.turns)]
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events
 
-        yield from self.run_turn(user, start, teaching, settings.budget, "Regenerating")
+        yield from self.run_turn(user, start, teaching, settings.budget, "Regenerating", config, bool(stepping))
 
     def on_compare(self, user, teaching, *setting_values):
         """Re-run the last answer autoregressively; report the speed ratio and whether the
@@ -169,7 +182,8 @@ class AnswerHandlers:
                 baseline.push(item, time.perf_counter())
 
         def page(message: str, kind: str) -> tuple:
-            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, ctx.window, False)
+            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, ctx.window, False,
+                                  ctx.engine.decode)
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
