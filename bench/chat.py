@@ -61,6 +61,8 @@ CONFIGS: dict[str, dict] = {
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
+# "NAME+inspect": the same configuration with inspect=True (the teaching view's cost)
+INSPECT = "+inspect"
 
 
 class ChatBenchError(ValueError):
@@ -105,8 +107,10 @@ def workload(text: str, quotes: int, open_count: int, seed: int) -> list[tuple[s
 
 
 def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
+    name = name.removesuffix(INSPECT)
     if name not in CONFIGS:
-        raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)}")
+        raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)} "
+                             f"(each optionally with {INSPECT})")
     spec = SpeculationConfig(max_new_tokens=max_new_tokens, **CONFIGS[name])
     return GenerationConfig(sampling=sampling, speculation=spec)
 
@@ -166,7 +170,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     # Warm-up: the document's prefill (shared by every turn after it) and each configuration once.
     for i, n in enumerate(names):
         warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
-        _answer(session.ask("Hello.", warm) if i == 0 else session.rerun_last(warm))
+        inspect = n.endswith(INSPECT)
+        _answer(session.ask("Hello.", warm, inspect=inspect) if i == 0 else session.rerun_last(warm, inspect=inspect))
     prefill_s = time.perf_counter() - t0
     say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
     session.clear()
@@ -181,7 +186,9 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
             shift = (k * repeats + rep) % len(names)
             for j, n in enumerate(names[shift:] + names[:shift]):
                 first = rep == 0 and j == 0
-                events = session.ask(question, configs[n]) if first else session.rerun_last(configs[n])
+                inspect = n.endswith(INSPECT)
+                events = (session.ask(question, configs[n], inspect=inspect) if first
+                          else session.rerun_last(configs[n], inspect=inspect))
                 ids, stats = _answer(events)
                 if answers.setdefault(n, ids) != ids and sampling.greedy:
                     raise RuntimeError(f"{n} answered turn {k + 1} differently on a repeat")
@@ -213,7 +220,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     return {
         "document_tokens": session.document_tokens,
         "turns": rows,
-        "configs": {n: {"speculation": CONFIGS[n]} for n in names},
+        "configs": {n: {"speculation": CONFIGS[n.removesuffix(INSPECT)], "inspect": n.endswith(INSPECT)}
+                    for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
@@ -247,7 +255,8 @@ def main(argv=None) -> int:
     p.add_argument("--open", type=int, default=2, help=f"open questions, at most {len(OPEN_QUESTIONS)} (default 2)")
     p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
-                   help=f"comma-separated, of: {', '.join(CONFIGS)} (default: {','.join(DEFAULT_CONFIGS)})")
+                   help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
+                        f"inspect=True: the teaching view's cost) (default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -260,7 +269,7 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
         for n in names:
-            if n not in CONFIGS:
+            if n.removesuffix(INSPECT) not in CONFIGS:
                 raise ChatBenchError(f"unknown configuration {n!r}: use a comma-separated list of {', '.join(CONFIGS)}")
         if not names or len(set(names)) != len(names):
             raise ChatBenchError("--configs is empty or names a configuration twice")

@@ -24,7 +24,7 @@ def test_every_configuration_answers_every_turn_identically(chat_engine):
     turns = chat.workload(text, quotes=2, open_count=1, seed=1)
     assert [k for k, _ in turns] == ["quote", "quote", "open"]
     lines: list[str] = []
-    names = ["triforce", "triforce-paper", "lookup", "autoregressive"]
+    names = ["triforce", "triforce-paper", "triforce-paper+inspect", "lookup", "autoregressive"]
     report = chat.run(chat_engine, text, turns, names, SamplingConfig(), 12, say=lines.append, repeats=2)
     assert report["repeats"] == 2 and len(report["turns"]) == 3
     # one line per configuration, turn and repeat
