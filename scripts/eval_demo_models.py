@@ -13,6 +13,7 @@
 * sizes: parameters, weight bytes, KV bytes per token.
 
     python -m scripts.eval_demo_models [--models assets/models] [--json OUT]
+    python -m scripts.eval_demo_models --context 65536 --copy-contexts 32768   # the 64K window
 """
 
 from __future__ import annotations
@@ -248,6 +249,9 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=16384, help="longest context measured (default 16384)")
     p.add_argument("--copy-contexts", default="4096,8192",
                    help="shorter document lengths at which copy accuracy is measured too (comma-separated; '' for none)")
+    p.add_argument("--copy-only", action="store_true",
+                   help="measure copy accuracy only (no context loss, no draft agreement): e.g. tuning questions "
+                        "with another --seed")
     p.add_argument("--threads", type=int, default=None)
     a = p.parse_args(argv)
     if a.threads:
@@ -258,10 +262,11 @@ def main(argv=None) -> int:
     stream = held_out_stream(tok)
     log(f"held-out stream: {len(stream)} tokens")
     res = {"target": sizes(a.models / "target"), "draft": sizes(a.models / "draft")}
-    lengths = sorted({min(1024, a.context // 4), min(4096, a.context // 2), a.context})
-    res["context_loss"] = context_losses(engine.target, stream, lengths=tuple(lengths))
-    res["draft_agreement"] = draft_agreement(engine.target, engine.draft, stream)
-    log(f"draft agreement: {res['draft_agreement']}")
+    if not a.copy_only:
+        lengths = sorted({min(1024, a.context // 4), min(4096, a.context // 2), a.context})
+        res["context_loss"] = context_losses(engine.target, stream, lengths=tuple(lengths))
+        res["draft_agreement"] = draft_agreement(engine.target, engine.draft, stream)
+        log(f"draft agreement: {res['draft_agreement']}")
     docs = copy_documents(tok, a.context - 120, a.copy_documents, a.seed)
     res["copy"] = copy_accuracy(engine, docs, a.copy_per_document, a.seed)
     def summary(copy: dict) -> dict:

@@ -8,6 +8,7 @@ The browser tests skip when Chromium or Playwright is missing; `make test` insta
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import sys
@@ -26,6 +27,8 @@ SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
 SHOTS = ROOT / "artifacts" / "screenshots"
 CHROMIUM = "/usr/bin/chromium"
 MAX_NEW = 40
+WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
+OVER = WINDOW // 9000 + 1  # copies of the sample (about 9,400 tokens each) that exceed the window
 
 # One server and one page for all these tests, in order, on one pytest worker (make test runs
 # with --dist loadgroup); session scope keeps them alive if the worker interleaves other modules.
@@ -122,8 +125,8 @@ def test_a_document_beyond_the_context_window_is_refused_with_the_numbers(server
     from gradio_client.exceptions import AppError
 
     big = tmp_path / "big.txt"
-    big.write_text(SAMPLE.read_text(encoding="utf-8") * 3, encoding="utf-8")  # ~28K tokens > 16K
-    with pytest.raises(AppError, match="context window is 16384 tokens"):
+    big.write_text(SAMPLE.read_text(encoding="utf-8") * OVER, encoding="utf-8")  # over the window
+    with pytest.raises(AppError, match=f"context window is {WINDOW} tokens"):
         ask_api(server["url"], "Summarise it.", big)
 
 
@@ -408,14 +411,14 @@ def upload(page, path) -> None:
 def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     text = SAMPLE.read_text(encoding="utf-8")
     quarter = len(text) // 4
-    parts = [text[i * quarter : (i + 1) * quarter] for i in range(4)] * 2  # ~28K tokens > 16K
+    parts = [text[i * quarter : (i + 1) * quarter] for i in range(4)] * OVER  # over the window
     book = tmp_path / "book.md"
     book.write_text("".join(f"# Part {i + 1}\n\n{p}\n\n" for i, p in enumerate(parts)), encoding="utf-8")
     upload(page, book)
     wait_status(page, "pick the sections to read")
-    page.wait_for_selector("#tf-toc-list label:has-text('Part 8')")
+    page.wait_for_selector(f"#tf-toc-list label:has-text('Part {len(parts)}')")
     labels = page.locator("#tf-toc-list label").all_inner_texts()
-    assert len(labels) == 8 and labels[0].startswith("1. Part 1 · ") and labels[0].endswith(" tokens")
+    assert len(labels) == len(parts) and labels[0].startswith("1. Part 1 · ") and labels[0].endswith(" tokens")
     page.locator("#tf-toc-list label", has_text="2. Part 2").click()
     page.locator("#tf-toc-list label", has_text="3. Part 3").click()
     page.click("#tf-read-sections")
