@@ -91,7 +91,15 @@ def attention_ms(heads: int, head_dim: int, keys: int, chunk: int = 1024, reps: 
     return {name: {"ms": 1e3 * min(t[1:]), "gflops": flops / min(t[1:]) / 1e9} for name, t in times.items()}
 
 
-def one_length(target: str, draft: str | None, tokens: int, workdir: Path, say) -> dict:
+def resident_gb() -> float:
+    """This process's resident memory (Linux: VmRSS), in GB."""
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")
+
+
+def one_length(target: str, draft: str | None, tokens: int, workdir: Path, say, sessions: int = 4) -> dict:
     path = stretched(target, tokens + 256, workdir)
     engine = TriForceEngine.from_pretrained(path, draft, device="cpu", dtype="float32")
     spec = engine.target.spec
@@ -127,6 +135,16 @@ def one_length(target: str, draft: str | None, tokens: int, workdir: Path, say) 
     same = second.turns[-1].token_ids == answer
     say(f"[{tokens}] re-opened: engine loaded in {load_s:.1f}s, first answer token {s2.first_token_s:.2f}s "
         f"({s2.disk_tokens} tokens from disk, {s2.prefill_tokens} prefilled); answer identical: {same}")
+    # Several users on the same book, as the app keeps them: one session (caches) each.
+    held, rss = [second], [resident_gb()]
+    for _ in range(sessions - 1):
+        other = ChatSession(again, text, config=config)
+        list(other.ask(QUESTION))
+        held.append(other)
+        rss.append(resident_gb())
+    per_session = [h.cache_bytes() / 1e9 for h in held]
+    say(f"[{tokens}] {len(held)} sessions: caches {', '.join(f'{g:.2f}' for g in per_session)} GB each; "
+        f"resident {rss[-1]:.2f} GB (after each: {', '.join(f'{g:.2f}' for g in rss)})")
     return {
         "context_tokens": tokens, "prompt_tokens": prompt, "target": path,
         "matmul_gflops": matmul, "chunk_attention": att,
@@ -135,6 +153,7 @@ def one_length(target: str, draft: str | None, tokens: int, workdir: Path, say) 
         "first_answer_s": s1.first_token_s,
         "reopen": {"engine_load_s": load_s, "first_token_s": s2.first_token_s, "prefill_s": s2.prefill_s,
                    "disk_tokens": s2.disk_tokens, "prefill_tokens": s2.prefill_tokens, "answer_identical": same},
+        "sessions": {"count": len(held), "cache_gb": per_session, "resident_gb_after_each": rss},
     }
 
 
@@ -142,8 +161,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="a local model folder (default: the embedded demo target)")
     p.add_argument("--context-tokens", default="32768,65536", help="comma-separated lengths (default %(default)s)")
+    p.add_argument("--sessions", type=int, default=4,
+                   help="sessions opened on the re-opened document, for the resident memory (default 4)")
     p.add_argument("--json", metavar="OUT", help="write the results as JSON")
     a = p.parse_args(argv)
+    if a.sessions < 1:
+        p.error("--sessions must be at least 1")
     target, _ = default_model_names(a.target, None)
     lengths = [int(x) for x in a.context_tokens.split(",") if x.strip()]
 
@@ -153,7 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="long-prefill-") as tmp:
         for n in lengths:
-            results.append(one_length(str(target), None, n, Path(tmp), say))
+            results.append(one_length(str(target), None, n, Path(tmp), say, a.sessions))
     if a.json:
         Path(a.json).write_text(json.dumps(results, indent=2, default=str) + "\n")
     return 0

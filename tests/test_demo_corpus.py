@@ -126,7 +126,8 @@ def test_answer_tokens_stay_out_of_the_language_model_loss():
 
 @pytest.mark.parametrize("argv, message", [
     (["--target-shape", "4x256"], "--target-shape: expected LAYERSxHIDDENxHEADSxMLP"),
-    (["--long-shape", "1x32768"], "window lengths are at most 16384"),
+    (["--long-shape", "1x32768"], "window lengths are at most --max-position (16384)"),
+    (["--max-position", "512"], "--max-position: expected 1024"),
     (["--train-with-yarn"], "needs --yarn-factor above 1"),
     (["--yarn-factor", "2", "--train-with-yarn", "--draft-only", "x"], "not with --draft-only"),
     (["--hard-candidates", "0"], "expected at least 1"),
