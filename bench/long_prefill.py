@@ -146,7 +146,8 @@ def one_length(target: str, draft: str | None, tokens: int, workdir: Path, say, 
     say(f"[{tokens}] {len(held)} sessions: caches {', '.join(f'{g:.2f}' for g in per_session)} GB each; "
         f"resident {rss[-1]:.2f} GB (after each: {', '.join(f'{g:.2f}' for g in rss)})")
     return {
-        "context_tokens": tokens, "prompt_tokens": prompt, "target": path,
+        "context_tokens": tokens, "prompt_tokens": prompt,
+        "target": Path(path).name + ("" if path == target else ", rope stretched (YaRN) to the length"),
         "matmul_gflops": matmul, "chunk_attention": att,
         "prefill_s": s1.prefill_s, "prefill_gflops": rate,
         "prefill_vs_matmul": rate / statistics.median(matmul),
