@@ -619,6 +619,7 @@ def run_target(a: argparse.Namespace, tok, train_docs, train_texts, stream, devi
         "role": "target", "parameters": n_target,
     }
     # saved before the draft is trained: nothing is lost if the draft's training stops
+    tok.model_max_length = a.max_position  # a reused tokenizer keeps the window it was saved with
     save_bf16(target, tok, a.out / "target", meta)
     return a.out / "target"
 
