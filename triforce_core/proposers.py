@@ -143,6 +143,17 @@ class Verifier:
         self.counters = counters
         self.inspect = False
 
+    @property
+    def inspect(self) -> bool:
+        return self._inspect
+
+    @inspect.setter
+    def inspect(self, on: bool) -> None:
+        """Checks for this level's verifications, and laws from the draft below it."""
+        self._inspect = on
+        if self.lower is not None:
+            self.lower.inspect = on
+
     def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
         if self.lookup is not None:
             d = self.lookup.propose(room, committed, spec, events)

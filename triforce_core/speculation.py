@@ -42,8 +42,8 @@ from .detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled, PrefillProgress
 from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache
 from .lanes import Lane, RetrievalLane, StreamingLane
-from .loading import sync_device
 from .inspection import greedy_law, token_checks
+from .loading import sync_device
 from .model import DecoderModel, KeyMass
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
@@ -150,10 +150,8 @@ class Decoder:
     def set_inspect(self, on: bool) -> None:
         """Report the verification rule's values (`TokenCheck`s) from now on, or stop."""
         self.inspect = on
-        proposers = [self.proposer, getattr(self.proposer, "lower", None)]
-        for p in proposers:
-            if hasattr(p, "inspect"):
-                p.inspect = on
+        if self.proposer is not None:
+            self.proposer.inspect = on
 
     def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
         """Run `prefill_steps` to the end (for callers that decode with `run` themselves)."""

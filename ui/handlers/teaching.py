@@ -9,6 +9,8 @@ meanwhile, and Stop still ends it.
 
 from __future__ import annotations
 
+from typing import Callable
+
 import gradio as gr
 
 from triforce_core.config import GenerationConfig
@@ -30,7 +32,7 @@ LESSON_INTRO = (
 )
 
 
-def round_pauses(config: GenerationConfig, eos_ids) -> callable:
+def round_pauses(config: GenerationConfig, eos_ids) -> Callable[[object], bool]:
     """The pause test for a stepped generation: after the prefill (its selection, when the mode
     retrieves) and after each round's `Committed`, except the last one (nothing follows it)."""
     spec = config.speculation
