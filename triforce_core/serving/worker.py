@@ -80,6 +80,11 @@ class Job:
     def cancelled(self) -> bool:
         return self._cancelled.is_set()
 
+    @property
+    def pending(self) -> bool:
+        """Items (or the end) are queued, so `get` returns at once."""
+        return not self._items.empty()
+
     def __iter__(self):
         while True:
             item = self._items.get()

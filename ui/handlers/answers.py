@@ -33,15 +33,20 @@ def follow(job: Job, take: Callable[[object], None], interval: Callable[[], floa
     """Hand each of `job`'s events to `take` as it arrives, and yield whenever `interval()`
     seconds have passed since the last yield (the caller then refreshes the page). The worker's
     queue is polled every UPDATE_EVERY_S, so the page refreshes during a long prefill too.
+    Events already queued are all taken before a refresh: a refresh that costs more than a
+    round (a long transcript on a busy machine) would otherwise leave the page further behind
+    the generation with every round, and a Stop would land after the answer had ended.
     Errors of the generation are raised here; the caller cancels the job however it ends."""
     last = float("-inf")  # the first event refreshes at once
     for item in job.stream(UPDATE_EVERY_S):
         if item is not None:
             take(item)
+            if job.pending:
+                continue
         now = time.perf_counter()
         if now - last >= interval():
-            last = now
             yield
+            last = time.perf_counter()  # the refresh's own cost does not count as a pause
 
 
 class _Turn:
