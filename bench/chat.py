@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import sys
@@ -29,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from triforce_core import native_attention
 from triforce_core.benchmark import machine_info
 from triforce_core.config import PAPER_METHOD, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
@@ -61,8 +63,36 @@ CONFIGS: dict[str, dict] = {
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
-# "NAME+inspect": the same configuration with inspect=True (the teaching view's cost)
+# "NAME+inspect": the same configuration with inspect=True (the teaching view's cost);
+# "NAME+pytorch-attention": with the native few-row attention kernel off (its gain). Either
+# or both, in any order.
 INSPECT = "+inspect"
+PYTORCH_ATTENTION = "+pytorch-attention"
+SUFFIXES = (INSPECT, PYTORCH_ATTENTION)
+
+
+def split_name(name: str) -> tuple[str, set[str]]:
+    """"lookup+inspect" -> ("lookup", {"+inspect"})."""
+    flags = set()
+    while any(name.endswith(s) for s in SUFFIXES):
+        suffix = next(s for s in SUFFIXES if name.endswith(s))
+        flags.add(suffix)
+        name = name.removesuffix(suffix)
+    return name, flags
+
+
+def _answer_as(name: str, start) -> tuple[list[int], object]:
+    """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
+    flags = split_name(name)[1]
+    before = os.environ.get(native_attention.ENV)
+    os.environ[native_attention.ENV] = "0" if PYTORCH_ATTENTION in flags else "1"
+    try:
+        return _answer(start(INSPECT in flags))
+    finally:
+        if before is None:
+            del os.environ[native_attention.ENV]
+        else:
+            os.environ[native_attention.ENV] = before
 
 
 class ChatBenchError(ValueError):
@@ -107,10 +137,10 @@ def workload(text: str, quotes: int, open_count: int, seed: int) -> list[tuple[s
 
 
 def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
-    name = name.removesuffix(INSPECT)
+    name = split_name(name)[0]
     if name not in CONFIGS:
         raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)} "
-                             f"(each optionally with {INSPECT})")
+                             f"(each optionally with {' and/or '.join(SUFFIXES)})")
     spec = SpeculationConfig(max_new_tokens=max_new_tokens, **CONFIGS[name])
     return GenerationConfig(sampling=sampling, speculation=spec)
 
@@ -170,8 +200,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     # Warm-up: the document's prefill (shared by every turn after it) and each configuration once.
     for i, n in enumerate(names):
         warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
-        inspect = n.endswith(INSPECT)
-        _answer(session.ask("Hello.", warm, inspect=inspect) if i == 0 else session.rerun_last(warm, inspect=inspect))
+        _answer_as(n, lambda inspect: session.ask("Hello.", warm, inspect=inspect) if i == 0
+                   else session.rerun_last(warm, inspect=inspect))
     prefill_s = time.perf_counter() - t0
     say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
     session.clear()
@@ -186,10 +216,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
             shift = (k * repeats + rep) % len(names)
             for j, n in enumerate(names[shift:] + names[:shift]):
                 first = rep == 0 and j == 0
-                inspect = n.endswith(INSPECT)
-                events = (session.ask(question, configs[n], inspect=inspect) if first
-                          else session.rerun_last(configs[n], inspect=inspect))
-                ids, stats = _answer(events)
+                ids, stats = _answer_as(n, lambda inspect: session.ask(question, configs[n], inspect=inspect) if first
+                                        else session.rerun_last(configs[n], inspect=inspect))
                 if answers.setdefault(n, ids) != ids and sampling.greedy:
                     raise RuntimeError(f"{n} answered turn {k + 1} differently on a repeat")
                 for total in (totals[n], kinds.setdefault(kind, {}).setdefault(n, _empty()), per_turn[n]):
@@ -220,8 +248,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     return {
         "document_tokens": session.document_tokens,
         "turns": rows,
-        "configs": {n: {"speculation": CONFIGS[n.removesuffix(INSPECT)], "inspect": n.endswith(INSPECT)}
-                    for n in names},
+        "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
+                        "native_attention": PYTORCH_ATTENTION not in split_name(n)[1]} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
@@ -256,7 +284,8 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
-                        f"inspect=True: the teaching view's cost) (default: {','.join(DEFAULT_CONFIGS)})")
+                        f"inspect=True: the teaching view's cost) and/or {PYTORCH_ATTENTION} (the native few-row "
+                        f"attention kernel off: its gain) (default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=96)
@@ -269,7 +298,7 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
         for n in names:
-            if n.removesuffix(INSPECT) not in CONFIGS:
+            if split_name(n)[0] not in CONFIGS:
                 raise ChatBenchError(f"unknown configuration {n!r}: use a comma-separated list of {', '.join(CONFIGS)}")
         if not names or len(set(names)) != len(names):
             raise ChatBenchError("--configs is empty or names a configuration twice")

@@ -43,6 +43,13 @@ def test_the_assets_the_code_reads_are_package_data():
     assert set(needed) <= shipped
 
 
+def test_the_native_kernels_source_is_package_data():
+    from triforce_core import native_attention
+
+    shipped = {p for pattern in SETUPTOOLS["package-data"]["triforce_core"] for p in (ROOT / "triforce_core").glob(pattern)}
+    assert native_attention.SOURCE in shipped
+
+
 def test_console_scripts_point_at_functions_that_exist():
     import importlib
 

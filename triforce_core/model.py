@@ -23,6 +23,8 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import native_attention
+
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
 
@@ -164,7 +166,7 @@ class KeyMass:
     After the forward, `layers[l]` is [Hkv, S, n_chunks] float32: for each KV head and new
     query row, the softmax mass (summed over the query heads sharing the KV head) on cached
     keys [c*chunk, (c+1)*chunk), the whole chunks before the new tokens. Only the few-row CPU
-    path computes the probabilities explicitly; elsewhere `layers` stays empty.
+    paths (PyTorch's and the native kernel) report them; elsewhere `layers` stays empty.
     """
 
     chunk: int
@@ -299,13 +301,11 @@ class DecoderModel:
             # Grouped-query attention without copying the cache: the G query heads that share a
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
-            probs = [] if key_mass is not None and cache.exact_positions and key_start == 0 else None
-            out = _attention(qg, keys, values, mask, self.scale, probs)  # [Hkv, G*S, D]
-            if probs:  # [Hkv, G*S, T] -> mass per whole chunk of the cached keys
-                C = key_mass.chunk
-                n = (T - S) // C
-                p = probs[0][:, :, : n * C].reshape(Hkv, G, S, n, C)
-                key_mass.layers.append(p.sum(dim=(1, 4)))
+            chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
+            out, mass = _attention(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
+            if mass is not None:  # [Hkv, G*S, >= n] -> per KV head and new token, the whole cached chunks
+                n = (T - S) // chunk
+                key_mass.layers.append(mass[:, :, :n].reshape(Hkv, G, S, n).sum(dim=1))
             out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
             x = x + out @ layer.wo
             h = self._rms_norm(x, layer.mlp_norm)
@@ -335,6 +335,8 @@ class _Mask:
     # When every cached key is seen by every query (no window cut): the additive mask [R, S] of
     # the new keys alone, for `_split_attention`; else None.
     new_bias: torch.Tensor | None = None
+    # Every row sees a prefix of the keys (causal among the new ones, no window cut).
+    prefixes: bool = False
 
 
 # The CPU flash kernel that also returns each row's log-sum-exp (a private op of the pinned
@@ -343,28 +345,42 @@ _FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cp
 
 
 def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float,
-               probs: list | None = None) -> torch.Tensor:
-    """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `_attention_mask` (None: all visible) -> [Hkv, R, D].
+               chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `_attention_mask` (None: all visible)
+    -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
+    probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
+    (else None).
 
-    Few query rows against a long cache (decoding, verification): two batched matrix products
-    read each cached key and value once. PyTorch's CPU SDPA is several times slower there: its
-    math path rescales every cached key and its fused kernel handles a mask over a long cache
-    slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with
-    3-D inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
+    Few query rows against a long cache (decoding, verification) on the CPU: the native
+    kernel (`native_attention`), which reads each key and value once for all rows, where it is
+    built and every row sees a prefix of the keys (no window cut); else two batched matrix
+    products, which also read each key once but run the few-row product compute-bound. PyTorch's
+    CPU SDPA is slower there still: its math path rescales every cached key and its fused
+    kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel, which
+    needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path, measured 3x slower
+    for a 1024-token chunk at 16K).
     """
-    few = q.shape[1] <= (_SMALL_QUERY_ROWS if probs is None else _PROBED_QUERY_ROWS) and q.device.type == "cpu"
+    R, T = q.shape[1], k.shape[1]
+    few = R <= (_SMALL_QUERY_ROWS if chunk <= 0 else _PROBED_QUERY_ROWS) and q.device.type == "cpu"
     if not few and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
-        return _split_attention(q, k, v, mask.new_bias, scale)
+        return _split_attention(q, k, v, mask.new_bias, scale), None
     if not few:
         attn_mask = None if mask is None else mask.visible
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0]
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0], None
+    if T >= native_attention.MIN_KEYS and q.dtype == torch.float32 and (mask is None or mask.prefixes):
+        native = native_attention.kernel()
+        if native is not None:
+            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
+            return native.attention(q, k, v, limits, scale, chunk)
     scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
     if mask is not None:  # only the columns that hide something (the new tokens, causally)
         scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))
     weights = scores.softmax(dim=-1)
-    if probs is not None:  # the caller reads the attention weights (KeyMass)
-        probs.append(weights)
-    return torch.matmul(weights, v)
+    mass = None
+    if chunk > 0:  # the caller reads the attention each chunk received (KeyMass)
+        n = T // chunk
+        mass = weights[:, :, : n * chunk].reshape(q.shape[0], R, n, chunk).sum(dim=-1)
+    return torch.matmul(weights, v), mass
 
 
 def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias: torch.Tensor, scale: float):
@@ -416,4 +432,4 @@ def _attention_mask(
     new_bias = None
     if start >= past and device.type == "cpu" and G * S > _SMALL_QUERY_ROWS:
         new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
-    return _Mask(visible, start, ~visible[:, start:], new_bias)
+    return _Mask(visible, start, ~visible[:, start:], new_bias, prefixes=start >= past)

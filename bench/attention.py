@@ -1,0 +1,94 @@
+"""Few-row attention over a long cache: the native kernel against PyTorch's path, one process.
+
+For each cache length and row count (1 row: a decoding step; 7: a verification of six drafted
+tokens and the bonus), the attention of one layer of the demo target (4 KV heads of 64), the
+two paths alternated, medians; with the bytes of K/V each reads and the memory's measured
+bandwidth, so each time stands against its roofline.
+
+    python -m bench.attention [--keys 16384,32768,65536] [--rows 1,7,16] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from triforce_core import native_attention
+from triforce_core.roofline import measure_bandwidth
+
+
+def pytorch_path(q, k, v, limits, scale):
+    """The model's PyTorch few-row path: two batched matrix products and a softmax."""
+    scores = torch.matmul(q * scale, k.transpose(1, 2))
+    T = k.shape[1]
+    scores.masked_fill_(torch.arange(T)[None, None, :] >= limits[None, :, None], float("-inf"))
+    return torch.matmul(scores.softmax(dim=-1), v)
+
+
+def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats: int, say=print) -> dict:
+    kernel = native_attention.kernel()
+    if kernel is None:
+        raise SystemExit("error: the native kernel is unavailable here (no C compiler, or TRIFORCE_NATIVE_ATTENTION=0)")
+    bandwidth = measure_bandwidth(torch.device("cpu"))
+    results = []
+    for T in keys:
+        k, v = torch.randn(heads, T, head_dim), torch.randn(heads, T, head_dim)
+        read = 2 * k.numel() * k.element_size()
+        for R in rows:
+            q = torch.randn(heads, R, head_dim)
+            limits = torch.arange(T - R + 1, T + 1)
+            paths = {"native": lambda: kernel.attention(q, k, v, limits, head_dim**-0.5),
+                     "pytorch": lambda: pytorch_path(q, k, v, limits, head_dim**-0.5)}
+            times = {name: [] for name in paths}
+            for _ in range(2):
+                for f in paths.values():
+                    f()
+            for i in range(repeats):
+                for name in (list(paths) if i % 2 == 0 else list(paths)[::-1]):
+                    t0 = time.perf_counter()
+                    paths[name]()
+                    times[name].append(time.perf_counter() - t0)
+            med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
+            row = {"keys": T, "rows": R, "kv_bytes": read, "ms": med, "floor_ms": read / bandwidth * 1e3,
+                   "speedup": med["pytorch"] / med["native"]}
+            results.append(row)
+            say(f"[attention] {T} keys, {R} rows: native {med['native']:.2f} ms, pytorch {med['pytorch']:.2f} ms "
+                f"({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms ({read / 1e6:.0f} MB)")
+    return {"bandwidth_bytes_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.attention", description=__doc__.split("\n\n")[0])
+    p.add_argument("--keys", default="16384,32768,65536", help="comma-separated cache lengths (default: %(default)s)")
+    p.add_argument("--rows", default="1,7,16", help="comma-separated query rows (default: %(default)s)")
+    p.add_argument("--heads", type=int, default=4, help="KV heads (default: the demo target's, %(default)s)")
+    p.add_argument("--head-dim", type=int, default=64, help="(default: %(default)s)")
+    p.add_argument("--repeats", type=int, default=21, help="timed calls per path (default: %(default)s)")
+    p.add_argument("--json", type=Path, help="write the report here")
+    a = p.parse_args(argv)
+    try:
+        keys = [int(x) for x in a.keys.split(",") if x.strip()]
+        rows = [int(x) for x in a.rows.split(",") if x.strip()]
+    except ValueError:
+        print("error: --keys and --rows take comma-separated integers", file=sys.stderr)
+        return 2
+    if not keys or not rows or min(keys) < 1 or min(rows) < 1 or any(r > t for t in keys for r in rows):
+        print("error: --keys and --rows must be positive, with rows <= keys", file=sys.stderr)
+        return 2
+    report = measure(keys, rows, a.heads, a.head_dim, a.repeats)
+    report["machine"] = {"cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+                         "python": platform.python_version(), "load_average_1min": os.getloadavg()[0]}
+    if a.json:
+        a.json.write_text(json.dumps(report, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

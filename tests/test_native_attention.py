@@ -1,0 +1,165 @@
+"""The native few-row attention kernel (`triforce_core.native_attention`) is exact.
+
+- Against a float64 reference: outputs and per-chunk attention mass, over row counts, key
+  counts around the block size, head sizes with and without the vector path, causal limits,
+  caches with a head stride (views into a larger buffer).
+- Through the model: forcing the kernel at every length, greedy output equals Hugging Face's
+  across the model zoo and modes, and sampled output follows the target's law (chi-square).
+- Negative controls: a kernel that lets each row see one key too many (a causal leak) fails
+  the reference comparison and the chi-square test. (The zoo's near-uniform random attention
+  hides such a leak from greedy decoding; the chi-square models' sharp attention does not.)
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+import torch
+from test_greedy_exactness import CACHE, TARGETS, _assert_same, _config, _setup
+from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
+
+import triforce_core.native_attention as native_attention
+from triforce_core import TriForceEngine
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler: the native kernel cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def kernel():
+    k = native_attention.kernel()
+    assert k is not None, "the kernel did not build (see the warning logged)"
+    return k
+
+
+@pytest.fixture
+def forced(monkeypatch, kernel):
+    """The kernel at every cache length (the tests' prompts are short); counts its calls."""
+    monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
+    calls = []
+    original = native_attention.Kernel.attention
+
+    def counting(self, *args, **kwargs):
+        calls.append(args[0].shape[1])
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(native_attention.Kernel, "attention", counting)
+    return calls
+
+
+@pytest.fixture
+def leaking(monkeypatch, forced):
+    """The negative control: every row sees one key past its limit (where there is one)."""
+    original = native_attention.Kernel.attention
+
+    def leak(self, q, k, v, limits, scale, chunk=0):
+        return original(self, q, k, v, (limits + 1).clamp(max=k.shape[1]), scale, chunk)
+
+    monkeypatch.setattr(native_attention.Kernel, "attention", leak)
+
+
+def reference(q, k, v, limits, scale, chunk):
+    """float64: out [H, R, D] and the mass of each whole chunk [H, R, T // chunk]."""
+    T = k.shape[1]
+    s = torch.matmul(q.double() * scale, k.double().transpose(1, 2))
+    s = s.masked_fill(torch.arange(T)[None, None, :] >= limits[None, :, None], float("-inf"))
+    w = s.softmax(-1)
+    n = T // chunk
+    return torch.matmul(w, v.double()), w[:, :, : n * chunk].reshape(q.shape[0], q.shape[1], n, chunk).sum(-1)
+
+
+SHAPES = [  # (Hkv, R, T, D)
+    (4, 1, 1, 64), (4, 1, 4099, 64), (4, 7, 300, 64), (2, 7, 256, 64), (2, 7, 257, 64), (4, 16, 1000, 64),
+    (1, 28, 2049, 128), (2, 5, 777, 48), (3, 3, 513, 32), (2, 64, 600, 64),
+]
+
+
+@pytest.mark.parametrize("H,R,T,D", SHAPES, ids=[f"h{h}-r{r}-t{t}-d{d}" for h, r, t, d in SHAPES])
+@pytest.mark.parametrize("chunk", [0, 8])
+def test_kernel_matches_float64_reference(kernel, H, R, T, D, chunk):
+    g = torch.Generator().manual_seed(H * 1000 + R * 10 + T)
+    room = 37  # a cache buffer longer than the view: the heads are not contiguous
+    kb, vb = torch.randn(H, T + room, D, generator=g) * 2, torch.randn(H, T + room, D, generator=g)
+    k, v = kb[:, :T], vb[:, :T]
+    q = torch.randn(H, R, D, generator=g)
+    # causal among the last rows (a verification); a single row sees everything
+    limits = torch.tensor([max(1, T - R + 1 + r) for r in range(R)])
+    scale = D**-0.5
+    out, mass = kernel.attention(q, k, v, limits, scale, chunk)
+    ref_out, ref_mass = reference(q, k, v, limits, scale, chunk or 8)
+    assert out.shape == (H, R, D)
+    assert (out.double() - ref_out).abs().max() < 2e-5
+    if chunk:
+        assert mass.shape == ref_mass.shape
+        assert mass.numel() == 0 or (mass.double() - ref_mass).abs().max() < 2e-6
+    else:
+        assert mass is None
+
+
+def test_negative_control_a_leaked_key_is_caught(kernel):
+    g = torch.Generator().manual_seed(5)
+    H, R, T, D = 4, 7, 3000, 64
+    q, k, v = (torch.randn(H, n, D, generator=g) for n in (R, T, T))
+    limits = torch.arange(T - R + 1, T + 1)
+    out, _ = kernel.attention(q, k, v, (limits + 1).clamp(max=T), 0.125)
+    ref_out, _ = reference(q, k, v, limits, 0.125, 8)
+    assert (out.double() - ref_out).abs().max() > 1e-3
+
+
+def test_build_is_cached_and_leaves_nothing_else(tmp_path):
+    first = native_attention.build(tmp_path)
+    assert native_attention.build(tmp_path) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]  # no temporary files left
+    out, _ = native_attention.Kernel(first, threads=1).attention(
+        torch.ones(1, 1, 8), torch.ones(1, 3, 8), torch.arange(24.0).reshape(1, 3, 8), torch.tensor([3]), 1.0)
+    assert torch.allclose(out, torch.arange(24.0).reshape(3, 8).mean(0))  # equal scores: the mean value
+
+
+def test_disabled_by_the_environment(monkeypatch):
+    monkeypatch.setenv(native_attention.ENV, "0")
+    assert native_attention.kernel() is None
+
+
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("mode,lookup", [("autoregressive", False), ("triforce", False), ("retrieval", True)])
+def test_greedy_matches_hf_through_the_kernel(forced, kind, mode, lookup):
+    _, t, d, ids, ref, gaps = _setup(kind)
+    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, lookup=lookup))
+    _assert_same(res.token_ids, ref, gaps)
+    assert forced and (mode == "autoregressive" or max(forced) > 1)  # the kernel ran, verifications included
+
+
+def test_greedy_with_attention_selection_matches_hf_through_the_kernel(forced):
+    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
+    cache = CACHE.__class__(**{**CACHE.__dict__, "select_by": "attention", "refresh_every": 1, "refresh_acceptance": 0.0})
+    res = TriForceEngine(t, d).run(ids, _config("retrieval", 1, 4, cache=cache))
+    _assert_same(res.token_ids, ref, gaps)
+    assert res.stats.refreshes > 5
+
+
+def test_sampling_through_the_kernel_is_exact(forced):
+    """The retrieval level under the target, its chunks chosen from the target's attention
+    (the kernel's per-chunk mass) after every round."""
+    p = chi2_pvalue(sample_counts("retrieval", 1.0, gammas=(1, 1), cache=FOLLOWING), exact_joint(1.0))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+    assert max(forced) > 1
+
+
+def test_negative_control_leaking_kernel_fails_the_chi_square(leaking):
+    p = chi2_pvalue(sample_counts("retrieval", 1.0), exact_joint(1.0))
+    assert p < 1e-3, f"the leaking kernel was not detected (p = {p:.2e})"
+
+
+
+def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kernel, capsys):
+    from bench import attention
+
+    out = tmp_path / "attention.json"
+    assert attention.main(["--keys", "300", "--rows", "1,3", "--repeats", "1", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert [(r["keys"], r["rows"]) for r in report["results"]] == [(300, 1), (300, 3)]
+    assert all(set(r["ms"]) == {"native", "pytorch"} and r["kv_bytes"] == 2 * 4 * 300 * 64 * 4 for r in report["results"])
+    assert attention.main(["--keys", "10", "--rows", "20"]) == 2
+    assert "rows <= keys" in capsys.readouterr().err

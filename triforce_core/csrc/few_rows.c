@@ -1,0 +1,260 @@
+/* Few-row attention over a long cache: R query rows (a decoding step, a verification of a
+ * few drafted tokens, grouped-query heads folded into rows) against T cached keys, reading
+ * each key and value once for all rows.
+ *
+ * The work is split into jobs of (head, block of keys). A job computes its block's scores for
+ * every row (the block's keys stay in cache while all rows use them), the block's softmax
+ * statistics (max and sum of exponentials), and its block's partial output. `merge` then
+ * combines the blocks by their statistics, as flash-decoding does. Callers run disjoint job
+ * ranges on several threads; nothing here allocates beyond one scratch buffer per call.
+ *
+ * Compiled at first use with the machine's own vector instructions; plain C, so the compiler
+ * vectorises the inner loops (eight independent accumulators, no reassociation needed).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
+
+#define LANES 8
+
+/* exp(x) for x <= 0, to about 2 ulp: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial
+ * for exp(r), 2^n built in the exponent bits. Below -87 (where exp underflows float's normal
+ * range) the result is exp(-87), 1.6e-38: nothing next to the row's largest term, exp(0). */
+#define EXP_C(X) X(1.9875691500e-4f) X(1.3981999507e-3f) X(8.3334519073e-3f) X(4.1665795894e-2f) \
+    X(1.6666665459e-1f) X(5.0000001201e-1f)
+static const float LOG2E = 1.44269504088896341f, LN2_HI = 0.693359375f, LN2_LO = -2.12194440e-4f;
+
+static inline float exp_nonpositive(float x) {
+    x = x < -87.0f ? -87.0f : x;
+    float fn = floorf(x * LOG2E + 0.5f);
+    float r = x - fn * LN2_HI - fn * LN2_LO;
+    float p = 0.0f;
+#define STEP(c) p = p * r + c;
+    EXP_C(STEP)
+#undef STEP
+    p = p * r * r + r + 1.0f;
+    union { int32_t i; float f; } scale;
+    scale.i = ((int32_t)fn + 127) << 23;
+    return p * scale.f;
+}
+
+#ifdef HAVE_AVX2
+static inline __m256 exp_nonpositive8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 fn = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
+    __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(LN2_HI), x);
+    r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(LN2_LO), r);
+    __m256 p = _mm256_setzero_ps();
+#define STEP(c) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    EXP_C(STEP)
+#undef STEP
+    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
+}
+#endif
+
+/* The largest of s[0..n) (-inf for n = 0). */
+static float row_max(const float *s, int n) {
+    float m = -INFINITY;
+    int t = 0;
+#ifdef HAVE_AVX2
+    if (n >= 8) {
+        __m256 mv = _mm256_loadu_ps(s);
+        for (t = 8; t + 8 <= n; t += 8) mv = _mm256_max_ps(mv, _mm256_loadu_ps(s + t));
+        float lanes[8];
+        _mm256_storeu_ps(lanes, mv);
+        for (int j = 0; j < 8; j++) m = lanes[j] > m ? lanes[j] : m;
+    }
+#endif
+    for (; t < n; t++) m = s[t] > m ? s[t] : m;
+    return m;
+}
+
+/* s[t] = exp(s[t] - m) in place; returns their sum. */
+static float exponentiate(float *s, int n, float m) {
+    float l = 0.0f;
+    int t = 0;
+#ifdef HAVE_AVX2
+    __m256 mv = _mm256_set1_ps(m), acc = _mm256_setzero_ps();
+    for (; t + 8 <= n; t += 8) {
+        __m256 e = exp_nonpositive8(_mm256_sub_ps(_mm256_loadu_ps(s + t), mv));
+        _mm256_storeu_ps(s + t, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    float lanes[8];
+    _mm256_storeu_ps(lanes, acc);
+    for (int j = 0; j < 8; j++) l += lanes[j];
+#endif
+    for (; t < n; t++) {
+        s[t] = exp_nonpositive(s[t] - m);
+        l += s[t];
+    }
+    return l;
+}
+
+static inline float dot(const float *a, const float *b, int D) {
+    float acc[LANES] = {0};
+    int d = 0;
+    for (; d + LANES <= D; d += LANES)
+        for (int j = 0; j < LANES; j++) acc[j] += a[d + j] * b[d + j];
+    float s = 0.0f;
+    for (; d < D; d++) s += a[d] * b[d];
+    for (int j = 0; j < LANES; j++) s += acc[j];
+    return s;
+}
+
+/* The next block's keys (or values) are brought into cache while this block's rows are
+ * computed from it: the rows after the first run from cache, and without this the memory
+ * would stand idle during them. `next` advances by `step` bytes per call, up to `end`. */
+typedef struct { const char *next, *end; int64_t step; } Prefetch;
+
+static inline void prefetch(Prefetch *pf) {
+    for (int64_t i = 0; i < pf->step && pf->next < pf->end; i += 64, pf->next += 64)
+        __builtin_prefetch(pf->next, 0, 3);
+}
+
+/* s[t] = q . k[t] for n keys of D floats. */
+static void scores(const float *q, const float *k, int n, int D, float *s, Prefetch *pf) {
+    int t = 0;
+#ifdef HAVE_AVX2
+    if (D % 16 == 0 && D <= 128) {
+        __m256 qv[16];
+        for (int i = 0; i < D / 8; i++) qv[i] = _mm256_loadu_ps(q + 8 * i);
+        for (; t + 4 <= n; t += 4) {  /* four keys, two chains each (FMA latency), one horizontal add */
+            const float *k0 = k + (int64_t)t * D;
+            prefetch(pf);
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int i = 0; i < D / 8; i += 2) {
+                a0 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 8 * i), a0);
+                a1 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + D + 8 * i), a1);
+                a2 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 2 * D + 8 * i), a2);
+                a3 = _mm256_fmadd_ps(qv[i], _mm256_loadu_ps(k0 + 3 * D + 8 * i), a3);
+                b0 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 8 * i + 8), b0);
+                b1 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + D + 8 * i + 8), b1);
+                b2 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 2 * D + 8 * i + 8), b2);
+                b3 = _mm256_fmadd_ps(qv[i + 1], _mm256_loadu_ps(k0 + 3 * D + 8 * i + 8), b3);
+            }
+            a0 = _mm256_add_ps(a0, b0), a1 = _mm256_add_ps(a1, b1), a2 = _mm256_add_ps(a2, b2), a3 = _mm256_add_ps(a3, b3);
+            __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
+            _mm_storeu_ps(s + t, _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1)));
+        }
+    }
+#endif
+    for (; t < n; t++) s[t] = dot(q, k + (int64_t)t * D, D);
+}
+
+/* o[d] = sum_t w[t] v[t][d] over n values of D floats (zero weights skipped: masked keys). */
+static void weighted_sum(const float *w, const float *v, int n, int D, float *o, Prefetch *pf) {
+#ifdef HAVE_AVX2
+    if (D % 8 == 0 && D <= 128) {
+        __m256 acc[16];
+        for (int i = 0; i < D / 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int t = 0; t < n; t++) {
+            if ((t & 3) == 0) prefetch(pf);
+            if (w[t] == 0.0f) continue;
+            __m256 wt = _mm256_set1_ps(w[t]);
+            const float *vt = v + (int64_t)t * D;
+            for (int i = 0; i < D / 8; i++) acc[i] = _mm256_fmadd_ps(wt, _mm256_loadu_ps(vt + 8 * i), acc[i]);
+        }
+        for (int i = 0; i < D / 8; i++) _mm256_storeu_ps(o + 8 * i, acc[i]);
+        return;
+    }
+#endif
+    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    for (int t = 0; t < n; t++) {
+        if (w[t] == 0.0f) continue;
+        const float *vt = v + (int64_t)t * D;
+        for (int d = 0; d < D; d++) o[d] += w[t] * vt[d];
+    }
+}
+
+/* q: [H, R, D] pre-scaled; k, v: head h at k + h * head_stride, token t at + t * D;
+ * limit[r]: row r sees keys t < limit[r]. Blocks of `block` keys, nb = ceil(T / block).
+ * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
+ * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
+ * block over each whole chunk of keys the row sees (zero past what it sees). */
+int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
+           int H, int R, int D, int64_t T, const int64_t *limit, int block,
+           int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
+           int chunk, float *chunk_sum) {
+    int64_t nb = (T + block - 1) / block;
+    float *s = malloc(sizeof(float) * (size_t)R * (size_t)block);
+    if (!s) return -1;
+    int64_t n_chunks = chunk > 0 ? T / chunk : 0;
+    for (int64_t job = job_begin; job < job_end; job++) {
+        int64_t h = job / nb, b = job % nb;
+        int64_t t0 = b * block;
+        int n = (int)((T - t0) < block ? (T - t0) : block);
+        const float *kh = k + h * head_stride + t0 * D, *vh = v + h * head_stride + t0 * D;
+        const float *qh = q + h * (int64_t)R * D;
+        /* 1. scores: the block's keys stay in cache while every row reads them */
+        /* the next block's n keys, spread over the R passes of n / 4 steps (none for one row:
+           a single pass streams) */
+        int last = b + 1 == nb;
+        int64_t bytes = (int64_t)block * D * 4, step = R > 1 ? (4 * bytes / ((int64_t)R * n) + 63) / 64 * 64 : 0;
+        Prefetch pk = {(const char *)(kh + (int64_t)n * D), (const char *)(kh + (int64_t)n * D) + (last ? 0 : bytes), step};
+        for (int r = 0; r < R; r++) scores(qh + (int64_t)r * D, kh, n, D, s + (int64_t)r * block, &pk);
+        /* 2. per row: the visible part, its max, exponentials and their sum */
+        int64_t stat = (h * nb + b) * R;
+        float *o = out + stat * D;
+        for (int r = 0; r < R; r++) {
+            float *sr = s + (int64_t)r * block;
+            int64_t lim = limit[r] - t0;
+            int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
+            float m = row_max(sr, seen);
+            float l = seen ? exponentiate(sr, seen, m) : 0.0f;
+            for (int t = seen; t < n; t++) sr[t] = 0.0f;
+            m_out[stat + r] = m;
+            l_out[stat + r] = l;
+            if (chunk_sum) {
+                float *cs = chunk_sum + (h * R + r) * n_chunks;
+                for (int c = 0; c * chunk < n && t0 / chunk + c < n_chunks; c++) {
+                    float acc = 0.0f;
+                    for (int t = c * chunk; t < (c + 1) * chunk; t++) acc += sr[t];
+                    cs[t0 / chunk + c] = acc;
+                }
+            }
+        }
+        /* 3. the block's partial output, row by row (the block's values stay in cache) */
+        Prefetch pv = {(const char *)(vh + (int64_t)n * D), (const char *)(vh + (int64_t)n * D) + (last ? 0 : bytes), step};
+        for (int r = 0; r < R; r++) weighted_sum(s + (int64_t)r * block, vh, n, D, o + (int64_t)r * D, &pv);
+    }
+    free(s);
+    return 0;
+}
+
+/* Combine the blocks: result [H, R, D]; m_out is overwritten with each block's weight
+ * exp(m_b - max_b m_b) / sum_b l_b exp(m_b - max_b m_b), the factor that turns its
+ * exponentials into attention probabilities (for the chunk sums). */
+void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result) {
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++) {
+            float top = -INFINITY;
+            for (int64_t b = 0; b < nb; b++) {
+                float m = m_out[(h * nb + b) * R + r];
+                top = m > top ? m : top;
+            }
+            float total = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int64_t i = (h * nb + b) * R + r;
+                float w = m_out[i] == -INFINITY ? 0.0f : expf(m_out[i] - top);
+                m_out[i] = w;
+                total += w * l_out[i];
+            }
+            float *res = result + ((int64_t)h * R + r) * D;
+            for (int d = 0; d < D; d++) res[d] = 0.0f;
+            for (int64_t b = 0; b < nb; b++) {
+                int64_t i = (h * nb + b) * R + r;
+                float w = m_out[i] / total;
+                m_out[i] = w;
+                if (w == 0.0f) continue;
+                const float *o = out + i * D;
+                for (int d = 0; d < D; d++) res[d] += w * o[d];
+            }
+        }
+}

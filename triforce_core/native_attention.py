@@ -1,0 +1,161 @@
+"""Few-row attention over a long cache in native code: the CPU kernel of `csrc/few_rows.c`.
+
+A decoding step has one query row per head, a verification of γ drafted tokens γ rows (times
+the query heads that share a KV head). PyTorch's CPU matrix products run such few-row products
+far below the memory roofline: a 7-row product over 64K keys costs twice a one-row product,
+and a one-row step reads the cache at about two thirds of the memory's bandwidth. The kernel
+splits the keys into blocks, computes every row's scores of a block while its keys are in
+cache, and merges the blocks by their softmax statistics, on all cores.
+
+The kernel is compiled from source at first use with the machine's C compiler (flags for the
+machine's own vector instructions), into the user's cache folder, keyed by the source, the
+flags and the processor; without a compiler, or with `TRIFORCE_NATIVE_ATTENTION=0`, `kernel()`
+is None and the model keeps PyTorch's path. The results equal PyTorch's to float32 rounding
+(tests/test_native_attention.py): the order of the sums differs, as it does between PyTorch's
+own kernels.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import platform
+import shutil
+import subprocess
+import tempfile
+import threading
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
+BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
+# Fewer cached keys than this and PyTorch's path is as fast (the kernel's fixed cost, the
+# threads' hand-over, is about 0.1 ms).
+MIN_KEYS = 2048
+ENV = "TRIFORCE_NATIVE_ATTENTION"
+SMALL_WORK = 1 << 15  # heads x rows x keys below which one thread runs all the jobs
+
+
+def _cache_folder() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "triforce-studio" / "native"
+
+
+def _processor() -> str:
+    """What -march=native compiles for: the model name and the instruction-set flags."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
+        return "".join(lines)
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+def build(folder: Path | None = None) -> Path:
+    """Compile the kernel (once per source, flags and processor); the path of the library.
+
+    Written to a temporary name and renamed, so a concurrent or interrupted build never
+    leaves a partial library under the final name. Raises OSError or CalledProcessError."""
+    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    if compiler is None:
+        raise OSError("no C compiler (cc or gcc) on the PATH")
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _processor().encode()).hexdigest()[:16]
+    folder = folder or _cache_folder()
+    target = folder / f"few_rows-{key}.so"
+    if target.exists():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+    os.close(fd)
+    try:
+        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True, text=True)
+        os.replace(tmp, target)
+    finally:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    return target
+
+
+class Kernel:
+    """The loaded library and the threads that run its jobs."""
+
+    def __init__(self, path: Path, threads: int | None = None):
+        lib = ctypes.CDLL(str(path))
+        P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
+        lib.blocks.argtypes = [P, P, P, I64, I, I, I, I64, P, I, I64, I64, P, P, P, I, P]
+        lib.blocks.restype = I
+        lib.merge.argtypes = [I, I, I, I64, P, P, P, P]
+        lib.merge.restype = None
+        self.lib = lib
+        self.threads = max(1, threads or torch.get_num_threads())
+        # ctypes releases the GIL during a call: the jobs run on the caller and these threads.
+        self.pool = ThreadPoolExecutor(self.threads - 1, "few-rows") if self.threads > 1 else None
+
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor, scale: float,
+                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """q: [H, R, D]; k/v: [H, T, D] float32 (token rows contiguous, any head stride);
+        limits: [R] int64, row r attends to keys t < limits[r] (each >= 1).
+
+        Returns the output [H, R, D] and, when `chunk` > 0, the attention probability of every
+        whole chunk of `chunk` keys, [H, R, T // chunk]."""
+        H, R, D = q.shape
+        T = k.shape[1]
+        if not (k.dtype == v.dtype == q.dtype == torch.float32 and k.stride(2) == 1 and k.stride(1) == D
+                and v.stride(2) == 1 and v.stride(1) == D and k.stride(0) == v.stride(0)):
+            raise ValueError("few-row attention needs float32 keys and values with contiguous token rows")
+        block = BLOCK if chunk <= 0 else -(-BLOCK // chunk) * chunk
+        nb = -(-T // block)
+        q = (q * scale).contiguous()
+        limits = limits.to(torch.int64).contiguous()
+        out = torch.empty(H, nb, R, D)
+        m = torch.empty(H, nb, R)
+        l = torch.empty(H, nb, R)
+        result = torch.empty(H, R, D)
+        chunk_sum = torch.zeros(H, R, T // chunk) if chunk > 0 else None
+        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T, limits.data_ptr(), block)
+        tail = (out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
+                chunk_sum.data_ptr() if chunk_sum is not None else None)
+        jobs = H * nb
+        # one thread for small work: handing jobs to the pool costs more than they take
+        n = min(self.threads, jobs) if H * R * T >= SMALL_WORK else 1
+        bounds = [jobs * i // n for i in range(n + 1)]
+        futures = [self.pool.submit(self.lib.blocks, *args, bounds[i], bounds[i + 1], *tail) for i in range(1, n)]
+        codes = [self.lib.blocks(*args, bounds[0], bounds[1], *tail)] + [f.result() for f in futures]
+        if any(codes):
+            raise MemoryError("few-row attention: out of memory for its scratch buffer")
+        self.lib.merge(H, R, D, nb, out.data_ptr(), m.data_ptr(), l.data_ptr(), result.data_ptr())
+        mass = None
+        if chunk_sum is not None:  # m now holds each block's factor from exponentials to probabilities
+            per_block = m.permute(0, 2, 1).repeat_interleave(block // chunk, dim=2)[:, :, : T // chunk]
+            mass = chunk_sum * per_block
+        return result, mass
+
+
+_lock = threading.Lock()
+_kernel: Kernel | None = None
+_tried = False
+
+
+def kernel() -> Kernel | None:
+    """The kernel, built and loaded at the first call; None where it cannot be (logged once)
+    or when `TRIFORCE_NATIVE_ATTENTION=0`."""
+    global _kernel, _tried
+    if os.environ.get(ENV, "1") == "0":
+        return None
+    with _lock:
+        if not _tried:
+            _tried = True
+            try:
+                _kernel = Kernel(build())
+            except (OSError, subprocess.CalledProcessError) as e:
+                detail = getattr(e, "stderr", "") or str(e)
+                log.warning("native few-row attention unavailable (%s); using PyTorch's", detail.strip()[:300])
+    return _kernel
