@@ -56,12 +56,12 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
                     paths[name]()
                     times[name].append(time.perf_counter() - t0)
             med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
-            row = {"keys": T, "rows": R, "kv_bytes": read, "ms": med, "floor_ms": read / bandwidth * 1e3,
+            row = {"keys": T, "rows": R, "kv_bytes": read, "ms": med, "floor_ms": read / (bandwidth * 1e9) * 1e3,
                    "speedup": med["pytorch"] / med["native"]}
             results.append(row)
             say(f"[attention] {T} keys, {R} rows: native {med['native']:.2f} ms, pytorch {med['pytorch']:.2f} ms "
                 f"({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms ({read / 1e6:.0f} MB)")
-    return {"bandwidth_bytes_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
+    return {"bandwidth_gb_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:

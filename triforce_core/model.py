@@ -325,6 +325,10 @@ _SMALL_QUERY_ROWS = 8
 # ... and up to which when the caller reads the attention weights (`KeyMass`): a verification
 # of grouped-query heads has G rows per token.
 _PROBED_QUERY_ROWS = 64
+# Query rows up to which the native kernel runs (where it is built): against PyTorch's two
+# flash passes it costs 0.64x at 9 rows, 0.81x at 13, 0.91x at 17 and 1.03-1.09x at 25 over
+# 64K keys (32K: 0.71x, 0.83x, 0.92x, 1.04x), 4 heads of 64.
+_NATIVE_QUERY_ROWS = 16
 
 
 @dataclass(frozen=True)
@@ -351,27 +355,30 @@ def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | 
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
     (else None).
 
-    Few query rows against a long cache (decoding, verification) on the CPU: the native
-    kernel (`native_attention`), which reads each key and value once for all rows, where it is
-    built and every row sees a prefix of the keys (no window cut); else two batched matrix
-    products, which also read each key once but run the few-row product compute-bound. PyTorch's
+    Few query rows (up to 16) against a long cache (decoding, verification) on the CPU: the
+    native kernel (`native_attention`), which reads each key and value once for all rows, where
+    it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
+    batched matrix products, which also read each key once but run the few-row product
+    compute-bound (1.5-2.3x the kernel's time). PyTorch's
     CPU SDPA is slower there still: its math path rescales every cached key and its fused
     kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel, which
     needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path, measured 3x slower
     for a 1024-token chunk at 16K).
     """
     R, T = q.shape[1], k.shape[1]
-    few = R <= (_SMALL_QUERY_ROWS if chunk <= 0 else _PROBED_QUERY_ROWS) and q.device.type == "cpu"
+    cpu = q.device.type == "cpu"
+    if (cpu and R <= _NATIVE_QUERY_ROWS and T >= native_attention.MIN_KEYS and q.dtype == torch.float32
+            and (mask is None or mask.prefixes)):
+        native = native_attention.kernel()
+        if native is not None:
+            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
+            return native.attention(q, k, v, limits, scale, chunk)
+    few = R <= (_SMALL_QUERY_ROWS if chunk <= 0 else _PROBED_QUERY_ROWS) and cpu
     if not few and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
         return _split_attention(q, k, v, mask.new_bias, scale), None
     if not few:
         attn_mask = None if mask is None else mask.visible
         return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0], None
-    if T >= native_attention.MIN_KEYS and q.dtype == torch.float32 and (mask is None or mask.prefixes):
-        native = native_attention.kernel()
-        if native is not None:
-            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
-            return native.attention(q, k, v, limits, scale, chunk)
     scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
     if mask is not None:  # only the columns that hide something (the new tokens, causally)
         scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))

@@ -5,7 +5,7 @@ the query heads that share a KV head). PyTorch's CPU matrix products run such fe
 far below the memory roofline: a 7-row product over 64K keys costs twice a one-row product,
 and a one-row step reads the cache at about two thirds of the memory's bandwidth. The kernel
 splits the keys into blocks, computes every row's scores of a block while its keys are in
-cache, and merges the blocks by their softmax statistics, on all cores.
+cache, and merges the blocks by their softmax statistics, on PyTorch's own OpenMP threads.
 
 The kernel is compiled from source at first use with the machine's C compiler (flags for the
 machine's own vector instructions), into the user's cache folder, keyed by the source, the
@@ -26,7 +26,6 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch
@@ -34,7 +33,10 @@ import torch
 log = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-shared", "-fPIC")
+# -fopenmp: the kernel's threads come from the OpenMP runtime, which in a process that has
+# loaded PyTorch is PyTorch's own (the same soname, libgomp.so.1, is loaded once): threads of a
+# second pool would compete for the cores with PyTorch's, which spin a while after each operator.
+FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
 BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 # Fewer cached keys than this and PyTorch's path is as fast (the kernel's fixed cost, the
 # threads' hand-over, is about 0.1 ms).
@@ -85,19 +87,15 @@ def build(folder: Path | None = None) -> Path:
 
 
 class Kernel:
-    """The loaded library and the threads that run its jobs."""
+    """The loaded library."""
 
     def __init__(self, path: Path, threads: int | None = None):
         lib = ctypes.CDLL(str(path))
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.blocks.argtypes = [P, P, P, I64, I, I, I, I64, P, I, I64, I64, P, P, P, I, P]
-        lib.blocks.restype = I
-        lib.merge.argtypes = [I, I, I, I64, P, P, P, P]
-        lib.merge.restype = None
+        lib.attention.argtypes = [P, P, P, I64, I, I, I, I64, P, I, I, P, P, P, I, P, P]
+        lib.attention.restype = I
         self.lib = lib
-        self.threads = max(1, threads or torch.get_num_threads())
-        # ctypes releases the GIL during a call: the jobs run on the caller and these threads.
-        self.pool = ThreadPoolExecutor(self.threads - 1, "few-rows") if self.threads > 1 else None
+        self.threads = threads  # None: PyTorch's intra-op thread count at each call
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor, scale: float,
                   chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -120,18 +118,14 @@ class Kernel:
         l = torch.empty(H, nb, R)
         result = torch.empty(H, R, D)
         chunk_sum = torch.zeros(H, R, T // chunk) if chunk > 0 else None
-        args = (q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T, limits.data_ptr(), block)
-        tail = (out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
-                chunk_sum.data_ptr() if chunk_sum is not None else None)
-        jobs = H * nb
-        # one thread for small work: handing jobs to the pool costs more than they take
-        n = min(self.threads, jobs) if H * R * T >= SMALL_WORK else 1
-        bounds = [jobs * i // n for i in range(n + 1)]
-        futures = [self.pool.submit(self.lib.blocks, *args, bounds[i], bounds[i + 1], *tail) for i in range(1, n)]
-        codes = [self.lib.blocks(*args, bounds[0], bounds[1], *tail)] + [f.result() for f in futures]
-        if any(codes):
+        # one thread for small work: waking the others costs more than the work
+        threads = (self.threads or torch.get_num_threads()) if H * R * T >= SMALL_WORK else 1
+        failed = self.lib.attention(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T, limits.data_ptr(), block,
+            min(threads, H * nb), out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
+            chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())
+        if failed:
             raise MemoryError("few-row attention: out of memory for its scratch buffer")
-        self.lib.merge(H, R, D, nb, out.data_ptr(), m.data_ptr(), l.data_ptr(), result.data_ptr())
         mass = None
         if chunk_sum is not None:  # m now holds each block's factor from exponentials to probabilities
             per_block = m.permute(0, 2, 1).repeat_interleave(block // chunk, dim=2)[:, :, : T // chunk]

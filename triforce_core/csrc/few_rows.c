@@ -5,8 +5,8 @@
  * The work is split into jobs of (head, block of keys). A job computes its block's scores for
  * every row (the block's keys stay in cache while all rows use them), the block's softmax
  * statistics (max and sum of exponentials), and its block's partial output. `merge` then
- * combines the blocks by their statistics, as flash-decoding does. Callers run disjoint job
- * ranges on several threads; nothing here allocates beyond one scratch buffer per call.
+ * combines the blocks by their statistics, as flash-decoding does. `attention` runs the jobs
+ * on OpenMP threads; nothing here allocates beyond one scratch buffer per thread.
  *
  * Compiled at first use with the machine's own vector instructions; plain C, so the compiler
  * vectorises the inner loops (eight independent accumulators, no reassociation needed).
@@ -14,6 +14,9 @@
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
 #if defined(__AVX2__) && defined(__FMA__)
 #include <immintrin.h>
 #define HAVE_AVX2 1
@@ -178,7 +181,7 @@ static void weighted_sum(const float *w, const float *v, int n, int D, float *o,
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
  * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
  * block over each whole chunk of keys the row sees (zero past what it sees). */
-int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
+static int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
            int H, int R, int D, int64_t T, const int64_t *limit, int block,
            int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
            int chunk, float *chunk_sum) {
@@ -231,7 +234,7 @@ int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
 /* Combine the blocks: result [H, R, D]; m_out is overwritten with each block's weight
  * exp(m_b - max_b m_b) / sum_b l_b exp(m_b - max_b m_b), the factor that turns its
  * exponentials into attention probabilities (for the chunk sums). */
-void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result) {
+static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result) {
     for (int h = 0; h < H; h++)
         for (int r = 0; r < R; r++) {
             float top = -INFINITY;
@@ -257,4 +260,28 @@ void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, cons
                 for (int d = 0; d < D; d++) res[d] += w * o[d];
             }
         }
+}
+
+/* The whole attention: the jobs split evenly over `threads` threads of the OpenMP runtime (in
+ * a process that has loaded PyTorch, its runtime: the same threads that run its operators, so
+ * they neither wait for each other nor compete for the cores), then the merge. Arguments as
+ * for `blocks` and `merge`; returns non-zero when a scratch buffer could not be allocated. */
+int attention(const float *q, const float *k, const float *v, int64_t head_stride,
+              int H, int R, int D, int64_t T, const int64_t *limit, int block, int threads,
+              float *out, float *m_out, float *l_out, int chunk, float *chunk_sum, float *result) {
+    int64_t nb = (T + block - 1) / block, jobs = H * nb;
+    int failed = 0;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
+        failed |= blocks(q, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
+                         out, m_out, l_out, chunk, chunk_sum);
+    }
+#else
+    (void)threads;
+    failed = blocks(q, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
+#endif
+    if (!failed) merge(H, R, D, nb, out, m_out, l_out, result);
+    return failed;
 }
