@@ -72,15 +72,15 @@ def document(engine: TriForceEngine, tokens: int) -> str:
 
 def attention_ms(heads: int, head_dim: int, keys: int, chunk: int = 1024, reps: int = 3) -> dict:
     """One prefill chunk's attention (one layer) both ways, interleaved: ms each (minimum)."""
-    from triforce_core.model import _FLASH_LSE, _attention_mask, _split_attention
+    from triforce_core.attention import FLASH_LSE, attention_mask, split_attention
 
     q = torch.randn(heads, chunk, head_dim)
     k = torch.randn(heads, keys, head_dim)
     v = torch.randn(heads, keys, head_dim)
-    mask = _attention_mask(chunk, keys, 0, None, 1, q.device)
+    mask = attention_mask(chunk, keys, 0, None, 1, q.device)
     ways = {"masked": lambda: F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=mask.visible)}
-    if _FLASH_LSE is not None:
-        ways["split"] = lambda: _split_attention(q, k, v, mask.new_bias, head_dim**-0.5)
+    if FLASH_LSE is not None:
+        ways["split"] = lambda: split_attention(q, k, v, mask.new_bias, head_dim**-0.5)
     times = {name: [] for name in ways}
     for _ in range(reps + 1):
         for name, run in ways.items():

@@ -11,7 +11,8 @@ on a module; and the small draft's StreamingLLM cache needs positions re-based i
 The cache protocol (see `triforce_core.kv`): before a forward of S new tokens the caller checks
 capacity; for each layer the forward calls `cache.view(layer, k_new, v_new, window)`, which
 writes the new keys/values after the cached ones and returns what the new queries attend to,
-the new tokens last; after the last layer it calls `cache.advance(S)`.
+the new tokens last; after the last layer it calls `cache.advance(S)`. Attention itself (the mask,
+the path for each shape) is `triforce_core.attention`.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import native_attention
+from .attention import Mask, attend, attention_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -277,7 +278,7 @@ class DecoderModel:
         G = H // Hkv
         x = self.embed[input_ids]  # [S, hidden]
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
-        masks: dict[tuple[int, int, int | None], _Mask | None] = {}
+        masks: dict[tuple[int, int, int | None], Mask | None] = {}
         queries = [] if capture_queries else None
         for i, layer in enumerate(self.layers):
             h = self._rms_norm(x, layer.attn_norm)
@@ -296,13 +297,13 @@ class DecoderModel:
             T = keys.shape[1]
             mask_key = (T, key_start, window if cache.exact_positions else None)
             if mask_key not in masks:
-                masks[mask_key] = _attention_mask(S, T, key_start, mask_key[2], G, x.device, x.dtype)
+                masks[mask_key] = attention_mask(S, T, key_start, mask_key[2], G, x.device, x.dtype)
             mask = masks[mask_key]
             # Grouped-query attention without copying the cache: the G query heads that share a
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
-            out, mass = _attention(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
+            out, mass = attend(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
             if mass is not None:  # [Hkv, G*S, >= n] -> per KV head and new token, the whole cached chunks
                 n = (T - S) // chunk
                 key_mass.layers.append(mass[:, :, :n].reshape(Hkv, G, S, n).sum(dim=1))
@@ -318,125 +319,3 @@ class DecoderModel:
             logits = F.linear(xr, self.lm_head).float()
         q_out = torch.stack(queries) if queries is not None else None
         return ForwardOutput(logits=logits, queries=q_out)
-
-
-# Query rows up to which attention is computed as two matrix products (decode, verification).
-_SMALL_QUERY_ROWS = 8
-# ... and up to which when the caller reads the attention weights (`KeyMass`): a verification
-# of grouped-query heads has G rows per token.
-_PROBED_QUERY_ROWS = 64
-# Query rows up to which the native kernel runs (where it is built): against PyTorch's two
-# flash passes it costs 0.64x at 9 rows, 0.81x at 13, 0.91x at 17 and 1.03-1.09x at 25 over
-# 64K keys (32K: 0.71x, 0.83x, 0.92x, 1.04x), 4 heads of 64.
-_NATIVE_QUERY_ROWS = 16
-
-
-@dataclass(frozen=True)
-class _Mask:
-    visible: torch.Tensor  # [R, T] bool, True = attend
-    start: int  # first key column with a hidden entry: keys before it are seen by every query
-    hidden: torch.Tensor  # [R, T - start] bool, True = masked out (~visible[:, start:])
-    # When every cached key is seen by every query (no window cut): the additive mask [R, S] of
-    # the new keys alone, for `_split_attention`; else None.
-    new_bias: torch.Tensor | None = None
-    # Every row sees a prefix of the keys (causal among the new ones, no window cut).
-    prefixes: bool = False
-
-
-# The CPU flash kernel that also returns each row's log-sum-exp (a private op of the pinned
-# torch); without it prefill keeps the masked path.
-_FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
-
-
-def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: _Mask | None, scale: float,
-               chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `_attention_mask` (None: all visible)
-    -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
-    probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
-    (else None).
-
-    Few query rows (up to 16) against a long cache (decoding, verification) on the CPU: the
-    native kernel (`native_attention`), which reads each key and value once for all rows, where
-    it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
-    batched matrix products, which also read each key once but run the few-row product
-    compute-bound (1.5-2.3x the kernel's time). PyTorch's
-    CPU SDPA is slower there still: its math path rescales every cached key and its fused
-    kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel, which
-    needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path, measured 3x slower
-    for a 1024-token chunk at 16K).
-    """
-    R, T = q.shape[1], k.shape[1]
-    cpu = q.device.type == "cpu"
-    if (cpu and R <= _NATIVE_QUERY_ROWS and T >= native_attention.MIN_KEYS and q.dtype == torch.float32
-            and (mask is None or mask.prefixes)):
-        native = native_attention.kernel()
-        if native is not None:
-            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
-            return native.attention(q, k, v, limits, scale, chunk)
-    few = R <= (_SMALL_QUERY_ROWS if chunk <= 0 else _PROBED_QUERY_ROWS) and cpu
-    if not few and mask is not None and mask.new_bias is not None and _FLASH_LSE is not None:
-        return _split_attention(q, k, v, mask.new_bias, scale), None
-    if not few:
-        attn_mask = None if mask is None else mask.visible
-        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0], None
-    scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
-    if mask is not None:  # only the columns that hide something (the new tokens, causally)
-        scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))
-    weights = scores.softmax(dim=-1)
-    mass = None
-    if chunk > 0:  # the caller reads the attention each chunk received (KeyMass)
-        n = T // chunk
-        mass = weights[:, :, : n * chunk].reshape(q.shape[0], R, n, chunk).sum(dim=-1)
-    return torch.matmul(weights, v), mass
-
-
-def _split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias: torch.Tensor, scale: float):
-    """Prefill attention as two flash passes merged by their log-sum-exps: the cached keys,
-    seen by every query, with no mask; the chunk's own S keys with the causal mask.
-
-    The CPU flash kernel given a mask over the whole cache reads that mask for every key and
-    cannot skip work: 49 against 55 GFLOP/s (71 % against 79 % of a 2048^2 float32 matrix
-    product) for a 1024-token chunk at 64K keys on this 2-core machine. q: [Hkv, R, D],
-    k/v: [Hkv, T, D], new_bias: [R, S] additive (0 or -inf) -> [Hkv, R, D].
-    """
-    S = new_bias.shape[1]
-    past = k.shape[1] - S
-    out_new, lse_new = _FLASH_LSE(q[None], k[None, :, past:], v[None, :, past:], 0.0, False,
-                                  attn_mask=new_bias, scale=scale)
-    if past == 0:
-        return out_new[0]
-    out_old, lse_old = _FLASH_LSE(q[None], k[None, :, :past], v[None, :, :past], 0.0, False, scale=scale)
-    top = torch.maximum(lse_old, lse_new)  # [1, Hkv, R]; each row sees its own key: finite
-    w_old, w_new = (lse_old - top).exp_(), (lse_new - top).exp_()
-    total = w_old + w_new
-    w_old, w_new = (w_old / total)[..., None], (w_new / total)[..., None]
-    return (out_old.float() * w_old + out_new.float() * w_new).to(q.dtype)[0]
-
-
-def _attention_mask(
-    S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device,
-    dtype: torch.dtype = torch.float32,
-) -> _Mask | None:
-    """Boolean mask [G*S, T] (True = attend) for S new queries against T keys, the new ones last.
-
-    Every cached key is in the past of every new query; among the new tokens attention is
-    causal. With a sliding window (only for caches whose key index is the absolute position,
-    key_start being the first key's position), query i at position P_i sees keys > P_i - window.
-    Returns None when nothing needs masking (a single query without window cut).
-    """
-    past = T - S
-    q_idx = torch.arange(S, device=device)[:, None]  # [S, 1]
-    k_idx = torch.arange(T, device=device)[None, :]  # [1, T]
-    visible = k_idx <= past + q_idx
-    if window is not None:
-        q_pos = key_start + past + q_idx
-        visible = visible & (key_start + k_idx > q_pos - window)
-    hidden_cols = (~visible).any(dim=0).nonzero()
-    if hidden_cols.numel() == 0:
-        return None
-    visible = visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries
-    start = int(hidden_cols[0])
-    new_bias = None
-    if start >= past and device.type == "cpu" and G * S > _SMALL_QUERY_ROWS:
-        new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
-    return _Mask(visible, start, ~visible[:, start:], new_bias, prefixes=start >= past)

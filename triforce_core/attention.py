@@ -1,0 +1,140 @@
+"""Attention of new query rows over a cache's keys: the mask, and the path for each shape.
+
+- Few rows (a decoding step, a verification) on the CPU: the native kernel
+  (`native_attention`) up to 16 rows, else two batched matrix products up to 8.
+- Many rows (prefill): PyTorch's CPU flash kernel, in two passes merged by their log-sum-exps
+  when every cached key is visible to every row.
+- Elsewhere (CUDA, a window cut among many rows): PyTorch's scaled-dot-product attention.
+
+Rows are the query heads that share a KV head folded into the query length, ordered (g, s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+from . import native_attention
+
+# Query rows up to which attention is computed as two matrix products (decode, verification).
+SMALL_QUERY_ROWS = 8
+# ... and up to which when the caller reads the attention weights (`KeyMass`): a verification
+# of grouped-query heads has G rows per token.
+PROBED_QUERY_ROWS = 64
+# Query rows up to which the native kernel runs (where it is built): against PyTorch's two
+# flash passes it costs 0.64x at 9 rows, 0.81x at 13, 0.91x at 17 and 1.03-1.09x at 25 over
+# 64K keys (32K: 0.71x, 0.83x, 0.92x, 1.04x), 4 heads of 64.
+NATIVE_QUERY_ROWS = 16
+
+
+@dataclass(frozen=True)
+class Mask:
+    visible: torch.Tensor  # [R, T] bool, True = attend
+    start: int  # first key column with a hidden entry: keys before it are seen by every query
+    hidden: torch.Tensor  # [R, T - start] bool, True = masked out (~visible[:, start:])
+    # When every cached key is seen by every query (no window cut): the additive mask [R, S] of
+    # the new keys alone, for `split_attention`; else None.
+    new_bias: torch.Tensor | None = None
+    # Every row sees a prefix of the keys (causal among the new ones, no window cut).
+    prefixes: bool = False
+
+
+# The CPU flash kernel that also returns each row's log-sum-exp (a private op of the pinned
+# torch); without it prefill keeps the masked path.
+FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+
+def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, scale: float,
+               chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `attention_mask` (None: all visible)
+    -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
+    probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
+    (else None).
+
+    Few query rows (up to 16) against a long cache (decoding, verification) on the CPU: the
+    native kernel (`native_attention`), which reads each key and value once for all rows, where
+    it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
+    batched matrix products, which also read each key once but run the few-row product
+    compute-bound (1.5-2.3x the kernel's time). PyTorch's
+    CPU SDPA is slower there still: its math path rescales every cached key and its fused
+    kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel, which
+    needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path, measured 3x slower
+    for a 1024-token chunk at 16K).
+    """
+    R, T = q.shape[1], k.shape[1]
+    cpu = q.device.type == "cpu"
+    if (cpu and R <= NATIVE_QUERY_ROWS and T >= native_attention.MIN_KEYS and q.dtype == torch.float32
+            and (mask is None or mask.prefixes)):
+        native = native_attention.kernel()
+        if native is not None:
+            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
+            return native.attention(q, k, v, limits, scale, chunk)
+    few = R <= (SMALL_QUERY_ROWS if chunk <= 0 else PROBED_QUERY_ROWS) and cpu
+    if not few and mask is not None and mask.new_bias is not None and FLASH_LSE is not None:
+        return split_attention(q, k, v, mask.new_bias, scale), None
+    if not few:
+        attn_mask = None if mask is None else mask.visible
+        return F.scaled_dot_product_attention(q[None], k[None], v[None], attn_mask=attn_mask, scale=scale)[0], None
+    scores = torch.matmul(q * scale, k.transpose(1, 2))  # [Hkv, R, T]
+    if mask is not None:  # only the columns that hide something (the new tokens, causally)
+        scores[:, :, mask.start :].masked_fill_(mask.hidden, float("-inf"))
+    weights = scores.softmax(dim=-1)
+    mass = None
+    if chunk > 0:  # the caller reads the attention each chunk received (KeyMass)
+        n = T // chunk
+        mass = weights[:, :, : n * chunk].reshape(q.shape[0], R, n, chunk).sum(dim=-1)
+    return torch.matmul(weights, v), mass
+
+
+def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias: torch.Tensor, scale: float):
+    """Prefill attention as two flash passes merged by their log-sum-exps: the cached keys,
+    seen by every query, with no mask; the chunk's own S keys with the causal mask.
+
+    The CPU flash kernel given a mask over the whole cache reads that mask for every key and
+    cannot skip work: 49 against 55 GFLOP/s (71 % against 79 % of a 2048^2 float32 matrix
+    product) for a 1024-token chunk at 64K keys on this 2-core machine. q: [Hkv, R, D],
+    k/v: [Hkv, T, D], new_bias: [R, S] additive (0 or -inf) -> [Hkv, R, D].
+    """
+    S = new_bias.shape[1]
+    past = k.shape[1] - S
+    out_new, lse_new = FLASH_LSE(q[None], k[None, :, past:], v[None, :, past:], 0.0, False,
+                                  attn_mask=new_bias, scale=scale)
+    if past == 0:
+        return out_new[0]
+    out_old, lse_old = FLASH_LSE(q[None], k[None, :, :past], v[None, :, :past], 0.0, False, scale=scale)
+    top = torch.maximum(lse_old, lse_new)  # [1, Hkv, R]; each row sees its own key: finite
+    w_old, w_new = (lse_old - top).exp_(), (lse_new - top).exp_()
+    total = w_old + w_new
+    w_old, w_new = (w_old / total)[..., None], (w_new / total)[..., None]
+    return (out_old.float() * w_old + out_new.float() * w_new).to(q.dtype)[0]
+
+
+def attention_mask(
+    S: int, T: int, key_start: int, window: int | None, G: int, device: torch.device,
+    dtype: torch.dtype = torch.float32,
+) -> Mask | None:
+    """Boolean mask [G*S, T] (True = attend) for S new queries against T keys, the new ones last.
+
+    Every cached key is in the past of every new query; among the new tokens attention is
+    causal. With a sliding window (only for caches whose key index is the absolute position,
+    key_start being the first key's position), query i at position P_i sees keys > P_i - window.
+    Returns None when nothing needs masking (a single query without window cut).
+    """
+    past = T - S
+    q_idx = torch.arange(S, device=device)[:, None]  # [S, 1]
+    k_idx = torch.arange(T, device=device)[None, :]  # [1, T]
+    visible = k_idx <= past + q_idx
+    if window is not None:
+        q_pos = key_start + past + q_idx
+        visible = visible & (key_start + k_idx > q_pos - window)
+    hidden_cols = (~visible).any(dim=0).nonzero()
+    if hidden_cols.numel() == 0:
+        return None
+    visible = visible.repeat(G, 1)  # rows ordered (g, s) like the folded queries
+    start = int(hidden_cols[0])
+    new_bias = None
+    if start >= past and device.type == "cpu" and G * S > SMALL_QUERY_ROWS:
+        new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
+    return Mask(visible, start, ~visible[:, start:], new_bias, prefixes=start >= past)
