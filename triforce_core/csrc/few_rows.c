@@ -182,9 +182,9 @@ static void weighted_sum(const float *w, const float *v, int n, int D, float *o,
  * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
  * block over each whole chunk of keys the row sees (zero past what it sees). */
 static int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
-           int H, int R, int D, int64_t T, const int64_t *limit, int block,
-           int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
-           int chunk, float *chunk_sum) {
+                  int H, int R, int D, int64_t T, const int64_t *limit, int block,
+                  int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
+                  int chunk, float *chunk_sum) {
     int64_t nb = (T + block - 1) / block;
     float *s = malloc(sizeof(float) * (size_t)R * (size_t)block);
     if (!s) return -1;
@@ -195,9 +195,9 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
         int n = (int)((T - t0) < block ? (T - t0) : block);
         const float *kh = k + h * head_stride + t0 * D, *vh = v + h * head_stride + t0 * D;
         const float *qh = q + h * (int64_t)R * D;
-        /* 1. scores: the block's keys stay in cache while every row reads them */
-        /* the next block's n keys, spread over the R passes of n / 4 steps (none for one row:
-           a single pass streams) */
+        /* 1. scores: the block's keys stay in cache while every row reads them; the next
+           block is prefetched, spread over the R passes of n / 4 steps (not for one row: a
+           single pass streams, and not past the head's last block) */
         int last = b + 1 == nb;
         int64_t bytes = (int64_t)block * D * 4, step = R > 1 ? (4 * bytes / ((int64_t)R * n) + 63) / 64 * 64 : 0;
         Prefetch pk = {(const char *)(kh + (int64_t)n * D), (const char *)(kh + (int64_t)n * D) + (last ? 0 : bytes), step};
