@@ -1,9 +1,11 @@
 """Few-row attention over a long cache: the native kernel against PyTorch's path, one process.
 
 For each cache length and row count (1 row: a decoding step; 7: a verification of six drafted
-tokens and the bonus), the attention of one layer of the demo target (4 KV heads of 64), the
-two paths alternated, medians; with the bytes of K/V each reads and the memory's measured
-bandwidth, so each time stands against its roofline.
+tokens and the bonus), the attention of one layer of the demo target (4 KV heads of 64) as the
+model runs it (`attention.attend`, causal among the new rows), with the kernel on and off
+(PyTorch's path: two matrix products up to 8 rows, two flash passes past that), alternated,
+medians; with the bytes of K/V each reads and the memory's measured bandwidth, so each time
+stands against its roofline.
 
     python -m bench.attention [--keys 16384,32768,65536] [--rows 1,7,16] [--json OUT]
 """
@@ -21,15 +23,16 @@ from pathlib import Path
 import torch
 
 from triforce_core import native_attention
+from triforce_core.attention import NATIVE_QUERY_ROWS, attend, attention_mask
 from triforce_core.roofline import measure_bandwidth
 
 
-def pytorch_path(q, k, v, limits, scale):
-    """The model's PyTorch few-row path: two batched matrix products and a softmax."""
-    scores = torch.matmul(q * scale, k.transpose(1, 2))
-    T = k.shape[1]
-    scores.masked_fill_(torch.arange(T)[None, None, :] >= limits[None, :, None], float("-inf"))
-    return torch.matmul(scores.softmax(dim=-1), v)
+def timed_attend(q, k, v, mask, scale, native: bool) -> float:
+    """Seconds for one `attend` call with the kernel on or off."""
+    with native_attention.switched(native):
+        t0 = time.perf_counter()
+        attend(q, k, v, mask, scale)
+        return time.perf_counter() - t0
 
 
 def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats: int, say=print) -> dict:
@@ -43,18 +46,13 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
         read = 2 * k.numel() * k.element_size()
         for R in rows:
             q = torch.randn(heads, R, head_dim)
-            limits = torch.arange(T - R + 1, T + 1)
-            paths = {"native": lambda: kernel.attention(q, k, v, limits, head_dim**-0.5),
-                     "pytorch": lambda: pytorch_path(q, k, v, limits, head_dim**-0.5)}
-            times = {name: [] for name in paths}
-            for _ in range(2):
-                for f in paths.values():
-                    f()
-            for i in range(repeats):
-                for name in (list(paths) if i % 2 == 0 else list(paths)[::-1]):
-                    t0 = time.perf_counter()
-                    paths[name]()
-                    times[name].append(time.perf_counter() - t0)
+            mask = attention_mask(R, T, 0, None, 1, q.device)  # causal among the R new rows
+            times = {"native": [], "pytorch": []}
+            for i in range(repeats + 2):
+                for name in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                    t = timed_attend(q, k, v, mask, head_dim**-0.5, name == "native")
+                    if i >= 2:  # two warm-up passes
+                        times[name].append(t)
             med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
             row = {"keys": T, "rows": R, "kv_bytes": read, "ms": med, "floor_ms": read / (bandwidth * 1e9) * 1e3,
                    "speedup": med["pytorch"] / med["native"]}
@@ -79,8 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print("error: --keys and --rows take comma-separated integers", file=sys.stderr)
         return 2
-    if not keys or not rows or min(keys) < 1 or min(rows) < 1 or any(r > t for t in keys for r in rows):
-        print("error: --keys and --rows must be positive, with rows <= keys", file=sys.stderr)
+    if not keys or not rows or min(keys) < native_attention.MIN_KEYS or min(rows) < 1 or max(rows) > NATIVE_QUERY_ROWS:
+        print(f"error: --keys must be >= {native_attention.MIN_KEYS} and --rows in 1..{NATIVE_QUERY_ROWS} "
+              "(where the model runs the kernel)", file=sys.stderr)
         return 2
     report = measure(keys, rows, a.heads, a.head_dim, a.repeats)
     report["machine"] = {"cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,

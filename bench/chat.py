@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import re
 import sys
@@ -84,15 +83,8 @@ def split_name(name: str) -> tuple[str, set[str]]:
 def _answer_as(name: str, start) -> tuple[list[int], object]:
     """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
     flags = split_name(name)[1]
-    before = os.environ.get(native_attention.ENV)
-    os.environ[native_attention.ENV] = "0" if PYTORCH_ATTENTION in flags else "1"
-    try:
+    with native_attention.switched(PYTORCH_ATTENTION not in flags):
         return _answer(start(INSPECT in flags))
-    finally:
-        if before is None:
-            del os.environ[native_attention.ENV]
-        else:
-            os.environ[native_attention.ENV] = before
 
 
 class ChatBenchError(ValueError):

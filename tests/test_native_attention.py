@@ -55,7 +55,8 @@ def leaking(monkeypatch, forced):
     original = native_attention.Kernel.attention
 
     def leak(self, q, k, v, limits, scale, chunk=0):
-        return original(self, q, k, v, (limits + 1).clamp(max=k.shape[1]), scale, chunk)
+        leaked = None if limits is None else (limits + 1).clamp(max=k.shape[1])  # None: every key already
+        return original(self, q, k, v, leaked, scale, chunk)
 
     monkeypatch.setattr(native_attention.Kernel, "attention", leak)
 
@@ -87,7 +88,8 @@ def test_kernel_matches_float64_reference(kernel, H, R, T, D, chunk):
     # causal among the last rows (a verification); a single row sees everything
     limits = torch.tensor([max(1, T - R + 1 + r) for r in range(R)])
     scale = D**-0.5
-    out, mass = kernel.attention(q, k, v, limits, scale, chunk)
+    # one row sees every key: the kernel's "no limits" form
+    out, mass = kernel.attention(q, k, v, None if R == 1 else limits, scale, chunk)
     ref_out, ref_mass = reference(q, k, v, limits, scale, chunk or 8)
     assert out.shape == (H, R, D)
     assert (out.double() - ref_out).abs().max() < 2e-5
@@ -117,8 +119,11 @@ def test_build_is_cached_and_leaves_nothing_else(tmp_path):
     assert torch.allclose(out, torch.arange(24.0).reshape(3, 8).mean(0))  # equal scores: the mean value
 
 
-def test_disabled_by_the_environment(monkeypatch):
+def test_disabled_by_the_environment(monkeypatch, kernel):
     monkeypatch.setenv(native_attention.ENV, "0")
+    assert native_attention.kernel() is None
+    with native_attention.switched(True):
+        assert native_attention.kernel() is kernel
     assert native_attention.kernel() is None
 
 
@@ -157,9 +162,9 @@ def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kern
     from bench import attention
 
     out = tmp_path / "attention.json"
-    assert attention.main(["--keys", "300", "--rows", "1,3", "--repeats", "1", "--json", str(out)]) == 0
+    assert attention.main(["--keys", "2048", "--rows", "1,3", "--repeats", "1", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
-    assert [(r["keys"], r["rows"]) for r in report["results"]] == [(300, 1), (300, 3)]
-    assert all(set(r["ms"]) == {"native", "pytorch"} and r["kv_bytes"] == 2 * 4 * 300 * 64 * 4 for r in report["results"])
-    assert attention.main(["--keys", "10", "--rows", "20"]) == 2
-    assert "rows <= keys" in capsys.readouterr().err
+    assert [(r["keys"], r["rows"]) for r in report["results"]] == [(2048, 1), (2048, 3)]
+    assert all(set(r["ms"]) == {"native", "pytorch"} and r["kv_bytes"] == 2 * 4 * 2048 * 64 * 4 for r in report["results"])
+    assert attention.main(["--keys", "4096", "--rows", "20"]) == 2
+    assert "--rows in 1..16" in capsys.readouterr().err

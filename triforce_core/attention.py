@@ -37,8 +37,9 @@ class Mask:
     # When every cached key is seen by every query (no window cut): the additive mask [R, S] of
     # the new keys alone, for `split_attention`; else None.
     new_bias: torch.Tensor | None = None
-    # Every row sees a prefix of the keys (causal among the new ones, no window cut).
-    prefixes: bool = False
+    # When every row sees a prefix of the keys (causal among the new ones, no window cut): the
+    # length of each row's prefix [R] int64, for the native kernel; else None.
+    limits: torch.Tensor | None = None
 
 
 # The CPU flash kernel that also returns each row's log-sum-exp (a private op of the pinned
@@ -47,7 +48,7 @@ FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 
 
 def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, scale: float,
-               chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+           chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `attention_mask` (None: all visible)
     -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
@@ -57,20 +58,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     native kernel (`native_attention`), which reads each key and value once for all rows, where
     it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
     batched matrix products, which also read each key once but run the few-row product
-    compute-bound (1.5-2.3x the kernel's time). PyTorch's
-    CPU SDPA is slower there still: its math path rescales every cached key and its fused
-    kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel, which
-    needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path, measured 3x slower
-    for a 1024-token chunk at 16K).
+    compute-bound (1.5-2.3x the kernel's time). PyTorch's CPU SDPA is slower there still: its
+    math path rescales every cached key and its fused kernel handles a mask over a long cache
+    slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with 3-D
+    inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
     """
     R, T = q.shape[1], k.shape[1]
     cpu = q.device.type == "cpu"
     if (cpu and R <= NATIVE_QUERY_ROWS and T >= native_attention.MIN_KEYS and q.dtype == torch.float32
-            and (mask is None or mask.prefixes)):
+            and (mask is None or mask.limits is not None)):
         native = native_attention.kernel()
         if native is not None:
-            limits = torch.full((R,), T, dtype=torch.int64) if mask is None else mask.visible.sum(dim=1)
-            return native.attention(q, k, v, limits, scale, chunk)
+            return native.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
     few = R <= (SMALL_QUERY_ROWS if chunk <= 0 else PROBED_QUERY_ROWS) and cpu
     if not few and mask is not None and mask.new_bias is not None and FLASH_LSE is not None:
         return split_attention(q, k, v, mask.new_bias, scale), None
@@ -137,4 +136,5 @@ def attention_mask(
     new_bias = None
     if start >= past and device.type == "cpu" and G * S > SMALL_QUERY_ROWS:
         new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
-    return Mask(visible, start, ~visible[:, start:], new_bias, prefixes=start >= past)
+    limits = visible.sum(dim=1) if start >= past else None
+    return Mask(visible, start, ~visible[:, start:], new_bias, limits)

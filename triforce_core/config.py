@@ -36,10 +36,16 @@ KV_CACHE_MAX_GB = 8.0
 GB = 1024**3
 
 
+def cache_home() -> Path:
+    """`$XDG_CACHE_HOME/triforce-studio`, else `~/.cache/triforce-studio`: every folder this
+    project writes on its own (the disk cache of K/V, the native kernel) is under it."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "triforce-studio"
+
+
 def default_kv_cache_folder() -> Path:
     """`$XDG_CACHE_HOME/triforce-studio/kv`, else `~/.cache/triforce-studio/kv`."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "triforce-studio" / "kv"
+    return cache_home() / "kv"
 
 
 SELECT_BY = ("queries", "attention")

@@ -26,9 +26,12 @@ import shutil
 import subprocess
 import tempfile
 import threading
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
+
+from .config import cache_home
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +46,6 @@ BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 MIN_KEYS = 2048
 ENV = "TRIFORCE_NATIVE_ATTENTION"
 SMALL_WORK = 1 << 15  # heads x rows x keys below which one thread runs all the jobs
-
-
-def _cache_folder() -> Path:
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "triforce-studio" / "native"
 
 
 def _processor() -> str:
@@ -70,7 +68,7 @@ def build(folder: Path | None = None) -> Path:
         raise OSError("no C compiler (cc or gcc) on the PATH")
     source = SOURCE.read_bytes()
     key = hashlib.sha256(source + " ".join(FLAGS).encode() + _processor().encode()).hexdigest()[:16]
-    folder = folder or _cache_folder()
+    folder = folder or cache_home() / "native"
     target = folder / f"few_rows-{key}.so"
     if target.exists():
         return target
@@ -97,10 +95,10 @@ class Kernel:
         self.lib = lib
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
 
-    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor, scale: float,
+    def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None, scale: float,
                   chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q: [H, R, D]; k/v: [H, T, D] float32 (token rows contiguous, any head stride);
-        limits: [R] int64, row r attends to keys t < limits[r] (each >= 1).
+        limits: [R] int64, row r attends to keys t < limits[r] (each >= 1); None: every key.
 
         Returns the output [H, R, D] and, when `chunk` > 0, the attention probability of every
         whole chunk of `chunk` keys, [H, R, T // chunk]."""
@@ -112,7 +110,8 @@ class Kernel:
         block = BLOCK if chunk <= 0 else -(-BLOCK // chunk) * chunk
         nb = -(-T // block)
         q = (q * scale).contiguous()
-        limits = limits.to(torch.int64).contiguous()
+        if limits is not None:
+            limits = limits.to(torch.int64).contiguous()
         out = torch.empty(H, nb, R, D)
         m = torch.empty(H, nb, R)
         l = torch.empty(H, nb, R)
@@ -121,7 +120,8 @@ class Kernel:
         # one thread for small work: waking the others costs more than the work
         threads = (self.threads or torch.get_num_threads()) if H * R * T >= SMALL_WORK else 1
         failed = self.lib.attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T, limits.data_ptr(), block,
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T,
+            limits.data_ptr() if limits is not None else None, block,
             min(threads, H * nb), out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
             chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())
         if failed:
@@ -131,6 +131,21 @@ class Kernel:
             per_block = m.permute(0, 2, 1).repeat_interleave(block // chunk, dim=2)[:, :, : T // chunk]
             mass = chunk_sum * per_block
         return result, mass
+
+
+@contextmanager
+def switched(on: bool):
+    """The kernel on or off (`TRIFORCE_NATIVE_ATTENTION`) inside the block, as before after it:
+    the benchmarks' way to compare both paths in one process."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
 
 
 _lock = threading.Lock()
@@ -144,6 +159,8 @@ def kernel() -> Kernel | None:
     global _kernel, _tried
     if os.environ.get(ENV, "1") == "0":
         return None
+    if _tried:  # every forward asks, per layer: no lock once decided
+        return _kernel
     with _lock:
         if not _tried:
             _tried = True

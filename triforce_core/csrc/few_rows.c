@@ -177,7 +177,7 @@ static void weighted_sum(const float *w, const float *v, int n, int D, float *o,
 }
 
 /* q: [H, R, D] pre-scaled; k, v: head h at k + h * head_stride, token t at + t * D;
- * limit[r]: row r sees keys t < limit[r]. Blocks of `block` keys, nb = ceil(T / block).
+ * limit[r]: row r sees keys t < limit[r] (limit NULL: every key). Blocks of `block` keys, nb = ceil(T / block).
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
  * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
  * block over each whole chunk of keys the row sees (zero past what it sees). */
@@ -207,7 +207,7 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
         float *o = out + stat * D;
         for (int r = 0; r < R; r++) {
             float *sr = s + (int64_t)r * block;
-            int64_t lim = limit[r] - t0;
+            int64_t lim = (limit ? limit[r] : T) - t0;
             int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
             float m = row_max(sr, seen);
             float l = seen ? exponentiate(sr, seen, m) : 0.0f;
