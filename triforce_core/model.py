@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from . import native_layers
 from .attention import Mask, attend, attention_mask
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -114,6 +115,9 @@ class ModelSpec:
         )
 
 
+TABLE_BLOCK = 256  # positions per block of precomputed rotary values
+
+
 class Rotary:
     """Rotary position embeddings; inverse frequencies from transformers' rope utilities."""
 
@@ -131,6 +135,7 @@ class Rotary:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
         self.scaling = float(scaling)
+        self._table: tuple | None = None  # ((start, dtype), (cos, sin)) of one block of positions
 
     def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
         """Dynamic types depend on the sequence length seen by the forward (as in transformers)."""
@@ -142,7 +147,25 @@ class Rotary:
         return self.inv_freq, self.scaling
 
     def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [S] int64 -> cos, sin: [S, head_dim] in `dtype`."""
+        """positions: [S] int64 -> cos, sin: [S, head_dim] in `dtype`.
+
+        A decoding step's few positions are read from a block of `TABLE_BLOCK` consecutive
+        positions computed once (the block is fixed by the position, so a position's values do
+        not depend on the history): computing them costs ~8 operators a forward."""
+        n = positions.numel()
+        if scaled and 0 < n <= TABLE_BLOCK and self.rope_type != "dynamic" and positions.device.type == "cpu":
+            lo, hi = int(positions.min()), int(positions.max())
+            start = lo // TABLE_BLOCK * TABLE_BLOCK
+            if lo >= 0 and hi < start + TABLE_BLOCK:
+                if self._table is None or self._table[0] != (start, dtype):
+                    block = torch.arange(start, start + TABLE_BLOCK, device=positions.device)
+                    self._table = ((start, dtype), self._compute(block, dtype, True))
+                cos, sin = self._table[1]
+                at = positions - start
+                return cos[at], sin[at]
+        return self._compute(positions, dtype, scaled)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
         inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
         freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
@@ -192,8 +215,20 @@ class _Layer:
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
-    """[out, in] -> a contiguous [in, out] copy (the original is freed when no longer referenced)."""
-    return w.t().contiguous()
+    """[out, in] -> an [in, out] copy whose rows lie an odd number of 64-byte lines apart.
+
+    A few-row product reads a band of columns down every row; with rows a multiple of 1 KB
+    apart (every width of the demo models) those reads fall into a few cache sets and evict
+    each other, and a 7-row product ran at half speed (`native_layers`). PyTorch's products
+    take the padded rows as they are (a leading dimension), without copying."""
+    n_in, n_out = w.shape[1], w.shape[0]
+    per_line = 64 // w.element_size()
+    lines = -(-n_out // per_line)
+    lines += 1 - lines % 2
+    buf = w.new_empty(n_in, lines * per_line)
+    buf[:, :n_out] = w.t()
+    buf[:, n_out:] = 0
+    return buf[:, :n_out]
 
 
 class DecoderModel:
@@ -205,7 +240,7 @@ class DecoderModel:
         self.device = device
         self.dtype = dtype
         s = self.spec
-        get = lambda name: state[name].to(device=device, dtype=dtype)  # noqa: E731
+        get = lambda name: state[name].to(device=device, dtype=dtype).contiguous()  # noqa: E731
         self.embed = get("model.embed_tokens.weight")  # [V, hidden]
         self.lm_head = get("lm_head.weight") if "lm_head.weight" in state else self.embed
         self.final_norm = get("model.norm.weight")
@@ -235,6 +270,8 @@ class DecoderModel:
             )
         self.rotary = Rotary(config, s, device)
         self.scale = s.head_dim**-0.5
+        # Where the native layers may run (`native_layers`): float32 on the CPU.
+        self._native_ok = device.type == "cpu" and dtype == torch.float32
 
     @property
     def vocab_size(self) -> int:
@@ -254,6 +291,29 @@ class DecoderModel:
         xf = x.to(torch.float32)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
         return weight * xf.to(x.dtype)
+
+    def _layer_in(self, x: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor):
+        """Norm, q/k/v projection, rotary: x [S, hidden] -> q [H, S, D], k, v [Hkv, S, D]."""
+        s = self.spec
+        S = x.shape[0]
+        H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
+        h = self._rms_norm(x, layer.attn_norm)
+        if layer.bqkv is None:
+            qkv = h @ layer.wqkv  # [S, (H + 2Hkv) * D]
+        else:
+            qkv = torch.addmm(layer.bqkv, h, layer.wqkv)
+        # Queries and keys are rotated together (one set of elementwise ops, not two).
+        qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D).transpose(0, 1), cos, sin)
+        v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)
+        return qk[:H], qk[H:], v
+
+    def _layer_out(self, x: torch.Tensor, out: torch.Tensor, layer: _Layer) -> torch.Tensor:
+        """Output projection and MLP with their residuals: out [H, S, D] -> the new x [S, hidden]."""
+        S = x.shape[0]
+        x = x + out.transpose(0, 1).reshape(S, -1) @ layer.wo
+        h = self._rms_norm(x, layer.mlp_norm)
+        gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ layer.w_down
 
     @torch.inference_mode()
     def forward(
@@ -280,16 +340,14 @@ class DecoderModel:
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
         masks: dict[tuple[int, int, int | None], Mask | None] = {}
         queries = [] if capture_queries else None
+        # Few rows on the CPU: each side of a layer is one native call (`native_layers`).
+        fused = native_layers.kernel() if S <= native_layers.ROWS and self._native_ok else None
+        eps = s.rms_norm_eps
         for i, layer in enumerate(self.layers):
-            h = self._rms_norm(x, layer.attn_norm)
-            if layer.bqkv is None:
-                qkv = h @ layer.wqkv  # [S, (H + 2Hkv) * D]
+            if fused is not None:
+                q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin)
             else:
-                qkv = torch.addmm(layer.bqkv, h, layer.wqkv)
-            # Queries and keys are rotated together (one set of elementwise ops, not two).
-            qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D).transpose(0, 1), cos, sin)
-            q, k = qk[:H], qk[H:]  # [H, S, D], [Hkv, S, D]
-            v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)  # [Hkv, S, D]
+                q, k, v = self._layer_in(x, layer, cos, sin)  # [H, S, D], [Hkv, S, D], [Hkv, S, D]
             if queries is not None:
                 queries.append(q.transpose(0, 1))  # [S, H, D]
             window = s.sliding_windows[i]
@@ -307,15 +365,18 @@ class DecoderModel:
             if mass is not None:  # [Hkv, G*S, >= n] -> per KV head and new token, the whole cached chunks
                 n = (T - S) // chunk
                 key_mass.layers.append(mass[:, :, :n].reshape(Hkv, G, S, n).sum(dim=1))
-            out = out.reshape(H, S, D).transpose(0, 1).reshape(S, H * D)
-            x = x + out @ layer.wo
-            h = self._rms_norm(x, layer.mlp_norm)
-            gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer.w_down
+            out = out.reshape(H, S, D)
+            if fused is not None:
+                fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down)
+            else:
+                x = self._layer_out(x, out, layer)
         cache.advance(S)
         logits = None
         if logits_rows is not None:
-            xr = self._rms_norm(x[logits_rows], self.final_norm)
-            logits = F.linear(xr, self.lm_head).float()
+            if fused is not None:
+                logits = fused.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head)
+            else:
+                xr = self._rms_norm(x[logits_rows], self.final_norm)
+                logits = F.linear(xr, self.lm_head).float()
         q_out = torch.stack(queries) if queries is not None else None
         return ForwardOutput(logits=logits, queries=q_out)

@@ -18,28 +18,13 @@ own kernels.
 from __future__ import annotations
 
 import ctypes
-import hashlib
-import logging
-import os
-import platform
-import shutil
-import subprocess
-import tempfile
-import threading
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
 
-from .config import cache_home
+from .native_build import CSRC, FLAGS, Loader
 
-log = logging.getLogger(__name__)
-
-SOURCE = Path(__file__).with_name("csrc") / "few_rows.c"
-# -fopenmp: the kernel's threads come from the OpenMP runtime, which in a process that has
-# loaded PyTorch is PyTorch's own (the same soname, libgomp.so.1, is loaded once): threads of a
-# second pool would compete for the cores with PyTorch's, which spin a while after each operator.
-FLAGS = ("-O3", "-march=native", "-fno-math-errno", "-fopenmp", "-shared", "-fPIC")
+SOURCE = CSRC / "few_rows.c"
 BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 # Below this many keys the gain is a fraction of a millisecond a layer (at 4,096 keys, one row:
 # 0.7 against 0.9 ms); short prompts and the draft's small caches keep PyTorch's path.
@@ -48,47 +33,16 @@ ENV = "TRIFORCE_NATIVE_ATTENTION"
 SMALL_WORK = 1 << 15  # heads x rows x keys below which one thread runs all the jobs
 
 
-def _processor() -> str:
-    """What -march=native compiles for: the model name and the instruction-set flags."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))][:2]
-        return "".join(lines)
-    except OSError:
-        return platform.processor() or platform.machine()
-
-
 def build(folder: Path | None = None) -> Path:
-    """Compile the kernel (once per source, flags and processor); the path of the library.
-
-    Written to a temporary name and renamed, so a concurrent or interrupted build never
-    leaves a partial library under the final name. Raises OSError or CalledProcessError."""
-    compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        raise OSError("no C compiler (cc or gcc) on the PATH")
-    source = SOURCE.read_bytes()
-    key = hashlib.sha256(source + " ".join(FLAGS).encode() + _processor().encode()).hexdigest()[:16]
-    folder = folder or cache_home() / "native"
-    target = folder / f"few_rows-{key}.so"
-    if target.exists():
-        return target
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        subprocess.run([compiler, *FLAGS, "-o", tmp, str(SOURCE), "-lm"], check=True, capture_output=True, text=True)
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
+    """Compile the kernel (once per source, flags and processor); the path of the library."""
+    return _loader.build(folder)
 
 
 class Kernel:
     """The loaded library."""
 
-    def __init__(self, path: Path, threads: int | None = None):
-        lib = ctypes.CDLL(str(path))
+    def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
+        lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.attention.argtypes = [P, P, P, I64, I, I, I, I64, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
@@ -133,40 +87,15 @@ class Kernel:
         return result, mass
 
 
-@contextmanager
+_loader: Loader[Kernel] = Loader("few-row attention", SOURCE, FLAGS, ENV, Kernel)
+
+
 def switched(on: bool):
-    """The kernel on or off (`TRIFORCE_NATIVE_ATTENTION`) inside the block, as before after it:
-    the benchmarks' way to compare both paths in one process."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = before
-
-
-_lock = threading.Lock()
-_kernel: Kernel | None = None
-_tried = False
+    """The kernel on or off (`TRIFORCE_NATIVE_ATTENTION`) inside the block, as before after it."""
+    return _loader.switched(on)
 
 
 def kernel() -> Kernel | None:
     """The kernel, built and loaded at the first call; None where it cannot be (logged once)
     or when `TRIFORCE_NATIVE_ATTENTION=0`."""
-    global _kernel, _tried
-    if os.environ.get(ENV, "1") == "0":
-        return None
-    if _tried:  # every forward asks, per layer: no lock once decided
-        return _kernel
-    with _lock:
-        if not _tried:
-            _tried = True
-            try:
-                _kernel = Kernel(build())
-            except (OSError, subprocess.CalledProcessError) as e:
-                detail = getattr(e, "stderr", "") or str(e)
-                log.warning("native few-row attention unavailable (%s); using PyTorch's", detail.strip()[:300])
-    return _kernel
+    return _loader.get()

@@ -1,0 +1,203 @@
+/* A decoder layer's work around attention, for the few rows of a decoding step or a
+ * verification: the norm, the q/k/v projection and the rotary embedding before attention; the
+ * output projection, the norm, the SwiGLU MLP and both residual additions after it; and the
+ * final norm and vocabulary projection.
+ *
+ * In PyTorch each of these is a handful of operators on a few hundred floats: a small model's
+ * step costs its ~20 operators a layer, not the bytes of weights it reads. Here each part is one
+ * call, and the matrix products stream the weights once for all rows on OpenMP threads (in a
+ * process that has loaded PyTorch, its own runtime and threads).
+ *
+ * The arithmetic is PyTorch's, element by element: built without contraction (-ffp-contract=off)
+ * so `a * b + c` is two roundings as in PyTorch's separate operators; only the order of the
+ * sums inside a norm or a matrix product differs, as it does between PyTorch's own kernels.
+ * Weights are stored [in, out] (`x @ W`), the vocabulary projection [vocab, hidden].
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef _OPENMP
+#include <omp.h>
+#endif
+#if defined(__AVX2__) && defined(__FMA__)
+#include <immintrin.h>
+#define HAVE_AVX2 1
+#endif
+
+#define COLS 32            /* output columns a job accumulates in registers (four vectors) */
+#define SMALL_WORK (1 << 16) /* rows x in x out below which one thread runs a product */
+
+/* out[s] = (x[s] * 1/sqrt(mean(x[s]^2) + eps)) * w, as transformers' RMSNorm in float32. */
+static void rms_norm(const float *x, int S, int E, const float *w, float eps, float *out) {
+    for (int s = 0; s < S; s++) {
+        const float *xs = x + (int64_t)s * E;
+        float acc[8] = {0};
+        int e = 0;
+        for (; e + 8 <= E; e += 8)
+            for (int j = 0; j < 8; j++) acc[j] += xs[e + j] * xs[e + j];
+        float sum = 0.0f;
+        for (; e < E; e++) sum += xs[e] * xs[e];
+        for (int j = 0; j < 8; j++) sum += acc[j];
+        float r = 1.0f / sqrtf(sum / (float)E + eps);
+        float *os = out + (int64_t)s * E;
+        for (e = 0; e < E; e++) os[e] = w[e] * (xs[e] * r);
+    }
+}
+
+/* y[s][n0 + c] = sum_k x[s][k] w[k][n0 + c] for c < width (width <= COLS), all S rows. */
+static void product_block(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, int64_t n0, int width, float *y) {
+    int s = 0;
+#ifdef HAVE_AVX2
+    if (width == COLS) {
+        for (; s + 2 <= S; s += 2) {  /* two rows share each load of the weights: 8 accumulators */
+            const float *x0 = x + (int64_t)s * K, *x1 = x0 + K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            for (int k = 0; k < K; k++) {
+                const float *wk = w + (int64_t)k * ldw + n0;
+                __m256 w0 = _mm256_loadu_ps(wk), w1 = _mm256_loadu_ps(wk + 8);
+                __m256 w2 = _mm256_loadu_ps(wk + 16), w3 = _mm256_loadu_ps(wk + 24);
+                __m256 u = _mm256_set1_ps(x0[k]), v = _mm256_set1_ps(x1[k]);
+                a0 = _mm256_fmadd_ps(u, w0, a0), a1 = _mm256_fmadd_ps(u, w1, a1);
+                a2 = _mm256_fmadd_ps(u, w2, a2), a3 = _mm256_fmadd_ps(u, w3, a3);
+                b0 = _mm256_fmadd_ps(v, w0, b0), b1 = _mm256_fmadd_ps(v, w1, b1);
+                b2 = _mm256_fmadd_ps(v, w2, b2), b3 = _mm256_fmadd_ps(v, w3, b3);
+            }
+            float *y0 = y + (int64_t)s * N + n0, *y1 = y0 + N;
+            _mm256_storeu_ps(y0, a0), _mm256_storeu_ps(y0 + 8, a1), _mm256_storeu_ps(y0 + 16, a2), _mm256_storeu_ps(y0 + 24, a3);
+            _mm256_storeu_ps(y1, b0), _mm256_storeu_ps(y1 + 8, b1), _mm256_storeu_ps(y1 + 16, b2), _mm256_storeu_ps(y1 + 24, b3);
+        }
+        if (s < S) {  /* the odd row: two chains per vector, for the FMA latency */
+            const float *x0 = x + (int64_t)s * K;
+            __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+            int k = 0;
+            for (; k + 2 <= K; k += 2) {
+                const float *wk = w + (int64_t)k * ldw + n0, *wl = wk + ldw;
+                __m256 u = _mm256_set1_ps(x0[k]), v = _mm256_set1_ps(x0[k + 1]);
+                a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk), a0), a1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 8), a1);
+                a2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 16), a2), a3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 24), a3);
+                b0 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wl), b0), b1 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wl + 8), b1);
+                b2 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wl + 16), b2), b3 = _mm256_fmadd_ps(v, _mm256_loadu_ps(wl + 24), b3);
+            }
+            if (k < K) {
+                const float *wk = w + (int64_t)k * ldw + n0;
+                __m256 u = _mm256_set1_ps(x0[k]);
+                a0 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk), a0), a1 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 8), a1);
+                a2 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 16), a2), a3 = _mm256_fmadd_ps(u, _mm256_loadu_ps(wk + 24), a3);
+            }
+            float *y0 = y + (int64_t)s * N + n0;
+            _mm256_storeu_ps(y0, _mm256_add_ps(a0, b0)), _mm256_storeu_ps(y0 + 8, _mm256_add_ps(a1, b1));
+            _mm256_storeu_ps(y0 + 16, _mm256_add_ps(a2, b2)), _mm256_storeu_ps(y0 + 24, _mm256_add_ps(a3, b3));
+        }
+        return;
+    }
+#endif
+    for (; s < S; s++) {
+        float acc[COLS] = {0};
+        const float *xs = x + (int64_t)s * K;
+        for (int k = 0; k < K; k++) {
+            const float *wk = w + (int64_t)k * ldw + n0;
+            for (int c = 0; c < width; c++) acc[c] += xs[k] * wk[c];
+        }
+        memcpy(y + (int64_t)s * N + n0, acc, sizeof(float) * (size_t)width);
+    }
+}
+
+static int threads_for(int threads, int64_t work) { return work < SMALL_WORK ? 1 : threads; }
+
+/* y [S, N] = x [S, K] @ w [K, N], the column blocks split over the threads. */
+static void product(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, float *y, int threads) {
+    int64_t blocks = (N + COLS - 1) / COLS;
+    int nt = threads_for(threads, (int64_t)S * K * N);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t b = 0; b < blocks; b++) {
+        int64_t n0 = b * COLS;
+        product_block(x, S, K, w, ldw, N, n0, (int)(N - n0 < COLS ? N - n0 : COLS), y);
+    }
+}
+
+static inline float dot(const float *a, const float *b, int K) {
+    float acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+    float sum = 0.0f;
+    for (; k < K; k++) sum += a[k] * b[k];
+    for (int j = 0; j < 8; j++) sum += acc[j];
+    return sum;
+}
+
+/* The layer before attention. x: [S, E]; w_qkv: [E, (H + 2 Hkv) D]; bias: [(H + 2 Hkv) D] or
+ * NULL; cos, sin: [S, D]. Writes q [H, S, D] and k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
+ * Returns non-zero when scratch memory could not be had. */
+int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const float *w_qkv, int64_t ld_qkv, const float *bias,
+             int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v, int threads) {
+    int64_t N = (int64_t)(H + 2 * Hkv) * D;
+    float *h = malloc(sizeof(float) * (size_t)S * (size_t)(E + N));
+    if (!h) return -1;
+    float *qkv = h + (int64_t)S * E;
+    rms_norm(x, S, E, norm_w, eps, h);
+    product(h, S, E, w_qkv, ld_qkv, N, qkv, threads);
+    int half = D / 2;
+    for (int s = 0; s < S; s++) {
+        float *row = qkv + (int64_t)s * N;
+        if (bias)
+            for (int64_t n = 0; n < N; n++) row[n] = bias[n] + row[n];
+        const float *c = cos + (int64_t)s * D, *sn = sin + (int64_t)s * D;
+        for (int j = 0; j < H + Hkv; j++) {  /* x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) */
+            const float *src = row + (int64_t)j * D;
+            float *dst = j < H ? q + ((int64_t)j * S + s) * D : k + ((int64_t)(j - H) * S + s) * D;
+            for (int d = 0; d < half; d++) dst[d] = src[d] * c[d] - src[d + half] * sn[d];
+            for (int d = half; d < D; d++) dst[d] = src[d] * c[d] + src[d - half] * sn[d];
+        }
+        for (int j = 0; j < Hkv; j++)
+            memcpy(v + ((int64_t)j * S + s) * D, row + (int64_t)(H + Hkv + j) * D, sizeof(float) * (size_t)D);
+    }
+    free(h);
+    return 0;
+}
+
+/* The layer after attention, x [S, E] updated in place. attn: [H, S, D], the heads' outputs;
+ * w_o: [H D, E]; w_gate_up: [E, 2 I] (gate, then up); w_down: [I, E].
+ *   x = x + o @ w_o;  x = x + (silu(g) * u) @ w_down, [g | u] = rms_norm(x) @ w_gate_up */
+int layer_out(float *x, int S, int E, const float *attn, int H, int D, const float *w_o, int64_t ld_o,
+              const float *norm_w, float eps, const float *w_gate_up, int64_t ld_gu, const float *w_down, int64_t ld_down,
+              int I, int threads) {
+    int64_t HD = (int64_t)H * D;
+    size_t floats = (size_t)S * (size_t)(HD + E + E + 2 * (int64_t)I + I);
+    float *o = malloc(sizeof(float) * floats);
+    if (!o) return -1;
+    float *t = o + (int64_t)S * HD, *h = t + (int64_t)S * E, *gu = h + (int64_t)S * E, *a = gu + (int64_t)S * 2 * I;
+    for (int hd = 0; hd < H; hd++)
+        for (int s = 0; s < S; s++)
+            memcpy(o + (int64_t)s * HD + (int64_t)hd * D, attn + ((int64_t)hd * S + s) * D, sizeof(float) * (size_t)D);
+    product(o, S, (int)HD, w_o, ld_o, E, t, threads);
+    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
+    rms_norm(x, S, E, norm_w, eps, h);
+    product(h, S, E, w_gate_up, ld_gu, 2 * (int64_t)I, gu, threads);
+    for (int s = 0; s < S; s++) {
+        const float *g = gu + (int64_t)s * 2 * I, *u = g + I;
+        float *as = a + (int64_t)s * I;
+        for (int i = 0; i < I; i++) as[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+    }
+    product(a, S, I, w_down, ld_down, E, t, threads);
+    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
+    free(o);
+    return 0;
+}
+
+/* logits [R, V] = rms_norm(x) @ lm_head^T, x: [R, E], lm_head: [V, E]. */
+int final_logits(const float *x, int R, int E, const float *norm_w, float eps, const float *lm_head, int64_t V,
+                 float *logits, int threads) {
+    float *h = malloc(sizeof(float) * (size_t)R * (size_t)E);
+    if (!h) return -1;
+    rms_norm(x, R, E, norm_w, eps, h);
+    int nt = threads_for(threads, (int64_t)R * E * V);
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t n = 0; n < V; n++) {
+        const float *wn = lm_head + n * E;
+        for (int r = 0; r < R; r++) logits[(int64_t)r * V + n] = dot(h + (int64_t)r * E, wn, E);
+    }
+    free(h);
+    return 0;
+}

@@ -1,0 +1,109 @@
+"""A decoder layer's work around attention, in native code, for few rows: `csrc/layers.c`.
+
+Profiled (one retrieval-level step of the demo target, 4 layers, 4K keys, this 2-core CPU):
+of 6.7 ms, attention took 3.0; the rest went to ~20 PyTorch operators a layer on a few hundred
+floats (norms 0.7 ms, rotary 0.4, cache and mask glue 0.5) and to matrix products that read
+the weights at about 9 GB/s (2.0 ms for 17.6 MB). The small draft's step (2 layers, 3.4 MB of
+weights) was 1.25 ms, nearly all of it operator overhead. The kernel does each side of a
+layer in one call: norm, q/k/v projection (with bias), rotary embedding before attention;
+output projection, residual, norm, SwiGLU MLP, residual after it; and the final norm with the
+vocabulary projection.
+
+Used by `DecoderModel.forward` on the CPU in float32 for up to `ROWS` new tokens (decoding,
+verification); prefill keeps PyTorch's matrix products, which are compute-bound there and
+faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to float32 rounding:
+the elementwise arithmetic is the same, only the order of sums differs
+(tests/test_native_layers.py, greedy equality with Hugging Face across the model zoo).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from pathlib import Path
+
+import torch
+
+from .native_build import CSRC, FLAGS, Loader
+
+SOURCE = CSRC / "layers.c"
+# No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
+# separate operators do.
+LAYER_FLAGS = FLAGS + ("-ffp-contract=off",)
+ENV = "TRIFORCE_NATIVE_LAYERS"
+ROWS = 16  # new tokens up to which a forward uses the kernel
+
+
+class Layers:
+    """The loaded library; each method checks nothing the model does not guarantee (float32;
+    weights as `DecoderModel` stores them: [in, out] with contiguous rows, any row stride)."""
+
+    def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
+        lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
+        P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
+        lib.layer_in.argtypes = [P, I, I, P, F, P, I64, P, I, I, I, P, P, P, P, P, I]
+        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I64, P, F, P, I64, P, I64, I, I]
+        lib.final_logits.argtypes = [P, I, I, P, F, P, I64, P, I]
+        for f in (lib.layer_in, lib.layer_out, lib.final_logits):
+            f.restype = I
+        self.lib = lib
+        self.threads = threads  # None: PyTorch's intra-op thread count at each call
+
+    def _threads(self) -> int:
+        return self.threads or torch.get_num_threads()
+
+    @staticmethod
+    def _check(failed: int) -> None:
+        if failed:
+            raise MemoryError("native layer: out of memory for its scratch buffer")
+
+    def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: torch.Tensor, bias: torch.Tensor | None,
+                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor):
+        """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]."""
+        S, E = x.shape
+        D = cos.shape[1]
+        q = torch.empty(H, S, D)
+        k = torch.empty(Hkv, S, D)
+        v = torch.empty(Hkv, S, D)
+        self._check(self.lib.layer_in(
+            x.data_ptr(), S, E, norm.data_ptr(), eps, w_qkv.data_ptr(), w_qkv.stride(0),
+            None if bias is None else bias.data_ptr(),
+            H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads()))
+        return q, k, v
+
+    def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: torch.Tensor, norm: torch.Tensor, eps: float,
+                  w_gate_up: torch.Tensor, w_down: torch.Tensor) -> None:
+        """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
+        S, E = x.shape
+        H, _, D = attn.shape
+        self._check(self.lib.layer_out(
+            x.data_ptr(), S, E, attn.data_ptr(), H, D, w_o.data_ptr(), w_o.stride(0), norm.data_ptr(), eps,
+            w_gate_up.data_ptr(), w_gate_up.stride(0), w_down.data_ptr(), w_down.stride(0), w_down.shape[0],
+            self._threads()))
+
+    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: torch.Tensor) -> torch.Tensor:
+        """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V]."""
+        R, E = x.shape
+        V = lm_head.shape[0]
+        out = torch.empty(R, V)
+        self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, lm_head.data_ptr(), V,
+                                          out.data_ptr(), self._threads()))
+        return out
+
+
+_loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, ENV, Layers)
+
+
+def build(folder: Path | None = None) -> Path:
+    """Compile the library (once per source, flags and processor); the path of the library."""
+    return _loader.build(folder)
+
+
+def switched(on: bool):
+    """The kernel on or off (`TRIFORCE_NATIVE_LAYERS`) inside the block, as before after it."""
+    return _loader.switched(on)
+
+
+def kernel() -> Layers | None:
+    """The library, built and loaded at the first call; None where it cannot be (logged once)
+    or when `TRIFORCE_NATIVE_LAYERS=0`."""
+    return _loader.get()
