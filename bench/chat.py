@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 
-from triforce_core import native_attention
+from triforce_core import native_attention, native_layers
 from triforce_core.benchmark import machine_info
 from triforce_core.config import PAPER_METHOD, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
@@ -63,11 +63,12 @@ CONFIGS: dict[str, dict] = {
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
 # "NAME+inspect": the same configuration with inspect=True (the teaching view's cost);
-# "NAME+pytorch-attention": with the native few-row attention kernel off (its gain). Either
-# or both, in any order.
+# "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
+# "NAME+pytorch-layers": with the native decoder layers off (theirs). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
-SUFFIXES = (INSPECT, PYTORCH_ATTENTION)
+PYTORCH_LAYERS = "+pytorch-layers"
+SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS)
 
 
 def split_name(name: str) -> tuple[str, set[str]]:
@@ -83,7 +84,7 @@ def split_name(name: str) -> tuple[str, set[str]]:
 def _answer_as(name: str, start) -> tuple[list[int], object]:
     """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
     flags = split_name(name)[1]
-    with native_attention.switched(PYTORCH_ATTENTION not in flags):
+    with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
         return _answer(start(INSPECT in flags))
 
 
@@ -241,7 +242,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "document_tokens": session.document_tokens,
         "turns": rows,
         "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
-                        "native_attention": PYTORCH_ATTENTION not in split_name(n)[1]} for n in names},
+                        "native_attention": PYTORCH_ATTENTION not in split_name(n)[1],
+                        "native_layers": PYTORCH_LAYERS not in split_name(n)[1]} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
@@ -276,8 +278,9 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
-                        f"inspect=True: the teaching view's cost) and/or {PYTORCH_ATTENTION} (the native few-row "
-                        f"attention kernel off: its gain) (default: {','.join(DEFAULT_CONFIGS)})")
+                        f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
+                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off) "
+                        f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
     p.add_argument("--max-new-tokens", type=int, default=96)

@@ -26,11 +26,13 @@ from .native_build import CSRC, FLAGS, Loader
 
 SOURCE = CSRC / "few_rows.c"
 BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
-# Below this many keys the gain is a fraction of a millisecond a layer (at 4,096 keys, one row:
-# 0.7 against 0.9 ms); short prompts and the draft's small caches keep PyTorch's path.
-MIN_KEYS = 2048
+# One row, 4 heads of 64, K/V not in cache: at 1,024 keys 0.15 against PyTorch's 0.21 ms, at
+# 256 keys even (0.08 ms); the draft's small window keeps PyTorch's path.
+MIN_KEYS = 1024
 ENV = "TRIFORCE_NATIVE_ATTENTION"
-SMALL_WORK = 1 << 15  # heads x rows x keys below which one thread runs all the jobs
+# heads x rows x keys below which one thread runs all the jobs (waking the other costs more than
+# it saves): one row over 4,096 keys took 0.81 ms on one thread, 0.49 ms on two.
+SMALL_WORK = 1 << 12
 
 
 def build(folder: Path | None = None) -> Path:

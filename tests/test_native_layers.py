@@ -1,0 +1,221 @@
+"""The native decoder layers for few rows (`triforce_core.native_layers`) are exact.
+
+- Against a float64 reference: the layer before attention (norm, q/k/v projection with and
+  without bias, rotary), the layer after it (output projection, norm, SwiGLU, residuals) and
+  the final logits, over row counts 1-16, widths with and without the vector path, grouped
+  and multi-head attention, padded and contiguous weight rows.
+- Through the model: greedy output equals Hugging Face's across the model zoo and modes, with
+  the kernel counted as running; sampled output follows the target's law (chi-square).
+- Negative controls: a layer whose gate and up projections are swapped (a plausible loading
+  bug) fails the reference comparison, greedy equality and the chi-square test.
+- The attention mask, now built over the new columns only, equals its definition.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shutil
+
+import pytest
+import torch
+from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
+from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
+
+import triforce_core.native_layers as native_layers
+from triforce_core import TriForceEngine
+from triforce_core.attention import attention_mask
+from triforce_core.model import _transposed
+from triforce_core.native_build import build
+
+pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                reason="no C compiler: the native layers cannot be built here")
+
+
+@pytest.fixture(scope="module")
+def layers():
+    k = native_layers.kernel()
+    assert k is not None, "the library did not build (see the warning logged)"
+    return k
+
+
+@pytest.fixture
+def counted(monkeypatch, layers):
+    """Counts the rows of every native layer call."""
+    calls = []
+    original = native_layers.Layers.layer_in
+
+    def counting(self, x, *args, **kwargs):
+        calls.append(x.shape[0])
+        return original(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(native_layers.Layers, "layer_in", counting)
+    return calls
+
+
+def _swap_halves(w: torch.Tensor) -> torch.Tensor:
+    """[E, 2I] -> the same with its two halves exchanged (up first, then gate), rows padded alike."""
+    half = w.shape[1] // 2
+    return _transposed(torch.cat([w[:, half:], w[:, :half]], dim=1).t().contiguous())
+
+
+@pytest.fixture
+def swapped(monkeypatch, counted):
+    """The negative control: the MLP computes silu(up) * gate."""
+    original = native_layers.Layers.layer_out
+
+    def broken(self, x, attn, w_o, norm, eps, w_gate_up, w_down):
+        return original(self, x, attn, w_o, norm, eps, _swap_halves(w_gate_up), w_down)
+
+    monkeypatch.setattr(native_layers.Layers, "layer_out", broken)
+
+
+# -- float64 references ------------------------------------------------------------------------
+def _rms(x, w, eps):
+    x = x.double()
+    return w.double() * (x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps))
+
+
+def _rotate(x, cos, sin):
+    half = x.shape[-1] // 2
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
+
+
+def ref_layer_in(x, norm, eps, w_qkv, bias, H, Hkv, cos, sin):
+    S, D = x.shape[0], cos.shape[1]
+    qkv = _rms(x, norm, eps) @ w_qkv.double()
+    if bias is not None:
+        qkv = qkv + bias.double()
+    qk = _rotate(qkv[:, : (H + Hkv) * D].reshape(S, H + Hkv, D).transpose(0, 1), cos.double(), sin.double())
+    return qk[:H], qk[H:], qkv[:, (H + Hkv) * D :].reshape(S, Hkv, D).transpose(0, 1)
+
+
+def ref_layer_out(x, attn, w_o, norm, eps, w_gate_up, w_down):
+    S = x.shape[0]
+    x = x.double() + attn.double().transpose(0, 1).reshape(S, -1) @ w_o.double()
+    gate, up = (_rms(x, norm, eps) @ w_gate_up.double()).chunk(2, dim=-1)
+    return x + (torch.nn.functional.silu(gate) * up) @ w_down.double()
+
+
+def _weights(E, N, g, padded):
+    w = torch.randn(N, E, generator=g) / E**0.5  # [out, in], as a checkpoint stores it
+    return _transposed(w) if padded else w.t().contiguous()
+
+
+def _close(a, b, tol=2e-5):
+    return (a.double() - b).abs().max().item() <= tol * max(1.0, b.abs().max().item())
+
+
+SHAPES = [  # (S, E, H, Hkv, D, I, bias, padded)
+    (1, 256, 4, 4, 64, 768, False, True), (7, 256, 4, 4, 64, 768, False, True), (16, 256, 4, 4, 64, 768, True, True),
+    (3, 128, 2, 2, 64, 256, False, False), (2, 64, 4, 2, 16, 96, True, True), (5, 40, 2, 1, 20, 52, True, False),
+    (1, 96, 6, 2, 16, 40, False, True), (13, 48, 3, 3, 16, 80, True, True),
+]
+
+
+@pytest.mark.parametrize("S,E,H,Hkv,D,I,bias,padded", SHAPES, ids=[f"s{s[0]}-e{s[1]}-h{s[2]}-{s[3]}-d{s[4]}-i{s[5]}"
+                                                                    for s in SHAPES])
+def test_layers_match_float64_reference(layers, S, E, H, Hkv, D, I, bias, padded):
+    g = torch.Generator().manual_seed(S * 131 + E)
+    x = torch.randn(S, E, generator=g)
+    norm1, norm2 = 1 + 0.1 * torch.randn(E, generator=g), 1 + 0.1 * torch.randn(E, generator=g)
+    N = (H + 2 * Hkv) * D
+    w_qkv = _weights(E, N, g, padded)
+    b = torch.randn(N, generator=g) if bias else None
+    angles = torch.arange(S)[:, None] * 0.37 + torch.rand(D // 2, generator=g)[None, :]
+    cos, sin = torch.cat([angles.cos()] * 2, 1), torch.cat([angles.sin()] * 2, 1)
+    q, k, v = layers.layer_in(x, norm1, 1e-5, w_qkv, b, H, Hkv, cos, sin)
+    for got, want in zip((q, k, v), ref_layer_in(x, norm1, 1e-5, w_qkv, b, H, Hkv, cos, sin)):
+        assert got.shape == want.shape and _close(got, want)
+
+    attn = torch.randn(H, S, D, generator=g)
+    w_o, w_gu, w_down = _weights(H * D, E, g, padded), _weights(E, 2 * I, g, padded), _weights(I, E, g, padded)
+    out = x.clone()
+    layers.layer_out(out, attn, w_o, norm2, 1e-6, w_gu, w_down)
+    assert _close(out, ref_layer_out(x, attn, w_o, norm2, 1e-6, w_gu, w_down))
+
+    lm_head = torch.randn(300, E, generator=g)
+    logits = layers.logits(x, norm1, 1e-5, lm_head)
+    assert logits.shape == (S, 300) and _close(logits, _rms(x, norm1, 1e-5) @ lm_head.double().t())
+
+
+def test_negative_control_swapped_gate_and_up_is_caught(layers):
+    g = torch.Generator().manual_seed(3)
+    S, E, H, D, I = 4, 64, 2, 32, 96
+    x, attn, norm = torch.randn(S, E, generator=g), torch.randn(H, S, D, generator=g), torch.ones(E)
+    w_o, w_gu, w_down = _weights(H * D, E, g, True), _weights(E, 2 * I, g, True), _weights(I, E, g, True)
+    out = x.clone()
+    layers.layer_out(out, attn, w_o, norm, 1e-6, _swap_halves(w_gu), w_down)
+    assert not _close(out, ref_layer_out(x, attn, w_o, norm, 1e-6, w_gu, w_down), tol=1e-3)
+
+
+# -- through the model -------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("mode,lookup", [("autoregressive", False), ("triforce", False), ("retrieval", True)])
+def test_greedy_matches_hf_through_native_layers(counted, kind, mode, lookup):
+    _, t, d, ids, ref, gaps = _setup(kind)
+    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, lookup=lookup))
+    _assert_same(res.token_ids, ref, gaps)
+    assert counted and (mode == "autoregressive" or max(counted) > 1)  # verifications included
+
+
+def test_negative_control_swapped_layers_break_greedy_equality(swapped):
+    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
+    res = TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
+    assert res.token_ids != ref
+
+
+def test_sampling_through_native_layers_is_exact(counted):
+    p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(1.0))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+    assert max(counted) > 1
+
+
+def test_negative_control_swapped_layers_fail_the_chi_square(swapped):
+    p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(1.0))
+    assert p < 1e-3, f"the swapped layers were not detected (p = {p:.2e})"
+
+
+def test_disabled_by_the_environment_and_prefill_keeps_pytorch(monkeypatch, counted):
+    _, t, d, ids, ref, gaps = _setup("llama_mha")
+    monkeypatch.setenv(native_layers.ENV, "0")
+    res = TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
+    _assert_same(res.token_ids, ref, gaps)
+    assert counted == []
+    monkeypatch.delenv(native_layers.ENV)
+    TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
+    assert counted and max(counted) <= native_layers.ROWS  # the prompt's prefill is not theirs
+
+
+def test_build_is_cached_and_leaves_nothing_else(tmp_path):
+    first = build(native_layers.SOURCE, native_layers.LAYER_FLAGS, tmp_path)
+    assert build(native_layers.SOURCE, native_layers.LAYER_FLAGS, tmp_path) == first
+    assert [p.name for p in tmp_path.iterdir()] == [first.name]
+    out = native_layers.Layers(first, threads=1).logits(torch.ones(1, 4), torch.ones(4), 0.0, torch.eye(4))
+    assert torch.allclose(out, torch.ones(1, 4))
+
+
+# -- the mask ----------------------------------------------------------------------------------
+def _mask_by_definition(S, T, key_start, window, G):
+    """[G*S, T]: new query i (position key_start + T - S + i) sees key j (position key_start + j)
+    when j <= T - S + i and, with a window, key_start + j > its position - window."""
+    past = T - S
+    vis = torch.zeros(S, T, dtype=torch.bool)
+    for i, j in itertools.product(range(S), range(T)):
+        vis[i, j] = j <= past + i and (window is None or j > past + i - window)
+    return vis.repeat(G, 1)
+
+
+@pytest.mark.parametrize("S,T,window,G", [(s, t, w, g) for s, t, w, g in itertools.product(
+    (1, 2, 5, 9), (9, 40), (None, 4, 16, 40), (1, 3)) if s <= t])
+def test_attention_mask_equals_its_definition(S, T, window, G):
+    want = _mask_by_definition(S, T, 3, window, G)
+    mask = attention_mask(S, T, 3, window, G, torch.device("cpu"))
+    if mask is None:
+        assert want.all()
+        return
+    assert torch.equal(mask.visible, want)
+    assert not want[:, : mask.start].logical_not().any() and torch.equal(mask.hidden, ~want[:, mask.start :])
+    if mask.limits is not None:  # every row sees a prefix: its length
+        assert torch.equal(mask.limits, want.sum(1)) and all(want[r, : int(n)].all() for r, n in enumerate(mask.limits))
+    if mask.new_bias is not None:
+        assert torch.equal(mask.new_bias == 0, want[:, T - S :])
