@@ -24,6 +24,7 @@ import torch
 
 from triforce_core import native_attention
 from triforce_core.attention import NATIVE_QUERY_ROWS, attend, attention_mask
+from triforce_core.benchmark import cpu_model
 from triforce_core.roofline import measure_bandwidth
 
 
@@ -82,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
               "(where the model runs the kernel)", file=sys.stderr)
         return 2
     report = measure(keys, rows, a.heads, a.head_dim, a.repeats)
-    report["machine"] = {"cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    report["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                          "python": platform.python_version(), "load_average_1min": os.getloadavg()[0]}
     if a.json:
         a.json.write_text(json.dumps(report, indent=1))

@@ -12,7 +12,7 @@ The full cache holds random keys and values, not a prefilled document: a step's 
 depend on what the keys say, and a 64K-token prefill would take minutes. The retrieval level
 selects its chunks for the last token's real queries, as after a prefill.
 
-    python -m bench.level_steps [--context 16384,32768,65536] [--repeats 15] [--json OUT]
+    python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--json OUT]
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from triforce_core import native_layers
-from triforce_core.benchmark import Bench
+from triforce_core.benchmark import Bench, cpu_model
 from triforce_core.config import PAPER_METHOD, GenerationConfig, SpeculationConfig
 from triforce_core.kv import FullCache
 from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model (default: the embedded demo target)")
     p.add_argument("--draft", help="draft model (default: the embedded demo draft)")
-    p.add_argument("--context", default="16384,32768,65536", help="comma-separated cache lengths in tokens")
+    p.add_argument("--context", default="16000,32000,64000", help="comma-separated cache lengths in tokens (each at most the target's window less 64)")
     p.add_argument("--repeats", type=int, default=15, help="timed forwards per configuration (default 15)")
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
@@ -119,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
     report = measure(bench, contexts, a.repeats)
-    report.update(machine={"cpu": platform.processor() or platform.machine(), "threads": torch.get_num_threads(),
+    report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)

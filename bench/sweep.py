@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from triforce_core.benchmark import MODES, OUR_MODES, Bench, BenchError, parse_modes, print_table
+from triforce_core.benchmark import MODES, Bench, BenchError, parse_modes, print_table
 
 SPECULATIVE = ("triforce", "retrieval", "draft")
 

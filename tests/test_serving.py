@@ -9,7 +9,7 @@ import pytest
 
 from conftest import words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
-from triforce_core.events import Committed, Finished, Prefilled, PrefillProgress
+from triforce_core.events import Committed, Prefilled, PrefillProgress
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import Slot, SlotPool, common_prefix
 

@@ -415,11 +415,21 @@ def _settings(config: GenerationConfig) -> dict:
     }
 
 
-def _cpu_model() -> str:
+def cpu_model() -> str:
+    """The processor's name, with its family and model and its widest vector extension: a
+    virtual machine often names only the vendor, and results from two generations differ."""
     try:
+        fields: dict[str, str] = {}
         for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+        flags = set(fields.get("flags", "").split())
+        vector = next((f for f in ("avx512f", "avx2", "avx", "sse4_2") if f in flags), None)
+        detail = [f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else None, vector]
+        name = fields.get("model name")
+        if name:
+            extra = ", ".join(d for d in detail if d)
+            return f"{name} ({extra})" if extra else name
     except OSError:
         pass
     return platform.processor() or platform.machine()
@@ -437,7 +447,7 @@ def machine_info(engine: TriForceEngine, load_before: float | None = None, load_
 
     dev = engine.target.device
     info = {
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "transformers": transformers.__version__,

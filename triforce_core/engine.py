@@ -15,7 +15,6 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
-import torch
 
 from .config import GenerationConfig, default_kv_cache_folder
 from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
