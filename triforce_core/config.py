@@ -19,8 +19,10 @@ MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 # in front of the retrieval level) at every length: 2.49x against 2.18x autoregressive at 16K,
 # 2.44x against 2.23x at 32K, 2.16x against 1.95x at 64K (the bash manual; README, Long
 # documents), 3.93x against 3.81x on the 14K Python tutorial. (The synthetic prompt bench had
-# put triforce ahead from 8K.) A retrieval forward costs ~10 ms here whatever it reads, and its
-# tokens add rows to the target's verification. An explicit mode is always kept.
+# put triforce ahead from 8K.) With the native decoder layers a retrieval forward costs 2-3.5 ms
+# instead of ~10, and at 63K the two are level: triforce 0.96-1.07x lookup alone over four runs
+# (`bench/results/native-layers-64k.json`), at 31K 0.97x. Not a gain to switch on; an explicit
+# mode is always kept.
 RETRIEVAL_PAYS_FROM: int | None = None
 
 
