@@ -28,20 +28,25 @@
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */
 #define SMALL_WORK (1 << 16) /* rows x in x out below which one thread runs a product */
 
+/* sum_k a[k] b[k]: eight lanes, then the tail, then the lanes (the same order on every path). */
+static inline float dot(const float *a, const float *b, int K) {
+    float acc[8] = {0};
+    int k = 0;
+    for (; k + 8 <= K; k += 8)
+        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
+    float sum = 0.0f;
+    for (; k < K; k++) sum += a[k] * b[k];
+    for (int j = 0; j < 8; j++) sum += acc[j];
+    return sum;
+}
+
 /* out[s] = (x[s] * 1/sqrt(mean(x[s]^2) + eps)) * w, as transformers' RMSNorm in float32. */
 static void rms_norm(const float *x, int S, int E, const float *w, float eps, float *out) {
     for (int s = 0; s < S; s++) {
         const float *xs = x + (int64_t)s * E;
-        float acc[8] = {0};
-        int e = 0;
-        for (; e + 8 <= E; e += 8)
-            for (int j = 0; j < 8; j++) acc[j] += xs[e + j] * xs[e + j];
-        float sum = 0.0f;
-        for (; e < E; e++) sum += xs[e] * xs[e];
-        for (int j = 0; j < 8; j++) sum += acc[j];
-        float r = 1.0f / sqrtf(sum / (float)E + eps);
+        float r = 1.0f / sqrtf(dot(xs, xs, E) / (float)E + eps);
         float *os = out + (int64_t)s * E;
-        for (e = 0; e < E; e++) os[e] = w[e] * (xs[e] * r);
+        for (int e = 0; e < E; e++) os[e] = w[e] * (xs[e] * r);
     }
 }
 
@@ -116,17 +121,6 @@ static void product(const float *x, int S, int K, const float *w, int64_t ldw, i
         int64_t n0 = b * COLS;
         product_block(x, S, K, w, ldw, N, n0, (int)(N - n0 < COLS ? N - n0 : COLS), y);
     }
-}
-
-static inline float dot(const float *a, const float *b, int K) {
-    float acc[8] = {0};
-    int k = 0;
-    for (; k + 8 <= K; k += 8)
-        for (int j = 0; j < 8; j++) acc[j] += a[k + j] * b[k + j];
-    float sum = 0.0f;
-    for (; k < K; k++) sum += a[k] * b[k];
-    for (int j = 0; j < 8; j++) sum += acc[j];
-    return sum;
 }
 
 /* The layer before attention. x: [S, E]; w_qkv: [E, (H + 2 Hkv) D]; bias: [(H + 2 Hkv) D] or
