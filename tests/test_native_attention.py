@@ -100,6 +100,26 @@ def test_kernel_matches_float64_reference(kernel, H, R, T, D, chunk):
         assert mass is None
 
 
+@pytest.mark.parametrize("D", [64, 48])  # the vector path for every product; a scalar weighted sum
+def test_a_row_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, D):
+    """Rows run in groups that share each key loaded; a row's result must not depend on its
+    group, so a verification row equals the decoding step it stands for (and greedy outputs
+    do not move with the number of drafted tokens)."""
+    g = torch.Generator().manual_seed(D)
+    H, R, T = 3, 16, 1500
+    q, k, v = torch.randn(H, R, D, generator=g), torch.randn(H, T, D, generator=g), torch.randn(H, T, D, generator=g)
+    limits = torch.arange(T - R + 1, T + 1)
+    outs = {}
+    for rows in (1, 2, 3, 5, 7, 16):  # every group size, and groups with a remainder
+        for start in range(0, R, rows):
+            stop = min(start + rows, R)
+            out, mass = kernel.attention(q[:, start:stop], k, v, limits[start:stop], 0.125, chunk=16)
+            for r in range(start, stop):
+                outs.setdefault(r, []).append((out[:, r - start], mass[:, r - start]))
+    for r, seen in outs.items():
+        assert all(torch.equal(o, seen[0][0]) and torch.equal(m, seen[0][1]) for o, m in seen), f"row {r}"
+
+
 def test_negative_control_a_leaked_key_is_caught(kernel):
     g = torch.Generator().manual_seed(5)
     H, R, T, D = 4, 7, 3000, 64
