@@ -1,7 +1,7 @@
 """Attention of new query rows over a cache's keys: the mask, and the path for each shape.
 
 - Few rows (a decoding step, a verification) on the CPU: the native kernel
-  (`native_attention`) up to 16 rows, else two batched matrix products up to 8.
+  (`native_attention`) up to 33 rows, else two batched matrix products up to 8.
 - Many rows (prefill): PyTorch's CPU flash kernel, in two passes merged by their log-sum-exps
   when every cached key is visible to every row.
 - Elsewhere (CUDA, a window cut among many rows): PyTorch's scaled-dot-product attention.
@@ -25,9 +25,10 @@ SMALL_QUERY_ROWS = 8
 # of grouped-query heads has G rows per token.
 PROBED_QUERY_ROWS = 64
 # Query rows up to which the native kernel runs (where it is built): against PyTorch's two
-# flash passes it costs 0.64x at 9 rows, 0.81x at 13, 0.91x at 17 and 1.03-1.09x at 25 over
-# 64K keys (32K: 0.71x, 0.83x, 0.92x, 1.04x), 4 heads of 64.
-NATIVE_QUERY_ROWS = 16
+# flash passes, with rows in groups sharing each key loaded, it costs 0.60x at 9 rows, 0.72x at
+# 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
+# 64: up to the longest lookup run (32) and its bonus row.
+NATIVE_QUERY_ROWS = 33
 
 
 @dataclass(frozen=True)
@@ -62,7 +63,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
     (else None).
 
-    Few query rows (up to 16) against a long cache (decoding, verification) on the CPU: the
+    Few query rows (up to 33) against a long cache (decoding, verification) on the CPU: the
     native kernel (`native_attention`), which reads each key and value once for all rows, where
     it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
     batched matrix products, which also read each key once but run the few-row product
