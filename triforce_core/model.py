@@ -364,7 +364,8 @@ class DecoderModel:
             out, mass = attend(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
             if mass is not None:  # [Hkv, G*S, >= n] -> per KV head and new token, the whole cached chunks
                 n = (T - S) // chunk
-                key_mass.layers.append(mass[:, :, :n].reshape(Hkv, G, S, n).sum(dim=1))
+                mass = mass[:, :, :n]
+                key_mass.layers.append(mass if G == 1 else mass.reshape(Hkv, G, S, n).sum(dim=1))
             out = out.reshape(H, S, D)
             if fused is not None:
                 fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down)

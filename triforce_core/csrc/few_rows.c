@@ -356,8 +356,10 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
 
 /* Combine the blocks: result [H, R, D]; m_out is overwritten with each block's weight
  * exp(m_b - max_b m_b) / sum_b l_b exp(m_b - max_b m_b), the factor that turns its
- * exponentials into attention probabilities (for the chunk sums). */
-static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result) {
+ * exponentials into attention probabilities, and the chunk sums (when asked: `block` keys a
+ * block, `chunk` a chunk) are multiplied by it, becoming each chunk's attention probability. */
+static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result,
+                  int64_t T, int block, int chunk, float *chunk_sum) {
     for (int h = 0; h < H; h++)
         for (int r = 0; r < R; r++) {
             float top = -INFINITY;
@@ -378,6 +380,11 @@ static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_ou
                 int64_t i = (h * nb + b) * R + r;
                 float w = m_out[i] / total;
                 m_out[i] = w;
+                if (chunk_sum) {
+                    int64_t n_chunks = T / chunk, c0 = b * block / chunk, c1 = (b + 1) * block / chunk;
+                    float *cs = chunk_sum + ((int64_t)h * R + r) * n_chunks;
+                    for (int64_t c = c0; c < c1 && c < n_chunks; c++) cs[c] *= w;
+                }
                 if (w == 0.0f) continue;
                 const float *o = out + i * D;
                 for (int d = 0; d < D; d++) res[d] += w * o[d];
@@ -405,6 +412,6 @@ int attention(const float *q, const float *k, const float *v, int64_t head_strid
     (void)threads;
     failed = blocks(q, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
 #endif
-    if (!failed) merge(H, R, D, nb, out, m_out, l_out, result);
+    if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
     return failed;
 }
