@@ -31,7 +31,7 @@ import torch
 
 from triforce_core import native_attention, native_layers
 from triforce_core.benchmark import machine_info
-from triforce_core.config import PAPER_METHOD, GenerationConfig, SamplingConfig, SpeculationConfig
+from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
@@ -64,21 +64,34 @@ CONFIGS: dict[str, dict] = {
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
 # "NAME+inspect": the same configuration with inspect=True (the teaching view's cost);
 # "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
-# "NAME+pytorch-layers": with the native decoder layers off (theirs). Any of them, in any order.
+# "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+budget-N": the
+# retrieval level attends to N tokens instead of the default budget. Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
 SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS)
+BUDGET = re.compile(r"\+budget-(\d+)$")
 
 
 def split_name(name: str) -> tuple[str, set[str]]:
-    """"lookup+inspect" -> ("lookup", {"+inspect"})."""
+    """"lookup+inspect" -> ("lookup", {"+inspect"}); "retrieval+budget-8192" -> ("retrieval", {"+budget-8192"})."""
     flags = set()
-    while any(name.endswith(s) for s in SUFFIXES):
-        suffix = next(s for s in SUFFIXES if name.endswith(s))
+    while True:
+        suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
+        if suffix is None and (m := BUDGET.search(name)):
+            suffix = m.group(0)
+        if suffix is None:
+            return name, flags
         flags.add(suffix)
         name = name.removesuffix(suffix)
-    return name, flags
+
+
+def budget_of(flags: set[str]) -> int | None:
+    """The retrieval budget a "+budget-N" flag asks for (None: the default)."""
+    found = [int(BUDGET.search(f).group(1)) for f in flags if BUDGET.search(f)]
+    if len(found) > 1:
+        raise ChatBenchError("a configuration names two budgets")
+    return found[0] if found else None
 
 
 def _answer_as(name: str, start) -> tuple[list[int], object]:
@@ -130,12 +143,17 @@ def workload(text: str, quotes: int, open_count: int, seed: int) -> list[tuple[s
 
 
 def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> GenerationConfig:
-    name = split_name(name)[0]
+    name, flags = split_name(name)
     if name not in CONFIGS:
         raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)} "
-                             f"(each optionally with {' and/or '.join(SUFFIXES)})")
+                             f"(each optionally with {' and/or '.join(SUFFIXES)} or +budget-N)")
     spec = SpeculationConfig(max_new_tokens=max_new_tokens, **CONFIGS[name])
-    return GenerationConfig(sampling=sampling, speculation=spec)
+    budget = budget_of(flags)
+    try:
+        cache = CacheConfig() if budget is None else CacheConfig(budget=budget)
+    except ConfigError as e:
+        raise ChatBenchError(f"{name}+budget-{budget}: {e}") from None
+    return GenerationConfig(sampling=sampling, speculation=spec, cache=cache)
 
 
 def _answer(events) -> tuple[list[int], object]:
@@ -243,7 +261,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "turns": rows,
         "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
                         "native_attention": PYTORCH_ATTENTION not in split_name(n)[1],
-                        "native_layers": PYTORCH_LAYERS not in split_name(n)[1]} for n in names},
+                        "native_layers": PYTORCH_LAYERS not in split_name(n)[1],
+                        "budget": make_config(n, sampling, max_new_tokens).cache.budget} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
@@ -279,7 +298,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
-                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off) "
+                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +budget-N (the "
+                        f"retrieval level attends to N tokens) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
@@ -293,8 +313,7 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
         for n in names:
-            if split_name(n)[0] not in CONFIGS:
-                raise ChatBenchError(f"unknown configuration {n!r}: use a comma-separated list of {', '.join(CONFIGS)}")
+            make_config(n, SamplingConfig(), 1)  # an unknown name or a bad budget fails here, before any loading
         if not names or len(set(names)) != len(names):
             raise ChatBenchError("--configs is empty or names a configuration twice")
         if not 0 <= a.open <= len(OPEN_QUESTIONS) or a.quotes < 0 or a.quotes + a.open == 0:

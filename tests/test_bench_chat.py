@@ -24,7 +24,7 @@ def test_every_configuration_answers_every_turn_identically(chat_engine):
     turns = chat.workload(text, quotes=2, open_count=1, seed=1)
     assert [k for k, _ in turns] == ["quote", "quote", "open"]
     lines: list[str] = []
-    names = ["triforce", "triforce-paper", "triforce-paper+inspect", "lookup", "autoregressive"]
+    names = ["triforce", "triforce-paper", "triforce-paper+inspect", "retrieval+budget-48", "lookup", "autoregressive"]
     report = chat.run(chat_engine, text, turns, names, SamplingConfig(), 12, say=lines.append, repeats=2)
     assert report["repeats"] == 2 and len(report["turns"]) == 3
     # one line per configuration, turn and repeat
@@ -40,11 +40,21 @@ def test_every_configuration_answers_every_turn_identically(chat_engine):
     assert report["results"]["autoregressive"]["speedup_vs_autoregressive"] == 1.0
     assert report["results"]["autoregressive"]["tokens_per_target_forward"] == 1.0
     assert "lookup" in report["results"]["lookup"]["round_ms_by_level"]
+    assert report["configs"]["retrieval+budget-48"]["budget"] == 48 and report["configs"]["triforce"]["budget"] == 4096
+
+
+def test_a_budget_suffix_sets_the_retrieval_budget_only():
+    assert chat.split_name("retrieval-paper+budget-8192+pytorch-layers") == (
+        "retrieval-paper", {"+budget-8192", "+pytorch-layers"})
+    cfg = chat.make_config("retrieval-paper+budget-8192", SamplingConfig(), 8)
+    assert cfg.cache.budget == 8192 and cfg.speculation == chat.make_config("retrieval-paper", SamplingConfig(), 8).speculation
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--configs", "nope"], "unknown configuration"),
     (["--configs", "lookup,lookup"], "twice"),
+    (["--configs", "retrieval+budget-3"], "budget (3) must be at least 3 chunks"),
+    (["--configs", "retrieval+budget-64+budget-128"], "two budgets"),
     (["--repeats", "0"], "--repeats"),
     (["--quotes", "0", "--open", "0"], "not both 0"),
     (["--document", "no/such/file.txt"], "no such document"),

@@ -158,6 +158,31 @@ def test_greedy_matches_hf_through_native_layers(counted, kind, mode, lookup):
     assert counted and (mode == "autoregressive" or max(counted) > 1)  # verifications included
 
 
+@pytest.mark.parametrize("kind", TARGETS)
+def test_a_verification_row_equals_the_step_it_stands_for(monkeypatch, counted, kind):
+    """Seven new tokens in one forward give, row by row, the logits of seven one-token steps,
+    bit for bit: the layers and the few-row attention (forced at this short length) sum in one
+    order whatever the rows beside. (The sliding-window model's short window keeps PyTorch's
+    attention, whose order does depend on the rows: it is left out.)"""
+    import triforce_core.native_attention as native_attention
+    from triforce_core.kv import FullCache
+
+    if kind == "mistral_window":
+        pytest.skip("a window cut keeps PyTorch's attention")
+    monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
+    _, t, _, ids, _, _ = _setup(kind)
+    s = t.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, t.dtype, t.device)
+    t.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
+    new = [5, 9, 13, 2, 7, 11, 3]
+    together = t.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
+    cache.truncate(len(ids))
+    for i, tok in enumerate(new):
+        step = t.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
+        assert torch.equal(step[0], together[i]), f"row {i}"
+    assert 7 in counted and 1 in counted
+
+
 def test_negative_control_swapped_layers_break_greedy_equality(swapped):
     _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
     res = TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
