@@ -24,7 +24,7 @@ import random
 import re
 import sys
 import time
-from dataclasses import replace
+from dataclasses import fields, replace
 from pathlib import Path
 
 import torch
@@ -64,13 +64,18 @@ CONFIGS: dict[str, dict] = {
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
 # "NAME+inspect": the same configuration with inspect=True (the teaching view's cost);
 # "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
-# "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+budget-N": the
-# retrieval level attends to N tokens instead of the default budget. Any of them, in any order.
+# "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+FIELD-N": an integer
+# field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
+# to 8,192 tokens; "+gamma2-4": lookup runs start at 4 tokens). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
 SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS)
-BUDGET = re.compile(r"\+budget-(\d+)$")
+SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+)$")
+# (Not max_new_tokens, which --max-new-tokens sets for all, nor prefill_chunk: the configurations
+# share one prefilled conversation.)
+TUNABLE = {f.name: "cache" for f in fields(CacheConfig) if f.type in ("int", int) and f.name != "prefill_chunk"} | {
+    f.name: "speculation" for f in fields(SpeculationConfig) if f.type in ("int", int) and f.name != "max_new_tokens"}
 
 
 def split_name(name: str) -> tuple[str, set[str]]:
@@ -78,7 +83,7 @@ def split_name(name: str) -> tuple[str, set[str]]:
     flags = set()
     while True:
         suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
-        if suffix is None and (m := BUDGET.search(name)):
+        if suffix is None and (m := SETTING.search(name)):
             suffix = m.group(0)
         if suffix is None:
             return name, flags
@@ -86,19 +91,20 @@ def split_name(name: str) -> tuple[str, set[str]]:
         name = name.removesuffix(suffix)
 
 
-def budget_of(flags: set[str]) -> int | None:
-    """The retrieval budget a "+budget-N" flag asks for (None: the default)."""
-    found = [int(BUDGET.search(f).group(1)) for f in flags if BUDGET.search(f)]
-    if len(found) > 1:
-        raise ChatBenchError("a configuration names two budgets")
-    return found[0] if found else None
-
-
-def _answer_as(name: str, start) -> tuple[list[int], object]:
-    """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
-    flags = split_name(name)[1]
-    with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
-        return _answer(start(INSPECT in flags))
+def settings_of(flags: set[str]) -> dict[str, dict[str, int]]:
+    """The settings "+FIELD-N" flags ask for: {"cache": {...}, "speculation": {...}}."""
+    out: dict[str, dict[str, int]] = {"cache": {}, "speculation": {}}
+    for f in flags:
+        m = SETTING.search(f)
+        if m is None:
+            continue
+        field, value = m.group(1), int(m.group(2))
+        if field not in TUNABLE:
+            raise ChatBenchError(f"+{field}-N: no integer setting {field!r} (one of {', '.join(sorted(TUNABLE))})")
+        if field in out[TUNABLE[field]]:
+            raise ChatBenchError(f"a configuration sets {field} twice")
+        out[TUNABLE[field]][field] = value
+    return out
 
 
 class ChatBenchError(ValueError):
@@ -146,13 +152,13 @@ def make_config(name: str, sampling: SamplingConfig, max_new_tokens: int) -> Gen
     name, flags = split_name(name)
     if name not in CONFIGS:
         raise ChatBenchError(f"unknown configuration {name!r}: use a comma-separated list of {', '.join(CONFIGS)} "
-                             f"(each optionally with {' and/or '.join(SUFFIXES)} or +budget-N)")
-    spec = SpeculationConfig(max_new_tokens=max_new_tokens, **CONFIGS[name])
-    budget = budget_of(flags)
+                             f"(each optionally with {' and/or '.join(SUFFIXES)} and +FIELD-N)")
+    settings = settings_of(flags)
     try:
-        cache = CacheConfig() if budget is None else CacheConfig(budget=budget)
+        spec = SpeculationConfig(**{"max_new_tokens": max_new_tokens, **CONFIGS[name], **settings["speculation"]})
+        cache = CacheConfig(**settings["cache"])
     except ConfigError as e:
-        raise ChatBenchError(f"{name}+budget-{budget}: {e}") from None
+        raise ChatBenchError(f"{name}: {e}") from None
     return GenerationConfig(sampling=sampling, speculation=spec, cache=cache)
 
 
@@ -262,7 +268,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
                         "native_attention": PYTORCH_ATTENTION not in split_name(n)[1],
                         "native_layers": PYTORCH_LAYERS not in split_name(n)[1],
-                        "budget": make_config(n, sampling, max_new_tokens).cache.budget} for n in names},
+                        "budget": make_config(n, sampling, max_new_tokens).cache.budget,
+                        "settings": settings_of(split_name(n)[1])} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
@@ -298,8 +305,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
-                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +budget-N (the "
-                        f"retrieval level attends to N tokens) "
+                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +FIELD-N (an integer "
+                        f"setting, e.g. +budget-8192, +gamma2-4, +lookup_max-16) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
@@ -313,7 +320,7 @@ def main(argv=None) -> int:
     try:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
         for n in names:
-            make_config(n, SamplingConfig(), 1)  # an unknown name or a bad budget fails here, before any loading
+            make_config(n, SamplingConfig(), 1)  # an unknown name or a bad setting fails here, before any loading
         if not names or len(set(names)) != len(names):
             raise ChatBenchError("--configs is empty or names a configuration twice")
         if not 0 <= a.open <= len(OPEN_QUESTIONS) or a.quotes < 0 or a.quotes + a.open == 0:

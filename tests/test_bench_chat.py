@@ -43,18 +43,21 @@ def test_every_configuration_answers_every_turn_identically(chat_engine):
     assert report["configs"]["retrieval+budget-48"]["budget"] == 48 and report["configs"]["triforce"]["budget"] == 4096
 
 
-def test_a_budget_suffix_sets_the_retrieval_budget_only():
+def test_a_setting_suffix_sets_that_setting_only():
     assert chat.split_name("retrieval-paper+budget-8192+pytorch-layers") == (
         "retrieval-paper", {"+budget-8192", "+pytorch-layers"})
     cfg = chat.make_config("retrieval-paper+budget-8192", SamplingConfig(), 8)
     assert cfg.cache.budget == 8192 and cfg.speculation == chat.make_config("retrieval-paper", SamplingConfig(), 8).speculation
+    cfg = chat.make_config("lookup+gamma2-3+lookup_max-12", SamplingConfig(), 8)
+    assert (cfg.speculation.gamma2, cfg.speculation.lookup_max, cfg.speculation.mode) == (3, 12, "lookup")
 
 
 @pytest.mark.parametrize("argv, message", [
     (["--configs", "nope"], "unknown configuration"),
     (["--configs", "lookup,lookup"], "twice"),
     (["--configs", "retrieval+budget-3"], "budget (3) must be at least 3 chunks"),
-    (["--configs", "retrieval+budget-64+budget-128"], "two budgets"),
+    (["--configs", "retrieval+budget-64+budget-128"], "sets budget twice"),
+    (["--configs", "lookup+gamma3-4"], "no integer setting 'gamma3'"),
     (["--repeats", "0"], "--repeats"),
     (["--quotes", "0", "--open", "0"], "not both 0"),
     (["--document", "no/such/file.txt"], "no such document"),

@@ -15,14 +15,12 @@ MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 
 # Prompt length (tokens) from which TriForce's retrieval level pays for itself on this CPU: none
 # measured so far. On document chat, the workload users run (`bench.chat`, greedy, every
-# configuration answering every question in one process), lookup alone beat triforce (lookup
-# in front of the retrieval level) at every length: 2.49x against 2.18x autoregressive at 16K,
-# 2.44x against 2.23x at 32K, 2.16x against 1.95x at 64K (the bash manual; README, Long
-# documents), 3.93x against 3.81x on the 14K Python tutorial. (The synthetic prompt bench had
-# put triforce ahead from 8K.) With the native decoder layers a retrieval forward costs 2-3.5 ms
-# instead of ~10, and at 63K the two are level: triforce 0.96-1.07x lookup alone over four runs
-# (`bench/results/native-layers-64k.json`), at 31K 0.97x. Not a gain to switch on; an explicit
-# mode is always kept.
+# configuration answering every question in one process; the bash manual, the shipped pair,
+# README), lookup alone against triforce (lookup in front of the retrieval level): 1.69x
+# against 1.29x autoregressive at 15K, 1.76x against 1.81x at 31K, 1.55x against 1.55x at 63K
+# (`bench/results/chat-by-context-*.json`); triforce / lookup over seven runs at 63K 0.96-1.07x,
+# at 31K 0.94-1.03x. Level at best: not a gain to switch on (and lookup alone needs no
+# retrieval cache). An explicit mode is always kept.
 RETRIEVAL_PAYS_FROM: int | None = None
 
 
