@@ -107,6 +107,13 @@ def settings_of(flags: set[str]) -> dict[str, dict[str, int]]:
     return out
 
 
+def _answer_as(name: str, start) -> tuple[list[int], object]:
+    """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
+    flags = split_name(name)[1]
+    with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
+        return _answer(start(INSPECT in flags))
+
+
 class ChatBenchError(ValueError):
     """Bad input: reported as one line, exit code 2."""
 
