@@ -77,6 +77,8 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         "--no-lookup", dest="lookup", action="store_false",
         help="turn context lookup off (with --mode triforce: the paper's pure three-level method)",
     )
+    spec.add_argument("--lookup-start", type=int, default=_SPEC.lookup_start,
+                      help=f"first lookup run after a miss; runs double while accepted (default {_SPEC.lookup_start})")
     spec.add_argument("--lookup-max", type=int, default=_SPEC.lookup_max,
                       help=f"longest lookup run per target forward (default {_SPEC.lookup_max})")
     spec.add_argument("--lookup-min-match", type=int, default=_SPEC.lookup_min_match,
@@ -375,7 +377,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
-            ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_max=args.lookup_max,
+            ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_start=args.lookup_start, lookup_max=args.lookup_max,
             lookup_min_match=args.lookup_min_match, min_confidence=args.min_confidence, **_paper_levels(args),
         ),
         cache=CacheConfig(

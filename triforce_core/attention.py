@@ -27,7 +27,7 @@ PROBED_QUERY_ROWS = 64
 # Query rows up to which the native kernel runs (where it is built): against PyTorch's two
 # flash passes, with rows in groups sharing each key loaded, it costs 0.60x at 9 rows, 0.72x at
 # 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
-# 64: up to the longest lookup run (32) and its bonus row.
+# 64: up to a 32-token lookup run (`--lookup-max 32`) and its bonus row.
 NATIVE_QUERY_ROWS = 33
 
 

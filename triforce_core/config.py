@@ -161,8 +161,15 @@ class SpeculationConfig:
             Off, `triforce` is the paper's pure three-level method. Ignored by
             `autoregressive`; mode `lookup` is lookup alone in front of the target.
     lookup_min_match  tokens of the sequence's end that must recur for a lookup proposal
-    lookup_max  the longest lookup run the target verifies in one forward; a run starts at
-            gamma2 tokens and doubles while the target accepts all of it
+    lookup_start  the first lookup run's length after a miss (a run doubles while the target
+            accepts all of it)
+    lookup_max  the longest lookup run the target verifies in one forward. Both measured on
+            document chat (`bench.chat`, the bash manual, repeats 2, one process): start 4 and
+            longest 16 against the earlier 6 and 32, 2.07x against 1.90x autoregressive at 31K,
+            1.61x against 1.53x at 63K (start 3: 2.06x, 1.58x; longest 16 alone: 1.93x, 1.60x;
+            `bench/results/lookup-runs-*.json`). A run's first tokens are the likeliest to be
+            rejected, and past 16 rows a verification costs more than what its extra rows
+            were accepted for
     small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
             nothing (False: the retrieval level then drafts on its own, one token a forward).
             Off by default: on the document-chat benchmark its tokens were accepted too rarely
@@ -187,7 +194,8 @@ class SpeculationConfig:
     ignore_eos: bool = False
     lookup: bool = True
     lookup_min_match: int = 3
-    lookup_max: int = 32
+    lookup_start: int = 4
+    lookup_max: int = 16
     small_draft: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
@@ -198,6 +206,7 @@ class SpeculationConfig:
         _check(self.gamma2 >= 1, f"gamma2 must be >= 1, got {self.gamma2}")
         _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         _check(self.lookup_min_match >= 1, f"lookup_min_match must be >= 1, got {self.lookup_min_match}")
+        _check(self.lookup_start >= 1, f"lookup_start must be >= 1, got {self.lookup_start}")
         _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
         _check(self.mode != "lookup" or self.lookup, "mode 'lookup' needs lookup=True")
         _check(0.0 <= self.min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {self.min_confidence}")

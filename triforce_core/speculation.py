@@ -16,8 +16,8 @@ the law each one was drawn from:
 With `lookup` on (the default) every speculative mode first asks the context lookup: where the
 sequence's last tokens recur in the context, the round is a lookup run straight to the target
 (the target copies; a level in between could only cut the run short), and inside TriForce's
-middle level the lookup stands in front of the small draft. A lookup run starts at gamma2
-tokens and doubles, up to `lookup_max`, while the target accepts all of it.
+middle level the lookup stands in front of the small draft. A lookup run starts at
+`lookup_start` tokens and doubles, up to `lookup_max`, while the target accepts all of it.
 
 The middle level of TriForce verifies the small draft exactly (residual resampling), so each
 token it emits follows the retrieval level's law p_mid given its prefix; that law is what the
@@ -330,7 +330,7 @@ class Decoder:
         follow = capture and cc.select_by == "attention"
         self._mass = None
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
-        run = spec.gamma2  # length of the next lookup run: doubles while the target takes it all
+        run = spec.lookup_start  # length of the next lookup run: doubles while the target takes it all
         schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
         while True:
@@ -376,7 +376,7 @@ class Decoder:
                 if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
                     recent_acc.append(r.accepted / len(prop.tokens))
             if from_lookup:
-                run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.gamma2
+                run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.lookup_start
             elif self.proposer is not None:
                 schedule.update(len(prop.tokens), r.accepted)
             if probe is not None and probe.layers:  # rows of the committed positions only
