@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import json
 import plotly.graph_objects as go
-names = {"triforce": "default (triforce: lookup, then retrieval)", "triforce-paper": "the paper's three levels",
-         "retrieval-paper": "retrieval alone", "lookup": "lookup alone"}
+names = {"triforce": "TriForce (lookup, then retrieval)", "triforce-paper": "the paper's three levels",
+         "retrieval-paper": "retrieval alone", "lookup": "lookup alone (the default)"}
 xs, series = [], {k: [] for k in names}
 for n in (16, 32, 64):
     d = json.load(open(f"bench/results/chat-by-context-{n}k.json"))
