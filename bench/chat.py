@@ -66,7 +66,7 @@ DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoreg
 # "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
 # "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+FIELD-N": an integer
 # field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
-# to 8,192 tokens; "+gamma2-4": lookup runs start at 4 tokens). Any of them, in any order.
+# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
@@ -313,7 +313,7 @@ def main(argv=None) -> int:
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
                         f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +FIELD-N (an integer "
-                        f"setting, e.g. +budget-8192, +gamma2-4, +lookup_max-16) "
+                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")

@@ -167,7 +167,8 @@ class SpeculationConfig:
             document chat (`bench.chat`, the bash manual, repeats 2, one process): start 4 and
             longest 16 against the earlier 6 and 32, 2.07x against 1.90x autoregressive at 31K,
             1.61x against 1.53x at 63K (start 3: 2.06x, 1.58x; longest 16 alone: 1.93x, 1.60x;
-            `bench/results/lookup-runs-*.json`); in another run longest 8 and 12 gave 2.04x
+            `bench/results/lookup-runs-*.json`, where "+gamma2-N" set the start, as gamma2 did
+            then; now "+lookup_start-N"); in another run longest 8 and 12 gave 2.04x
             and 1.98x against 2.07x at 31K, 1.77x and 1.66x against 1.76x at 63K
             (`bench/results/lookup-max-*.json`). A run's first tokens are the likeliest to be
             rejected, and past 16 rows a verification costs more than what its extra rows
