@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import os
 import random
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -95,6 +96,19 @@ def pytest_runtest_setup(item):
                 "would not share one worker; install the versions pinned in requirements-dev.txt",
                 pytrace=False,
             )
+
+
+# The native libraries (`native_attention`, `native_layers`) are compiled at first use: their
+# tests need a C compiler, and fail, saying where to look, when one is there but the build failed.
+needs_compiler = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
+                                    reason="no C compiler: the native libraries cannot be built here")
+
+
+def built(library):
+    """`library.kernel()`, which must have built and loaded."""
+    k = library.kernel()
+    assert k is not None, f"{library.__name__} did not build (see the warning logged)"
+    return k
 
 
 def make_hf(kind: str, seed: int = 0, **overrides):

@@ -13,25 +13,22 @@
 from __future__ import annotations
 
 import json
-import shutil
 
 import pytest
 import torch
+from conftest import built, needs_compiler
 from test_greedy_exactness import CACHE, TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
 
 import triforce_core.native_attention as native_attention
 from triforce_core import TriForceEngine
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                reason="no C compiler: the native kernel cannot be built here")
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def kernel():
-    k = native_attention.kernel()
-    assert k is not None, "the kernel did not build (see the warning logged)"
-    return k
+    return built(native_attention)
 
 
 @pytest.fixture

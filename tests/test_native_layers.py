@@ -14,10 +14,10 @@
 from __future__ import annotations
 
 import itertools
-import shutil
 
 import pytest
 import torch
+from conftest import built, needs_compiler
 from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 
@@ -27,15 +27,12 @@ from triforce_core.attention import attention_mask
 from triforce_core.model import _transposed
 from triforce_core.native_build import build
 
-pytestmark = pytest.mark.skipif(shutil.which("cc") is None and shutil.which("gcc") is None,
-                                reason="no C compiler: the native layers cannot be built here")
+pytestmark = needs_compiler
 
 
 @pytest.fixture(scope="module")
 def layers():
-    k = native_layers.kernel()
-    assert k is not None, "the library did not build (see the warning logged)"
-    return k
+    return built(native_layers)
 
 
 @pytest.fixture
