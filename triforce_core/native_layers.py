@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 
 from .native_build import CSRC, FLAGS, Loader
+from .quantized import F32, IN_OUT, Matrix, Part
 
 SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
@@ -40,10 +41,11 @@ class Layers:
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-        lib.layer_in.argtypes = [P, I, I, P, F, P, I64, P, I, I, I, P, P, P, P, P, I]
-        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I64, P, F, P, I64, P, I64, I, I]
-        lib.final_logits.argtypes = [P, I, I, P, F, P, I64, P, I]
-        for f in (lib.layer_in, lib.layer_out, lib.final_logits):
+        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, I, I, I, P, P, P, P, P, I]
+        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I]
+        lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I]
+        lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
+        for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows):
             f.restype = I
         self.lib = lib
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
@@ -52,11 +54,21 @@ class Layers:
         return self.threads or torch.get_num_threads()
 
     @staticmethod
+    def _parts(w: Matrix | torch.Tensor, rows_out: bool = False) -> tuple:
+        """A matrix's parts for the kernel: a `Matrix`'s own, or one float32 tensor's ([in, out],
+        or [out, in] rows when `rows_out`)."""
+        if isinstance(w, Matrix):
+            return w.parts, w.n_parts
+        if rows_out:
+            return (Part * 1)(Part(w.data_ptr(), w.stride(0) * 4, F32, w.shape[0])), 1
+        return (Part * 1)(Part(w.data_ptr(), w.stride(0), IN_OUT, w.shape[1])), 1
+
+    @staticmethod
     def _check(failed: int) -> None:
         if failed:
             raise MemoryError("native layer: out of memory for its scratch buffer")
 
-    def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: torch.Tensor, bias: torch.Tensor | None,
+    def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Matrix | torch.Tensor, bias: torch.Tensor | None,
                  H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor):
         """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]."""
         S, E = x.shape
@@ -65,28 +77,37 @@ class Layers:
         k = torch.empty(Hkv, S, D)
         v = torch.empty(Hkv, S, D)
         self._check(self.lib.layer_in(
-            x.data_ptr(), S, E, norm.data_ptr(), eps, w_qkv.data_ptr(), w_qkv.stride(0),
+            x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
             None if bias is None else bias.data_ptr(),
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads()))
         return q, k, v
 
-    def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: torch.Tensor, norm: torch.Tensor, eps: float,
-                  w_gate_up: torch.Tensor, w_down: torch.Tensor) -> None:
+    def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Matrix | torch.Tensor, norm: torch.Tensor, eps: float,
+                  w_gate_up: Matrix | torch.Tensor, w_down: Matrix | torch.Tensor) -> None:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
+        intermediate = w_down.n_in if isinstance(w_down, Matrix) else w_down.shape[0]
         self._check(self.lib.layer_out(
-            x.data_ptr(), S, E, attn.data_ptr(), H, D, w_o.data_ptr(), w_o.stride(0), norm.data_ptr(), eps,
-            w_gate_up.data_ptr(), w_gate_up.stride(0), w_down.data_ptr(), w_down.stride(0), w_down.shape[0],
-            self._threads()))
+            x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
+            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads()))
 
-    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: torch.Tensor) -> torch.Tensor:
-        """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V]."""
+    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Matrix | torch.Tensor) -> torch.Tensor:
+        """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
-        V = lm_head.shape[0]
+        V = lm_head.n_out if isinstance(lm_head, Matrix) else lm_head.shape[0]
         out = torch.empty(R, V)
-        self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, lm_head.data_ptr(), V,
-                                          out.data_ptr(), self._threads()))
+        self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
+                                          V, out.data_ptr(), self._threads()))
+        return out
+
+    def dequantize(self, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
+        """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32."""
+        raw = raw.contiguous()
+        out = torch.empty(raw.shape[0], cols)
+        if self.lib.dequantize_rows(raw.data_ptr(), raw.stride(0), qtype, cols, None, raw.shape[0], out.data_ptr(),
+                                    self._threads()):
+            raise ValueError(f"GGML type {qtype} with {cols} columns cannot be dequantized")
         return out
 
 

@@ -23,6 +23,7 @@ import torch
 
 from .loading import sync_device
 from .model import DecoderModel
+from .quantized import Matrix
 
 BUFFER_BYTES = 512 * 2**20  # well above any last-level cache
 
@@ -39,9 +40,10 @@ class Limit:
         return asdict(self)
 
 
-def kv_bytes(model: DecoderModel, context_tokens: int) -> int:
-    """K and V of `context_tokens` tokens over all layers: 2 * L * Hkv * D * dtype bytes * context."""
-    return model.spec.kv_bytes(context_tokens, torch.empty((), dtype=model.dtype).element_size())
+def kv_bytes(model: DecoderModel, context_tokens: int, kv_dtype: torch.dtype | None = None) -> int:
+    """K and V of `context_tokens` tokens over all layers: 2 * L * Hkv * D * dtype bytes * context
+    (`kv_dtype`: the cache's; None: the model's dtype)."""
+    return model.spec.kv_bytes(context_tokens, torch.empty((), dtype=kv_dtype or model.dtype).element_size())
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = BUFFER_BYTES, passes: int = 7) -> float:
@@ -66,8 +68,10 @@ def x_bytes(nbytes: int) -> int:
 def decode_weight_bytes(model: DecoderModel) -> int:
     """Weight bytes one decoding step reads: every weight, but only one row of an untied embedding."""
     w = model.weight_bytes()
-    if model.embed.data_ptr() != model.lm_head.data_ptr():
-        w -= (model.embed.shape[0] - 1) * model.embed.shape[1] * model.embed.element_size()
+    if model.embed is not model.lm_head:
+        embed = model.embed
+        nbytes, rows = (embed.nbytes(), embed.n_out) if isinstance(embed, Matrix) else (embed.numel() * embed.element_size(), embed.shape[0])
+        w -= nbytes // rows * (rows - 1)
     return w
 
 
@@ -100,9 +104,9 @@ def measure_matmul_gflops(device: torch.device, n: int = 2048, passes: int = 5) 
     return 2.0 * n**3 / statistics.median(times) / 1e9
 
 
-def measure_limit(model: DecoderModel, context_tokens: int) -> Limit:
+def measure_limit(model: DecoderModel, context_tokens: int, kv_dtype: torch.dtype | None = None) -> Limit:
     w = decode_weight_bytes(model)
-    kv = kv_bytes(model, context_tokens)
+    kv = kv_bytes(model, context_tokens, kv_dtype)
     bw = measure_bandwidth(model.device)
     return Limit(bytes_per_token=w + kv, weight_bytes=w, kv_bytes=kv, bandwidth_gbs=bw,
                  tokens_per_s=bw * 1e9 / (w + kv))

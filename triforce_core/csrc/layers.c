@@ -11,7 +11,8 @@
  * The arithmetic is PyTorch's, element by element: built without contraction (-ffp-contract=off)
  * so `a * b + c` is two roundings as in PyTorch's separate operators; only the order of the
  * sums inside a norm or a matrix product differs, as it does between PyTorch's own kernels.
- * Weights are stored [in, out] (`x @ W`), the vocabulary projection [vocab, hidden].
+ * Weights are either float32 stored [in, out] (`x @ W`, the vocabulary projection [vocab,
+ * hidden]), or as a GGUF file stores them (quant_rows.c): each matrix is passed as its parts.
  */
 #include <math.h>
 #include <stdint.h>
@@ -24,6 +25,8 @@
 #include <immintrin.h>
 #define HAVE_AVX2 1
 #endif
+
+#include "quant_rows.c"
 
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */
 #define SMALL_WORK (1 << 16) /* rows x in x out below which one thread runs a product */
@@ -112,6 +115,17 @@ static void product_block(const float *x, int S, int K, const float *w, int64_t 
 
 static int threads_for(int threads, int64_t work) { return work < SMALL_WORK ? 1 : threads; }
 
+static void product(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, float *y, int threads);
+
+/* y [S, N] = x [S, K] times a matrix: float32 [in, out] (one part), or stacked GGUF parts. */
+static int weights_product(const float *x, int S, int K, const struct part *w, int nparts, int64_t N, float *y, int threads) {
+    if (w[0].type == T_F32_IN_OUT) {
+        product(x, S, K, (const float *)w[0].data, w[0].ld, N, y, threads);
+        return 0;
+    }
+    return stacked_product(x, S, K, w, nparts, y, threads);
+}
+
 /* y [S, N] = x [S, K] @ w [K, N], the column blocks split over the threads. */
 static void product(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, float *y, int threads) {
     int64_t blocks = (N + COLS - 1) / COLS;
@@ -126,14 +140,17 @@ static void product(const float *x, int S, int K, const float *w, int64_t ldw, i
 /* The layer before attention. x: [S, E]; w_qkv: [E, (H + 2 Hkv) D]; bias: [(H + 2 Hkv) D] or
  * NULL; cos, sin: [S, D]. Writes q [H, S, D] and k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
  * Returns non-zero when scratch memory could not be had. */
-int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const float *w_qkv, int64_t ld_qkv, const float *bias,
+int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const struct part *w_qkv, int n_qkv, const float *bias,
              int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v, int threads) {
     int64_t N = (int64_t)(H + 2 * Hkv) * D;
     float *h = malloc(sizeof(float) * (size_t)S * (size_t)(E + N));
     if (!h) return -1;
     float *qkv = h + (int64_t)S * E;
     rms_norm(x, S, E, norm_w, eps, h);
-    product(h, S, E, w_qkv, ld_qkv, N, qkv, threads);
+    if (weights_product(h, S, E, w_qkv, n_qkv, N, qkv, threads)) {
+        free(h);
+        return -1;
+    }
     int half = D / 2;
     for (int s = 0; s < S; s++) {
         float *row = qkv + (int64_t)s * N;
@@ -156,8 +173,8 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
 /* The layer after attention, x [S, E] updated in place. attn: [H, S, D], the heads' outputs;
  * w_o: [H D, E]; w_gate_up: [E, 2 I] (gate, then up); w_down: [I, E].
  *   x = x + o @ w_o;  x = x + (silu(g) * u) @ w_down, [g | u] = rms_norm(x) @ w_gate_up */
-int layer_out(float *x, int S, int E, const float *attn, int H, int D, const float *w_o, int64_t ld_o,
-              const float *norm_w, float eps, const float *w_gate_up, int64_t ld_gu, const float *w_down, int64_t ld_down,
+int layer_out(float *x, int S, int E, const float *attn, int H, int D, const struct part *w_o, int n_o,
+              const float *norm_w, float eps, const struct part *w_gate_up, int n_gu, const struct part *w_down, int n_down,
               int I, int threads) {
     int64_t HD = (int64_t)H * D;
     size_t floats = (size_t)S * (size_t)(HD + E + E + 2 * (int64_t)I + I);
@@ -167,27 +184,36 @@ int layer_out(float *x, int S, int E, const float *attn, int H, int D, const flo
     for (int hd = 0; hd < H; hd++)
         for (int s = 0; s < S; s++)
             memcpy(o + (int64_t)s * HD + (int64_t)hd * D, attn + ((int64_t)hd * S + s) * D, sizeof(float) * (size_t)D);
-    product(o, S, (int)HD, w_o, ld_o, E, t, threads);
+    if (weights_product(o, S, (int)HD, w_o, n_o, E, t, threads)) goto failed;
     for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
     rms_norm(x, S, E, norm_w, eps, h);
-    product(h, S, E, w_gate_up, ld_gu, 2 * (int64_t)I, gu, threads);
+    if (weights_product(h, S, E, w_gate_up, n_gu, 2 * (int64_t)I, gu, threads)) goto failed;
     for (int s = 0; s < S; s++) {
         const float *g = gu + (int64_t)s * 2 * I, *u = g + I;
         float *as = a + (int64_t)s * I;
         for (int i = 0; i < I; i++) as[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
     }
-    product(a, S, I, w_down, ld_down, E, t, threads);
+    if (weights_product(a, S, I, w_down, n_down, E, t, threads)) goto failed;
     for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
     free(o);
     return 0;
+failed:
+    free(o);
+    return -1;
 }
 
-/* logits [R, V] = rms_norm(x) @ lm_head^T, x: [R, E], lm_head: [V, E]. */
-int final_logits(const float *x, int R, int E, const float *norm_w, float eps, const float *lm_head, int64_t V,
+/* logits [R, V] = rms_norm(x) @ lm_head^T, x: [R, E], lm_head: [V, E] float32 rows or GGUF parts. */
+int final_logits(const float *x, int R, int E, const float *norm_w, float eps, const struct part *head, int n_head, int64_t V,
                  float *logits, int threads) {
     float *h = malloc(sizeof(float) * (size_t)R * (size_t)E);
     if (!h) return -1;
     rms_norm(x, R, E, norm_w, eps, h);
+    if (head[0].type != T_F32) {
+        int failed = stacked_product(h, R, E, head, n_head, logits, threads);
+        free(h);
+        return failed;
+    }
+    const float *lm_head = (const float *)head[0].data;
     int nt = threads_for(threads, (int64_t)R * E * V);
 #pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
     for (int64_t n = 0; n < V; n++) {

@@ -1,15 +1,18 @@
 """The target's prefilled K/V kept on disk, in blocks keyed by the exact tokens before them.
 
     disk = DiskCache(folder, model_key=model_fingerprint(target))
-    blocks = disk.blocks(tokens, 1024)            # one key per whole 1024-token block of `tokens`
+    blocks = disk.blocks(tokens, 1024, full_cache.k.dtype)  # a key per whole 1024-token block of `tokens`
     n = disk.load(full_cache, blocks, first, end) # tokens read back (stops at a miss or a bad file)
     disk.save(full_cache, blocks[j])              # after block j was computed
 
 A block is one prefill chunk (`CacheConfig.prefill_chunk`; the size is part of the key). Why
 blocks and not whole prompts: a document-chat prompt is template + document + question,
 so no two prompts are equal, but they share their beginning. Block j's key hashes the model's
-key and every token of blocks 0..j (a chain), so any prompt that starts with the same tokens
-finds the same blocks, whoever wrote them (the app, `chat`, the HTTP API, another process).
+key, the K/V dtype and every token of blocks 0..j (a chain), so any prompt that starts with the
+same tokens finds the same blocks, whoever wrote them (the app, `chat`, the HTTP API, another
+process), and a cache of one K/V dtype never finds another's: a float16 prefill is not a
+float32 one rounded (each layer attended to rounded K/V), so neither could stand for the other.
+A file also names its dtype, and one whose dtype is not the cache's is refused (deleted).
 
 Exactness: a block is written only when it was computed by one prefill forward over exactly
 its span, after blocks that were themselves computed (or read) that way (`FullCache.canonical`).
@@ -39,6 +42,7 @@ import torch
 
 from ..config import GB, KV_CACHE_MAX_GB
 from .full import FullCache
+from .store import kv_dtype_name
 
 log = logging.getLogger(__name__)
 
@@ -62,9 +66,7 @@ def model_fingerprint(model, full_limit: int = 1 << 30) -> str:
     h.update(repr(model.spec).encode())
     h.update(json.dumps(rope, sort_keys=True, default=str).encode())
     h.update(str(model.dtype).encode())
-    tensors = [model.embed, model.lm_head, model.final_norm]
-    for layer in model.layers:
-        tensors += [t for t in vars(layer).values() if t is not None]
+    tensors = model.weight_tensors()
     whole = sum(t.numel() * t.element_size() for t in tensors) <= full_limit
     for t in tensors:
         raw = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
@@ -103,12 +105,12 @@ class DiskCache:
         self.problems: list[str] = []  # one line per bad file met (also logged)
 
     # -- keys ------------------------------------------------------------------------------
-    def blocks(self, tokens: list[int], block_tokens: int) -> list[Block]:
-        """The whole `block_tokens`-token blocks of `tokens`, each with its key."""
+    def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype) -> list[Block]:
+        """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype`, each with its key."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         n, b = len(tokens), block_tokens
-        h = hashlib.sha256(f"{self.model_key}/{b}".encode())
+        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}".encode())
         out = []
         for j in range(n // b):
             part = tuple(int(t) for t in tokens[j * b : (j + 1) * b])
@@ -170,7 +172,7 @@ class DiskCache:
         except (struct.error, ValueError) as e:
             return self._bad(path, f"is malformed ({e})")
         elem = cache.k.element_size()
-        expect = {"key": block.key, "shape": [L, H, n, D], "dtype": str(cache.k.dtype).removeprefix("torch.")}
+        expect = {"key": block.key, "shape": [L, H, n, D], "dtype": kv_dtype_name(cache.k.dtype)}
         if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + 2 * L * H * n * D * elem:
             return self._bad(path, "describes another block, shape or dtype")
         body = rest[desc_len:]
@@ -206,7 +208,7 @@ class DiskCache:
         L, H, _, D = cache.k.shape
         n = b - a
         desc = json.dumps({"key": block.key, "shape": [L, H, n, D],
-                           "dtype": str(cache.k.dtype).removeprefix("torch.")}).encode()
+                           "dtype": kv_dtype_name(cache.k.dtype)}).encode()
         ids = torch.tensor(block.tokens, dtype=torch.int32).numpy().tobytes()
         kv = torch.stack([cache.k[:, :, a:b], cache.v[:, :, a:b]]).to("cpu").contiguous()
         body = ids + kv.view(-1).view(torch.uint8).numpy().tobytes()

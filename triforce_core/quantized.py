@@ -1,0 +1,116 @@
+"""A projection's weights as the decoder reads them: float32, or blocks as a GGUF file stores them.
+
+A GGUF checkpoint's matrices stay in memory as the file stores them (4 to 8 bits a weight plus
+16-bit scales), [outputs, inputs] with the blocks along the inputs. A decoding step or a
+verification reads them through the native kernels (`csrc/quant_rows.c`), which dequantize in
+registers; a prefill's large matrix products dequantize one matrix at a time into a float32
+tile for PyTorch. The dequantized values equal, bit for bit, those transformers computes when
+it loads the same file (it uses the `gguf` package's arithmetic, which the kernel follows).
+
+Hugging Face checkpoints keep their float32 weights, stored [inputs, outputs] (see
+`model._transposed`); one `Matrix` type carries either, so the forward has one path.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+# GGML's type numbers (the file's own), for the types the kernels read.
+F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 8, 12, 13, 14
+IN_OUT = 255  # float32 stored [inputs, outputs]: a Hugging Face checkpoint's projections
+# (weights per block, bytes per block)
+BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176),
+          Q6_K: (256, 210)}
+TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
+LANES = 32  # the kernel's sums run over inputs in steps of this many (csrc/quant_rows.c)
+
+
+class Part(ctypes.Structure):
+    """One stacked piece of a matrix, as `struct part` in csrc/quant_rows.c."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("ld", ctypes.c_int64), ("type", ctypes.c_int32), ("rows", ctypes.c_int32)]
+
+
+@dataclass(frozen=True)
+class StoredTensor:
+    """A 2-D weight as a GGUF file stores it: `raw` [rows, row bytes] uint8 of GGML `type`,
+    logically [rows, cols] (rows = outputs)."""
+
+    type: int
+    raw: torch.Tensor
+    shape: tuple[int, int]
+
+    def __post_init__(self) -> None:
+        per_block, nbytes = BLOCKS[self.type]
+        rows, cols = self.shape
+        if cols % per_block or tuple(self.raw.shape) != (rows, cols // per_block * nbytes):
+            raise ValueError(f"a {TYPE_NAMES[self.type]} tensor of shape {self.shape} cannot be {tuple(self.raw.shape)} bytes")
+
+    def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, cols] float32 of the given rows (all by default)."""
+        from . import native_layers  # the kernel library is built at first use
+
+        raw = self.raw if rows is None else self.raw[rows]
+        kernel = native_layers.kernel()
+        if kernel is not None and self.shape[1] % LANES == 0:
+            return kernel.dequantize(raw, self.type, self.shape[1])
+        from gguf import GGMLQuantizationType, dequantize
+
+        if self.type == F32:
+            return raw.contiguous().view(torch.float32).clone()
+        if self.type == F16:
+            return raw.contiguous().view(torch.float16).float()
+        return torch.from_numpy(np.ascontiguousarray(dequantize(raw.numpy(), GGMLQuantizationType(self.type))))
+
+
+class Matrix:
+    """A projection's weights, [outputs, inputs] in all, in the form the kernels take.
+
+    Either one float32 tensor stored [inputs, outputs] (`dense_t`), or GGUF tensors stacked by
+    output (q, k and v; gate and up) kept as stored. `parts` is the kernels' description."""
+
+    def __init__(self, dense_t: torch.Tensor | None = None, stored: tuple[StoredTensor, ...] = ()):
+        if (dense_t is None) == (not stored):
+            raise ValueError("a Matrix is either dense or stored")
+        self._dense_t = dense_t
+        self.stored = stored
+        if dense_t is not None:
+            self.n_in, self.n_out = dense_t.shape
+            pieces = [(dense_t.data_ptr(), dense_t.stride(0), IN_OUT, self.n_out)]
+        else:
+            self.n_in = stored[0].shape[1]
+            if any(t.shape[1] != self.n_in for t in stored):
+                raise ValueError("stacked tensors must have the same number of inputs")
+            self.n_out = sum(t.shape[0] for t in stored)
+            pieces = [(t.raw.data_ptr(), t.raw.stride(0), t.type, t.shape[0]) for t in stored]
+        self.parts = (Part * len(pieces))(*pieces)
+        self.n_parts = len(pieces)
+
+    @property
+    def quantized(self) -> bool:
+        return self._dense_t is None
+
+    def dense_t(self) -> torch.Tensor:
+        """[inputs, outputs] float32: the stored weights, or a fresh dequantized copy."""
+        if self._dense_t is not None:
+            return self._dense_t
+        return torch.cat([t.dequantized() for t in self.stored]).t()
+
+    def rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of a one-tensor stored matrix as float32 [n, inputs] (a GGUF embedding's lookup)."""
+        (t,) = self.stored
+        return t.dequantized(ids)
+
+    def tensors(self) -> list[torch.Tensor]:
+        """The tensors holding the weights (for hashing and counting bytes)."""
+        return [self._dense_t] if self._dense_t is not None else [t.raw for t in self.stored]
+
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.tensors())
+
+    def type_names(self) -> list[str]:
+        return ["F32"] if self._dense_t is not None else [TYPE_NAMES[t.type] for t in self.stored]
