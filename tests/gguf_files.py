@@ -1,0 +1,132 @@
+"""Tiny GGUF files written with ggml's own `gguf` package from tiny random Hugging Face models.
+
+The weights are written as llama.cpp's converter writes them (Llama's q and k rows reordered for
+its rotary layout), quantized to the asked types: Q4_0, Q4_1 and Q8_0 by the package's
+quantizer; the K types (which it cannot quantize) as random blocks with sane scales, which is
+a valid checkpoint too. Hugging Face's model loaded from the same file is the oracle.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import torch
+from gguf import GGMLQuantizationType as Q
+from gguf import GGUFWriter, quants
+
+from triforce_core.quantized import BLOCKS
+
+TOKENS = ["<unk>", "<s>", "</s>"]
+CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
+
+
+def _vocab(size: int) -> tuple[list[str], list[str]]:
+    """Byte-level BPE tokens: the specials, the printable characters, then merged pairs."""
+    chars = ([chr(c) for c in range(ord("a"), ord("z") + 1)] + ["Ġ"])[: max(2, size - len(TOKENS) - 1)]
+    tokens, merges = TOKENS + chars, []  # at least one merge: transformers reads a file without as another kind
+    for a in chars:
+        for b in chars:
+            if len(tokens) >= size:
+                return tokens, merges
+            tokens.append(a + b)
+            merges.append(f"{a} {b}")
+    return tokens, merges
+
+
+def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
+    """[rows, bytes] of random blocks whose 16-bit scales are small positive numbers (weights of
+    order 0.1 to 1, as a trained model's)."""
+    per_block, nbytes = BLOCKS[qtype]
+    blocks = rng.integers(0, 256, size=(rows * cols // per_block, nbytes), dtype=np.uint8)
+    low, high = (0.0002, 0.002) if per_block == 256 else (0.002, 0.02)
+    scale = lambda n: (rng.uniform(low, high, size=(blocks.shape[0], n)).astype(np.float16).view(np.uint8))  # noqa: E731
+    if qtype in (Q.Q4_K, Q.Q5_K):
+        blocks[:, 0:4] = scale(2)  # d and dmin
+    elif qtype == Q.Q6_K:
+        blocks[:, 192:208] = rng.integers(-20, 21, size=(blocks.shape[0], 16)).astype(np.int8).view(np.uint8)
+        blocks[:, 208:210] = scale(1)
+    elif qtype == Q.Q4_1:
+        blocks[:, 0:4] = scale(2)
+    else:
+        blocks[:, 0:2] = scale(1)
+    return blocks.reshape(rows, -1)
+
+
+def _stored(w: np.ndarray, qtype: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
+    if qtype in (Q.F32, Q.F16):
+        return w.astype(np.float32 if qtype == Q.F32 else np.float16), qtype
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0):
+        return quants.quantize(w.astype(np.float32), Q(qtype)), qtype
+    return random_blocks(qtype, *w.shape, rng), qtype
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    """llama.cpp's reordering of a q or k projection's rows."""
+    return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0) -> Path:
+    """Write `hf` (a transformers Llama or Qwen2 model) as a GGUF file; `types` maps a GGUF tensor
+    name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`)."""
+    cfg = hf.config
+    arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}[cfg.model_type]
+    rng = np.random.default_rng(seed)
+    w = GGUFWriter(str(path), arch)
+    w.add_name("tiny test model")
+    w.add_block_count(cfg.num_hidden_layers)
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
+    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    tokens, merges = _vocab(cfg.vocab_size)
+    w.add_tokenizer_model("gpt2")
+    w.add_tokenizer_pre("default")
+    w.add_token_list(tokens)
+    w.add_token_types([3] * 3 + [1] * (len(tokens) - 3))
+    w.add_token_merges(merges)
+    w.add_bos_token_id(1)
+    w.add_eos_token_id(2)
+    w.add_chat_template(CHAT_TEMPLATE)
+    names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
+             "lm_head.weight": "output.weight"}
+    per_layer = {"input_layernorm.weight": "attn_norm.weight", "self_attn.q_proj.weight": "attn_q.weight",
+                 "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
+                 "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
+                 "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.weight": "attn_output.weight",
+                 "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
+                 "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    state = hf.state_dict()
+    for name, t in state.items():
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
+        if name.startswith("model.layers."):
+            i, rest = name.removeprefix("model.layers.").split(".", 1)
+            gname = f"blk.{i}.{per_layer[rest]}"
+        else:
+            gname = names[name]
+        a = t.detach().float().numpy()
+        if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
+            a = _permute(a, cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads)
+        if a.ndim == 1:
+            w.add_tensor(gname, a.astype(np.float32))
+            continue
+        suffix = gname.split(".", 2)[-1] if gname.startswith("blk.") else gname
+        data, qtype = _stored(a, types.get(suffix, default), rng)
+        w.add_tensor(gname, data, raw_dtype=Q(qtype) if qtype not in (Q.F32, Q.F16) else None)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+def hf_from_gguf(path: Path):
+    """Hugging Face's own model read from the file (transformers dequantizes it): the oracle."""
+    from transformers import AutoModelForCausalLM
+
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()

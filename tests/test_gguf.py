@@ -1,0 +1,241 @@
+"""GGUF checkpoints: weights kept as stored decode exactly.
+
+- The native dequantization equals ggml's own package's (which transformers uses) bit for bit,
+  for every type kept as stored.
+- The quantized few-row products sum in one order whatever the rows beside: a 7-row forward
+  (a verification) gives the logits of seven 1-token steps bit for bit.
+- Greedy output of every mode equals Hugging Face's on the same file (transformers dequantizes
+  it), on a Llama with the Q4_K_M mix of types (Q4_K, Q6_K, Q5_K beside Q4_0/Q4_1/Q8_0) and a
+  Qwen2 with biases, tied embeddings and F16/F32 matrices. Negative control: without undoing
+  llama.cpp's row order of q and k, the output differs.
+- Sampling from a quantized pair follows the target's law (chi-square), and a broken verifier
+  is caught on it.
+- Bad files are refused in one line; the command line runs a GGUF file.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from conftest import CPU, ROOT, make_hf, needs_compiler
+from gguf import GGMLQuantizationType as Q
+from gguf import quants
+from gguf_files import hf_from_gguf, random_blocks, write_gguf
+from test_sampling_exactness import _hf_warp, broken_verify, chi2_pvalue
+
+import triforce_core.gguf_checkpoint as gguf_checkpoint
+import triforce_core.speculation as speculation
+from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
+from triforce_core.config import PAPER_METHOD
+from triforce_core.kv import FullCache
+from triforce_core.loading import ModelLoadError, load_model
+from triforce_core.quantized import Matrix, StoredTensor
+
+pytestmark = needs_compiler
+STORED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+# A Q4_K_M file's mix: q/k Q4_K, v and down Q6_K; the others spread over the remaining types.
+K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
+         "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
+LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)  # K types need 256 inputs
+QWEN = dict(vocab_size=300)
+QWEN_TYPES = {"attn_v.weight": Q.F16, "attn_output.weight": Q.F32}
+PROMPT_LEN, NEW = 120, 32
+TIE_GAP = 1e-4
+CACHE = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gguf")
+
+
+@pytest.mark.parametrize("qtype", STORED_TYPES, ids=lambda q: q.name)
+def test_dequantization_equals_the_gguf_package_bit_for_bit(qtype):
+    raw = random_blocks(qtype, 6, 512, np.random.default_rng(int(qtype)))
+    got = StoredTensor(int(qtype), torch.from_numpy(raw), (6, 512)).dequantized()
+    assert np.array_equal(got.numpy(), quants.dequantize(raw, qtype))
+
+
+def _stacked(rng) -> tuple[Matrix, torch.Tensor]:
+    parts = [StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 256, rng)), (rows, 256))
+             for q, rows in ((Q.Q4_K, 40), (Q.Q6_K, 24), (Q.Q8_0, 17))]
+    return Matrix(stored=tuple(parts)), torch.cat([p.dequantized() for p in parts])
+
+
+def test_stacked_product_rows_are_independent_and_exact():
+    from triforce_core import native_layers
+
+    kernel = native_layers.kernel()
+    m, dense = _stacked(np.random.default_rng(3))
+    x = torch.randn(11, 256, generator=torch.Generator().manual_seed(0))
+    ones = torch.ones(256)
+    together = kernel.logits(x, ones, 1e-6, m)
+    for i in range(11):
+        assert torch.equal(kernel.logits(x[i : i + 1], ones, 1e-6, m)[0], together[i]), f"row {i}"
+    h = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
+    torch.testing.assert_close(together.double(), h @ dense.double().t(), rtol=1e-5, atol=1e-4)
+
+
+@functools.lru_cache(maxsize=None)
+def _files(folder: Path, kind: str):
+    """A target and a small draft of one vocabulary, written as GGUF; HF's model of the target
+    file, ours of both, and HF's greedy reference."""
+    over, types = (LLAMA, K_MIX) if kind == "llama" else (QWEN, QWEN_TYPES)
+    hf_kind = "llama_gqa_llama3" if kind == "llama" else "qwen2_tied"
+    if kind == "llama":
+        hf_kind = "llama_mha"  # GGUF metadata carries no llama3 rope scaling here
+    target = write_gguf(make_hf(hf_kind, seed=0, **over), folder / f"{kind}-target.gguf", types)
+    draft = write_gguf(make_hf(hf_kind, seed=5, **{**over, "num_hidden_layers": 1}), folder / f"{kind}-draft.gguf", types)
+    hf = hf_from_gguf(target)
+    ids = torch.randint(3, 300, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = hf.generate(ids[None], attention_mask=torch.ones(1, PROMPT_LEN, dtype=torch.long), do_sample=False,
+                          max_new_tokens=NEW, eos_token_id=None, pad_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+    ref = out.sequences[0, PROMPT_LEN:].tolist()
+    gaps = [float(lg[0].topk(2).values[0] - lg[0].topk(2).values[1]) for lg in out.logits]
+    t = load_model(str(target), CPU, torch.float32)
+    d = load_model(str(draft), CPU, torch.float32)
+    return t, d, ids.tolist(), ref, gaps
+
+
+def _same(got, ref, gaps) -> bool:
+    for i, (a, b) in enumerate(zip(got, ref)):
+        if a != b:
+            return gaps[i] < TIE_GAP  # a genuine tie: the continuations may differ from here on
+    return len(got) == len(ref)
+
+
+def _run(t, d, ids, mode: str, paper: bool):
+    spec = dict(PAPER_METHOD) if paper else {"lookup": True}
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=NEW, ignore_eos=True, **spec),
+                           cache=CACHE)
+    return TriForceEngine(t.model, d.model).run(ids, cfg).token_ids
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_weights_are_kept_as_stored(folder, kind):
+    t, _, _, _, _ = _files(folder, kind)
+    layer = t.model.layers[0]
+    assert t.model.quantized
+    expected = ["Q4_K", "Q4_K", "Q6_K"] if kind == "llama" else ["Q8_0", "Q8_0", "F16"]
+    assert layer.wqkv.type_names() == expected
+    assert t.tokenizer is not None and t.tokenizer.chat_template
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("mode,paper", [("autoregressive", True), ("lookup", False), ("triforce", True),
+                                        ("triforce", False), ("retrieval", True), ("draft", True)])
+def test_greedy_equals_hf_on_the_same_file(folder, kind, mode, paper):
+    t, d, ids, ref, gaps = _files(folder, kind)
+    got = _run(t, d, ids, mode, paper)
+    assert _same(got, ref, gaps), f"{mode}: {got} != {ref}"
+
+
+def test_negative_control_llama_row_order_not_undone(folder, monkeypatch):
+    _, _, ids, ref, gaps = _files(folder, "llama")
+    monkeypatch.setattr(gguf_checkpoint, "_unpermute_rows", lambda rows, heads: np.arange(rows))
+    t = load_model(str(folder / "llama-target.gguf"), CPU, torch.float32)
+    assert not _same(_run(t, t, ids, "autoregressive", True), ref, gaps)
+
+
+def test_a_verification_row_equals_the_step_it_stands_for(folder, monkeypatch):
+    import triforce_core.native_attention as native_attention
+
+    monkeypatch.setattr(native_attention, "MIN_KEYS", 0)  # the few-row attention at this short length
+    t, _, ids, _, _ = _files(folder, "llama")
+    m, s = t.model, t.model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, m.dtype, m.device)
+    m.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
+    new = [5, 9, 13, 2, 7, 11, 3]
+    together = m.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
+    cache.truncate(len(ids))
+    for i, tok in enumerate(new):
+        step = m.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
+        assert torch.equal(step[0], together[i]), f"row {i}"
+
+
+# --- sampling on a quantized pair ------------------------------------------------------------
+V, SAMPLES = 16, 3000
+SMALL = dict(vocab_size=V, hidden_size=64, intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+             initializer_range=0.5, bos_token_id=None, eos_token_id=None)
+SMALL_CACHE = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=0)
+
+
+@functools.lru_cache(maxsize=None)
+def _small(folder: Path):
+    types = {"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q4_1, "ffn_down.weight": Q.Q4_0}
+    target = write_gguf(make_hf("llama_mha", seed=21, **SMALL), folder / "small-target.gguf", types)
+    draft = write_gguf(make_hf("llama_mha", seed=22, **{**SMALL, "num_hidden_layers": 1}), folder / "small-draft.gguf", types)
+    prompt = torch.randint(0, V, (48,), generator=torch.Generator().manual_seed(4)).tolist()
+    hf = hf_from_gguf(target)
+    ids = torch.tensor(prompt)
+    with torch.no_grad():
+        p1 = _hf_warp(hf(ids[None]).logits[:, -1].double(), 1.0, 0, 1.0)[0]
+        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
+        p2 = _hf_warp(hf(both).logits[:, -1].double(), 1.0, 0, 1.0)
+    joint = (p1[:, None] * p2).numpy()
+    return load_model(str(target), CPU, torch.float32), load_model(str(draft), CPU, torch.float32), prompt, joint / joint.sum()
+
+
+def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
+    t, d, prompt, joint = _small(folder)
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=1.0, seed=0),
+        speculation=SpeculationConfig(mode="triforce", gamma1=2, gamma2=2, max_new_tokens=2, ignore_eos=True,
+                                      **{k: v for k, v in PAPER_METHOD.items() if k != "lookup"}, lookup=False),
+        cache=SMALL_CACHE,
+    )
+    counts = np.zeros((V, V))
+    for r in TriForceEngine(t.model, d.model).run_samples(prompt, cfg, SAMPLES):
+        counts[r.token_ids[0], r.token_ids[1]] += 1
+    return counts, joint
+
+
+def test_sampling_from_a_quantized_pair_is_exact(folder):
+    counts, joint = _counts(folder)
+    assert chi2_pvalue(counts, joint) > 1e-3
+
+
+def test_negative_control_broken_verifier_is_caught_on_a_quantized_pair(folder, monkeypatch):
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    counts, joint = _counts(folder)
+    assert chi2_pvalue(counts, joint) < 1e-3
+
+
+# --- bad files and the command line ----------------------------------------------------------
+def test_unsupported_tensor_type_is_refused_in_one_line(folder):
+    path = write_gguf(make_hf("llama_mha", seed=1, **QWEN), folder / "q5_0.gguf", {"ffn_up.weight": Q.Q5_0})
+    with pytest.raises(ModelLoadError, match=r"ffn_up.weight is Q5_0, which is not supported") as e:
+        load_model(str(path), CPU, torch.float32)
+    assert "\n" not in str(e.value)
+
+
+def test_damaged_and_missing_files_are_refused_in_one_line(folder):
+    bad = folder / "damaged.gguf"
+    bad.write_bytes(b"GGUF" + b"\x03\x00\x00\x00" + b"\xff" * 64)
+    for name in (str(bad), str(folder / "absent.gguf")):
+        with pytest.raises(ModelLoadError) as e:
+            load_model(name, CPU, torch.float32)
+        assert "\n" not in str(e.value)
+
+
+def test_cli_generates_from_a_gguf_file(folder):
+    _files(folder, "qwen2")
+    cmd = [sys.executable, "-m", "triforce_core", "generate", "--target", str(folder / "qwen2-target.gguf"),
+           "--prompt", "ab cd", "--max-new-tokens", "5", "--ignore-eos", "--json"]
+    out = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    sample = json.loads(out.stdout)["samples"][0]
+    assert len(sample["token_ids"]) == 5
+    bad = subprocess.run([*cmd[:5], str(folder / "absent.gguf"), *cmd[6:]], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300)
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "absent.gguf" in bad.stderr
