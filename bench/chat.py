@@ -9,11 +9,18 @@ mix of quote questions ("What follows «…»?", phrases picked from the documen
 and open questions. Every configuration answers every turn, in an order that rotates from
 turn to turn, on the same cached conversation (`ChatSession.rerun_last`), so a disturbance
 of the shared machine hits every configuration alike; the first one's answer stays in the
-conversation. The document is prefilled once. Figures are pooled over the turns: decode
+conversation. The document is prefilled once (once per K/V dtype when configurations differ in
+it, `+kv_dtype-NAME`: each dtype holds the conversation in a session of its own, fed the same
+answers). Figures are pooled over the turns: decode
 tokens/s = new tokens / decode seconds, its ratio to our autoregressive decoding, tokens per
 target forward, acceptance per level and per (proposer, verifier) pair, and the time of one
 round broken down by level. Greedy: every configuration's answers are compared with the
 autoregressive ones, token for token.
+
+With `--llama-cpp` (a GGUF target: a .gguf file or `smollm2`), llama.cpp runs after ours on the
+same model file and the first turn's prompt as the chat template renders it (`bench.llama_cpp`):
+its prompt processing against our prefill of the document, and its generation at that depth
+and llama-lookup's decoding against every configuration's decode speed.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import re
 import sys
 import time
 from dataclasses import fields, replace
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -37,6 +45,8 @@ from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
 from triforce_core.resources import SAMPLE_DIR
 from triforce_core.session import ChatSession
+
+from bench.llama_cpp import PeerError, find_or_build, format_table, gguf_file, peer_figures
 
 DOCUMENT = SAMPLE_DIR / "python-tutorial-data-structures-modules.txt"
 OPEN_QUESTIONS = (
@@ -66,12 +76,14 @@ DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoreg
 # "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
 # "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+FIELD-N": an integer
 # field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
-# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens). Any of them, in any order.
+# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens); "NAME+kv_dtype-float16": the
+# caches keep K/V in that dtype (default: the engine's). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
 SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS)
 SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+)$")
+KV_SETTING = re.compile(r"\+kv_dtype-([a-z0-9]+)$")
 # (Not max_new_tokens, which --max-new-tokens sets for all, nor prefill_chunk: the configurations
 # share one prefilled conversation.)
 TUNABLE = {f.name: "cache" for f in fields(CacheConfig) if f.type in ("int", int) and f.name != "prefill_chunk"} | {
@@ -83,7 +95,7 @@ def split_name(name: str) -> tuple[str, set[str]]:
     flags = set()
     while True:
         suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
-        if suffix is None and (m := SETTING.search(name)):
+        if suffix is None and (m := SETTING.search(name) or KV_SETTING.search(name)):
             suffix = m.group(0)
         if suffix is None:
             return name, flags
@@ -91,10 +103,15 @@ def split_name(name: str) -> tuple[str, set[str]]:
         name = name.removesuffix(suffix)
 
 
-def settings_of(flags: set[str]) -> dict[str, dict[str, int]]:
-    """The settings "+FIELD-N" flags ask for: {"cache": {...}, "speculation": {...}}."""
-    out: dict[str, dict[str, int]] = {"cache": {}, "speculation": {}}
+def settings_of(flags: set[str]) -> dict[str, dict]:
+    """The settings "+FIELD-N" and "+kv_dtype-NAME" flags ask for: {"cache": {...}, "speculation": {...}}."""
+    out: dict[str, dict] = {"cache": {}, "speculation": {}}
     for f in flags:
+        if m := KV_SETTING.search(f):
+            if "kv_dtype" in out["cache"]:
+                raise ChatBenchError("a configuration sets kv_dtype twice")
+            out["cache"]["kv_dtype"] = m.group(1)  # CacheConfig checks the name
+            continue
         m = SETTING.search(f)
         if m is None:
             continue
@@ -215,20 +232,40 @@ def _summary(t: dict) -> dict:
 
 
 def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: list[str],
-        sampling: SamplingConfig, max_new_tokens: int, say=print, repeats: int = 1) -> dict:
+        sampling: SamplingConfig, max_new_tokens: int, say=print, repeats: int = 1, peer=None) -> dict:
     """Every configuration answers every turn `repeats` times, in an order that rotates from one
-    pass to the next (a noisy machine then slows every configuration alike)."""
+    pass to the next (a noisy machine then slows every configuration alike). `peer(prompt_text,
+    prompt_tokens)`, if given, runs afterwards on the first turn's prompt (`bench.llama_cpp`)."""
     configs = {n: make_config(n, sampling, max_new_tokens) for n in names}
-    session = ChatSession(engine, text)
+    # One session per K/V dtype (a cache of one dtype cannot stand for another's), all holding one
+    # conversation: the turns the first answer of each question appends are shared.
+    kv = {n: engine.kv_dtype_for(configs[n]) for n in names}
+    sessions = {}
+    for n in names:
+        sessions.setdefault(kv[n], ChatSession(engine, text))
+    session = sessions[kv[names[0]]]
+
+    def ask_first(n, question, config, inspect):
+        """`question` asked anew by configuration n; every session then holds its turn."""
+        def events():
+            owner = sessions[kv[n]]
+            yield from owner.ask(question, config, inspect=inspect)
+            for other in sessions.values():
+                other.turns = list(owner.turns)
+        return events()
+
     t0 = time.perf_counter()
     # Warm-up: the document's prefill (shared by every turn after it) and each configuration once.
     for i, n in enumerate(names):
         warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
-        _answer_as(n, lambda inspect: session.ask("Hello.", warm, inspect=inspect) if i == 0
-                   else session.rerun_last(warm, inspect=inspect))
+        _answer_as(n, lambda inspect: ask_first(n, "Hello.", warm, inspect) if i == 0
+                   else sessions[kv[n]].rerun_last(warm, inspect=inspect))
     prefill_s = time.perf_counter() - t0
     say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
-    session.clear()
+    prefilled = session.turns[0].stats  # the first warm-up turn prefilled the document
+    for s in sessions.values():
+        s.clear()
+    first_prompt = (session.prompt_text(turns[0][1]), len(session.prompt_ids(turns[0][1]))) if peer else None
     totals = {n: _empty() for n in names}
     kinds: dict[str, dict[str, dict]] = {}
     rows = []
@@ -240,8 +277,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
             shift = (k * repeats + rep) % len(names)
             for j, n in enumerate(names[shift:] + names[:shift]):
                 first = rep == 0 and j == 0
-                ids, stats = _answer_as(n, lambda inspect: session.ask(question, configs[n], inspect=inspect) if first
-                                        else session.rerun_last(configs[n], inspect=inspect))
+                ids, stats = _answer_as(n, lambda inspect: ask_first(n, question, configs[n], inspect) if first
+                                        else sessions[kv[n]].rerun_last(configs[n], inspect=inspect))
                 if answers.setdefault(n, ids) != ids and sampling.greedy:
                     raise RuntimeError(f"{n} answered turn {k + 1} differently on a repeat")
                 for total in (totals[n], kinds.setdefault(kind, {}).setdefault(n, _empty()), per_turn[n]):
@@ -269,19 +306,45 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
             s["speedup_vs_autoregressive"] = s["tokens_per_s"] / base["tokens_per_s"]
             for kind, ks in s["by_kind"].items():
                 ks["speedup_vs_autoregressive"] = ks["tokens_per_s"] / base["by_kind"][kind]["tokens_per_s"]
-    return {
+    report = {
         "document_tokens": session.document_tokens,
         "turns": rows,
         "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
                         "native_attention": PYTORCH_ATTENTION not in split_name(n)[1],
                         "native_layers": PYTORCH_LAYERS not in split_name(n)[1],
                         "budget": make_config(n, sampling, max_new_tokens).cache.budget,
+                        "kv_dtype": str(kv[n]).removeprefix("torch."),
                         "settings": settings_of(split_name(n)[1])} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
     }
+    if peer is not None:
+        report["llama_cpp"] = compare_with_peer(peer, first_prompt, prefilled, results, say)
+    return report
+
+
+def compare_with_peer(peer, first_prompt: tuple[str, int], prefilled, results: dict, say) -> dict:
+    """llama.cpp's figures on the first turn's prompt, with our prefill rate (the document's, in the
+    warm-up) against its prompt processing and each configuration's decode speed against its
+    generation at that depth and against llama-lookup; {"error": ...} when the peer failed."""
+    try:
+        figures = peer(*first_prompt)
+    except PeerError as e:
+        say(f"[chat] llama.cpp: {e}")
+        return {"error": str(e)}
+    ours = prefilled.prefill_tokens / prefilled.prefill_s
+    lookup = (figures["lookup"] or {}).get("tokens_per_s")
+    figures["ours"] = {
+        "prefill_tokens": prefilled.prefill_tokens,
+        "prefill_s": prefilled.prefill_s,
+        "prefill_tokens_per_s": ours,
+        "prefill_vs_prompt_processing": ours / figures["prompt_processing"]["best"],
+        "decode_vs_generation": {n: s["tokens_per_s"] / figures["generation"]["best"] for n, s in results.items()},
+        "decode_vs_lookup": {n: s["tokens_per_s"] / lookup for n, s in results.items()} if lookup else None,
+    }
+    return figures
 
 
 def print_table(report: dict, file=sys.stderr) -> None:
@@ -298,6 +361,23 @@ def print_table(report: dict, file=sys.stderr) -> None:
         print(f"{n:<20}{s['tokens_per_s']:>8.1f}{f(s.get('speedup_vs_autoregressive')):>8}{f(q):>8}{f(o):>8}"
               f"{s['tokens_per_target_forward']:>9.2f}{s['round_ms']:>10.1f}  {str(s.get('identical_to_autoregressive', '-')):<9}  {levels}",
               file=file)
+    if "llama_cpp" in report:
+        print_peer(report["llama_cpp"], file)
+
+
+def print_peer(peer: dict, file) -> None:
+    """llama.cpp's figures and our ratios to them, under the table."""
+    if "error" in peer:
+        print(f"llama.cpp: {peer['error']}", file=file)
+        return
+    print(format_table(peer), file=file)
+    ours = peer["ours"]
+    print(f"our prefill: {ours['prefill_tokens']} tokens at {ours['prefill_tokens_per_s']:.1f} tok/s = "
+          f"{ours['prefill_vs_prompt_processing']:.2f}x llama.cpp's prompt processing", file=file)
+    print(f"{'configuration':<20}{'vs llama.cpp generation':>25}{'vs llama-lookup':>17}", file=file)
+    for n, r in ours["decode_vs_generation"].items():
+        lk = ours["decode_vs_lookup"]
+        print(f"{n:<20}{f'{r:.2f}x':>25}{(f'{lk[n]:.2f}x' if lk else '-'):>17}", file=file)
 
 
 def main(argv=None) -> int:
@@ -313,7 +393,8 @@ def main(argv=None) -> int:
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
                         f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +FIELD-N (an integer "
-                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32) "
+                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32), +kv_dtype-NAME (the caches' K/V "
+                        f"dtype: float32, float16 or bfloat16) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")
@@ -323,6 +404,10 @@ def main(argv=None) -> int:
     p.add_argument("--sample-seed", type=int, default=0, help="sampling seed (temperature > 0)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--json", type=Path, help="write the report here")
+    p.add_argument("--llama-cpp", action="store_true",
+                   help="then run llama.cpp on the same GGUF target (a .gguf file or smollm2) and the first turn's "
+                        "prompt, and compare (bench/llama_cpp.py; builds llama.cpp once, about 10 minutes)")
+    p.add_argument("--llama-cpp-bin", type=Path, help="a folder with ready llama.cpp binaries (or env LLAMA_CPP_BIN)")
     a = p.parse_args(argv)
     try:
         names = [n.strip() for n in a.configs.split(",") if n.strip()]
@@ -339,16 +424,21 @@ def main(argv=None) -> int:
         text = a.document.read_text(encoding="utf-8", errors="replace")
         turns = workload(text, a.quotes, a.open, a.seed)
         sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed)
-    except (ChatBenchError, ValueError) as e:
+        peer_model = _peer_model(a.target) if a.llama_cpp else None
+        if a.llama_cpp:
+            find_or_build(a.llama_cpp_bin)  # a build, when needed, before anything is timed
+    except (ChatBenchError, PeerError, ValueError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if a.threads:
         torch.set_num_threads(a.threads)
+    peer = partial(peer_figures, peer_model, new_tokens=a.max_new_tokens, threads=torch.get_num_threads(),
+                   bin_dir=a.llama_cpp_bin) if peer_model is not None else None
     t, d = default_model_names(a.target, a.draft)
     engine = TriForceEngine.from_pretrained(t, d)
     load = _load()
     report = run(engine, text, turns, names, sampling, a.max_new_tokens, say=lambda s: print(s, file=sys.stderr),
-                 repeats=a.repeats)
+                 repeats=a.repeats, peer=peer)
     report["machine"] = machine_info(engine, load, _load())
     report["document"] = str(a.document.name)
     print_table(report)
@@ -356,6 +446,16 @@ def main(argv=None) -> int:
         a.json.parent.mkdir(parents=True, exist_ok=True)
         a.json.write_text(json.dumps(report, indent=1))
     return 0
+
+
+def _peer_model(target: str | None) -> Path:
+    """The GGUF file `--llama-cpp` runs llama.cpp on: the target's."""
+    model = gguf_file(target) if target else None
+    if model is None:
+        raise ChatBenchError("--llama-cpp needs a GGUF target: --target FILE.gguf or --target smollm2")
+    if not model.is_file():
+        raise ChatBenchError(f"no such GGUF file: {model}")
+    return model
 
 
 def _load():
