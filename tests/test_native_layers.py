@@ -49,8 +49,10 @@ def counted(monkeypatch, layers):
     return calls
 
 
-def _swap_halves(w: torch.Tensor) -> torch.Tensor:
-    """[E, 2I] -> the same with its two halves exchanged (up first, then gate), rows padded alike."""
+def _swap_halves(w) -> torch.Tensor:
+    """[E, 2I] (a tensor, or the model's float `Matrix`) -> the same with its two halves exchanged
+    (up first, then gate), rows padded alike."""
+    w = w.dense_t() if hasattr(w, "dense_t") else w
     half = w.shape[1] // 2
     return _transposed(torch.cat([w[:, half:], w[:, :half]], dim=1).t().contiguous())
 

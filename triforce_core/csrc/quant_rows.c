@@ -31,8 +31,7 @@ struct part {
     int32_t rows; /* outputs */
 };
 
-#define LANES 32 /* inputs a step of the sums covers: two 16-float vectors, or four of 8 */
-#define QROWS 4  /* activation rows that share one pass over a dequantized weight row */
+#define LANES 32 /* inputs a step of the sums covers: four 8-float vectors */
 #define OUT_JOB 16 /* outputs a thread's job computes */
 
 static inline float half_to_float(uint16_t h) {
@@ -53,7 +52,15 @@ static inline float half_to_float(uint16_t h) {
     return f;
 }
 
-static inline float half_at(const uint8_t *p) { return half_to_float((uint16_t)(p[0] | (p[1] << 8))); }
+static inline float half_at(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#ifdef __F16C__
+    return _cvtsh_ss(h); /* one instruction, the same value */
+#else
+    return half_to_float(h);
+#endif
+}
 
 static int block_weights(int type) {
     switch (type) {
@@ -88,6 +95,45 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
     }
 }
 
+#ifdef HAVE_AVX2
+/* 8 bytes -> 8 floats (signed or unsigned) */
+static inline __m256 bytes_u8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(b)); }
+static inline __m256 bytes_i8(__m128i b) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)); }
+
+/* The 16 low nibbles (weights 0..15) and 16 high nibbles (16..31) of a 32-weight block. */
+static inline void nibbles(const uint8_t *qs, __m128i *lo, __m128i *hi) {
+    __m128i q = _mm_loadu_si128((const __m128i *)qs), mask = _mm_set1_epi8(15);
+    *lo = _mm_and_si128(q, mask);
+    *hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
+}
+
+static void dequant_q4_0(const uint8_t *b, float *w) {
+    __m256 d = _mm256_set1_ps(half_at(b));
+    __m128i lo, hi, eight = _mm_set1_epi8(8);
+    nibbles(b + 2, &lo, &hi);
+    lo = _mm_sub_epi8(lo, eight), hi = _mm_sub_epi8(hi, eight);
+    _mm256_storeu_ps(w, _mm256_mul_ps(d, bytes_i8(lo)));
+    _mm256_storeu_ps(w + 8, _mm256_mul_ps(d, bytes_i8(_mm_srli_si128(lo, 8))));
+    _mm256_storeu_ps(w + 16, _mm256_mul_ps(d, bytes_i8(hi)));
+    _mm256_storeu_ps(w + 24, _mm256_mul_ps(d, bytes_i8(_mm_srli_si128(hi, 8))));
+}
+
+static void dequant_q4_1(const uint8_t *b, float *w) {
+    __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
+    __m128i lo, hi;
+    nibbles(b + 4, &lo, &hi);
+    _mm256_storeu_ps(w, _mm256_add_ps(_mm256_mul_ps(d, bytes_u8(lo)), m));
+    _mm256_storeu_ps(w + 8, _mm256_add_ps(_mm256_mul_ps(d, bytes_u8(_mm_srli_si128(lo, 8))), m));
+    _mm256_storeu_ps(w + 16, _mm256_add_ps(_mm256_mul_ps(d, bytes_u8(hi)), m));
+    _mm256_storeu_ps(w + 24, _mm256_add_ps(_mm256_mul_ps(d, bytes_u8(_mm_srli_si128(hi, 8))), m));
+}
+
+static void dequant_q8_0(const uint8_t *b, float *w) {
+    __m256 d = _mm256_set1_ps(half_at(b));
+    for (int i = 0; i < 32; i += 8)
+        _mm256_storeu_ps(w + i, _mm256_mul_ps(d, bytes_i8(_mm_loadl_epi64((const __m128i *)(b + 2 + i)))));
+}
+#else
 static void dequant_q4_0(const uint8_t *b, float *w) {
     float d = half_at(b);
     const uint8_t *qs = b + 2;
@@ -111,6 +157,7 @@ static void dequant_q8_0(const uint8_t *b, float *w) {
     const int8_t *qs = (const int8_t *)(b + 2);
     for (int i = 0; i < 32; i++) w[i] = d * (float)qs[i];
 }
+#endif
 
 static void dequant_q4_k(const uint8_t *b, float *w) {
     float d = half_at(b), dmin = half_at(b + 2);
@@ -141,18 +188,23 @@ static void dequant_q5_k(const uint8_t *b, float *w) {
     }
 }
 
+/* Weight h*128 + c*32 + l takes the low (c < 2) or high nibble of ql[h*64 + (c&1)*32 + l] and
+ * bits 2c, 2c+1 of qh[h*32 + l]; scale (d * scales[i]) for weights 16i..16i+15. */
 static void dequant_q6_k(const uint8_t *b, float *w) {
     const uint8_t *ql = b, *qh = b + 128;
     const int8_t *scales = (const int8_t *)(b + 192);
-    float d = half_at(b + 208);
+    float d = half_at(b + 208), ds[16];
+    for (int i = 0; i < 16; i++) ds[i] = d * (float)scales[i];
     for (int h = 0; h < 2; h++)
-        for (int c = 0; c < 4; c++) {
-            int idx0 = h * 128 + c * 32;
-            for (int l = 0; l < 32; l++) {
-                int low = ql[h * 64 + (c & 1) * 32 + l];
-                low = c < 2 ? low & 15 : low >> 4;
-                int v = (low | (((qh[h * 32 + l] >> (2 * c)) & 3) << 4)) - 32;
-                w[idx0 + l] = (d * (float)scales[(idx0 + l) / 16]) * (float)v;
+        for (int half = 0; half < 32; half += 16) {
+            const uint8_t *lo = ql + h * 64 + half, *hb = qh + h * 32 + half;
+            const float *sc = ds + h * 8 + half / 16;
+            float *wh = w + h * 128 + half;
+            for (int l = 0; l < 16; l++) {
+                wh[l] = sc[0] * (float)(((lo[l] & 15) | ((hb[l] & 3) << 4)) - 32);
+                wh[l + 32] = sc[2] * (float)(((lo[l + 32] & 15) | (((hb[l] >> 2) & 3) << 4)) - 32);
+                wh[l + 64] = sc[4] * (float)(((lo[l] >> 4) | (((hb[l] >> 4) & 3) << 4)) - 32);
+                wh[l + 96] = sc[6] * (float)(((lo[l + 32] >> 4) | (((hb[l] >> 6) & 3) << 4)) - 32);
             }
         }
 }
@@ -178,30 +230,8 @@ static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
     }
 }
 
-/* y[s] = sum_k w[k] x[s][k] for the g <= QROWS rows x[0..g), K a multiple of LANES. */
-#if defined(__AVX512F__)
-static inline float lanes_sum16(__m512 v) {
-    __m256 a = _mm256_add_ps(_mm512_castps512_ps256(v), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(v), 1)));
-    __m128 b = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    b = _mm_add_ps(b, _mm_movehl_ps(b, b));
-    b = _mm_add_ss(b, _mm_movehdup_ps(b));
-    return _mm_cvtss_f32(b);
-}
-
-static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
-    __m512 a[QROWS][2];
-    for (int s = 0; s < g; s++) a[s][0] = a[s][1] = _mm512_setzero_ps();
-    for (int k = 0; k < K; k += LANES) {
-        __m512 w0 = _mm512_loadu_ps(w + k), w1 = _mm512_loadu_ps(w + k + 16);
-        for (int s = 0; s < g; s++) {
-            const float *xs = x + s * ldx + k;
-            a[s][0] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xs), a[s][0]);
-            a[s][1] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xs + 16), a[s][1]);
-        }
-    }
-    for (int s = 0; s < g; s++) y[s * ldy] = lanes_sum16(_mm512_add_ps(a[s][0], a[s][1]));
-}
-#elif defined(HAVE_AVX2)
+/* One vector path, AVX2 (which AVX-512 processors have too): the one the tests run here. */
+#if defined(HAVE_AVX2)
 static inline float lanes_sum8(__m256 v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     b = _mm_add_ps(b, _mm_movehl_ps(b, b));
@@ -209,6 +239,7 @@ static inline float lanes_sum8(__m256 v) {
     return _mm_cvtss_f32(b);
 }
 
+/* y[s] = sum_k w[k] x[s][k] for the g rows x[0..g), K a multiple of LANES. */
 static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
     for (int s = 0; s < g; s++) { /* 16 registers: the rows one after the other */
         const float *xs = x + s * ldx;
@@ -222,6 +253,64 @@ static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, 
         y[s * ldy] = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
     }
 }
+
+/* The 32-weight block types dequantized straight into four registers (weights 0-7, 8-15,
+ * 16-23, 24-31), the same values as dequant_row's. */
+static inline __attribute__((always_inline)) void block32(const int type, const uint8_t *b, __m256 w[4]) {
+    __m256 d = _mm256_set1_ps(half_at(b));
+    if (type == T_Q8_0) {
+        for (int i = 0; i < 4; i++)
+            w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i)))));
+        return;
+    }
+    __m128i q = _mm_loadu_si128((const __m128i *)(b + (type == T_Q4_1 ? 4 : 2)));
+    __m256i v0 = _mm256_cvtepu8_epi32(q), v1 = _mm256_cvtepu8_epi32(_mm_srli_si128(q, 8)), mask = _mm256_set1_epi32(15);
+    __m256i n[4] = {_mm256_and_si256(v0, mask), _mm256_and_si256(v1, mask), _mm256_srli_epi32(v0, 4), _mm256_srli_epi32(v1, 4)};
+    if (type == T_Q4_0) {
+        __m256i eight = _mm256_set1_epi32(8);
+        for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight)));
+    } else {
+        __m256 m = _mm256_set1_ps(half_at(b + 2));
+        for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n[i]), m);
+    }
+}
+
+#define FUSED_ROWS 2 /* 16 registers: 4 of weights and 4 accumulators a row */
+
+/* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
+ * are dot_rows' own, FMA for FMA. */
+static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
+                                                              const int G, int K, float *y, int64_t ldy) {
+    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    __m256 a[FUSED_ROWS][4];
+    for (int s = 0; s < G; s++)
+        for (int i = 0; i < 4; i++) a[s][i] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += LANES, row += bb) {
+        __m256 w[4];
+        block32(type, row, w);
+        for (int s = 0; s < G; s++)
+            for (int i = 0; i < 4; i++) a[s][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + s * ldx + k + 8 * i), a[s][i]);
+    }
+    for (int s = 0; s < G; s++)
+        y[s * ldy] = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a[s][0], a[s][1]), _mm256_add_ps(a[s][2], a[s][3])));
+}
+
+#define FUSED_GROUPS(T)                                                                       \
+    for (int s = 0; s < S; s += FUSED_ROWS)                                                   \
+        if (S - s >= 2) fused_rows_g(T, row, x + s * ldx, ldx, 2, K, y + s * ldy, ldy);       \
+        else fused_rows_g(T, row, x + s * ldx, ldx, 1, K, y + s * ldy, ldy);                  \
+    return 1;
+
+/* All S rows against one weight row read in place: 1 when the type has this path, else 0. */
+static int fused_rows(int type, const uint8_t *row, const float *x, int64_t ldx, int S, int K, float *y, int64_t ldy) {
+    switch (type) {
+    case T_Q4_0: FUSED_GROUPS(T_Q4_0)
+    case T_Q4_1: FUSED_GROUPS(T_Q4_1)
+    case T_Q8_0: FUSED_GROUPS(T_Q8_0)
+    default: return 0;
+    }
+}
+#define HAVE_FUSED 1
 #else
 static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
     for (int s = 0; s < g; s++) {
@@ -244,9 +333,12 @@ static void stacked_outputs(const float *x, int S, int K, const struct part *par
     for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
         int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
         for (int64_t r = lo; r < hi; r++) {
+#ifdef HAVE_FUSED
+            const uint8_t *row = (const uint8_t *)parts[i].data + r * parts[i].ld;
+            if (fused_rows(parts[i].type, row, x, K, S, K, y + base + r, ldy)) continue;
+#endif
             dequant_row(&parts[i], r, K, w);
-            for (int s = 0; s < S; s += QROWS)
-                dot_rows(w, x + (int64_t)s * K, K, S - s < QROWS ? S - s : QROWS, K, y + (int64_t)s * ldy + base + r, ldy);
+            dot_rows(w, x, K, S, K, y + base + r, ldy);
         }
     }
 }
