@@ -18,7 +18,7 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
-    from triforce_core.flags import add_kv_cache_args
+    from triforce_core.flags import add_kv_cache_args, add_kv_dtype_arg
 
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
@@ -33,6 +33,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
+    add_kv_dtype_arg(p)
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
                    help="default decoding mode of the app and the HTTP API (default: lookup, the fastest measured on "
                    "document chat; the retrieval map shows a selection in triforce or retrieval mode)")
@@ -45,7 +46,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="users whose KV caches stay in memory between questions (default 4)")
     p.add_argument("--max-cache-gb", type=float, default=3.0,
                    help="memory the users' cached sessions may hold together; least recently used ones are freed "
-                   "beyond it (default %(default)g; a 64K-token session holds about 0.6 GB)")
+                   "beyond it (default %(default)g; a 64K-token session of the demo pair holds about 0.3 GB with float16 K/V, "
+                   "0.6 GB with float32)")
     p.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
                    help="require 'Authorization: Bearer KEY' on the HTTP API (default: $TRIFORCE_API_KEY, else none)")
     p.add_argument("--api-slots", type=int, default=4,
@@ -70,7 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
         target, draft = default_model_names(args.target, args.draft)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
-        engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
+        engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype,
+                                                kv_dtype=args.kv_dtype)
         apply_kv_cache_args(engine, args)
         defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
         defaults.config()

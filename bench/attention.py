@@ -5,9 +5,11 @@ tokens and the bonus), the attention of one layer of the demo target (4 KV heads
 model runs it (`attention.attend`, causal among the new rows), with the kernel on and off
 (PyTorch's path: two matrix products up to 8 rows, two flash passes past that), alternated,
 medians; with the bytes of K/V each reads and the memory's measured bandwidth, so each time
-stands against its roofline.
+stands against its roofline. With `--kv-dtypes`, the same for each K/V dtype (a row each), every
+dtype's calls alternated with the others' (PyTorch's path widens 16-bit K/V to float32 first).
 
-    python -m bench.attention [--keys 16384,32768,65536] [--rows 1,7,16] [--json OUT]
+    python -m bench.attention [--keys 16384,32768,65536] [--rows 1,7,16] [--kv-dtypes float32,float16]
+                              [--json OUT]
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ import torch
 from triforce_core import native_attention
 from triforce_core.attention import NATIVE_QUERY_ROWS, attend, attention_mask
 from triforce_core.benchmark import cpu_model
+from triforce_core.config import KV_DTYPES
 from triforce_core.roofline import measure_bandwidth
 
 
@@ -36,7 +39,8 @@ def timed_attend(q, k, v, mask, scale, native: bool) -> float:
         return time.perf_counter() - t0
 
 
-def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats: int, say=print) -> dict:
+def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats: int, say=print,
+            kv_dtypes: tuple[str, ...] = ("float32",)) -> dict:
     kernel = native_attention.kernel()
     if kernel is None:
         raise SystemExit("error: the native kernel is unavailable here (no C compiler, or TRIFORCE_NATIVE_ATTENTION=0)")
@@ -44,22 +48,25 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
     results = []
     for T in keys:
         k, v = torch.randn(heads, T, head_dim), torch.randn(heads, T, head_dim)
-        read = 2 * k.numel() * k.element_size()
+        kv = {dt: (k.to(getattr(torch, dt)), v.to(getattr(torch, dt))) for dt in kv_dtypes}  # the same K/V, rounded
         for R in rows:
             q = torch.randn(heads, R, head_dim)
             mask = attention_mask(R, T, 0, None, 1, q.device)  # causal among the R new rows
-            times = {"native": [], "pytorch": []}
+            times = {(dt, path): [] for dt in kv_dtypes for path in ("native", "pytorch")}
             for i in range(repeats + 2):
-                for name in (list(times) if i % 2 == 0 else list(times)[::-1]):
-                    t = timed_attend(q, k, v, mask, head_dim**-0.5, name == "native")
+                for dt, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                    t = timed_attend(q, *kv[dt], mask, head_dim**-0.5, path == "native")
                     if i >= 2:  # two warm-up passes
-                        times[name].append(t)
-            med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
-            row = {"keys": T, "rows": R, "kv_bytes": read, "ms": med, "floor_ms": read / (bandwidth * 1e9) * 1e3,
-                   "speedup": med["pytorch"] / med["native"]}
-            results.append(row)
-            say(f"[attention] {T} keys, {R} rows: native {med['native']:.2f} ms, pytorch {med['pytorch']:.2f} ms "
-                f"({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms ({read / 1e6:.0f} MB)")
+                        times[dt, path].append(t)
+            for dt in kv_dtypes:
+                read = 2 * kv[dt][0].numel() * kv[dt][0].element_size()
+                med = {path: sorted(times[dt, path])[len(times[dt, path]) // 2] * 1e3 for path in ("native", "pytorch")}
+                row = {"keys": T, "rows": R, "kv_dtype": dt, "kv_bytes": read, "ms": med,
+                       "floor_ms": read / (bandwidth * 1e9) * 1e3, "speedup": med["pytorch"] / med["native"]}
+                results.append(row)
+                say(f"[attention] {T} keys, {R} rows, {dt} K/V: native {med['native']:.2f} ms, pytorch "
+                    f"{med['pytorch']:.2f} ms ({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms "
+                    f"({read / 1e6:.0f} MB)")
     return {"bandwidth_gb_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
 
 
@@ -70,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--heads", type=int, default=4, help="KV heads (default: the demo target's, %(default)s)")
     p.add_argument("--head-dim", type=int, default=64, help="(default: %(default)s)")
     p.add_argument("--repeats", type=int, default=21, help="timed calls per path (default: %(default)s)")
+    p.add_argument("--kv-dtypes", default="float32",
+                   help=f"comma-separated K/V dtypes, of {', '.join(KV_DTYPES)}, measured alternately (default: %(default)s)")
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
     try:
@@ -78,11 +87,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print("error: --keys and --rows take comma-separated integers", file=sys.stderr)
         return 2
+    kv_dtypes = tuple(x.strip() for x in a.kv_dtypes.split(",") if x.strip())
+    if not kv_dtypes or any(d not in KV_DTYPES for d in kv_dtypes) or len(set(kv_dtypes)) != len(kv_dtypes):
+        print(f"error: --kv-dtypes takes distinct names of {', '.join(KV_DTYPES)}", file=sys.stderr)
+        return 2
     if not keys or not rows or min(keys) < native_attention.MIN_KEYS or min(rows) < 1 or max(rows) > NATIVE_QUERY_ROWS:
         print(f"error: --keys must be >= {native_attention.MIN_KEYS} and --rows in 1..{NATIVE_QUERY_ROWS} "
               "(where the model runs the kernel)", file=sys.stderr)
         return 2
-    report = measure(keys, rows, a.heads, a.head_dim, a.repeats)
+    report = measure(keys, rows, a.heads, a.head_dim, a.repeats, kv_dtypes=kv_dtypes)
     report["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                          "python": platform.python_version(), "load_average_1min": os.getloadavg()[0]}
     if a.json:

@@ -240,6 +240,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     # One session per K/V dtype (a cache of one dtype cannot stand for another's), all holding one
     # conversation: the turns the first answer of each question appends are shared.
     kv = {n: engine.kv_dtype_for(configs[n]) for n in names}
+    # named explicitly: the default depends on the native kernel, which "+pytorch-attention" turns off
+    configs = {n: replace(c, cache=replace(c.cache, kv_dtype=str(kv[n]).removeprefix("torch."))) for n, c in configs.items()}
     sessions = {}
     for n in names:
         sessions.setdefault(kv[n], ChatSession(engine, text))

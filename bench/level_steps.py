@@ -13,7 +13,12 @@ The full cache holds random keys and values, not a prefilled document: a step's 
 depend on what the keys say, and a 64K-token prefill would take minutes. The retrieval level
 selects its chunks for the last token's real queries, as after a prefill.
 
-    python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--json OUT]
+With `--kv-dtypes`, every cache is kept in each K/V dtype in turn (the same random K/V,
+rounded), a row per dtype, every dtype's forwards alternated with the others' (and with
+`--no-pytorch-layers`, the native layers only: half the forwards).
+
+    python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
+                                [--no-pytorch-layers] [--json OUT]
 """
 
 from __future__ import annotations
@@ -29,23 +34,26 @@ import torch
 
 from triforce_core import native_layers
 from triforce_core.benchmark import Bench, cpu_model
-from triforce_core.config import PAPER_METHOD, GenerationConfig, SpeculationConfig
+from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.kv import FullCache
 from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
 
 
-def _decoder(bench: Bench, tokens: int, seed: int):
-    """A decoder of the paper's three levels whose target cache holds `tokens` random K/V."""
+def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
+    """A decoder of the paper's three levels whose target cache holds `tokens` random K/V (drawn
+    in float32, rounded into `kv_dtype`; None: the engine's default)."""
     engine = bench.engine
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **PAPER_METHOD))
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **PAPER_METHOD),
+                           cache=CacheConfig(kv_dtype=kv_dtype))
     target = engine.target
     s = target.spec
     g = torch.Generator().manual_seed(seed)
     history = torch.randint(16, target.vocab_size, (tokens,), generator=g).tolist()
-    full = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg), target.dtype,
-                     target.device)
-    full.k[:, :, :tokens].normal_(generator=g)
-    full.v[:, :, :tokens].normal_(generator=g)
+    full = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg),
+                     engine.kv_dtype_for(cfg), target.device)
+    shape = (s.num_layers, s.num_kv_heads, tokens, s.head_dim)
+    full.k[:, :, :tokens] = torch.randn(shape, generator=g)
+    full.v[:, :, :tokens] = torch.randn(shape, generator=g)
     full.length = tokens
     dec = engine.make_decoder(cfg, full.capacity, None, full_cache=full, history=history)
     dec.prefill(history + [history[-1]])  # feeds the last token: the retrieval selection needs its queries
@@ -63,38 +71,45 @@ def _step_seconds(lane, rows: int) -> float:
     return dt
 
 
-def measure(bench: Bench, contexts: list[int], repeats: int, say=print) -> dict:
+def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtypes: tuple[str | None, ...] = (None,),
+            pytorch_layers: bool = True) -> dict:
     if native_layers.kernel() is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
     results, bandwidths = [], []
+    paths = ("native", "pytorch") if pytorch_layers else ("native",)
     for T in contexts:
-        dec, cfg = _decoder(bench, T, seed=T)
-        spec = cfg.speculation
-        levels = [("target", dec.full, 1), ("target", dec.full, spec.gamma2 + 1),
-                  ("retrieval", dec.retrieval, 1), ("retrieval", dec.retrieval, spec.gamma1 + 1), ("draft", dec.small, 1)]
-        for level, lane, rows in levels:
-            model = lane.model
-            keys = lane.cache.length + rows
-            read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, model.embed.element_size())
+        decs = {dt: _decoder(bench, T, seed=T, kv_dtype=dt) for dt in kv_dtypes}  # the same K/V in each dtype
+        spec = next(iter(decs.values()))[1].speculation
+        for level, attr, rows in [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
+                                  ("retrieval", "retrieval", spec.gamma1 + 1), ("draft", "small", 1)]:
+            lanes = {dt: getattr(dec, attr) for dt, (dec, _) in decs.items()}
             # measured beside each timing: on a shared machine it moves by half between minutes
             bandwidth = measure_bandwidth(torch.device("cpu"))
             bandwidths.append(bandwidth)
-            times = {"native": [], "pytorch": []}
+            times = {(dt, path): [] for dt in kv_dtypes for path in paths}
             for i in range(repeats + 2):
-                for name in (list(times) if i % 2 == 0 else list(times)[::-1]):
-                    with native_layers.switched(name == "native"):
-                        t = _step_seconds(lane, rows)
+                for dt, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                    with native_layers.switched(path == "native"):
+                        t = _step_seconds(lanes[dt], rows)
                     if i >= 2:
-                        times[name].append(t)
-            med = {name: sorted(ts)[len(ts) // 2] * 1e3 for name, ts in times.items()}
-            floor = read / (bandwidth * 1e9) * 1e3
-            row = {"context": T, "level": level, "rows": rows, "keys": keys, "bytes": read, "ms": med,
-                   "bandwidth_gbs": bandwidth, "floor_ms": floor, "speedup": med["pytorch"] / med["native"]}
-            results.append(row)
-            say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys ({read / 1e6:.1f} MB): "
-                f"native {med['native']:.2f} ms, pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x); "
-                f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
-        del dec
+                        times[dt, path].append(t)
+            for dt, lane in lanes.items():
+                model = lane.model
+                keys = lane.cache.length + rows
+                read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())
+                med = {path: sorted(times[dt, path])[len(times[dt, path]) // 2] * 1e3 for path in paths}
+                floor = read / (bandwidth * 1e9) * 1e3
+                kv = str(lane.cache.k.dtype).removeprefix("torch.")
+                row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "bytes": read,
+                       "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
+                if pytorch_layers:
+                    row["speedup"] = med["pytorch"] / med["native"]
+                results.append(row)
+                torch_part = f", pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x)" if pytorch_layers else ""
+                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V ({read / 1e6:.1f} MB): "
+                    f"native {med['native']:.2f} ms{torch_part}; "
+                    f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
+        del decs
     return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
 
 
@@ -104,6 +119,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--draft", help="draft model (default: the embedded demo draft)")
     p.add_argument("--context", default="16000,32000,64000", help="comma-separated cache lengths in tokens (each at most the target's window less 64)")
     p.add_argument("--repeats", type=int, default=15, help="timed forwards per configuration (default 15)")
+    p.add_argument("--kv-dtypes", default=None,
+                   help=f"comma-separated K/V dtypes, of {', '.join(KV_DTYPES)}, measured alternately "
+                   "(default: the engine's default alone)")
+    p.add_argument("--no-pytorch-layers", action="store_true",
+                   help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
     try:
@@ -114,12 +134,18 @@ def main(argv: list[str] | None = None) -> int:
     if not contexts or min(contexts) < 1 or a.repeats < 1:
         print("error: --context needs positive lengths and --repeats must be >= 1", file=sys.stderr)
         return 2
+    kv_dtypes: tuple[str | None, ...] = (None,)
+    if a.kv_dtypes is not None:
+        kv_dtypes = tuple(x.strip() for x in a.kv_dtypes.split(",") if x.strip())
+        if not kv_dtypes or any(d not in KV_DTYPES for d in kv_dtypes) or len(set(kv_dtypes)) != len(kv_dtypes):
+            print(f"error: --kv-dtypes takes distinct names of {', '.join(KV_DTYPES)}", file=sys.stderr)
+            return 2
     bench = Bench.load(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
-    report = measure(bench, contexts, a.repeats)
+    report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
     if a.json:

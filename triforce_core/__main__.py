@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import CacheConfig, SpeculationConfig
-from .flags import add_kv_cache_args, apply_kv_cache_args, check_kv_cache_args
+from .flags import add_kv_cache_args, add_kv_dtype_arg, apply_kv_cache_args, check_kv_cache_args
 from .sections import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
@@ -39,6 +39,7 @@ def _add_model_args(g) -> None:
     )
     models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
     models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
+    add_kv_dtype_arg(models)
 
 
 def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
@@ -383,7 +384,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,
             draft_sinks=args.draft_sinks, refresh_every=args.refresh_every, prefill_chunk=args.prefill_chunk,
-            select_by=args.select_by,
+            select_by=args.select_by, kv_dtype=args.kv_dtype,
         ),
     )
     if config.speculation.uses_draft_model and not has_draft:
@@ -424,7 +425,7 @@ def _load_engine(args):
     from .config import ConfigError
     from .engine import TriForceEngine
     target, draft = _model_names(args)
-    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype)
+    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype)
     try:
         return engine, _configs(args, has_draft=engine.draft is not None)
     except ConfigError as e:

@@ -7,10 +7,15 @@
 - Elsewhere (CUDA, a window cut among many rows): PyTorch's scaled-dot-product attention.
 
 Rows are the query heads that share a KV head folded into the query length, ordered (g, s).
+
+Keys and values come in the cache's dtype (`CacheConfig.kv_dtype`): the native kernel widens
+16-bit ones to float32 in registers; PyTorch's paths widen them to the queries' dtype first,
+so every path computes in the queries' dtype (float32 on the CPU) from the same rounded K/V.
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -29,6 +34,31 @@ PROBED_QUERY_ROWS = 64
 # 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
 # 64: up to a 32-token lookup run (`--lookup-max 32`) and its bonus row.
 NATIVE_QUERY_ROWS = 33
+
+
+# Widened K/V (PyTorch's paths over a 16-bit cache) go to a buffer kept per thread up to this
+# size: a fresh one of a long cache's size costs more in page faults than the conversion itself
+# (4 heads x 64K keys x 64: 35 against 5 ms a tensor on the 2-core machine).
+WIDEN_BUFFER_BYTES = 512 * 2**20
+_buffers = threading.local()
+
+
+def widened(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v [H, T, D] (any strides) in `dtype`, contiguous. On the CPU the result lives in this
+    thread's buffer, valid until its next call (`attend` uses it within the call)."""
+    n = k.numel()
+    most = WIDEN_BUFFER_BYTES // torch.empty((), dtype=dtype).element_size()  # elements
+    if k.device.type != "cpu" or 2 * n > most:
+        return k.to(dtype), v.to(dtype)
+    buf = getattr(_buffers, "buf", None)
+    if buf is None or buf.dtype != dtype or buf.numel() < 2 * n:
+        # a power of two: a prefill's growing cache reallocates it a few times, not every chunk
+        _buffers.buf = None  # the old one goes first
+        buf = _buffers.buf = torch.empty(min(1 << (2 * n - 1).bit_length(), most), dtype=dtype)
+    kw, vw = buf[:n].view(k.shape), buf[n : 2 * n].view(v.shape)
+    kw.copy_(k)
+    vw.copy_(v)
+    return kw, vw
 
 
 @dataclass(frozen=True)
@@ -71,6 +101,7 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     math path rescales every cached key and its fused kernel handles a mask over a long cache
     slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with 3-D
     inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
+    K/V in another dtype than q (a 16-bit cache) are widened to q's dtype on those paths.
     """
     R, T = q.shape[1], k.shape[1]
     cpu = q.device.type == "cpu"
@@ -79,6 +110,8 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
         native = native_attention.kernel()
         if native is not None:
             return native.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
+    if k.dtype != q.dtype:  # a 16-bit cache: PyTorch's kernels want one dtype (exact when widening)
+        k, v = widened(k, v, q.dtype)
     few = R <= (SMALL_QUERY_ROWS if chunk <= 0 else PROBED_QUERY_ROWS) and cpu
     if not few and mask is not None and mask.new_bias is not None and FLASH_LSE is not None:
         return split_attention(q, k, v, mask.new_bias, scale), None

@@ -51,6 +51,7 @@ import torch
 from .config import GenerationConfig
 from .engine import TriForceEngine
 from .events import Committed, Finished, Prefilled
+from .kv import kv_dtype_name
 from .loading import DTYPES, default_model_names, sync_device
 from .resources import SAMPLE_DOCUMENT
 from .roofline import Limit, measure_limit
@@ -147,9 +148,10 @@ class Bench:
         self._prefixes: dict[str, tuple] = {}  # side -> (prompt, cache, seconds): one prefill per prompt
 
     @classmethod
-    def load(cls, target: str | None, draft: str | None, device: str = "auto", dtype: str = "auto") -> "Bench":
+    def load(cls, target: str | None, draft: str | None, device: str = "auto", dtype: str = "auto",
+             kv_dtype: str | None = None) -> "Bench":
         t, d = default_model_names(target, draft)
-        return cls(TriForceEngine.from_pretrained(t, d, device=device, dtype=dtype), t, d)
+        return cls(TriForceEngine.from_pretrained(t, d, device=device, dtype=dtype, kv_dtype=kv_dtype), t, d)
 
     # -- prompts ---------------------------------------------------------------------------
     def context_prompt(self, context_tokens: int | None, document_text: str | None = None) -> list[int]:
@@ -192,12 +194,14 @@ class Bench:
         return self._hf[which]
 
     def _prefix(self, side: str, prompt: list[int], config: GenerationConfig):
-        """The prefilled cache of `prompt` for "ours" or "hf", made once and reused (sweeps)."""
+        """The prefilled cache of `prompt` for "ours" (in `config`'s K/V dtype) or "hf", made once
+        and reused (sweeps)."""
         held = self._prefixes.get(side)
-        if held is None or held[0] != prompt:
+        kv = self.engine.kv_dtype_for(config) if side == "ours" else None
+        if held is None or held[0] != (prompt, kv):
             self._prefixes.pop(side, None)  # free the old cache first
             make = self._our_prefill if side == "ours" else self._hf_prefill
-            self._prefixes[side] = (list(prompt), *make(prompt, config))
+            self._prefixes[side] = ((list(prompt), kv), *make(prompt, config))
         return self._prefixes[side][1:]
 
     @torch.inference_mode()
@@ -352,11 +356,11 @@ class Bench:
             "max_new_tokens": max_new,
             "temperature": config.sampling.temperature,
             "repeats": repeats,
-            "settings": _settings(config),
+            "settings": {**_settings(config), "kv_dtype": kv_dtype_name(self.engine.kv_dtype_for(config))},
             "runs": runs,
         }
         if measure_bandwidth:
-            limit: Limit = measure_limit(self.engine.target, len(prompt))
+            limit: Limit = measure_limit(self.engine.target, len(prompt), self.engine.kv_dtype_for(config))
             report["limit"] = limit.as_dict()
             ar = next((run for run in runs if run["mode"] == "autoregressive"), None)
             if ar is not None and limit.tokens_per_s > 0:

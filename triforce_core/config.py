@@ -50,6 +50,17 @@ def default_kv_cache_folder() -> Path:
 
 SELECT_BY = ("queries", "attention")
 
+# What the caches may keep keys and values in (`CacheConfig.kv_dtype`). The model computes in its
+# own dtype; its new keys and values are rounded into the cache's when written, and every
+# attention path reads them back from there (widened to float32 on the CPU), so every level and
+# every path sees the same rounded K/V and greedy output stays equal to autoregressive decoding
+# with the same K/V dtype.
+KV_DTYPES = ("float32", "float16", "bfloat16")
+# The K/V dtype of a float32 model on the CPU when none is asked for (auto): float16, measured
+# faster than float32 and bfloat16 there (docs/benchmarks.md, "16-bit K/V"). Other models (CUDA,
+# 16-bit weights) keep K/V in their own dtype.
+DEFAULT_KV_DTYPE = "float16"
+
 
 class ConfigError(ValueError):
     """An invalid configuration value (the CLI reports it with exit code 2)."""
@@ -102,6 +113,11 @@ class CacheConfig:
                    on CPU for verifications of up to 64 query rows, without sliding windows;
                    otherwise the queries rank) or "queries" (the target's latest query against
                    each chunk's mean key)
+    kv_dtype       what every cache keeps keys and values in: "float32", "float16", "bfloat16", or
+                   None ("auto" is read as None): the engine's K/V dtype, by default
+                   DEFAULT_KV_DTYPE for a float32 model on the CPU and the model's own dtype
+                   elsewhere (`kv.resolve_kv_dtype`). Queries, outputs and the retrieval level's
+                   chunk means stay float32.
     """
 
     budget: int = 4096
@@ -116,8 +132,13 @@ class CacheConfig:
     # acceptance by the target 0.68 -> 0.78 alone and 0.57 -> 0.69 under the paper's three
     # levels (decode +4 % and +26 %); the default with lookup unchanged (128.5 against 128.7 tok/s).
     select_by: str = "attention"
+    kv_dtype: str | None = None
 
     def __post_init__(self) -> None:
+        if self.kv_dtype == "auto":
+            object.__setattr__(self, "kv_dtype", None)
+        _check(self.kv_dtype is None or self.kv_dtype in KV_DTYPES,
+               f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {self.kv_dtype!r}")
         _check(self.chunk_size >= 1, f"chunk_size must be >= 1, got {self.chunk_size}")
         _check(
             self.budget >= 3 * self.chunk_size,

@@ -16,9 +16,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 
-from .config import GenerationConfig, default_kv_cache_folder
+from .config import KV_DTYPES, GenerationConfig, default_kv_cache_folder
 from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
-from .kv import DiskCache, model_fingerprint
+from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
 from .loading import LoadedModel, check_pair, load_model, resolve_device, resolve_dtype
 from .model import DecoderModel
 from .speculation import Decoder, make_generator
@@ -44,7 +44,12 @@ class GenerationResult:
 
 
 class TriForceEngine:
-    """A target model, an optional small draft sharing its vocabulary, and the tokenizer."""
+    """A target model, an optional small draft sharing its vocabulary, and the tokenizer.
+
+    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the measured default, see
+    `kv.resolve_kv_dtype`): what the caches keep keys and values in when a generation's
+    `CacheConfig.kv_dtype` names none (the app's `--kv-dtype` sets it here, for every user).
+    """
 
     def __init__(
         self,
@@ -52,11 +57,17 @@ class TriForceEngine:
         draft: DecoderModel | None = None,
         tokenizer=None,
         eos_token_ids: Sequence[int] = (),
+        kv_dtype: str | None = None,
     ):
+        if kv_dtype == "auto":
+            kv_dtype = None
+        if kv_dtype is not None and kv_dtype not in KV_DTYPES:
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {kv_dtype!r}")
         self.target = target
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
+        self.kv_dtype = kv_dtype
         self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
 
     def use_disk_cache(self, folder: str | None = None, max_bytes: int | None = None) -> DiskCache:
@@ -68,9 +79,12 @@ class TriForceEngine:
 
     @classmethod
     def from_pretrained(
-        cls, target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto"
+        cls, target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto",
+        kv_dtype: str | None = None,
     ) -> "TriForceEngine":
         """Load from hub ids or local folders. Raises ModelLoadError for missing/incompatible models."""
+        if kv_dtype not in (None, "auto", *KV_DTYPES):  # before loading gigabytes
+            raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {kv_dtype!r}")
         dev = resolve_device(device)
         dt = resolve_dtype(dtype, dev)
         t: LoadedModel = load_model(target, dev, dt)
@@ -78,7 +92,7 @@ class TriForceEngine:
         if draft is not None:
             d = load_model(draft, dev, dt)
             check_pair(t, d)
-        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids)
+        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype)
 
     # -- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -114,11 +128,17 @@ class TriForceEngine:
         if spec.uses_draft_model and self.draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model (--draft)")
 
+    def kv_dtype_for(self, config: GenerationConfig):
+        """The torch dtype the target's cache keeps K/V in under `config` (the config's
+        kv_dtype, else this engine's, else the default for the target)."""
+        return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, self.target.dtype, self.target.device)
+
     def make_decoder(self, config: GenerationConfig, capacity: int, generator, **handover) -> Decoder:
-        """A decoder with caches for `capacity` tokens (`handover`: full_cache/history of an earlier one)."""
+        """A decoder with caches for `capacity` tokens (`handover`: full_cache/history of an earlier
+        one, not used when its K/V dtype is not this config's)."""
         detok = self.decode if self.tokenizer is not None else None
         return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok,
-                       disk=self.disk_cache, **handover)
+                       disk=self.disk_cache, kv_dtype=self.kv_dtype, **handover)
 
     @staticmethod
     def capacity_for(prompt_len: int, config: GenerationConfig) -> int:

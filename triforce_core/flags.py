@@ -1,10 +1,19 @@
-"""Command-line flags shared by `python app.py` and the `chat` and `serve` commands."""
+"""Command-line flags shared by `python app.py` and the `generate`, `chat` and `serve` commands."""
 
 from __future__ import annotations
 
 import argparse
 
-from .config import GB, KV_CACHE_MAX_GB, default_kv_cache_folder
+from .config import DEFAULT_KV_DTYPE, GB, KV_CACHE_MAX_GB, KV_DTYPES, default_kv_cache_folder
+
+
+def add_kv_dtype_arg(parser) -> None:
+    """--kv-dtype (a parser or an argument group)."""
+    parser.add_argument(
+        "--kv-dtype", choices=[*KV_DTYPES, "auto"], default=None,
+        help=f"what the caches keep keys and values in (default auto: {DEFAULT_KV_DTYPE} for a float32 model on "
+        "the CPU, the measured fastest there, else the model's dtype); attention computes in float32 either way "
+        "and greedy output equals autoregressive decoding with the same K/V dtype")
 
 
 def add_kv_cache_args(parser) -> None:

@@ -13,6 +13,10 @@ flags and the processor; without a compiler, or with `TRIFORCE_NATIVE_ATTENTION=
 is None and the model keeps PyTorch's path. The results equal PyTorch's to float32 rounding
 (tests/test_native_attention.py): the order of the sums differs, as it does between PyTorch's
 own kernels.
+
+Keys and values may be float32, float16 or bfloat16 (`CacheConfig.kv_dtype`); 16-bit ones are
+widened to float32 in registers as they are loaded, so a call over 16-bit K/V equals, bit for
+bit, the same call over those K/V widened to float32, and reads half the bytes.
 """
 
 from __future__ import annotations
@@ -25,6 +29,8 @@ import torch
 from .native_build import CSRC, FLAGS, Loader
 
 SOURCE = CSRC / "few_rows.c"
+# What the keys and values may be stored as: the kernel's `kind` code for each.
+KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
 BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 # One row, 4 heads of 64, K/V not in cache: at 1,024 keys 0.15 against PyTorch's 0.21 ms, at
 # 256 keys even (0.08 ms); the draft's small window keeps PyTorch's path.
@@ -46,23 +52,25 @@ class Kernel:
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
-        lib.attention.argtypes = [P, P, P, I64, I, I, I, I64, P, I, I, P, P, P, I, P, P]
+        lib.attention.argtypes = [P, P, P, I64, I, I, I, I, I64, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
         self.lib = lib
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None, scale: float,
                   chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """q: [H, R, D]; k/v: [H, T, D] float32 (token rows contiguous, any head stride);
+        """q: [H, R, D] float32; k/v: [H, T, D] float32, float16 or bfloat16, both alike (token
+        rows contiguous, any head stride);
         limits: [R] int64, row r attends to keys t < limits[r] (each >= 1); None: every key.
 
         Returns the output [H, R, D] and, when `chunk` > 0, the attention probability of every
         whole chunk of `chunk` keys, [H, R, T // chunk]."""
         H, R, D = q.shape
         T = k.shape[1]
-        if not (k.dtype == v.dtype == q.dtype == torch.float32 and k.stride(2) == 1 and k.stride(1) == D
-                and v.stride(2) == 1 and v.stride(1) == D and k.stride(0) == v.stride(0)):
-            raise ValueError("few-row attention needs float32 keys and values with contiguous token rows")
+        if not (q.dtype == torch.float32 and k.dtype == v.dtype and k.dtype in KINDS and k.stride(2) == 1
+                and k.stride(1) == D and v.stride(2) == 1 and v.stride(1) == D and k.stride(0) == v.stride(0)):
+            raise ValueError("few-row attention needs float32 queries, and keys and values of one dtype (float32, "
+                             "float16 or bfloat16) with contiguous token rows")
         block = BLOCK if chunk <= 0 else -(-BLOCK // chunk) * chunk
         nb = -(-T // block)
         q = (q * scale).contiguous()
@@ -76,7 +84,7 @@ class Kernel:
         # one thread for small work: waking the others costs more than the work
         threads = (self.threads or torch.get_num_threads()) if H * R * T >= SMALL_WORK else 1
         failed = self.lib.attention(
-            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), H, R, D, T,
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), KINDS[k.dtype], H, R, D, T,
             limits.data_ptr() if limits is not None else None, block,
             min(threads, H * nb), out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
             chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())

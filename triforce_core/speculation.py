@@ -40,7 +40,7 @@ import torch
 from .config import GenerationConfig
 from .detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled, PrefillProgress
-from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache
+from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache, resolve_kv_dtype
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
 from .loading import sync_device
@@ -69,10 +69,14 @@ class Decoder:
         full_cache: FullCache | None = None,
         history: list[int] | None = None,
         disk: DiskCache | None = None,
+        kv_dtype: str | None = None,
     ):
         """`full_cache` + `history` hand over a target cache from an earlier decoder (a chat
-        session whose settings changed): `history[:full_cache.length]` are the tokens it holds.
-        `disk`: where prefilled blocks of the target's cache are read from and kept."""
+        session whose settings changed): `history[:full_cache.length]` are the tokens it holds;
+        one of another K/V dtype is not used (its K/V are not what this dtype computes).
+        `disk`: where prefilled blocks of the target's cache are read from and kept.
+        `kv_dtype`: the caches' K/V dtype when the config names none (`CacheConfig.kv_dtype`;
+        None: `kv.resolve_kv_dtype`'s default for each model)."""
         spec, cc = config.speculation, config.cache
         if spec.uses_draft_model and draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model")
@@ -84,8 +88,12 @@ class Decoder:
         ts = target.spec
         vocab = target.vocab_size
         margin = self.margin = spec.cache_margin
+        kv_name = cc.kv_dtype or kv_dtype
+        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device)
+        if full_cache is not None and full_cache.k.dtype != self.kv_dtype:
+            full_cache, history = None, None
         if full_cache is None:
-            full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, target.dtype, target.device)
+            full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, self.kv_dtype, target.device)
         else:
             full = full_cache
             full.grow(capacity)
@@ -105,7 +113,7 @@ class Decoder:
             ds = draft.spec
             scache = StreamingCache(
                 ds.num_layers, ds.num_kv_heads, ds.head_dim, cc.draft_sinks, cc.draft_window, margin,
-                draft.rotary, draft.dtype, draft.device,
+                draft.rotary, resolve_kv_dtype(kv_name, draft.dtype, draft.device), draft.device,
             )
             self.small = StreamingLane(draft, scache, vocab)
         sampling = config.sampling
@@ -192,7 +200,7 @@ class Decoder:
         cache = lane.cache
         if need > cache.capacity:
             cache.grow(need)
-        blocks = self.disk.blocks(body, chunk) if self.disk is not None else []
+        blocks = self.disk.blocks(body, chunk, cache.k.dtype) if self.disk is not None else []
         disk_tokens = 0
         if blocks:
             reuse, disk_tokens = self._read_disk(blocks, reuse, len(body))

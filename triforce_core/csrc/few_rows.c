@@ -12,6 +12,11 @@
  * of rows where the machine has them, plain C elsewhere. A row's result is the same bit for bit
  * whatever the number of rows in the call (each sum is formed in one fixed order), so a
  * verification row equals the decoding step it replaces.
+ *
+ * Keys and values are float32, float16 or bfloat16 (`kind`); 16-bit ones are widened to float32
+ * as they are loaded (F16C's vcvtph2ps for float16, a 16-bit shift for bfloat16; both exact) and
+ * everything after runs in float32 as for float32 K/V: the result equals, bit for bit, this
+ * kernel's over the widened K/V, and half the bytes are read.
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +28,47 @@
 #include <immintrin.h>
 #define HAVE_AVX2 1
 #endif
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+/* What the keys and values are stored as (`kind`). */
+enum { KV_F32 = 0, KV_F16 = 1, KV_BF16 = 2 };
+#define INLINE static inline __attribute__((always_inline))
+
+static inline int kv_size(int kind) { return kind == KV_F32 ? 4 : 2; }
+
+/* IEEE half -> float, exactly (every half is a float): normal, subnormal, zero, inf, NaN. */
+static inline float half_to_float(uint16_t h) {
+    union { uint32_t i; float f; } u;
+    uint32_t sign = (uint32_t)(h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    if (e == 0x1fu) {
+        u.i = sign | 0x7f800000u | (m << 13);
+    } else if (e != 0) {
+        u.i = sign | ((e + 112u) << 23) | (m << 13);
+    } else {  /* zero or subnormal: m * 2^-24, exact in float */
+        u.f = (float)m * 5.9604644775390625e-8f;
+        u.i |= sign;
+    }
+    return u.f;
+}
+
+/* Element i of K or V as float32. */
+INLINE float load1(const void *p, int64_t i, const int kind) {
+    if (kind == KV_F16) {
+#ifdef __F16C__
+        return _cvtsh_ss(((const uint16_t *)p)[i]);
+#else
+        return half_to_float(((const uint16_t *)p)[i]);
+#endif
+    }
+    if (kind == KV_BF16) {
+        union { uint32_t i; float f; } u;
+        u.i = (uint32_t)((const uint16_t *)p)[i] << 16;
+        return u.f;
+    }
+    return ((const float *)p)[i];
+}
 
 #define LANES 8
 /* With several rows, a block is worked through in pieces of SUB_BYTES of keys (64 keys of 64
@@ -110,13 +156,13 @@ static float exponentiate(float *s, int n, float m) {
     return l;
 }
 
-static inline float dot(const float *a, const float *b, int D) {
+INLINE float dot(const float *a, const void *b, int64_t b0, int D, const int kind) {
     float acc[LANES] = {0};
     int d = 0;
     for (; d + LANES <= D; d += LANES)
-        for (int j = 0; j < LANES; j++) acc[j] += a[d + j] * b[d + j];
+        for (int j = 0; j < LANES; j++) acc[j] += a[d + j] * load1(b, b0 + d + j, kind);
     float s = 0.0f;
-    for (; d < D; d++) s += a[d] * b[d];
+    for (; d < D; d++) s += a[d] * load1(b, b0 + d, kind);
     for (int j = 0; j < LANES; j++) s += acc[j];
     return s;
 }
@@ -143,30 +189,46 @@ static inline void prefetch(Prefetch *pf) {
 #else
 #define ROW_GROUP 2
 #endif
-#define INLINE static inline __attribute__((always_inline))
 
 /* Per row, s[t] = q . k[t]; q: rows D apart, s: rows `ss` apart. Without the vector path, one row at a time. */
-static void scores_scalar(const float *q, const float *k, int n, int D, float *s, int64_t ss, int rows) {
+INLINE void scores_scalar(const float *q, const void *k, int n, int D, float *s, int64_t ss, int rows, const int kind) {
     for (int r = 0; r < rows; r++)
-        for (int t = 0; t < n; t++) s[r * ss + t] = dot(q + (int64_t)r * D, k + (int64_t)t * D, D);
+        for (int t = 0; t < n; t++) s[r * ss + t] = dot(q + (int64_t)r * D, k, (int64_t)t * D, D, kind);
 }
 
 /* Per row, o[d] = sum_t w[t] v[t][d] over n values (with `more`, added to what o holds), each
  * o[d] one running sum in t order. */
-static void weighted_scalar(const float *w, int64_t ws, const float *v, int n, int D, float *o, int more, int rows) {
+INLINE void weighted_scalar(const float *w, int64_t ws, const void *v, int n, int D, float *o, int more, int rows,
+                            const int kind) {
     for (int r = 0; r < rows; r++) {
         float *orow = o + (int64_t)r * D;
         if (!more)
             for (int d = 0; d < D; d++) orow[d] = 0.0f;
         for (int t = 0; t < n; t++) {
-            const float *vt = v + (int64_t)t * D;
             float wt = w[r * ws + t];
-            for (int d = 0; d < D; d++) orow[d] += wt * vt[d];
+            for (int d = 0; d < D; d++) orow[d] += wt * load1(v, (int64_t)t * D + d, kind);
         }
     }
 }
 
 #ifdef HAVE_AVX2
+/* Eight elements of K or V from element i, as float32. */
+INLINE __m256 load8(const void *p, int64_t i, const int kind) {
+    if (kind == KV_F16) {
+#ifdef __F16C__
+        return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i)));
+#else
+        float x[8];
+        for (int j = 0; j < 8; j++) x[j] = half_to_float(((const uint16_t *)p)[i + j]);
+        return _mm256_loadu_ps(x);
+#endif
+    }
+    if (kind == KV_BF16)
+        return _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)p + i))), 16));
+    return _mm256_loadu_ps((const float *)p + i);
+}
+
 /* The lane sums of four vectors, each by the same tree ((l0+l1)+(l2+l3))+((l4+l5)+(l6+l7)). */
 INLINE __m128 lane_sums(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
     __m256 h = _mm256_hadd_ps(_mm256_hadd_ps(a0, a1), _mm256_hadd_ps(a2, a3));
@@ -178,11 +240,12 @@ INLINE __m128 lane_sums(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
  * over d, then the lane tree, whatever rb: a row's scores are equal bit for bit however many
  * rows share its call. (Eight keys at a time gave one row more independent chains but ran
  * 25 % slower over a cache in memory, the hardware prefetcher following eight lines at once.) */
-INLINE void scores_group(const float *q, const float *k, int n, int D, float *s, int64_t ss, const int rb, Prefetch *pf) {
+INLINE void scores_group(const float *q, const void *k, int n, int D, float *s, int64_t ss, const int rb, Prefetch *pf,
+                         const int kind) {
     const int kb = 4;
     for (int t = 0; t < n; t += kb) {
         const int m = n - t < kb ? n - t : kb;  /* keys present; absent ones are zero vectors */
-        const float *k0 = k + (int64_t)t * D;
+        const int64_t k0 = (int64_t)t * D;
         prefetch(pf);
         __m256 acc[ROW_GROUP][4];
 #pragma GCC unroll 8
@@ -193,7 +256,7 @@ INLINE void scores_group(const float *q, const float *k, int n, int D, float *s,
             __m256 kv[4];
 #pragma GCC unroll 8
             for (int j = 0; j < kb; j++)
-                kv[j] = m == kb || j < m ? _mm256_loadu_ps(k0 + (int64_t)j * D + i) : _mm256_setzero_ps();
+                kv[j] = m == kb || j < m ? load8(k, k0 + (int64_t)j * D + i, kind) : _mm256_setzero_ps();
 #pragma GCC unroll 8
             for (int r = 0; r < rb; r++) {
                 __m256 qv = _mm256_loadu_ps(q + (int64_t)r * D + i);
@@ -219,8 +282,8 @@ INLINE void scores_group(const float *q, const float *k, int n, int D, float *s,
 /* The weighted sums of `rb` rows over n values (D % (8 dv) == 0; rb and dv compile-time
  * constants at each call): d in pieces of dv vectors, each value vector loaded once for all
  * rows; every o[d] one running sum in t order, as in weighted_scalar, whatever rb and dv. */
-INLINE void weighted_group(const float *w, int64_t ws, const float *v, int n, int D, float *o, int more, const int rb,
-                           const int dv, Prefetch *pf) {
+INLINE void weighted_group(const float *w, int64_t ws, const void *v, int n, int D, float *o, int more, const int rb,
+                           const int dv, Prefetch *pf, const int kind) {
     for (int d0 = 0; d0 < D; d0 += 8 * dv) {
         __m256 acc[ROW_GROUP][8];
 #pragma GCC unroll 8
@@ -230,10 +293,10 @@ INLINE void weighted_group(const float *w, int64_t ws, const float *v, int n, in
                 acc[r][j] = more ? _mm256_loadu_ps(o + (int64_t)r * D + d0 + 8 * j) : _mm256_setzero_ps();
         for (int t = 0; t < n; t++) {
             if (d0 == 0 && (t & 3) == 0) prefetch(pf);
-            const float *vt = v + (int64_t)t * D + d0;
+            const int64_t vt = (int64_t)t * D + d0;
             __m256 vv[8];
 #pragma GCC unroll 8
-            for (int j = 0; j < dv; j++) vv[j] = _mm256_loadu_ps(vt + 8 * j);
+            for (int j = 0; j < dv; j++) vv[j] = load8(v, vt + 8 * j, kind);
 #pragma GCC unroll 8
             for (int r = 0; r < rb; r++) {
                 __m256 wt = _mm256_broadcast_ss(w + r * ws + t);
@@ -250,77 +313,106 @@ INLINE void weighted_group(const float *w, int64_t ws, const float *v, int n, in
 #endif
 
 /* `rows` (<= ROW_GROUP) rows' scores and weighted sums, dispatched to the group of that size. */
-static void scores_rows(const float *q, const float *k, int n, int D, float *s, int64_t ss, int rows, Prefetch *pf) {
+INLINE void scores_rows(const float *q, const void *k, int n, int D, float *s, int64_t ss, int rows, Prefetch *pf,
+                        const int kind) {
 #ifdef HAVE_AVX2
     if (D % 8 == 0) {
         switch (rows) {
-        case 1: scores_group(q, k, n, D, s, ss, 1, pf); return;
-        case 2: scores_group(q, k, n, D, s, ss, 2, pf); return;
+        case 1: scores_group(q, k, n, D, s, ss, 1, pf, kind); return;
+        case 2: scores_group(q, k, n, D, s, ss, 2, pf, kind); return;
 #if ROW_GROUP >= 4
-        case 3: scores_group(q, k, n, D, s, ss, 3, pf); return;
-        case 4: scores_group(q, k, n, D, s, ss, 4, pf); return;
+        case 3: scores_group(q, k, n, D, s, ss, 3, pf, kind); return;
+        case 4: scores_group(q, k, n, D, s, ss, 4, pf, kind); return;
 #endif
         }
     }
 #endif
     (void)pf;
-    scores_scalar(q, k, n, D, s, ss, rows);
+    scores_scalar(q, k, n, D, s, ss, rows, kind);
 }
 
-static void weighted_rows(const float *w, int64_t ws, const float *v, int n, int D, float *o, int more, int rows,
-                          Prefetch *pf) {
+INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int D, float *o, int more, int rows,
+                          Prefetch *pf, const int kind) {
 #ifdef HAVE_AVX2
     if (D % 32 == 0) {
         switch (rows) {
         case 1:  /* one row: eight chains of multiply-adds where D allows, to keep both units busy */
-            if (D % 64 == 0) weighted_group(w, ws, v, n, D, o, more, 1, 8, pf);
-            else weighted_group(w, ws, v, n, D, o, more, 1, 4, pf);
+            if (D % 64 == 0) weighted_group(w, ws, v, n, D, o, more, 1, 8, pf, kind);
+            else weighted_group(w, ws, v, n, D, o, more, 1, 4, pf, kind);
             return;
-        case 2: weighted_group(w, ws, v, n, D, o, more, 2, 4, pf); return;
+        case 2: weighted_group(w, ws, v, n, D, o, more, 2, 4, pf, kind); return;
 #if ROW_GROUP >= 4
-        case 3: weighted_group(w, ws, v, n, D, o, more, 3, 4, pf); return;
-        case 4: weighted_group(w, ws, v, n, D, o, more, 4, 4, pf); return;
+        case 3: weighted_group(w, ws, v, n, D, o, more, 3, 4, pf, kind); return;
+        case 4: weighted_group(w, ws, v, n, D, o, more, 4, 4, pf, kind); return;
 #endif
         }
     }
 #endif
     (void)pf;
-    weighted_scalar(w, ws, v, n, D, o, more, rows);
+    weighted_scalar(w, ws, v, n, D, o, more, rows, kind);
 }
 
-/* q: [H, R, D] pre-scaled; k, v: head h at k + h * head_stride, token t at + t * D;
+/* dst[i] = src[i] as float32 for i < n (n % 8 == 0 on the vector path, as D % 8 == 0 there). */
+INLINE void widen_piece(const void *src, int64_t n, float *dst, const int kind) {
+    int64_t i = 0;
+#ifdef HAVE_AVX2
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src, i, kind));
+#endif
+    for (; i < n; i++) dst[i] = load1(src, i, kind);
+}
+
+/* q: [H, R, D] pre-scaled; k, v (`kind`): head h at element h * head_stride, token t at + t * D;
  * limit[r]: row r sees keys t < limit[r] (limit NULL: every key). Blocks of `block` keys, nb = ceil(T / block).
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
  * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
  * block over each whole chunk of keys the row sees (zero past what it sees). */
-static int blocks(const float *q, const float *k, const float *v, int64_t head_stride,
+INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_stride,
                   int H, int R, int D, int64_t T, const int64_t *limit, int block,
                   int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
-                  int chunk, float *chunk_sum) {
+                  int chunk, float *chunk_sum, const int kind) {
     int64_t nb = (T + block - 1) / block;
     float *s = malloc(sizeof(float) * (size_t)R * (size_t)block);
     if (!s) return -1;
     int64_t n_chunks = chunk > 0 ? T / chunk : 0;
+    const int64_t es = kv_size(kind);
     int sub = R == 1 ? block : SUB_BYTES / (4 * D) / 4 * 4;
     sub = sub < 4 ? 4 : sub;
+    /* 16-bit K/V under several groups of rows: each piece is widened once into `wide` (float32,
+       in the level-1 cache beside its source) and every group reads it there, where each group
+       would otherwise widen every vector again (7 rows over 64K keys: CHECK against CHECK ms a
+       layer). The groups then run the float32 code on the same values: results equal bit for bit. */
+    const int widen = kind != KV_F32 && R > ROW_GROUP;
+    float *wide = widen ? malloc(sizeof(float) * (size_t)sub * (size_t)D) : NULL;
+    if (widen && !wide) {
+        free(s);
+        return -1;
+    }
     for (int64_t job = job_begin; job < job_end; job++) {
         int64_t h = job / nb, b = job % nb;
         int64_t t0 = b * block;
         int n = (int)((T - t0) < block ? (T - t0) : block);
-        const float *kh = k + h * head_stride + t0 * D, *vh = v + h * head_stride + t0 * D;
+        const char *kh = (const char *)k + (h * head_stride + t0 * D) * es;
+        const char *vh = (const char *)v + (h * head_stride + t0 * D) * es;
         const float *qh = q + h * (int64_t)R * D;
         /* 1. scores, one piece of `sub` keys at a time for every group of rows (the piece stays
            in the level-1 cache while the groups read it, the block in level 2); the next
            block is prefetched, spread over the groups' passes (not for one row: a single
            pass streams, and not past the head's last block) */
         int last = b + 1 == nb, groups = (R + ROW_GROUP - 1) / ROW_GROUP;
-        int64_t bytes = (int64_t)block * D * 4;
+        int64_t bytes = (int64_t)block * D * es;
         int64_t step = R > 1 ? (bytes / ((int64_t)groups * (n / 4 + 1)) + 63) / 64 * 64 : 0;
-        Prefetch pk = {(const char *)(kh + (int64_t)n * D), (const char *)(kh + (int64_t)n * D) + (last ? 0 : bytes), step};
-        for (int u = 0; u < n; u += sub)
-            for (int r = 0; r < R; r += ROW_GROUP)
-                scores_rows(qh + (int64_t)r * D, kh + (int64_t)u * D, n - u < sub ? n - u : sub, D,
-                            s + (int64_t)r * block + u, block, R - r < ROW_GROUP ? R - r : ROW_GROUP, &pk);
+        Prefetch pk = {kh + (int64_t)n * D * es, kh + (int64_t)n * D * es + (last ? 0 : bytes), step};
+        for (int u = 0; u < n; u += sub) {
+            int m = n - u < sub ? n - u : sub;
+            const char *piece = kh + (int64_t)u * D * es;
+            if (widen) widen_piece(piece, (int64_t)m * D, wide, kind);
+            for (int r = 0; r < R; r += ROW_GROUP) {
+                float *sr = s + (int64_t)r * block + u;
+                int rows = R - r < ROW_GROUP ? R - r : ROW_GROUP;
+                if (widen) scores_rows(qh + (int64_t)r * D, wide, m, D, sr, block, rows, &pk, KV_F32);
+                else scores_rows(qh + (int64_t)r * D, piece, m, D, sr, block, rows, &pk, kind);
+            }
+        }
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
@@ -344,15 +436,42 @@ static int blocks(const float *q, const float *k, const float *v, int64_t head_s
         }
         /* 3. the block's partial output, piece by piece as the scores (each row's running sum
            is stored between pieces and taken up again in the same order) */
-        Prefetch pv = {(const char *)(vh + (int64_t)n * D), (const char *)(vh + (int64_t)n * D) + (last ? 0 : bytes), step};
-        for (int u = 0; u < n; u += sub)
-            for (int r = 0; r < R; r += ROW_GROUP)
-                weighted_rows(s + (int64_t)r * block + u, block, vh + (int64_t)u * D, n - u < sub ? n - u : sub, D,
-                              o + (int64_t)r * D, u > 0, R - r < ROW_GROUP ? R - r : ROW_GROUP, &pv);
+        Prefetch pv = {vh + (int64_t)n * D * es, vh + (int64_t)n * D * es + (last ? 0 : bytes), step};
+        for (int u = 0; u < n; u += sub) {
+            int m = n - u < sub ? n - u : sub;
+            const char *piece = vh + (int64_t)u * D * es;
+            if (widen) widen_piece(piece, (int64_t)m * D, wide, kind);
+            for (int r = 0; r < R; r += ROW_GROUP) {
+                const float *wr = s + (int64_t)r * block + u;
+                int rows = R - r < ROW_GROUP ? R - r : ROW_GROUP;
+                if (widen) weighted_rows(wr, block, wide, m, D, o + (int64_t)r * D, u > 0, rows, &pv, KV_F32);
+                else weighted_rows(wr, block, piece, m, D, o + (int64_t)r * D, u > 0, rows, &pv, kind);
+            }
+        }
     }
+    free(wide);
     free(s);
     return 0;
 }
+
+/* `blocks` compiled once per kind of K/V, each with its loads fixed. */
+static int blocks_f32(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+                      const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
+                      int chunk, float *cs) {
+    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F32);
+}
+static int blocks_f16(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+                      const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
+                      int chunk, float *cs) {
+    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
+}
+static int blocks_bf16(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+                       const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
+                       int chunk, float *cs) {
+    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
+}
+typedef int (*BlocksFn)(const float *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
+                        int, int64_t, int64_t, float *, float *, float *, int, float *);
 
 /* Combine the blocks: result [H, R, D]; m_out is overwritten with each block's weight
  * exp(m_b - max_b m_b) / sum_b l_b exp(m_b - max_b m_b), the factor that turns its
@@ -395,22 +514,25 @@ static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_ou
 /* The whole attention: the jobs split evenly over `threads` threads of the OpenMP runtime (in
  * a process that has loaded PyTorch, its runtime: the same threads that run its operators, so
  * they neither wait for each other nor compete for the cores), then the merge. Arguments as
- * for `blocks` and `merge`; returns non-zero when a scratch buffer could not be allocated. */
-int attention(const float *q, const float *k, const float *v, int64_t head_stride,
+ * for `blocks` and `merge`, `kind` what k and v hold (KV_F32, KV_F16, KV_BF16); returns -1 when
+ * a scratch buffer could not be allocated, -2 for an unknown kind. */
+int attention(const float *q, const void *k, const void *v, int64_t head_stride, int kind,
               int H, int R, int D, int64_t T, const int64_t *limit, int block, int threads,
               float *out, float *m_out, float *l_out, int chunk, float *chunk_sum, float *result) {
     int64_t nb = (T + block - 1) / block, jobs = H * nb;
+    BlocksFn blocks_of = kind == KV_F16 ? blocks_f16 : kind == KV_BF16 ? blocks_bf16 : blocks_f32;
+    if (kind != KV_F32 && kind != KV_F16 && kind != KV_BF16) return -2;
     int failed = 0;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-        failed |= blocks(q, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
-                         out, m_out, l_out, chunk, chunk_sum);
+        failed |= blocks_of(q, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
+                            out, m_out, l_out, chunk, chunk_sum);
     }
 #else
     (void)threads;
-    failed = blocks(q, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
+    failed = blocks_of(q, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
 #endif
     if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
     return failed;

@@ -3,11 +3,42 @@
 All layers live in two tensors, k and v, of shape [L, Hkv, capacity, D]. Writing a token is an
 indexed copy; rolling back after a rejected speculation is setting `length`. Nothing here ever
 grows a tensor with `torch.cat`.
+
+The tensors' dtype is the cache's K/V dtype (`CacheConfig.kv_dtype`, see `resolve_kv_dtype`),
+which may be narrower than the model's: `view` rounds the new keys and values into it as it
+writes them (round to nearest even), and returns them from the cache, so the forward that wrote
+them attends to the same rounded values as every later one.
 """
 
 from __future__ import annotations
 
 import torch
+
+from ..config import DEFAULT_KV_DTYPE, KV_DTYPES
+
+_TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
+
+
+def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+    """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"), or for None /
+    "auto" `config.DEFAULT_KV_DTYPE` when the model computes in float32 on the CPU with the
+    native few-row attention kernel (where it was measured; PyTorch's few-row path would widen
+    the whole cache at every step), else the model's own dtype."""
+    if name is None or name == "auto":
+        if torch.device(device).type == "cpu" and model_dtype == torch.float32:
+            from .. import native_attention  # builds the kernel at the first call, as the first forward would
+
+            if native_attention.kernel() is not None:
+                return _TORCH_DTYPES[DEFAULT_KV_DTYPE]
+        return model_dtype
+    if name not in _TORCH_DTYPES:
+        raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {name!r}")
+    return _TORCH_DTYPES[name]
+
+
+def kv_dtype_name(dtype: torch.dtype) -> str:
+    """float16 for torch.float16, and so on."""
+    return str(dtype).removeprefix("torch.")
 
 
 class CacheFullError(RuntimeError):

@@ -61,8 +61,10 @@ class StreamingCache(KVStore):
         if not force and self.length <= self.sinks + self.window + self.slack:
             return
         shift = keep_from - self.sinks
-        cos, sin = self.rotary.cos_sin(torch.tensor([-shift], device=self.k.device), self.k.dtype, scaled=False)
-        moved = apply_rotary(self.k[:, :, keep_from : self.length].clone(), cos, sin)
+        # In float32 whatever the K/V dtype, rounded back into it when written: a 16-bit cache
+        # loses one rounding per compaction, not the rotation's whole arithmetic.
+        cos, sin = self.rotary.cos_sin(torch.tensor([-shift], device=self.k.device), torch.float32, scaled=False)
+        moved = apply_rotary(self.k[:, :, keep_from : self.length].float(), cos, sin)
         self.k[:, :, self.sinks : self.sinks + self.window] = moved
         self.v[:, :, self.sinks : self.sinks + self.window] = self.v[:, :, keep_from : self.length].clone()
         self.length = self.sinks + self.window
