@@ -27,8 +27,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
         "endpoint, no file access beyond uploads.",
     )
-    p.add_argument("--target", help="hub id or local folder (default: the embedded demo target)")
-    p.add_argument("--draft", help="small draft sharing the target's vocabulary (default: the embedded demo draft)")
+    p.add_argument("--target", help="hub id, local folder, a .gguf file, or smollm2 (default: the embedded demo target)")
+    p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the embedded demo draft)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")

@@ -31,11 +31,15 @@ class _Parser(argparse.ArgumentParser):
 
 def _add_model_args(g) -> None:
     models = g.add_argument_group("models")
-    models.add_argument("--target", help="target: hub id or local folder (default: the embedded demo target)")
+    models.add_argument(
+        "--target",
+        help="target: hub id, local folder, a .gguf file (weights kept quantized), or smollm2 (SmolLM2-135M-Instruct, "
+        "installed by make; default: the embedded demo target)",
+    )
     models.add_argument(
         "--draft",
-        help="small draft sharing the target's vocabulary (default: the embedded demo draft when --target "
-        "is not given, else none)",
+        help="small draft sharing the target's vocabulary, in the same forms as --target (default: the embedded demo "
+        "draft when --target is not given, else none)",
     )
     models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
     models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")

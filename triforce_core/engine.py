@@ -82,7 +82,7 @@ class TriForceEngine:
         cls, target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto",
         kv_dtype: str | None = None,
     ) -> "TriForceEngine":
-        """Load from hub ids or local folders. Raises ModelLoadError for missing/incompatible models."""
+        """Load from hub ids, local folders or GGUF files. Raises ModelLoadError for missing/incompatible models."""
         if kv_dtype not in (None, "auto", *KV_DTYPES):  # before loading gigabytes
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {kv_dtype!r}")
         dev = resolve_device(device)

@@ -52,7 +52,7 @@ def default_model_names(target: str | None, draft: str | None) -> tuple[str, str
     if not DEMO_TARGET.is_dir():
         raise ModelLoadError(
             "no target model given and the embedded demo model is not installed (assets/models/target); "
-            "pass --target HUB_ID_OR_FOLDER"
+            "pass --target HUB_ID_FOLDER_OR_GGUF"
         )
     if draft is None and DEMO_DRAFT.is_dir():
         draft = str(DEMO_DRAFT)
