@@ -31,7 +31,7 @@ struct part {
     int32_t rows; /* outputs */
 };
 
-#define LANES 32 /* inputs a step of the sums covers: four 8-float vectors */
+#define LANES 16 /* inputs a step of the sums covers: two 8-float vectors */
 #define OUT_JOB 16 /* outputs a thread's job computes */
 
 static inline float half_to_float(uint16_t h) {
@@ -239,18 +239,17 @@ static inline float lanes_sum8(__m256 v) {
     return _mm_cvtss_f32(b);
 }
 
-/* y[s] = sum_k w[k] x[s][k] for the g rows x[0..g), K a multiple of LANES. */
+/* y[s] = sum_k w[k] x[s][k] for the g rows x[0..g), K a multiple of LANES: accumulator 0 takes
+ * the inputs k = 0..7 (mod 16), accumulator 1 the inputs 8..15, each in increasing k. */
 static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
-    for (int s = 0; s < g; s++) { /* 16 registers: the rows one after the other */
+    for (int s = 0; s < g; s++) {
         const float *xs = x + s * ldx;
-        __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+        __m256 a0 = _mm256_setzero_ps(), a1 = a0;
         for (int k = 0; k < K; k += LANES) {
             a0 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k), _mm256_loadu_ps(xs + k), a0);
             a1 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 8), _mm256_loadu_ps(xs + k + 8), a1);
-            a2 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 16), _mm256_loadu_ps(xs + k + 16), a2);
-            a3 = _mm256_fmadd_ps(_mm256_loadu_ps(w + k + 24), _mm256_loadu_ps(xs + k + 24), a3);
         }
-        y[s * ldy] = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3)));
+        y[s * ldy] = lanes_sum8(_mm256_add_ps(a0, a1));
     }
 }
 
@@ -275,30 +274,32 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
     }
 }
 
-#define FUSED_ROWS 2 /* 16 registers: 4 of weights and 4 accumulators a row */
+#define FUSED_ROWS 4 /* 16 registers: 4 of weights and 2 accumulators a row */
 
 /* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
  * are dot_rows' own, FMA for FMA. */
 static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
-    __m256 a[FUSED_ROWS][4];
-    for (int s = 0; s < G; s++)
-        for (int i = 0; i < 4; i++) a[s][i] = _mm256_setzero_ps();
-    for (int k = 0; k < K; k += LANES, row += bb) {
+    __m256 a[FUSED_ROWS][2];
+    for (int s = 0; s < G; s++) a[s][0] = a[s][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 2 * LANES, row += bb) {
         __m256 w[4];
         block32(type, row, w);
-        for (int s = 0; s < G; s++)
-            for (int i = 0; i < 4; i++) a[s][i] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + s * ldx + k + 8 * i), a[s][i]);
+        for (int i = 0; i < 4; i++)
+            for (int s = 0; s < G; s++) a[s][i & 1] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + s * ldx + k + 8 * i), a[s][i & 1]);
     }
-    for (int s = 0; s < G; s++)
-        y[s * ldy] = lanes_sum8(_mm256_add_ps(_mm256_add_ps(a[s][0], a[s][1]), _mm256_add_ps(a[s][2], a[s][3])));
+    for (int s = 0; s < G; s++) y[s * ldy] = lanes_sum8(_mm256_add_ps(a[s][0], a[s][1]));
 }
 
-#define FUSED_GROUPS(T)                                                                       \
-    for (int s = 0; s < S; s += FUSED_ROWS)                                                   \
-        if (S - s >= 2) fused_rows_g(T, row, x + s * ldx, ldx, 2, K, y + s * ldy, ldy);       \
-        else fused_rows_g(T, row, x + s * ldx, ldx, 1, K, y + s * ldy, ldy);                  \
+#define FUSED_GROUPS(T)                                                                     \
+    for (int s = 0; s < S; s += FUSED_ROWS)                                                 \
+        switch (S - s) {                                                                    \
+        case 1: fused_rows_g(T, row, x + s * ldx, ldx, 1, K, y + s * ldy, ldy); break;      \
+        case 2: fused_rows_g(T, row, x + s * ldx, ldx, 2, K, y + s * ldy, ldy); break;      \
+        case 3: fused_rows_g(T, row, x + s * ldx, ldx, 3, K, y + s * ldy, ldy); break;      \
+        default: fused_rows_g(T, row, x + s * ldx, ldx, 4, K, y + s * ldy, ldy); break;     \
+        }                                                                                   \
     return 1;
 
 /* All S rows against one weight row read in place: 1 when the type has this path, else 0. */
