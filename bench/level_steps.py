@@ -43,7 +43,9 @@ def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
     """A decoder of the paper's three levels whose target cache holds `tokens` random K/V (drawn
     in float32, rounded into `kv_dtype`; None: the engine's default)."""
     engine = bench.engine
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **PAPER_METHOD),
+    # Without a small draft (a GGUF target has none yet) the retrieval level drafts on its own.
+    method = dict(PAPER_METHOD) if engine.draft is not None else {**PAPER_METHOD, "small_draft": False}
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **method),
                            cache=CacheConfig(kv_dtype=kv_dtype))
     target = engine.target
     s = target.spec
@@ -80,8 +82,11 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
     for T in contexts:
         decs = {dt: _decoder(bench, T, seed=T, kv_dtype=dt) for dt in kv_dtypes}  # the same K/V in each dtype
         spec = next(iter(decs.values()))[1].speculation
-        for level, attr, rows in [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
-                                  ("retrieval", "retrieval", spec.gamma1 + 1), ("draft", "small", 1)]:
+        levels = [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
+                  ("retrieval", "retrieval", spec.gamma1 + 1), ("draft", "small", 1)]
+        if bench.engine.draft is None:
+            levels = levels[:3]
+        for level, attr, rows in levels:
             lanes = {dt: getattr(dec, attr) for dt, (dec, _) in decs.items()}
             # measured beside each timing: on a shared machine it moves by half between minutes
             bandwidth = measure_bandwidth(torch.device("cpu"))

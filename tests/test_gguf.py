@@ -239,3 +239,14 @@ def test_cli_generates_from_a_gguf_file(folder):
     bad = subprocess.run([*cmd[:5], str(folder / "absent.gguf"), *cmd[6:]], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "absent.gguf" in bad.stderr
+
+
+def test_pytorch_layers_give_the_native_layers_answer(folder, monkeypatch):
+    """With the native layers off (`TRIFORCE_NATIVE_LAYERS=0`) the stored weights are dequantized
+    for PyTorch's products: the same greedy answer."""
+    from triforce_core import native_layers
+
+    t, d, ids, ref, gaps = _files(folder, "qwen2")
+    with native_layers.switched(False):
+        got = _run(t, d, ids, "lookup", False)
+    assert _same(got, ref, gaps)

@@ -420,6 +420,7 @@ class DecoderModel:
                 logits = head_kernel.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head)
             else:
                 xr = self._rms_norm(x[logits_rows], self.final_norm)
-                logits = F.linear(xr, self.lm_head).float()
+                head = self.lm_head
+                logits = (xr @ head.dense_t() if isinstance(head, Matrix) else F.linear(xr, head)).float()
         q_out = torch.stack(queries) if queries is not None else None
         return ForwardOutput(logits=logits, queries=q_out)
