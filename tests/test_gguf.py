@@ -250,3 +250,27 @@ def test_pytorch_layers_give_the_native_layers_answer(folder, monkeypatch):
     with native_layers.switched(False):
         got = _run(t, d, ids, "lookup", False)
     assert _same(got, ref, gaps)
+
+
+def test_disk_cache_and_sessions_work_on_a_gguf_model(folder, tmp_path):
+    """A chat session over a GGUF model writes its prefill to disk; after a "restart" (a new
+    engine from the same file) the blocks are read back and the answers are the same."""
+    from triforce_core.events import Committed
+    from triforce_core.session import ChatSession
+
+    path = str(folder / "qwen2-target.gguf")
+    _files(folder, "qwen2")
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode="lookup", max_new_tokens=8, ignore_eos=True),
+                           cache=CacheConfig(prefill_chunk=32))
+    document = " ".join("ab cd ef gh ij kl mn op".split() * 40)
+
+    def turn():
+        engine = TriForceEngine.from_pretrained(path, device="cpu")
+        engine.use_disk_cache(str(tmp_path))
+        session = ChatSession(engine, document, config=cfg)
+        answer = [t for ev in session.ask("ab cd?") if isinstance(ev, Committed) for t in ev.token_ids]
+        return answer, session.turns[0].stats.disk_tokens
+
+    first, wrote = turn()
+    second, read = turn()
+    assert wrote == 0 and read >= 32 and first == second
