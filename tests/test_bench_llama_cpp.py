@@ -85,11 +85,6 @@ def test_token_ids_are_counted_from_the_last_list():
         llama_cpp.parse_token_ids("error: no model")
 
 
-def test_gguf_names():
-    assert llama_cpp.gguf_file("models/x.Q4_K_M.gguf").name == "x.Q4_K_M.gguf"
-    assert llama_cpp.gguf_file("Qwen/Qwen2.5-0.5B-Instruct") is None
-
-
 def test_given_binaries_must_hold_every_tool(tmp_path):
     with pytest.raises(llama_cpp.PeerError, match="lacks one of"):
         llama_cpp.find_or_build(tmp_path)
@@ -132,9 +127,11 @@ def test_chat_compares_every_configuration_with_the_peer(chat_engine):
     for name in ("lookup", "autoregressive"):
         assert ours["decode_vs_generation"][name] == pytest.approx(report["results"][name]["tokens_per_s"] / 120.0)
         assert ours["decode_vs_lookup"][name] == pytest.approx(report["results"][name]["tokens_per_s"] / 130.0)
+        assert ours["first_turn_decode_vs_lookup"][name] == pytest.approx(
+            report["turns"][0]["tokens_per_s"][name] / 130.0)
     out = io.StringIO()
     chat.print_table(report, file=out)
-    assert "vs llama-lookup" in out.getvalue()
+    assert "turn 1 vs llama-lookup" in out.getvalue()
 
 
 def test_a_failed_peer_leaves_our_report(chat_engine):
@@ -149,6 +146,10 @@ def test_a_failed_peer_leaves_our_report(chat_engine):
     assert report["results"]["autoregressive"]["new_tokens"] > 0
 
 
-def test_chat_refuses_the_peer_without_a_gguf_target(capsys):
-    assert chat.main(["--llama-cpp", "--quotes", "1", "--open", "0"]) == 2
-    assert "needs a GGUF target" in capsys.readouterr().err
+@pytest.mark.parametrize("target, message", [
+    (None, "needs a GGUF target"), ("Qwen/Qwen2.5-0.5B-Instruct", "needs a GGUF target"),
+    ("no/such/file.gguf", "GGUF file not found")])
+def test_chat_refuses_the_peer_without_a_gguf_target(capsys, target, message):
+    argv = ["--llama-cpp", "--quotes", "1", "--open", "0"] + (["--target", target] if target else [])
+    assert chat.main(argv) == 2
+    assert message in capsys.readouterr().err
