@@ -352,15 +352,6 @@ INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int 
     weighted_scalar(w, ws, v, n, D, o, more, rows, kind);
 }
 
-/* dst[i] = src[i] as float32 for i < n (n % 8 == 0 on the vector path, as D % 8 == 0 there). */
-INLINE void widen_piece(const void *src, int64_t n, float *dst, const int kind) {
-    int64_t i = 0;
-#ifdef HAVE_AVX2
-    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(dst + i, load8(src, i, kind));
-#endif
-    for (; i < n; i++) dst[i] = load1(src, i, kind);
-}
-
 /* q: [H, R, D] pre-scaled; k, v (`kind`): head h at element h * head_stride, token t at + t * D;
  * limit[r]: row r sees keys t < limit[r] (limit NULL: every key). Blocks of `block` keys, nb = ceil(T / block).
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
@@ -375,18 +366,11 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
     if (!s) return -1;
     int64_t n_chunks = chunk > 0 ? T / chunk : 0;
     const int64_t es = kv_size(kind);
+    /* pieces counted in float32 keys whatever the K/V dtype (float16, one thread, 3-16 rows: 8, 16
+       and 32 KB pieces ran alike) */
     int sub = R == 1 ? block : SUB_BYTES / (4 * D) / 4 * 4;
     sub = sub < 4 ? 4 : sub;
-    /* 16-bit K/V under several groups of rows: each piece is widened once into `wide` (float32,
-       in the level-1 cache beside its source) and every group reads it there, where each group
-       would otherwise widen every vector again (7 rows over 64K keys: CHECK against CHECK ms a
-       layer). The groups then run the float32 code on the same values: results equal bit for bit. */
-    const int widen = kind != KV_F32 && R > ROW_GROUP;
-    float *wide = widen ? malloc(sizeof(float) * (size_t)sub * (size_t)D) : NULL;
-    if (widen && !wide) {
-        free(s);
-        return -1;
-    }
+
     for (int64_t job = job_begin; job < job_end; job++) {
         int64_t h = job / nb, b = job % nb;
         int64_t t0 = b * block;
@@ -402,17 +386,10 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
         int64_t bytes = (int64_t)block * D * es;
         int64_t step = R > 1 ? (bytes / ((int64_t)groups * (n / 4 + 1)) + 63) / 64 * 64 : 0;
         Prefetch pk = {kh + (int64_t)n * D * es, kh + (int64_t)n * D * es + (last ? 0 : bytes), step};
-        for (int u = 0; u < n; u += sub) {
-            int m = n - u < sub ? n - u : sub;
-            const char *piece = kh + (int64_t)u * D * es;
-            if (widen) widen_piece(piece, (int64_t)m * D, wide, kind);
-            for (int r = 0; r < R; r += ROW_GROUP) {
-                float *sr = s + (int64_t)r * block + u;
-                int rows = R - r < ROW_GROUP ? R - r : ROW_GROUP;
-                if (widen) scores_rows(qh + (int64_t)r * D, wide, m, D, sr, block, rows, &pk, KV_F32);
-                else scores_rows(qh + (int64_t)r * D, piece, m, D, sr, block, rows, &pk, kind);
-            }
-        }
+        for (int u = 0; u < n; u += sub)
+            for (int r = 0; r < R; r += ROW_GROUP)
+                scores_rows(qh + (int64_t)r * D, kh + (int64_t)u * D * es, n - u < sub ? n - u : sub, D,
+                            s + (int64_t)r * block + u, block, R - r < ROW_GROUP ? R - r : ROW_GROUP, &pk, kind);
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
@@ -437,19 +414,11 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
         /* 3. the block's partial output, piece by piece as the scores (each row's running sum
            is stored between pieces and taken up again in the same order) */
         Prefetch pv = {vh + (int64_t)n * D * es, vh + (int64_t)n * D * es + (last ? 0 : bytes), step};
-        for (int u = 0; u < n; u += sub) {
-            int m = n - u < sub ? n - u : sub;
-            const char *piece = vh + (int64_t)u * D * es;
-            if (widen) widen_piece(piece, (int64_t)m * D, wide, kind);
-            for (int r = 0; r < R; r += ROW_GROUP) {
-                const float *wr = s + (int64_t)r * block + u;
-                int rows = R - r < ROW_GROUP ? R - r : ROW_GROUP;
-                if (widen) weighted_rows(wr, block, wide, m, D, o + (int64_t)r * D, u > 0, rows, &pv, KV_F32);
-                else weighted_rows(wr, block, piece, m, D, o + (int64_t)r * D, u > 0, rows, &pv, kind);
-            }
-        }
+        for (int u = 0; u < n; u += sub)
+            for (int r = 0; r < R; r += ROW_GROUP)
+                weighted_rows(s + (int64_t)r * block + u, block, vh + (int64_t)u * D * es, n - u < sub ? n - u : sub, D,
+                              o + (int64_t)r * D, u > 0, R - r < ROW_GROUP ? R - r : ROW_GROUP, &pv, kind);
     }
-    free(wide);
     free(s);
     return 0;
 }
