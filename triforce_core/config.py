@@ -56,13 +56,14 @@ SELECT_BY = ("queries", "attention")
 # every path sees the same rounded K/V and greedy output stays equal to autoregressive decoding
 # with the same K/V dtype.
 KV_DTYPES = ("float32", "float16", "bfloat16")
-# The K/V dtype of a float32 model on the CPU when none is asked for (auto), where the native
-# few-row kernel runs (`kv.resolve_kv_dtype`): float16. On the shipped pair, a 2-core AVX2 EPYC
-# (docs/benchmarks.md, "16-bit K/V"): a step 0.60-0.67x float32's at 16K-64K, a 7-row
-# verification 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive and
-# 1.43x with lookup (bfloat16 1.50x and 1.34x); greedy answers equal float32's on 18 of 20
-# questions (bfloat16 12 of 20). Other models (CUDA, 16-bit weights) keep K/V in their own dtype.
-DEFAULT_KV_DTYPE = "float16"
+# The K/V dtype of a float32 model on the CPU when none is asked for (auto): float32, because
+# exactness is the product: greedy output must equal Hugging Face's, and 16-bit K/V changes the
+# model (on the shipped pair, greedy answers equal float32's on 18 of 20 questions with float16,
+# 12 of 20 with bfloat16; docs/benchmarks.md, "16-bit K/V"). float16 is one flag away and much
+# faster (a 2-core AVX2 EPYC: a step 0.60-0.67x float32's at 16K-64K, a 7-row verification
+# 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive, 1.43x with
+# lookup). Other models (CUDA, 16-bit weights) keep K/V in their own dtype.
+DEFAULT_KV_DTYPE = "float32"
 
 
 class ConfigError(ValueError):

@@ -46,7 +46,7 @@ class GenerationResult:
 class TriForceEngine:
     """A target model, an optional small draft sharing its vocabulary, and the tokenizer.
 
-    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the measured default, see
+    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the default, exact against Hugging Face, see
     `kv.resolve_kv_dtype`): what the caches keep keys and values in when a generation's
     `CacheConfig.kv_dtype` names none (the app's `--kv-dtype` sets it here, for every user).
     """
