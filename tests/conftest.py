@@ -133,6 +133,22 @@ def perturbed(hf, scale: float, seed: int = 1):
     return clone
 
 
+def assert_verification_rows_equal_steps(model, ids: list[int], kv_dtype: torch.dtype | None = None) -> None:
+    """Seven new tokens after `ids` in one forward give, row by row, the logits of seven 1-token
+    steps bit for bit (the few-row paths sum in one order whatever the rows beside)."""
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, kv_dtype or model.dtype, model.device)
+    model.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
+    new = [5, 9, 13, 2, 7, 11, 3]
+    together = model.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
+    cache.truncate(len(ids))
+    for i, tok in enumerate(new):
+        step = model.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
+        assert torch.equal(step[0], together[i]), f"row {i}"
+
+
 def make_tokenizer(words_prefix: str = "w", vocab: int = VOCAB) -> PreTrainedTokenizerFast:
     """A word-level tokenizer: <unk>=0, <s>=1, </s>=2, then '{prefix}3' ... ; whitespace split."""
     from tokenizers import Tokenizer, models, pre_tokenizers

@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, ROOT, make_hf, needs_compiler
+from conftest import CPU, ROOT, assert_verification_rows_equal_steps, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from gguf_files import hf_from_gguf, random_blocks, write_gguf
@@ -34,7 +34,6 @@ import triforce_core.gguf_checkpoint as gguf_checkpoint
 import triforce_core.speculation as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
-from triforce_core.kv import FullCache
 from triforce_core.loading import ModelLoadError, load_model
 from triforce_core.quantized import Matrix, StoredTensor
 
@@ -151,15 +150,7 @@ def test_a_verification_row_equals_the_step_it_stands_for(folder, monkeypatch):
 
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)  # the few-row attention at this short length
     t, _, ids, _, _ = _files(folder, "llama")
-    m, s = t.model, t.model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, m.dtype, m.device)
-    m.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
-    new = [5, 9, 13, 2, 7, 11, 3]
-    together = m.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
-    cache.truncate(len(ids))
-    for i, tok in enumerate(new):
-        step = m.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
-        assert torch.equal(step[0], together[i]), f"row {i}"
+    assert_verification_rows_equal_steps(t.model, ids)
 
 
 # --- sampling on a quantized pair ------------------------------------------------------------

@@ -21,7 +21,7 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, DRAFT_OVERRIDES, SMALL_CACHE_FLAGS, built, make_hf, needs_compiler, run_main, to_ours, words
+from conftest import CPU, DRAFT_OVERRIDES, assert_verification_rows_equal_steps, SMALL_CACHE_FLAGS, built, make_hf, needs_compiler, run_main, to_ours, words
 from test_kv_disk import CHUNK, DOCUMENT, block_files, config as disk_config, new_engine, two_turns
 from test_sampling_exactness import V, chi2_pvalue, sample_counts
 from test_sampling_exactness import _models as chi_models
@@ -220,15 +220,7 @@ def test_greedy_through_the_kernel_equals_autoregressive_bit_for_bit(monkeypatch
     outputs are equal with no tie tolerated."""
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
     t, d = _pair()
-    s = t.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(PROMPT) + 8, dtype, CPU)
-    t.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache, logits_rows=None)
-    new = [5, 9, 13, 2, 7, 11, 3]
-    together = t.forward(torch.tensor(new), cache.positions(len(PROMPT), 7), cache).logits
-    cache.truncate(len(PROMPT))
-    for i, tok in enumerate(new):
-        step = t.forward(torch.tensor([tok]), cache.positions(len(PROMPT) + i, 1), cache).logits
-        assert torch.equal(step[0], together[i]), f"row {i}"
+    assert_verification_rows_equal_steps(t, PROMPT, dtype)
     ref, _ = greedy_reference(t, PROMPT, 40, dtype)
     engine = TriForceEngine(t, d)
     for mode, lookup in MODES:

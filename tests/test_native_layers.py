@@ -17,7 +17,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import built, needs_compiler
+from conftest import assert_verification_rows_equal_steps, built, needs_compiler
 from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 
@@ -164,21 +164,12 @@ def test_a_verification_row_equals_the_step_it_stands_for(monkeypatch, counted, 
     order whatever the rows beside. (The sliding-window model's short window keeps PyTorch's
     attention, whose order does depend on the rows: it is left out.)"""
     import triforce_core.native_attention as native_attention
-    from triforce_core.kv import FullCache
 
     if kind == "mistral_window":
         pytest.skip("a window cut keeps PyTorch's attention")
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
     _, t, _, ids, _, _ = _setup(kind)
-    s = t.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, t.dtype, t.device)
-    t.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
-    new = [5, 9, 13, 2, 7, 11, 3]
-    together = t.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
-    cache.truncate(len(ids))
-    for i, tok in enumerate(new):
-        step = t.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
-        assert torch.equal(step[0], together[i]), f"row {i}"
+    assert_verification_rows_equal_steps(t, ids)
     assert 7 in counted and 1 in counted
 
 

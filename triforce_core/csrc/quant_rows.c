@@ -159,22 +159,11 @@ static void dequant_q8_0(const uint8_t *b, float *w) {
 }
 #endif
 
-static void dequant_q4_k(const uint8_t *b, float *w) {
+/* Q4_K and Q5_K: eight sub-blocks of 32 with 6-bit scales and minimums; Q5_K adds a fifth bit
+ * per weight from qh (bit j of qh[l] for sub-block j). */
+static void dequant_k4(const uint8_t *b, float *w, const uint8_t *qh, const uint8_t *qs) {
     float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t *scales = b + 4, *qs = b + 16;
-    for (int j = 0; j < 8; j++) {
-        int sc, m;
-        scale_min_k4(j, scales, &sc, &m);
-        float ds = d * (float)sc, dm = dmin * (float)m;
-        const uint8_t *q = qs + (j / 2) * 32;
-        int shift = (j % 2) * 4;
-        for (int l = 0; l < 32; l++) w[j * 32 + l] = ds * (float)((q[l] >> shift) & 15) - dm;
-    }
-}
-
-static void dequant_q5_k(const uint8_t *b, float *w) {
-    float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t *scales = b + 4, *qh = b + 16, *qs = b + 48;
+    const uint8_t *scales = b + 4;
     for (int j = 0; j < 8; j++) {
         int sc, m;
         scale_min_k4(j, scales, &sc, &m);
@@ -182,11 +171,15 @@ static void dequant_q5_k(const uint8_t *b, float *w) {
         const uint8_t *q = qs + (j / 2) * 32;
         int shift = (j % 2) * 4;
         for (int l = 0; l < 32; l++) {
-            int v = ((q[l] >> shift) & 15) | (((qh[l] >> j) & 1) << 4);
+            int v = (q[l] >> shift) & 15;
+            if (qh) v |= ((qh[l] >> j) & 1) << 4;
             w[j * 32 + l] = ds * (float)v - dm;
         }
     }
 }
+
+static void dequant_q4_k(const uint8_t *b, float *w) { dequant_k4(b, w, NULL, b + 16); }
+static void dequant_q5_k(const uint8_t *b, float *w) { dequant_k4(b, w, b + 16, b + 48); }
 
 /* Weight h*128 + c*32 + l takes the low (c < 2) or high nibble of ql[h*64 + (c&1)*32 + l] and
  * bits 2c, 2c+1 of qh[h*32 + l]; scale (d * scales[i]) for weights 16i..16i+15. */
