@@ -267,7 +267,8 @@ def cmd_ingest(args) -> int:
     if args.max_mb <= 0 or args.timeout <= 0:
         raise UsageError("--max-mb and --timeout must be positive")
     try:
-        doc = load_document(args.file, max_bytes=int(args.max_mb * 1_000_000), timeout_s=args.timeout)
+        doc = load_document(args.file, max_bytes=int(args.max_mb * 1_000_000), timeout_s=args.timeout,
+                            companion_toc=True)
     except DocumentError as e:
         raise UsageError(f"{args.file}: {e}") from None
     if args.json:
@@ -509,7 +510,7 @@ def cmd_chat(args) -> int:
     document = None
     if args.document is not None:
         try:
-            document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000))
+            document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000), companion_toc=True)
         except DocumentError as e:
             raise UsageError(f"{args.document}: {e}") from None
     if args.sections is not None and document is None:
