@@ -268,6 +268,7 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
 }
 
 #define FUSED_ROWS 4 /* 16 registers: 4 of weights and 2 accumulators a row */
+#define FUSED_OUTS 4 /* outputs a one-row product computes side by side: 8 accumulators */
 
 /* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
  * are dot_rows' own, FMA for FMA. */
@@ -283,6 +284,44 @@ static inline __attribute__((always_inline)) void fused_rows_g(const int type, c
             for (int s = 0; s < G; s++) a[s][i & 1] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + s * ldx + k + 8 * i), a[s][i & 1]);
     }
     for (int s = 0; s < G; s++) y[s * ldy] = lanes_sum8(_mm256_add_ps(a[s][0], a[s][1]));
+}
+
+/* One row of x against `O` weight rows (ldw bytes apart) read in place: a step's product. Each
+ * output's two accumulators take the same FMAs in the same order as fused_rows_g's (bit for
+ * bit its result); the O outputs' chains run side by side, where one output alone waits on
+ * its two chains' latency (2 FMAs a block each) and the machine's FMA units stand idle. */
+static inline __attribute__((always_inline)) void fused_outs_g(const int type, const uint8_t *row, int64_t ldw, const float *x,
+                                                              const int O, int K, float *y) {
+    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    __m256 a[FUSED_OUTS][2];
+    for (int o = 0; o < O; o++) a[o][0] = a[o][1] = _mm256_setzero_ps();
+    for (int k = 0; k < K; k += 2 * LANES, row += bb)
+        for (int o = 0; o < O; o++) {
+            __m256 w[4];
+            __builtin_prefetch(row + (o + O) * ldw, 0, 0);  /* the next outputs' rows, as far ahead */
+            block32(type, row + o * ldw, w);
+            for (int i = 0; i < 4; i++) a[o][i & 1] = _mm256_fmadd_ps(w[i], _mm256_loadu_ps(x + k + 8 * i), a[o][i & 1]);
+        }
+    for (int o = 0; o < O; o++) y[o] = lanes_sum8(_mm256_add_ps(a[o][0], a[o][1]));
+}
+
+/* Outputs [r0, r1) of one part for one row of x: FUSED_OUTS at a time, then the rest. */
+#define FUSED_OUTS_RUN(T)                                                                  \
+    {                                                                                      \
+        int64_t r = r0;                                                                    \
+        for (; r + FUSED_OUTS <= r1; r += FUSED_OUTS)                                      \
+            fused_outs_g(T, base + r * ldw, ldw, x, FUSED_OUTS, K, y + r);                 \
+        for (; r < r1; r++) fused_outs_g(T, base + r * ldw, ldw, x, 1, K, y + r);          \
+        return 1;                                                                          \
+    }
+
+static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, int64_t r1, const float *x, int K, float *y) {
+    switch (type) {
+    case T_Q4_0: FUSED_OUTS_RUN(T_Q4_0)
+    case T_Q4_1: FUSED_OUTS_RUN(T_Q4_1)
+    case T_Q8_0: FUSED_OUTS_RUN(T_Q8_0)
+    default: return 0;
+    }
 }
 
 #define FUSED_GROUPS(T)                                                                     \
@@ -326,6 +365,9 @@ static void stacked_outputs(const float *x, int S, int K, const struct part *par
     int64_t base = 0;
     for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
         int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
+#ifdef HAVE_FUSED
+        if (S == 1 && fused_outs(parts[i].type, (const uint8_t *)parts[i].data, parts[i].ld, lo, hi, x, K, y + base)) continue;
+#endif
         for (int64_t r = lo; r < hi; r++) {
 #ifdef HAVE_FUSED
             const uint8_t *row = (const uint8_t *)parts[i].data + r * parts[i].ld;
