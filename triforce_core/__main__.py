@@ -179,8 +179,14 @@ def build_parser() -> argparse.ArgumentParser:
     conv.add_argument("--truncate", action="store_true",
                       help="cut the document's end when the conversation would not fit (reported)")
     conv.add_argument("--sections", metavar="LIST",
-                      help="read only these sections of the document, e.g. 3,5-7 (numbered from 1 as "
-                      "`ingest --json` lists them; a section includes its subsections)")
+                      help="which sections of the document to read: auto (each question reads the sections most "
+                      "relevant to it, ranked by BM25, whole, up to --reading-budget tokens; the default for a "
+                      "document beyond the window), all (the whole document; refused with the numbers when it does "
+                      "not fit), or numbers such as 3,5-7 (numbered from 1 as `ingest --json` lists them; a section "
+                      "includes its subsections)")
+    conv.add_argument("--reading-budget", type=int, default=None, metavar="TOKENS",
+                      help="with --sections auto: tokens of the book each question reads at most (default 16384, "
+                      "measured; never more than the window leaves)")
     conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
     _add_decoding_args(c)
     add_kv_cache_args(c)
@@ -502,6 +508,7 @@ def cmd_generate(args) -> int:
 def cmd_chat(args) -> int:
     from .documents import DocumentError, load_document
     from .events import Committed, Finished, Prefilled
+    from .book import BookSession
     from .session import ChatSession
 
     _check_flags(args)
@@ -513,31 +520,34 @@ def cmd_chat(args) -> int:
             document = load_document(args.document, max_bytes=int(args.max_mb * 1_000_000), companion_toc=True)
         except DocumentError as e:
             raise UsageError(f"{args.document}: {e}") from None
-    if args.sections is not None and document is None:
+    spec = None if args.sections is None else args.sections.strip().lower()
+    if spec is not None and document is None:
         raise UsageError("--sections needs --document")
+    if args.reading_budget is not None and args.reading_budget < 64:
+        raise UsageError(f"--reading-budget must be at least 64 tokens, got {args.reading_budget}")
+    if args.truncate and spec == "auto":
+        raise UsageError("--truncate and --sections auto exclude each other (auto reads what fits, whole)")
     picked = None
-    if args.sections is not None:
+    if spec not in (None, "auto", "all"):
         try:
-            picked = parse_spec(args.sections, len(document.sections))
+            picked = parse_spec(spec, len(document.sections))
         except SectionError as e:
             raise UsageError(f"--sections: {e}") from None
     engine, config = _load_engine(args)
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
     apply_kv_cache_args(engine, args)
-    text = None
-    if document is not None:
-        text = document.text if picked is None else selected_text(document, picked)
-        _check_fits(engine, document, text, config, args.sections, args.truncate)
-    session = ChatSession(engine, text, system_prompt=args.system, config=config,
-                          allow_truncation=args.truncate)
+    session = _chat_session(engine, document, spec, picked, config, args)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
     out_turns = []
     for q in args.question:
         if not args.json:
             print(f"Q: {q}\nA: ", end="", flush=True)
         detok = _colour_detokenizer(engine, colour)
-        for ev in session.ask(q):
+        events = session.ask(q)
+        if session.sections_read is not None and not args.json:
+            print(_read_line(session.sections_read), file=sys.stderr, flush=True)
+        for ev in events:
             if args.json:
                 continue
             if isinstance(ev, Committed):
@@ -560,11 +570,48 @@ def cmd_chat(args) -> int:
         }
         if turn.truncation is not None:
             item["truncation"] = vars(turn.truncation)
+        if turn.sections_read is not None:
+            item["sections_read"] = turn.sections_read
         out_turns.append(item)
     if args.json:
         doc = {"chars": len(session.document), "tokens": session.document_tokens}
+        if isinstance(session, BookSession):  # the book, not what the last turn read of it
+            doc = {"chars": len(session.book.text), "tokens": session.book_tokens, "sections": "auto",
+                   "reading_budget": session.reading_budget}
         print(json.dumps({"document": doc, "turns": out_turns}))
     return 0
+
+
+def _chat_session(engine, document, spec: str | None, picked, config, args):
+    """The conversation the --sections choice asks for: the whole document (it fits, or `all`),
+    the listed sections, or a book read by the sections most relevant to each question (`auto`,
+    the default for a document beyond the window)."""
+    from .book import DEFAULT_READING_BUDGET, BookSession, token_starts
+    from .reading import BookReader
+    from .session import ChatSession
+
+    text = None
+    if document is not None and spec in (None, "auto"):
+        starts = token_starts(engine.tokenizer, document.text)
+        fits = len(starts) + config.speculation.max_new_tokens <= engine.context_window
+        if spec == "auto" or not (fits or args.truncate):
+            budget = min(args.reading_budget or DEFAULT_READING_BUDGET, engine.context_window)
+            reader = BookReader(document, starts, max_part_tokens=max(16, budget // 4))
+            return BookSession(engine, document, reading_budget=budget, system_prompt=args.system, config=config,
+                               reader=reader)
+        text = document.text
+    elif document is not None:
+        text = document.text if picked is None else selected_text(document, picked)
+        _check_fits(engine, document, text, config, None if spec == "all" else args.sections, args.truncate)
+    return ChatSession(engine, text, system_prompt=args.system, config=config, allow_truncation=args.truncate)
+
+
+def _read_line(sections: list[dict]) -> str:
+    """'[read 3 sections, 15,872 tokens: 15 Understanding Ownership, 16 What is Ownership? (part 2 of 2), ...]'."""
+    names = [(f"{s['number']} " if s["number"] is not None else "") + s["title"]
+             + (f" (part {s['part']})" if s["part"] else "") for s in sections]
+    total = sum(s["tokens"] for s in sections)
+    return f"[read {len(sections)} section{'s' if len(sections) != 1 else ''}, about {total:,} tokens: " + "; ".join(names) + "]"
 
 
 def _check_fits(engine, document, text: str, config, spec: str | None, truncate: bool) -> None:

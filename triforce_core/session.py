@@ -97,6 +97,9 @@ class Turn:
     levels: list[str] = field(default_factory=list)
     stats: TurnStats | None = None  # None until the answer finished (a stopped answer keeps None)
     truncation: Truncation | None = None
+    # the parts of a book this turn read (`book.BookSession`: number, title, part, start, end,
+    # tokens); None when the session reads its whole document
+    sections_read: list[dict] | None = None
 
     @property
     def complete(self) -> bool:
@@ -132,6 +135,7 @@ class ChatSession:
         self._slot = Slot(engine)  # the conversation's caches, kept between turns
         self._document = ""
         self._document_tokens: int | None = None
+        self.sections_read: list[dict] | None = None  # what the document holds of a book, if a part of one
         self.set_document(document)
 
     # -- document and conversation ---------------------------------------------------------
@@ -150,7 +154,16 @@ class ChatSession:
             raise TypeError("document must be text or a documents.Document")
         self._document = text.strip()
         self._document_tokens = None
+        self.sections_read = None
         self.turns = []
+
+    def read(self, text: str, sections_read: list[dict] | None = None) -> None:
+        """Replace the document's text, keeping the conversation: the earlier turns are rendered
+        after the new text, and whatever prefix it shares with the old one stays cached (a book
+        read by parts: a follow-up that reads the same parts re-prefills only its question)."""
+        self._document = (text or "").strip()
+        self._document_tokens = None
+        self.sections_read = sections_read
 
     @property
     def document_tokens(self) -> int:
@@ -347,7 +360,7 @@ class ChatSession:
     def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0,
               inspect: bool = False) -> Iterator[Event]:
         first_token_s = None
-        turn = Turn(question, truncation=truncation)
+        turn = Turn(question, truncation=truncation, sections_read=self.sections_read)
         self.turns.append(turn)
         answer_ids: list[int] = []
         prefilled: Prefilled | None = None
