@@ -221,7 +221,7 @@ def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_p
     assert [(s["title"], s["level"]) for s in sections] == [("Alpha", 1), ("Beta", 1), ("Gamma", 1)]
     assert book[sections[1]["start"] : sections[1]["end"]].startswith("# Beta\n")
 
-    whole = _chat(tiny_pair_dir, "--document", str(path), "--question", "w9")
+    whole = _chat(tiny_pair_dir, "--document", str(path), "--sections", "all", "--question", "w9")
     assert whole.returncode == 2
     line = whole.stderr.strip().splitlines()
     assert len(line) == 1 and "over the target's context window of 1,024" in line[0]

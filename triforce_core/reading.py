@@ -11,15 +11,18 @@ text: every character is in exactly one part, so reading a chapter's page never 
 chapter's opening). A part longer than `max_part_tokens` is cut at paragraph breaks into
 pieces of at most that size, named "(part 2 of 3)"; a text with no sections is cut the same
 way. Parts are ranked by BM25 (`bm25s`, the measured faster of the two maintained Python
-libraries, see docs/long-documents.md) over lower-cased words without English stop words,
-the question's words against each part's words (its title included: it is the part's first
-line).
+libraries, see docs/long-documents.md) over lower-cased words without English stop words
+and over adjacent word pairs (so a quoted phrase counts as a phrase), the question's terms
+against each part's (its title included: it is the part's first line).
 
 What is read: the best-ranked parts, each whole, while they fit the budget, only parts
 sharing a word with the question (a shorter read prefills sooner), in document order, each
 after a line naming it. A follow-up keeps every part read before that still ranks (would be
-read with twice the budget): the document then starts as it did, so the cached prefix is
-reused; the parts the new question needs are added where room allows.
+read with twice the budget), so the document starts as it did and the cached prefix is
+reused. When the part ranked best for the new question is among those read, the read stays
+exactly as it was (a part added in the middle would re-prefill everything after it);
+otherwise the parts it needs are added where room allows, its best part always, the kept
+parts ranked lowest for it making room.
 """
 
 from __future__ import annotations
@@ -132,8 +135,15 @@ class BookReader:
         return out
 
     # -- ranking --------------------------------------------------------------------------------
-    def _words(self, texts: list[str]) -> list[list[str]]:
-        return [[w for w in _WORD.findall(t.lower()) if w not in _STOP] for t in texts]
+    @staticmethod
+    def _words(texts: list[str]) -> list[list[str]]:
+        """Each text's terms: its words but the stop words, and every pair of adjacent words
+        (stop words included), so that a quoted phrase ranks the part holding it first."""
+        out = []
+        for t in texts:
+            words = _WORD.findall(t.lower())
+            out.append([w for w in words if w not in _STOP] + [f"{a} {b}" for a, b in zip(words, words[1:])])
+        return out
 
     def _build_index(self):
         import bm25s
@@ -162,8 +172,17 @@ class BookReader:
         `previous`: the parts the conversation read so far; those that still rank are kept.
         """
         ranked = self.rank(question)
-        still = set(self._fill(ranked, 2 * budget))
+        place = {i: r for r, i in enumerate(ranked)}
+        if ranked and ranked[0] in previous and self.tokens(previous) <= budget:
+            # The best part is read already: the read stays exactly as it is, since a part added
+            # anywhere but at its end would re-prefill everything after it.
+            return sorted(previous)
+        still = set(self._fill(ranked, 2 * budget))  # keep what still ranks (read with twice the budget)
         kept = [i for i in previous if i in still]
+        while ranked and ranked[0] not in kept and kept and self.tokens(kept) + self.parts[ranked[0]].tokens > budget:
+            kept.remove(max(kept, key=lambda i: place.get(i, len(place))))  # room for the best part: drop the worst
+        while self.tokens(kept) > budget:  # a smaller budget than before (a longer conversation)
+            kept.remove(max(kept, key=lambda i: place.get(i, len(place))))
         return sorted(self._fill(ranked, budget, kept))
 
     def _fill(self, ranked: Sequence[int], budget: int, start: Sequence[int] = ()) -> list[int]:
