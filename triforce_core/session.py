@@ -30,7 +30,8 @@ from typing import Callable, Iterator
 
 from .config import GenerationConfig
 from .engine import ContextLengthError, TriForceEngine
-from .events import Committed, Event, Finished, Prefilled
+from .citations import cited_passages
+from .events import ChunksSelected, Committed, Event, Finished, Prefilled
 from .prompting import render_prompt
 from .slots import Slot
 
@@ -100,6 +101,9 @@ class Turn:
     # the parts of a book this turn read (`book.BookSession`: number, title, part, start, end,
     # tokens); None when the session reads its whole document
     sections_read: list[dict] | None = None
+    # the prompt's passages this answer's retrieval selections read most (`citations`); [] in
+    # modes without a retrieval level
+    passages: list[dict] = field(default_factory=list)
 
     @property
     def complete(self) -> bool:
@@ -364,10 +368,13 @@ class ChatSession:
         self.turns.append(turn)
         answer_ids: list[int] = []
         prefilled: Prefilled | None = None
+        selections: list[ChunksSelected] = []
         try:
             for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events, inspect):
                 if isinstance(ev, Prefilled):
                     prefilled = ev
+                elif isinstance(ev, ChunksSelected):
+                    selections.append(ev)
                 elif isinstance(ev, Committed):
                     if first_token_s is None:
                         first_token_s = time.perf_counter() - t0
@@ -385,6 +392,7 @@ class ChatSession:
                         acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
                         stop_reason=s.stop_reason, mode=s.mode,
                     )
+                    turn.passages = cited_passages(selections, prompt, self.engine.decode)
                 yield ev
         except Exception as e:  # the slot has freed its caches (they may be half-written)
             if _is_oom(e):

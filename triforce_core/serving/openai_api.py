@@ -14,7 +14,16 @@ fixed-length answers). Parameters it does not support are a
 
 Extension: every completion (and the final streamed chunk, the one with `finish_reason`)
 carries `triforce`, the speculation statistics of that response: mode, tokens per target
-forward, acceptance per level, tokens by level, decode tokens/s, prefill and reused tokens.
+forward, acceptance per level, tokens by level, decode tokens/s, prefill and reused tokens,
+and `passages`: the prompt's passages the answer's retrieval selections read most, each with
+its token span, share of heads, the "[Section N: title]" it lies under and its text
+(`citations.cited_passages`; [] in modes without a retrieval level).
+
+Models: with `ServedModels`, `/v1/models` lists every model the server can switch to (the
+app's picker offers the same), each card with the extension fields `description`, `loaded`
+and, once loaded, `context_window`; a request's `model` picks one, loaded on first use (a 404
+`model_not_found` for an unknown id, a 500 `model_load_failed` with one line for a file that
+cannot be loaded). Requests on different models run side by side on the one worker.
 
 Each request borrows a cache slot matched by longest common token prefix (`SlotPool`), so a
 conversation resent whole each turn prefills only its new tokens; generations run on the one
@@ -39,9 +48,12 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, default_mode
 from ..engine import ContextLengthError, TriForceEngine
-from ..events import Committed, Finished, Prefilled, Verified
+from ..citations import cited_passages
+from ..events import ChunksSelected, Committed, Finished, Prefilled, Verified
 from ..prompting import render_prompt
+from ..loading import ModelLoadError
 from ..slots import SlotPool
+from .models import ServedModels, UnknownModel
 from .worker import EngineWorker, Job
 
 MAX_BODY_BYTES = 16_000_000  # a long document is ~4 bytes a token: room for a 128K-token context
@@ -245,8 +257,10 @@ class StopSequences:
 class Tally:
     """The statistics of one response, from its events (also when a stop sequence ended it early)."""
 
-    def __init__(self, prompt_tokens: int):
+    def __init__(self, prompt_tokens: int, prompt: list[int] | None = None, decode=None):
         self.prompt_tokens = prompt_tokens
+        self.prompt, self.decode = prompt, decode  # for the passages the answer read most
+        self.selections: list[ChunksSelected] = []
         self.prefilled: Prefilled | None = None
         self.finished = None
         self.tokens = 0
@@ -263,6 +277,8 @@ class Tally:
         now = time.perf_counter()
         if isinstance(ev, Prefilled):
             self.prefilled, self.t_decode = ev, now
+        elif isinstance(ev, ChunksSelected):
+            self.selections.append(ev)
         elif isinstance(ev, Verified):
             self.proposed[ev.level] = self.proposed.get(ev.level, 0) + ev.proposed
             self.accepted[ev.level] = self.accepted.get(ev.level, 0) + ev.accepted
@@ -301,6 +317,8 @@ class Tally:
             "disk_tokens": p.disk_tokens if p else 0,
             "prefill_s": p.seconds if p else 0.0,
             "time_to_first_token_s": (self.t_first - self.t_start) if self.t_first else None,
+            "passages": (cited_passages(self.selections, self.prompt, self.decode)
+                         if self.prompt is not None and self.decode is not None else []),
         }
 
     def usage(self) -> dict:
@@ -332,11 +350,13 @@ class ChatCompletionsAPI:
         base_config: GenerationConfig | None = None,
         mode: str | None = None,
         api_key: str | None = None,
+        models: ServedModels | None = None,
     ):
         if engine.tokenizer is None:
             raise ValueError("the HTTP API needs a model with a tokenizer")
-        self.engine, self.worker, self.slots = engine, worker, slots
+        self.engine, self.worker, self.slots = engine, worker, slots  # the default model's
         self.model_name = model_name
+        self.served_models = models  # None: `engine` is the only model
         self.base = base_config or GenerationConfig()
         self.mode = mode  # None: by prompt length (`default_mode`), the measured best
         self.api_key = api_key or None
@@ -352,11 +372,20 @@ class ChatCompletionsAPI:
     async def models(self, request: Request):
         if (denied := self._denied(request)) is not None:
             return denied
-        return {"object": "list", "data": [self._model_card()]}
+        if self.served_models is None:
+            return {"object": "list", "data": [self._model_card()]}
+        choices = await run_in_threadpool(self.served_models.choices)  # scans the model folders
+        return {"object": "list", "data": [self._choice_card(c.id, c.note) for c in choices]}
 
     async def model(self, model_id: str, request: Request):
         if (denied := self._denied(request)) is not None:
             return denied
+        if self.served_models is not None:
+            try:
+                choice = await run_in_threadpool(self.served_models.find, model_id)
+            except UnknownModel:
+                return self._unknown_model(model_id).response()
+            return self._choice_card(choice.id, choice.note)
         if model_id != self.model_name:
             return self._unknown_model(model_id).response()
         return self._model_card()
@@ -377,15 +406,14 @@ class ChatCompletionsAPI:
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
                 raise ApiError(400, f"the request body is not valid JSON: {e}") from None
             req = parse_request(body)
-            if body["model"] != self.model_name:
-                raise self._unknown_model(body["model"])
+            engine, slots, name = await run_in_threadpool(self._served, body["model"])  # may load it
             # On the worker, which owns the tokenizer as it owns the caches.
-            prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req))
+            prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
         except ApiError as e:
             return e.response()
-        slot, _ = self.slots.take(prompt)
+        slot, _ = slots.take(prompt)
         job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
-        call = _Call(self, req, prompt, config, slot, job)
+        call = _Call(self, req, prompt, config, slots, slot, job, name)
         if req.stream:
             return StreamingResponse(call.sse(), media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
@@ -406,28 +434,53 @@ class ChatCompletionsAPI:
         return ApiError(401, message, code="invalid_api_key").response()
 
     def _unknown_model(self, name: str) -> ApiError:
-        return ApiError(404, f"the model {name!r} does not exist; this server serves {self.model_name!r}",
+        served = "GET /v1/models lists the models" if self.served_models is not None else repr(self.model_name)
+        return ApiError(404, f"the model {name!r} does not exist; this server serves {served}",
                         param="model", code="model_not_found")
+
+    def _served(self, name: str):
+        """(engine, slots, id) of the model a request names, loaded if need be; ApiError otherwise."""
+        if self.served_models is None:
+            if name != self.model_name:
+                raise self._unknown_model(name)
+            return self.engine, self.slots, self.model_name
+        try:
+            served = self.served_models.get(name)
+        except UnknownModel:
+            raise self._unknown_model(name) from None
+        except ModelLoadError as e:
+            raise ApiError(500, f"the model {name!r} could not be loaded: {e}", type="server_error", param="model",
+                           code="model_load_failed") from None
+        return served.engine, served.slots, served.id
+
+    def _choice_card(self, model_id: str, note: str) -> dict:
+        served = self.served_models.loaded(model_id) if self.served_models is not None else None
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "triforce-studio",
+                "description": note, "loaded": served is not None,
+                "context_window": served.engine.context_window if served is not None else None}
 
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "triforce-studio",
                 "context_window": self.engine.context_window}
 
-    def _prepare(self, req: CompletionRequest) -> tuple[list[int], GenerationConfig]:
-        """Prompt ids and the generation settings; a 400 for what cannot run."""
-        _, prompt = render_prompt(self.engine.tokenizer, req.messages)
+    def _prepare(self, req: CompletionRequest, engine: TriForceEngine) -> tuple[list[int], GenerationConfig]:
+        """Prompt ids and the generation settings on `engine`; a 400 for what cannot run."""
+        _, prompt = render_prompt(engine.tokenizer, req.messages)
         spec = self.base.speculation
+        mode = self.mode or default_mode(len(prompt))
+        if engine.draft is None and mode == "triforce":
+            spec = replace(spec, small_draft=False)  # a model without a small draft: the levels it has
         max_new = req.max_tokens or spec.max_new_tokens
         try:
             config = replace(
                 self.base,
                 sampling=SamplingConfig(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
-                speculation=replace(spec, mode=self.mode or default_mode(len(prompt)), max_new_tokens=max_new,
+                speculation=replace(spec, mode=mode, max_new_tokens=max_new,
                                     ignore_eos=req.ignore_eos),
             )
-            self.engine.check_prompt(prompt, config)
+            engine.check_prompt(prompt, config)
         except ContextLengthError:
-            window = self.engine.context_window
+            window = engine.context_window
             raise ApiError(
                 400,
                 f"this conversation is {len(prompt)} tokens and max_tokens is {max_new}: {len(prompt) + max_new} "
@@ -443,12 +496,13 @@ class _Call:
     """One request's generation: its events turned into a completion or a stream of chunks."""
 
     def __init__(self, api: ChatCompletionsAPI, req: CompletionRequest, prompt: list[int],
-                 config: GenerationConfig, slot, job: Job):
-        self.api, self.req, self.slot, self.job = api, req, slot, job
+                 config: GenerationConfig, slots: SlotPool, slot, job: Job, model_name: str):
+        self.api, self.req, self.slots, self.slot, self.job = api, req, slots, slot, job
+        self.model_name = model_name
         self.mode = config.speculation.mode
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.tally = Tally(len(prompt))
+        self.tally = Tally(len(prompt), prompt, slot.engine.decode)
         self.stops = StopSequences(req.stop)
         self.finish_reason: str | None = None
 
@@ -478,9 +532,9 @@ class _Call:
     def _end(self, ok: bool) -> None:
         self.job.cancel()
         if ok:
-            self.api.slots.give_back(self.slot)
+            self.slots.give_back(self.slot)
         else:  # abandoned or failed: its caches are not worth keeping
-            self.api.slots.discard(self.slot)
+            self.slots.discard(self.slot)
         self.api.served += ok
 
     async def complete(self) -> dict:
@@ -493,7 +547,7 @@ class _Call:
         finally:
             self._end(ok)
         return {
-            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.api.model_name,
+            "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
                          "finish_reason": self.finish_reason or "stop", "logprobs": None}],
             "usage": self.tally.usage(),
@@ -502,7 +556,7 @@ class _Call:
 
     def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> str:
         chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                 "model": self.api.model_name,
+                 "model": self.model_name,
                  "choices": [{"index": 0, "delta": delta, "finish_reason": finish_reason, "logprobs": None}], **extra}
         if self.req.include_usage:
             chunk.setdefault("usage", None)
@@ -531,7 +585,7 @@ class _Call:
             yield self._chunk({}, self.finish_reason or "stop", triforce=self.tally.extension(self.mode))
             if self.req.include_usage:
                 usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                         "model": self.api.model_name, "choices": [], "usage": self.tally.usage()}
+                         "model": self.model_name, "choices": [], "usage": self.tally.usage()}
                 yield f"data: {json.dumps(usage)}\n\n"
             yield "data: [DONE]\n\n"
             ok = True
