@@ -18,7 +18,7 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
-    from triforce_core.flags import add_kv_cache_args, add_kv_dtype_arg
+    from triforce_core.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
 
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
@@ -53,16 +53,17 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--api-slots", type=int, default=4,
                    help="idle conversations whose caches the HTTP API and the chat endpoint keep, least recently "
                    "used evicted (default 4)")
+    add_models_dir_arg(p)
     add_kv_cache_args(p)
     return p.parse_args(argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    from triforce_core import ConfigError, ModelLoadError, TriForceEngine
+    from triforce_core import ConfigError, ModelLoadError
     from triforce_core.config import GB, default_mode
-    from triforce_core.flags import apply_kv_cache_args, check_kv_cache_args
-    from triforce_core.loading import default_model_names, served_model_name
+    from triforce_core.flags import check_kv_cache_args, served_models
+    from triforce_core.loading import default_model_names
     from ui.settings import Settings
     from ui.server import build_server, run_server
 
@@ -71,16 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.max_cache_gb > 0:
             raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
         target, draft = default_model_names(args.target, args.draft)
-        print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
-        engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype,
-                                                kv_dtype=args.kv_dtype)
-        apply_kv_cache_args(engine, args)
-        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
-        defaults.config()
         if args.api_slots < 0:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
-        name = served_model_name(target)
-        app = build_server(engine, model_name=name, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
+        models = served_models(args, target, draft, slots=args.api_slots)
+        print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
+        name = models.default().id  # the started model, loaded now: a bad one stops here
+        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
+        defaults.config()
+        app = build_server(models=models, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
                            api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
                            max_cached_sessions=args.max_cached_sessions,
                            max_cache_bytes=int(args.max_cache_gb * GB))

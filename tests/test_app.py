@@ -166,7 +166,7 @@ def test_the_http_api_on_the_app_port_and_the_chat_endpoint_at_once(server, docu
     a follow-up question reuses the document the chat endpoint prefilled."""
     openai = pytest.importorskip("openai")
     client = openai.OpenAI(base_url=server["url"] + "v1", api_key="unused", max_retries=0, timeout=300)
-    assert [m.id for m in client.models.list().data] == ["triforce-demo"]
+    assert client.models.list().data[0].id == "triforce-demo"  # the started model first (README, HTTP API)
     calls = [("a", "What follows «Objects have individuality, and multiple names»?"),
              ("b", "How does an iterator work?")]
 

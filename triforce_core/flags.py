@@ -42,3 +42,28 @@ def apply_kv_cache_args(engine, args) -> None:
     check_kv_cache_args(args)
     if not args.no_kv_cache:
         engine.use_disk_cache(args.kv_cache_dir, int(args.kv_cache_max_gb * GB))
+
+
+def add_models_dir_arg(parser) -> None:
+    """--models-dir DIR, repeatable (the app and `serve`)."""
+    parser.add_argument(
+        "--models-dir", metavar="DIR", action="append", default=[],
+        help="a folder of GGUF files to offer besides the started model (repeatable); the app's model picker and "
+        "GET /v1/models also list those found where LM Studio, Ollama and the Hugging Face cache keep models. The "
+        "browser may open files under these folders only")
+
+
+def served_models(args, target: str, draft: str | None, slots: int):
+    """The models a server offers (`serving.models.ServedModels`), each loaded with the flags'
+    device, dtype, K/V dtype and disk cache. Raises ValueError for a --models-dir that is no folder."""
+    from .engine import TriForceEngine
+    from .model_folders import ModelFolders
+    from .serving.models import ServedModels
+
+    def load(choice):
+        engine = TriForceEngine.from_pretrained(choice.target, choice.draft, device=args.device, dtype=args.dtype,
+                                                kv_dtype=args.kv_dtype)
+        apply_kv_cache_args(engine, args)
+        return engine
+
+    return ServedModels(load, ModelFolders.default(args.models_dir), started=(target, draft), slots=slots)

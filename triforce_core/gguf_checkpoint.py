@@ -57,7 +57,15 @@ class GGUFError(ValueError):
 
 
 def is_gguf(name: str) -> bool:
-    return name == SMOLLM2 or name.lower().endswith(".gguf")
+    """`smollm2`, a name ending in .gguf, or a file that begins with GGUF's magic (Ollama keeps
+    its models as blobs named by their hash, without the extension)."""
+    if name == SMOLLM2 or name.lower().endswith(".gguf"):
+        return True
+    try:
+        with open(os.path.expanduser(name), "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:  # a folder, a hub id, a missing file
+        return False
 
 
 def smollm2_path() -> Path:

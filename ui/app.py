@@ -15,10 +15,10 @@ from typing import Callable
 
 import gradio as gr
 
-from triforce_core.config import MODES
 from triforce_core.documents import EXTENSIONS
 from triforce_core.engine import TriForceEngine
 from triforce_core.resources import APP_CSS as CSS_PATH
+from triforce_core.serving.models import ServedModels
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
 
@@ -26,6 +26,7 @@ from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
 from .handlers.documents import DocumentHandlers
+from .handlers.models import MODEL_OUTPUTS, ModelHandlers, model_info, modes_for
 from .handlers.teaching import TeachingHandlers
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
@@ -50,9 +51,12 @@ def build_app(
     title: str = "TriForce Studio",
     worker: EngineWorker | None = None,
     slots: SlotPool | None = None,
+    models: ServedModels | None = None,
 ) -> gr.Blocks:
     """The app around one engine (created once, here), run by `worker` (the one scheduler; a new
-    one by default), its `chat` endpoint lending caches from `slots`. Served by `ui.server`."""
+    one by default), its `chat` endpoint lending caches from `slots`. With `models` (whose
+    started model `engine_factory` gives), the settings offer a model picker: each user may
+    switch to any of them (`ui.handlers.models`). Served by `ui.server`."""
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
@@ -61,9 +65,9 @@ def build_app(
     ctx = AppContext(
         engine=engine, worker=worker, sessions=SessionPool(worker, max_cached_sessions, max_cache_bytes),
         slots=slots if slots is not None else SlotPool(engine, capacity=2), defaults=defaults,
-        max_bytes=max_upload_mb * 1_000_000,
+        max_bytes=max_upload_mb * 1_000_000, models=models,
     )
-    modes = [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
+    modes = modes_for(engine)
     documents, answers, endpoint = DocumentHandlers(ctx), AnswerHandlers(ctx), ChatEndpoint(ctx)
     teach = TeachingHandlers(ctx)
 
@@ -109,6 +113,18 @@ def build_app(
                     lesson_btn = gr.Button("Lesson: watch one round at a time", elem_id="tf-lesson-start")
                 lesson = gr.HTML("", elem_id="tf-lesson")
                 with gr.Accordion("Settings", open=False, elem_id="tf-settings"):
+                    if models is not None:
+                        switcher = ModelHandlers(ctx, documents)
+                        started = models.started
+                        with gr.Row():
+                            page["model"] = gr.Dropdown(switcher.choices(), value=started.id, label="Model",
+                                                        elem_id="tf-model", scale=3)
+                            model_path = gr.Textbox(label="…or a GGUF file's path (under the model folders)",
+                                                    placeholder="/path/to/model.gguf", elem_id="tf-model-path",
+                                                    scale=3)
+                            open_btn = gr.Button("Open", elem_id="tf-model-open", scale=1, size="sm")
+                        page["model_info"] = gr.HTML(model_info(started.id, started.note, engine),
+                                                     elem_id="tf-model-info")
                     system = gr.Textbox(label="System prompt", lines=2, placeholder="optional")
                     controls = {}
                     for row in SETTING_ROWS:
@@ -168,5 +184,13 @@ def build_app(
             teach.lesson_setup, [user], lesson_controls, **private).success(**ask)
         budget.change(answers.on_budget, [user, budget], page["gauge"], **private)
         api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
+        if models is not None:
+            page["mode"] = controls["mode"]
+            switched = doc_outputs + [page[name] for name in MODEL_OUTPUTS]
+            # `input`, not `change`: the handler itself sets the picker back after a failed load.
+            page["model"].input(switcher.on_pick, [page["model"], user, budget, controls["mode"]], switched, **private)
+            for event in (open_btn.click, model_path.submit):
+                event(switcher.on_path, [model_path, user, budget, controls["mode"]], switched, **private)
+            demo.load(switcher.on_page_load, None, page["model"], **private)  # files added since start
     demo.tf_worker = worker  # for shutdown and tests
     return demo

@@ -1,11 +1,13 @@
 """One server on one port: the Gradio app at `/` and the OpenAI-compatible HTTP API at `/v1`.
 
     app = build_server(engine, model_name="triforce-demo-target")
+    app = build_server(models=ServedModels(load, folders, started=(target, draft)))  # with a model picker
     run_server(app, "127.0.0.1", 7860)
 
-Both halves share one `EngineWorker` (the scheduler every caller goes through) and one
-`SlotPool` (the `chat` endpoint's and the HTTP API's prefix-matched caches); the app's users
-keep their own sessions, capped by `max_cached_sessions`.
+Both halves share one `EngineWorker` (the scheduler every caller goes through) and, per model,
+one `SlotPool` (the `chat` endpoint's and the HTTP API's prefix-matched caches); the app's users
+keep their own sessions, capped by `max_cached_sessions`. With `models`, the app's picker and
+the API's `/v1/models` offer the same models, and each user or request picks its own.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from triforce_core.engine import TriForceEngine
+from triforce_core.serving.models import ServedModels
 from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
@@ -41,9 +44,10 @@ def mount_options(max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
 
 
 def build_server(
-    engine: TriForceEngine,
+    engine: TriForceEngine | None = None,
     *,
-    model_name: str,
+    model_name: str | None = None,
+    models: ServedModels | None = None,
     defaults: Settings | None = None,
     api_mode: str | None = None,
     api_key: str | None = None,
@@ -52,18 +56,25 @@ def build_server(
     max_cached_sessions: int = 4,
     max_cache_bytes: int | None = None,
 ) -> FastAPI:
-    """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`."""
+    """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`. Either one
+    `engine` served as `model_name`, or `models` (their started model loaded here)."""
     import gradio as gr
 
+    if models is not None:
+        served = models.default()
+        engine, model_name, slots = served.engine, served.id, served.slots
+    elif engine is None or model_name is None:
+        raise ValueError("build_server needs an engine and its model_name, or models")
+    else:
+        slots = SlotPool(engine, capacity=api_slots)
     worker = EngineWorker()
-    slots = SlotPool(engine, capacity=api_slots)
     demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
                      max_cached_sessions=max_cached_sessions, max_cache_bytes=max_cache_bytes,
-                     worker=worker, slots=slots)
+                     worker=worker, slots=slots, models=models)
     demo.queue(default_concurrency_limit=8)
     base = (defaults or Settings()).config()
     api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,
-                             api_key=api_key)
+                             api_key=api_key, models=models)
     app = FastAPI(title="TriForce Studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api.router)
     app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))

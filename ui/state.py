@@ -1,9 +1,11 @@
 """What the app keeps: the context every handler shares (one engine, one worker, the cache
 pools) and each browser session's `UserState`.
 
-One engine (model weights) serves every user; each browser session has its own `UserState`
-in `gr.State` (its `ChatSession`, hence its own caches, and its answers' traces). Every use of
-the engine goes through the one `EngineWorker`, so users cannot corrupt each other's caches.
+One engine (model weights) serves every user of a model; each browser session has its own
+`UserState` in `gr.State` (its `ChatSession`, hence its own caches, and its answers' traces).
+A user who switches the model holds its `ServedModel` (`triforce_core.serving.models`); their
+session runs on its engine, every other user keeps theirs. Every use of every engine goes
+through the one `EngineWorker`, so users cannot corrupt each other's caches.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass, field
 
 from triforce_core.documents import Document
 from triforce_core.engine import TriForceEngine
+from triforce_core.serving.models import ServedModel, ServedModels
 from triforce_core.serving.worker import EngineWorker, Job
 from triforce_core.session import ChatSession
 from triforce_core.slots import SlotPool
@@ -47,6 +50,7 @@ class UserState:
     book_sizes: list[int] = field(default_factory=list)  # tokens of each of the book's sections
     last_used: float = field(default_factory=time.monotonic)
     auto_inspect: bool = False  # the lesson: open the inspector on the next answer's first rejection
+    model: ServedModel | None = None  # a model the user switched to (None: the server's started model)
 
     @property
     def busy(self) -> bool:
@@ -101,10 +105,24 @@ class AppContext:
     slots: SlotPool
     defaults: Settings
     max_bytes: int
+    models: ServedModels | None = None  # the models users may switch to (None: `engine` alone)
 
     @property
     def window(self) -> int:
         return self.engine.context_window
+
+    def engine_of(self, user: UserState | None) -> TriForceEngine:
+        """The engine a user's session runs on (the started model's for a new user)."""
+        return user.session.engine if user is not None else self.engine
+
+    def window_of(self, user: UserState | None) -> int:
+        return self.engine_of(user).context_window
+
+    def model_id_of(self, user: UserState | None) -> str | None:
+        """The id of the user's model in `models` (None without them)."""
+        if user is not None and user.model is not None:
+            return user.model.id
+        return self.models.started.id if self.models is not None else None
 
     def new_user(self) -> UserState:
         return UserState(ChatSession(self.engine))

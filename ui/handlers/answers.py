@@ -87,11 +87,12 @@ class AnswerHandlers:
         With the teaching view on, the generation was started with inspect=True (`start` does
         that); with `config`, it can be stepped round by round (paused while `stepping`)."""
         ctx = self.ctx
-        answer = Answer(AnswerTrace(ctx.engine.decode), inspected=teaching)
-        pauses = round_pauses(config, ctx.engine.eos_token_ids) if config is not None else None
+        engine, window = ctx.engine_of(user), ctx.window_of(user)  # the user's model
+        answer = Answer(AnswerTrace(engine.decode), inspected=teaching)
+        pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
-        turn = _Turn(user, answer, label, ctx.engine.target.spec)
+        turn = _Turn(user, answer, label, engine.target.spec)
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
         try:
             for _ in follow(job, turn.take, lambda: interval):
@@ -106,8 +107,8 @@ class AnswerHandlers:
                     status = status_html(
                         f"Step mode: {'round ' + str(rounds) if rounds else 'the prefill'} done. Press Step for "
                         f"round {rounds + 1} (untick Step mode to run on).", "info")
-                out = answer_updates(user, answer, status, teaching, budget, ctx.window,
-                                     turn.new_map and panels, panels, ctx.engine.decode, waiting)
+                out = answer_updates(user, answer, status, teaching, budget, window,
+                                     turn.new_map and panels, panels, engine.decode, waiting)
                 # The page re-renders the whole transcript on each update: send long ones less
                 # often, so a slow browser never falls behind (and a Stop shows at once).
                 interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
@@ -126,7 +127,7 @@ class AnswerHandlers:
             status = status_html(f"Stopped after {answer.trace.new_tokens} tokens.", "info")
         else:
             status = status_html(answer.footer or "Done.", "ok")
-        yield answer_updates(user, answer, status, teaching, budget, ctx.window, True, ctx.engine.decode)
+        yield answer_updates(user, answer, status, teaching, budget, window, True, engine.decode)
 
     def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
         """The user (new if none yet) and the settings, or a clear error."""
@@ -180,15 +181,16 @@ class AnswerHandlers:
         answer = user.answers[-1]
         ar = Settings(**{**settings.__dict__, "mode": "autoregressive"}).config()
         user.job = job = ctx.worker.submit(lambda: user.session.rerun_last(ar, progress_events=True))
-        baseline = AnswerTrace(ctx.engine.decode)
+        engine, window = ctx.engine_of(user), ctx.window_of(user)
+        baseline = AnswerTrace(engine.decode)
 
         def take(item) -> None:
             if not isinstance(item, PrefillProgress):
                 baseline.push(item, time.perf_counter())
 
         def page(message: str, kind: str) -> tuple:
-            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, ctx.window, False,
-                                  ctx.engine.decode)
+            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, window, False,
+                                  engine.decode)
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
@@ -223,10 +225,10 @@ class AnswerHandlers:
             user.session.clear()
             user.answers = []
         status = status_html("Conversation cleared (the document stays loaded).", "info")
-        return empty_panels(user, status, budget, self.ctx.window)
+        return empty_panels(user, status, budget, self.ctx.window_of(user))
 
     def on_teaching(self, user, teaching):
         return transcript(user, teaching), legend_block(teaching)
 
     def on_budget(self, user, budget):
-        return gauge(user, budget, self.ctx.window)
+        return gauge(user, budget, self.ctx.window_of(user))

@@ -30,7 +30,7 @@ class DocumentHandlers:
         user.document, user.answers, user.spans = doc, [], []
 
     def _outputs(self, user: UserState, budget, status: str) -> tuple:
-        w = self.ctx.window
+        w = self.ctx.window_of(user)  # the user's model's
         return (user, doc_info(user), gauge(user, budget, w), status, transcript(user, False),
                 retrieval_map_figure(None), *toc_update(user, w))
 
@@ -38,14 +38,14 @@ class DocumentHandlers:
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is being generated; stop it before changing the document.")
-        count = self.ctx.engine.encode
+        count, window = self.ctx.engine_of(user).encode, self.ctx.window_of(user)
         tokens, sizes = self.ctx.worker.call(
             lambda: (len(count(doc.text)), section_tokens(doc, lambda t: len(count(t))) if doc.sections else []))
         user.book, user.book_sizes = (doc, sizes) if doc.sections else (None, [])
-        if tokens > self.ctx.window and doc.sections:  # a book: nothing is read until sections are picked
+        if tokens > window and doc.sections:  # a book: nothing is read until sections are picked
             self._read(user, Document("", doc.format, doc.name))
             user.document = None
-            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {self.ctx.window:,}: "
+            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {window:,}: "
                        "pick the sections to read in the table of contents.")
             return self._outputs(user, budget, status_html(message, "info"))
         self._read(user, doc)
@@ -64,11 +64,12 @@ class DocumentHandlers:
         text = selected_text(book, picked)
         # The conversation's prompt without a question: the document, the template, the system prompt.
         system = user.session.system_prompt
-        tokens = self.ctx.worker.call(lambda: len(ChatSession(self.ctx.engine, text, system_prompt=system).prompt_ids("")))
+        engine, window = self.ctx.engine_of(user), self.ctx.window_of(user)
+        tokens = self.ctx.worker.call(lambda: len(ChatSession(engine, text, system_prompt=system).prompt_ids("")))
         room = int(max_new_tokens or 0)
-        if tokens + room > self.ctx.window:
+        if tokens + room > window:
             numbers = ", ".join(str(i + 1) for i in picked)
-            message = over_window(f"The selection (sections {numbers})", tokens, self.ctx.window, room)
+            message = over_window(f"The selection (sections {numbers})", tokens, window, room)
             gr.Warning(message)
             return (user, gr.skip(), gr.skip(), status_html(message + ". Pick fewer.", "error"),
                     gr.skip(), gr.skip(), gr.skip(), gr.skip())

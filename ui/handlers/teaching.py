@@ -67,7 +67,7 @@ class TeachingHandlers:
 
     def on_pick(self, key, user: UserState | None):
         """The inspector for the clicked token."""
-        decode = self.ctx.engine.decode
+        decode = self.ctx.engine_of(user).decode
         picked = parse_pick(key)
         if user is None or picked is None:
             return inspector_html(None, decode), inspector_figure(None, decode)
@@ -91,7 +91,7 @@ class TeachingHandlers:
     def lesson_setup(self, user: UserState | None):
         """After the sample is loaded: the lesson's settings, teaching view and step mode on,
         the question to ask; the inspector will open on the first rejection."""
-        if self.ctx.engine.draft is None:
+        if self.ctx.engine_of(user).draft is None:
             raise gr.Error("The lesson shows the paper's three levels: it needs a small draft model (--draft).")
         if user is not None:
             user.auto_inspect = True

@@ -1,0 +1,184 @@
+"""Finding GGUF files where desktop tools keep them, the browser's path restriction, and the
+served models (loaded once, per caller, a load error leaving what was loaded untouched).
+
+The folder layouts are LM Studio's, Ollama's (manifest + blob) and the Hugging Face cache's
+(snapshot links into blobs), built in temporary folders around tiny real GGUF files."""
+
+from __future__ import annotations
+
+import gc
+import hashlib
+import json
+import os
+import threading
+from pathlib import Path
+
+import pytest
+
+from conftest import make_hf
+from gguf_files import write_gguf
+from triforce_core.engine import TriForceEngine
+from triforce_core.loading import ModelLoadError
+from triforce_core.model_folders import ModelFolders, PathRefused, default_tool_folders
+from triforce_core.serving.models import DEMO_ID, ServedModels, UnknownModel
+
+REFUSED = "refused: only GGUF files under the model folders can be opened"
+
+
+@pytest.fixture(scope="module")
+def gguf(tmp_path_factory) -> bytes:
+    path = write_gguf(make_hf("llama_mha", seed=3), tmp_path_factory.mktemp("gguf") / "tiny.gguf", {})
+    return path.read_bytes()
+
+
+def put(path: Path, data: bytes) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    return path
+
+
+@pytest.fixture
+def home(tmp_path, gguf):
+    """A home folder as a user of LM Studio, Ollama and the Hugging Face hub has it, a models
+    folder of one's own, and a secret file outside them all."""
+    h = tmp_path / "home"
+    put(h / ".lmstudio/models/someone/Tiny-GGUF/tiny-Q8_0.gguf", gguf)
+    put(h / ".lmstudio/models/someone/Tiny-GGUF/notes.txt", b"not a model")
+    ollama = h / ".ollama/models"
+    digest = hashlib.sha256(gguf).hexdigest()
+    put(ollama / f"blobs/sha256-{digest}", gguf)
+    put(ollama / ("blobs/sha256-" + "0" * 64), b'{"template": "..."}')
+    manifest = {"schemaVersion": 2, "layers": [
+        {"mediaType": "application/vnd.ollama.image.template", "digest": "sha256:" + "0" * 64},
+        {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}"}]}
+    put(ollama / "manifests/registry.ollama.ai/library/tiny/latest", json.dumps(manifest).encode())
+    put(ollama / "manifests/registry.ollama.ai/someone/other/q8", json.dumps(manifest).encode())
+    put(ollama / "manifests/registry.ollama.ai/library/broken/latest", b"{not json")
+    hub = h / ".cache/huggingface/hub"
+    repo = hub / "models--org--Tiny-GGUF"
+    put(repo / "blobs/abc123", gguf)
+    snap = repo / "snapshots/0123abcd"
+    snap.mkdir(parents=True)
+    (snap / "tiny.Q8_0.gguf").symlink_to("../../blobs/abc123")  # as huggingface_hub links them
+    mine = tmp_path / "mine"
+    put(mine / "nested/deeper/own.gguf", gguf)
+    put(mine / "fake.gguf", b"this is not a GGUF file")
+    put(mine / "big-00001-of-00002.gguf", gguf)  # one part of a split file: not a model alone
+    secret = put(tmp_path / "outside/secret.gguf", gguf)
+    (mine / "link-out.gguf").symlink_to(secret)  # inside by name, outside in fact
+    return {"home": h, "mine": mine, "secret": secret, "tmp": tmp_path}
+
+
+def folders_of(home, monkeypatch) -> ModelFolders:
+    monkeypatch.setenv("HOME", str(home["home"]))
+    for var in ("OLLAMA_MODELS", "HF_HUB_CACHE", "HF_HOME", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    return ModelFolders.default([str(home["mine"])])
+
+
+def test_discovery_finds_each_tools_layout(home, monkeypatch):
+    found = {m.id: m for m in folders_of(home, monkeypatch).discover()}
+    assert sorted(found) == [
+        "hf/org/Tiny-GGUF/tiny.Q8_0",
+        "lmstudio/someone/Tiny-GGUF/tiny-Q8_0",
+        "nested/deeper/own",
+        "ollama/someone/other:q8",
+        "ollama/tiny:latest",
+    ]
+    assert found["ollama/tiny:latest"].path.name.startswith("sha256-")  # named through the manifest
+    assert found["hf/org/Tiny-GGUF/tiny.Q8_0"].path.name == "abc123"  # the snapshot's link resolved
+    assert {m.tool for m in found.values()} == {"lmstudio", "ollama", "hf", "models-dir"}
+
+
+def test_tool_folders_follow_the_environment(tmp_path, monkeypatch):
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.setenv("OLLAMA_MODELS", str(tmp_path / "o"))
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hfhome"))
+    monkeypatch.delenv("HF_HUB_CACHE", raising=False)
+    folders = dict((p, t) for t, p in default_tool_folders())
+    assert folders[tmp_path / "o"] == "ollama" and folders[tmp_path / "hfhome" / "hub"] == "hf"
+    assert folders[tmp_path / ".lmstudio" / "models"] == "lmstudio"
+    with pytest.raises(ValueError, match="not a folder"):
+        ModelFolders.default([str(tmp_path / "missing")])
+
+
+def test_only_gguf_files_under_the_folders_can_be_opened(home, monkeypatch):
+    folders = folders_of(home, monkeypatch)
+    own = home["mine"] / "nested/deeper/own.gguf"
+    assert folders.allowed(str(own)) == own.resolve()
+    blob = next(folders.discover()[i].path for i, m in enumerate(folders.discover()) if m.id == "ollama/tiny:latest")
+    assert folders.allowed(str(blob)) == blob
+    outside = [
+        str(home["secret"]),  # exists, outside
+        str(home["tmp"] / "outside/none.gguf"),  # does not exist, outside: the same answer
+        "/etc/passwd",
+        f"{home['mine']}/../outside/secret.gguf",  # traversal
+        f"{home['mine']}/nested/../../outside/secret.gguf",
+        str(home["mine"] / "link-out.gguf"),  # a link inside pointing out
+        "nested/deeper/own.gguf",  # relative
+        "~/.lmstudio/models/someone/Tiny-GGUF/tiny-Q8_0.gguf",  # not expanded: relative
+        "",
+        f"{own}\x00",
+    ]
+    messages = set()
+    for text in outside:
+        with pytest.raises(PathRefused) as e:
+            folders.allowed(text)
+        messages.add(str(e.value))
+    assert len(messages) == 1 and next(iter(messages)).startswith(REFUSED)
+    assert "\n" not in next(iter(messages)) and str(home["tmp"]) not in next(iter(messages))
+    with pytest.raises(PathRefused, match="not a GGUF file"):
+        folders.allowed(str(home["mine"] / "fake.gguf"))
+    with pytest.raises(PathRefused, match="no such file"):
+        folders.allowed(str(home["mine"] / "gone.gguf"))
+
+
+def loader(counts: dict):
+    def load(choice):
+        counts[choice.id] = counts.get(choice.id, 0) + 1
+        return TriForceEngine.from_pretrained(choice.target, choice.draft, device="cpu")
+    return load
+
+
+def test_served_models_load_once_per_model_and_a_bad_file_leaves_the_others(home, monkeypatch, gguf):
+    folders = folders_of(home, monkeypatch)
+    put(home["mine"] / "corrupt.gguf", b"GGUF" + os.urandom(200))
+    counts: dict = {}
+    own = home["mine"] / "nested/deeper/own.gguf"  # started with a tiny model (the demo pair is heavier)
+    models = ServedModels(loader(counts), folders, started=(str(own), None), keep=1)
+    ids = [c.id for c in models.choices()]
+    assert ids[0] == "own" and DEMO_ID in ids and "ollama/tiny:latest" in ids and "corrupt" in ids
+    assert "nested/deeper/own" not in ids  # the started file, listed once
+
+    first = models.default()
+    results, errors = [], []
+    threads = [threading.Thread(target=lambda: results.append(models.get("ollama/tiny:latest"))) for _ in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors and len({id(r) for r in results}) == 1 and counts["ollama/tiny:latest"] == 1
+    assert results[0].engine is not first.engine and results[0].engine.context_window == 1024
+
+    with pytest.raises(ModelLoadError) as e:
+        models.get("corrupt")
+    assert "\n" not in str(e.value) and "corrupt" in str(e.value)
+    assert models.default() is first and models.loaded("ollama/tiny:latest") is results[0]
+    with pytest.raises(UnknownModel, match="no model 'nope'"):
+        models.get("nope")
+
+    # Beyond `keep`, a model nobody holds is freed; one somebody holds stays (and is not loaded twice).
+    held = models.get("hf/org/Tiny-GGUF/tiny.Q8_0")
+    results.clear()
+    gc.collect()
+    assert models.loaded("ollama/tiny:latest") is None  # let go: freed
+    models.get("lmstudio/someone/Tiny-GGUF/tiny-Q8_0")
+    gc.collect()
+    assert models.get("hf/org/Tiny-GGUF/tiny.Q8_0") is held and counts["hf/org/Tiny-GGUF/tiny.Q8_0"] == 1
+
+
+def test_a_path_opens_a_file_under_the_folders_only(home, monkeypatch):
+    models = ServedModels(loader({}), folders_of(home, monkeypatch), started=("x", None))
+    assert models.open_path(str(home["mine"] / "nested/deeper/own.gguf")).id == "nested/deeper/own"
+    with pytest.raises(PathRefused, match=REFUSED):
+        models.open_path(str(home["secret"]))

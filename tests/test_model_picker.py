@@ -1,0 +1,121 @@
+"""The app's model picker, for real: `python app.py --models-dir SHELF` in headless Chromium.
+
+The shelf holds a tiny GGUF model (window 1,024 tokens, a tokenizer of single letters, so a
+short book is over its window) and a corrupt GGUF file. Switching from the demo pair to the
+tiny model and back keeps the document (read again with each tokenizer: the table of
+contents and the context gauge follow the window); a corrupt file or a path outside the
+model folders is refused in one line and the app keeps the model it had.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import make_hf, running_server
+from gguf_files import write_gguf
+from test_app import CHROMIUM, ROOT, SAMPLE, free_port, wait_status
+
+WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
+pytestmark = pytest.mark.xdist_group("model-picker")
+
+
+@pytest.fixture(scope="module")
+def shelf(tmp_path_factory):
+    root = tmp_path_factory.mktemp("picker")
+    shelf = root / "shelf"
+    shelf.mkdir()
+    write_gguf(make_hf("llama_mha", seed=4), shelf / "tiny.gguf", {})
+    (shelf / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    text = SAMPLE.read_text(encoding="utf-8")
+    book = root / "book.md"  # about 700 demo tokens; about 1,900 of the tiny model's
+    book.write_text("".join(f"# Part {i + 1}\n\n{text[i * 600:(i + 1) * 600]}\n\n" for i in range(3)), encoding="utf-8")
+    return {"shelf": shelf, "home": root / "home", "book": book, "root": root}
+
+
+@pytest.fixture(scope="module")
+def page(shelf):
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
+    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
+               HOME=str(shelf["home"]))  # no LM Studio, Ollama or Hugging Face models of this machine's
+    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", "12",
+           "--models-dir", str(shelf["shelf"])]
+    with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
+        with sync_api.sync_playwright() as p:
+            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+            pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+            pg.set_default_timeout(120_000)
+            pg.goto(url)
+            pg.wait_for_selector("#tf-send")
+            pg.click("#tf-settings button")  # open the settings accordion
+            pg.wait_for_selector("#tf-model input")
+            yield pg
+            browser.close()
+
+
+def pick(page, model_id: str) -> None:
+    page.click("#tf-model input")
+    page.locator("ul[role='listbox'] li", has_text=f"{model_id} (").first.click()
+
+
+def ask_and_finish(page, question: str) -> str:
+    page.fill("#tf-message textarea", question)
+    page.click("#tf-send")
+    return wait_status(page, "tok/s", "rror")
+
+
+def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, shelf):
+    page.set_input_files("#tf-upload input[type=file]", str(shelf["book"]))
+    wait_status(page, "Loaded book.md")
+    assert "demo pair" in page.inner_text("#tf-model-info")
+
+    pick(page, "tiny")
+    switched = wait_status(page, "Switched to", "Could not")
+    assert "Switched to tiny" in switched and "over its window" in switched, switched
+    assert "of 1,024 tokens" in page.inner_text("#tf-gauge")
+    assert "window 1,024 tokens" in page.inner_text("#tf-model-info")
+    labels = page.locator("#tf-toc-list label").all_inner_texts()  # the contents, in the tiny model's tokens
+    assert len(labels) == 3 and all(label.endswith(" tokens") for label in labels)
+    page.locator("#tf-toc-list label", has_text="1. Part 1").click()
+    page.click("#tf-read-sections")
+    wait_status(page, "Reading sections 1 of book.md")
+    done = ask_and_finish(page, "abc")
+    assert "tok/s" in done, done
+
+    pick(page, "triforce-demo")
+    back = wait_status(page, "Switched to triforce-demo", "Could not")
+    assert "book.md read again" in back and "starts afresh" in back, back
+    assert f"of {WINDOW:,} tokens" in page.inner_text("#tf-gauge") and "book.md" in page.inner_text("#tf-docinfo")
+    assert "tf-tok" not in page.inner_html("#tf-chat")  # the conversation started afresh
+    done = ask_and_finish(page, "What follows «Part 2»?")
+    assert "tok/s" in done, done
+
+
+def test_a_corrupt_file_or_a_path_outside_is_one_line_and_the_model_stays(page, shelf):
+    before = page.inner_text("#tf-model-info")
+    pick(page, "corrupt")
+    wait_status(page, "Could not load")
+    failed = page.inner_text("#tf-status .tf-status")  # the line itself (not Gradio's timer beside it)
+    assert "Could not load corrupt" in failed and "Still on triforce-demo" in failed and "\n" not in failed.strip()
+    assert page.locator("#tf-model input").input_value().startswith("triforce-demo")
+    assert page.inner_text("#tf-model-info") == before
+
+    for path in ("/etc/passwd", f"{shelf['shelf']}/../book.md"):
+        page.fill("#tf-model-path textarea", path)
+        page.click("#tf-model-open")
+        wait_status(page, "refused:")
+        refused = page.inner_text("#tf-status .tf-status")
+        assert refused.strip().startswith("refused: only GGUF files under the model folders"), refused
+        page.fill("#tf-model-path textarea", "")
+    done = ask_and_finish(page, "What follows «Part 1»?")
+    assert "tok/s" in done, done

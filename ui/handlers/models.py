@@ -1,0 +1,138 @@
+"""Switching the model: the settings' model picker and its path field.
+
+A switch is the user's own (`triforce_core.serving.models`): it loads (or finds loaded) another
+engine and changes nothing another user holds, so their answers run on undisturbed. The
+document stays: it is read again with the new model's tokenizer, and the context gauge and
+the table of contents follow the new window. The conversation starts afresh, since its caches
+belong to the old model. A model that cannot be loaded (a corrupt or unsupported file, a path
+outside the model folders) leaves the user on the model they had, with one line saying why.
+
+Outputs: `ui.views.DOCUMENT_OUTPUTS`, then `MODEL_OUTPUTS`.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+
+import gradio as gr
+
+from triforce_core.config import MODES
+from triforce_core.loading import ModelLoadError
+from triforce_core.model_folders import PathRefused
+from triforce_core.serving.models import ServedModel, UnknownModel
+from triforce_core.session import ChatSession
+
+from ..figures import retrieval_map_figure
+from ..render import status_html
+from ..state import AppContext, UserState
+from ..views import DOCUMENT_OUTPUTS, doc_info, gauge, toc_update, transcript
+from .documents import DocumentHandlers
+
+MODEL_OUTPUTS = ("mode", "model", "model_info")
+PROGRESS_EVERY_S = 0.5  # how often the loading line refreshes
+
+
+def modes_for(engine) -> list[str]:
+    """The decoding modes a model can run: those needing a small draft only with one."""
+    return [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
+
+
+def model_info(served_id: str, note: str, engine) -> str:
+    """One line on the user's model: what it is, its window, its draft."""
+    draft = "with its small draft" if engine.draft is not None else "no small draft (modes without one)"
+    return (f'<div class="tf-model-info">Model: <b>{html.escape(served_id)}</b> · {html.escape(note)} · '
+            f"window {engine.context_window:,} tokens · {draft}</div>")
+
+
+class ModelHandlers:
+    def __init__(self, ctx: AppContext, documents: DocumentHandlers):
+        if ctx.models is None:
+            raise ValueError("the model picker needs the server's ServedModels")
+        self.ctx, self.documents = ctx, documents
+
+    def choices(self) -> list[tuple[str, str]]:
+        """The picker's entries (label, id): the models list is scanned again each time."""
+        return [(c.label, c.id) for c in self.ctx.models.choices()]
+
+    def on_page_load(self):
+        return gr.update(choices=self.choices())
+
+    def on_pick(self, model_id, user, budget, mode):
+        yield from self._switch(lambda: self.ctx.models.find(model_id), user, budget, mode)
+
+    def on_path(self, text, user, budget, mode):
+        yield from self._switch(lambda: self.ctx.models.open_path(text), user, budget, mode)
+
+    def _kept(self, user: UserState | None, message: str) -> tuple:
+        """A refused or failed switch: one line, and the picker back on the model the user has."""
+        gr.Warning(message)
+        skip = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
+        return (user, *skip[1:3], status_html(message, "error"), *skip[4:],
+                gr.skip(), gr.update(value=self.ctx.model_id_of(user)), gr.skip())
+
+    def _switch(self, choose, user: UserState | None, budget, mode):
+        ctx = self.ctx
+        if user is not None and user.busy:
+            yield self._kept(user, "An answer is being generated; stop it before switching the model.")
+            return
+        try:
+            choice = choose()
+        except (UnknownModel, PathRefused) as e:
+            yield self._kept(user, str(e))
+            return
+        if choice.id == ctx.model_id_of(user):
+            yield self._kept(user, f"{choice.id} is the model in use.")
+            return
+        # Loading runs beside the page's updates (a large file takes a while); the worker, and
+        # with it every other user's answer, is not held up by it.
+        box: dict = {}
+
+        def load():
+            try:
+                box["served"] = ctx.models.get(choice.id)
+            except (ModelLoadError, UnknownModel, OSError, ValueError) as e:
+                box["error"] = str(e).splitlines()[0] if str(e) else type(e).__name__
+
+        t0 = time.perf_counter()
+        thread = threading.Thread(target=load, name=f"load {choice.id}", daemon=True)
+        thread.start()
+        skip = (gr.skip(),) * (len(DOCUMENT_OUTPUTS) + len(MODEL_OUTPUTS))
+        while thread.is_alive():
+            line = status_html(f"Loading {choice.id} … {time.perf_counter() - t0:.0f} s", "busy")
+            yield (user if user is not None else gr.skip(), *skip[1:3], line, *skip[4:])
+            thread.join(PROGRESS_EVERY_S)
+        if "error" in box:
+            yield self._kept(user, f"Could not load {choice.id}: {box['error']}. Still on {ctx.model_id_of(user)}.")
+            return
+        served: ServedModel = box["served"]
+        seconds = time.perf_counter() - t0
+        user = user or ctx.new_user()
+        if user.busy:  # an answer was started while the model loaded
+            yield self._kept(user, "An answer is being generated; stop it before switching the model.")
+            return
+        old = user.session
+        user.model = served
+        user.session = ChatSession(served.engine, system_prompt=old.system_prompt)
+        user.answers, user.spans = [], []
+        ctx.worker.call(old.release)  # its caches belong to the old model
+        window = served.engine.context_window
+        head = f"Switched to {served.id} in {seconds:.1f} s (window {window:,} tokens)"
+        doc = user.book or user.document
+        if doc is not None:
+            out = self.documents.set_document(user, doc, budget)  # re-tokenized; the gauge and contents follow
+            if user.document is None:  # a book over the new window: nothing is read until sections are picked
+                line = status_html(f"{head}: {doc.name} is over its window; pick the sections to read in the "
+                                   "table of contents.", "info")
+            else:
+                line = status_html(f"{head}: {user.document.name} read again, {user.session.document_tokens:,} "
+                                   "tokens; the conversation starts afresh.", "ok")
+            out = (*out[:3], line, *out[4:])
+        else:
+            out = (user, doc_info(user), gauge(user, budget, window), status_html(head + ".", "ok"),
+                   transcript(user, False), retrieval_map_figure(None), *toc_update(user, window))
+        modes = modes_for(served.engine)
+        return_mode = mode if mode in modes else "lookup"
+        yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
+               model_info(served.id, served.choice.note, served.engine))
