@@ -25,7 +25,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "level that proposed it.",
         epilog="The same port serves an OpenAI-compatible API: POST /v1/chat/completions, GET /v1/models. "
         "Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
-        "endpoint, no file access beyond uploads.",
+        "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir).",
     )
     p.add_argument("--target", help="hub id, local folder, a .gguf file, or smollm2 (default: the embedded demo target)")
     p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the embedded demo draft)")
