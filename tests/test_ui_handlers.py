@@ -14,6 +14,7 @@ from triforce_core.engine import TriForceEngine
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.slots import SlotPool
 from ui.handlers.answers import AnswerHandlers, follow
+from triforce_core.book import BookSession
 from ui.handlers.documents import DocumentHandlers
 from ui.handlers.teaching import TeachingHandlers
 from ui.narration import round_sentence
@@ -121,10 +122,17 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
     user, info, _gauge, status, _chat, _map, box, toc = documents.set_document(None, _book(), 32)
-    # Not refused, not cut: nothing is read until sections are picked.
-    assert "over the context window of 1,024" in status and "pick the sections" in status
-    assert user.document is None and user.session.document_tokens == 0
+    # Not refused, not cut: each question reads the sections most relevant to it ...
+    assert "over the context window of 1,024" in status and "each question reads the sections" in status
+    assert isinstance(user.session, BookSession) and user.session.document_tokens == 0
     assert box["visible"] is True
+    gamma = _book().text[_book().sections[3].start : _book().sections[3].end].split()
+    updates = list(answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values()))
+    assert "tf-ok" in updates[-1][2]
+    read = user.session.turns[-1].sections_read
+    assert 4 in [s["number"] for s in read] and user.document.text.startswith("[Section ")
+    assert documents.on_answered(user)["value"] == sorted({s["number"] - 1 for s in read})  # ticked
+    # ... until the user ticks sections and reads those: a plain conversation over them
     labels = [label for label, _ in toc["choices"]]
     assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u20033. Beta detail · 320 tokens"
     assert labels[1] == "2. Beta · 620 tokens"  # a section includes its subsection
@@ -135,8 +143,9 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
         refused = documents.on_sections([1, 3], user, 32, 12)
     assert "The selection (sections 2, 4) is 1,0" in refused[3] and "window of 1,024" in refused[3]
     assert "tf-error" in refused[3]
-    assert user.session.document_tokens == 0  # nothing was read
+    assert isinstance(user.session, BookSession)  # nothing changed
     out = documents.on_sections([0, 2, 3], user, 32, 12)  # Alpha, Beta detail, Gamma
+    assert not isinstance(user.session, BookSession)
     assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-1]["value"] == [0, 2, 3]
     assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
     assert 970 < user.session.document_tokens < 1000

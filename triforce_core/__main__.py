@@ -185,8 +185,8 @@ def build_parser() -> argparse.ArgumentParser:
                       "not fit), or numbers such as 3,5-7 (numbered from 1 as `ingest --json` lists them; a section "
                       "includes its subsections)")
     conv.add_argument("--reading-budget", type=int, default=None, metavar="TOKENS",
-                      help="with --sections auto: tokens of the book each question reads at most (default 16384, "
-                      "measured; never more than the window leaves)")
+                      help="with --sections auto: tokens of the book each question reads at most (default 4096, "
+                      "measured with the demo pair; never more than the window leaves)")
     conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
     _add_decoding_args(c)
     add_kv_cache_args(c)

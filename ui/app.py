@@ -166,11 +166,13 @@ def build_app(
         take = dict(fn=lambda m: ("", m), inputs=message, outputs=[message, asked], queue=False, **private)
         ask = dict(fn=answers.on_ask, inputs=[asked, user, teaching, stepmode, system, *settings_inputs],
                    outputs=streamed, concurrency_limit=None, **private)
-        send_btn.click(**take).then(**ask)
-        message.submit(**take).then(**ask)
+        # a book read by relevance: the sections the question read are ticked once it is answered
+        tick = dict(fn=documents.on_answered, inputs=user, outputs=page["toc_list"], queue=False, **private)
+        send_btn.click(**take).then(**ask).then(**tick)
+        message.submit(**take).then(**ask).then(**tick)
         stop_btn.click(answers.on_stop, [user], None, queue=False, **private)
         regen_btn.click(answers.on_regenerate, [user, teaching, stepmode, system, *settings_inputs], streamed,
-                        concurrency_limit=None, **private)
+                        concurrency_limit=None, **private).then(**tick)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
                           concurrency_limit=None, **private)
         clear_btn.click(answers.on_clear, [user, budget], streamed, **private)

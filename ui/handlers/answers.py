@@ -12,6 +12,7 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
+from triforce_core.book import BookSession
 from triforce_core.config import ConfigError, GenerationConfig
 from triforce_core.events import ChunksSelected, PrefillProgress
 from triforce_core.serving.worker import Job
@@ -21,6 +22,7 @@ from ..settings import SETTING_NAMES, Settings, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
 from ..views import answer_footer, answer_updates, empty_panels, gauge, prefill_progress_text, transcript
+from .documents import read_document
 from .teaching import round_pauses
 
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
@@ -140,6 +142,12 @@ class AnswerHandlers:
             raise gr.Error(f"Invalid setting: {e}")
         return user, settings
 
+    @staticmethod
+    def _book_read(user) -> None:
+        """A book read by relevance: the document shown is what this question reads of it."""
+        if isinstance(user.session, BookSession):
+            user.document = read_document(user.session)
+
     def on_ask(self, message, user, teaching, stepping, system, *setting_values):
         message = (message or "").strip()
         if not message:
@@ -150,6 +158,7 @@ class AnswerHandlers:
 
         def start():
             events = user.session.ask(message, config, progress_events=True, inspect=bool(teaching))
+            self._book_read(user)
             user.spans, user.doc_first = user.session.token_char_spans(message)
             return events
 
@@ -165,6 +174,7 @@ class AnswerHandlers:
 
         def start():
             events = user.session.regenerate(config, progress_events=True, inspect=bool(teaching))
+            self._book_read(user)
             user.answers = user.answers[: len(user.session.turns)]
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events

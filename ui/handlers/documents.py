@@ -1,6 +1,8 @@
 """Loading a document: an upload (a clear error for a file that cannot be read) or the sample;
-a book with sections also gets its table of contents, from which the user picks what to read
-(a book over the context window is read that way, never cut)."""
+a book with sections also gets its table of contents, from which the user picks what to read.
+A book over the context window is never cut: each question reads the sections most relevant
+to it (`triforce_core.book.BookSession`), ticked in the table of contents after the answer,
+until the user ticks sections and reads those instead."""
 
 from __future__ import annotations
 
@@ -8,7 +10,10 @@ from pathlib import Path
 
 import gradio as gr
 
-from triforce_core.documents import Document, DocumentError, load_document
+import re
+
+from triforce_core.book import BookSession
+from triforce_core.documents import Document, DocumentError, Section, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
 from triforce_core.sections import merged_spans, over_window, section_tokens, selected_text
 from triforce_core.session import ChatSession
@@ -26,7 +31,19 @@ class DocumentHandlers:
         self.ctx = ctx
 
     def _read(self, user: UserState, doc: Document) -> None:
+        if isinstance(user.session, BookSession):  # the user's own pick from now on: a plain conversation
+            old = user.session
+            user.session = ChatSession(old.engine, system_prompt=old.system_prompt, config=old.config)
+            self.ctx.worker.call(old.release)
         self.ctx.worker.call(lambda: (user.session.set_document(doc), user.session.document_tokens))
+        user.document, user.answers, user.spans = doc, [], []
+
+    def _read_book(self, user: UserState, doc: Document) -> None:
+        """Each question reads the book's parts most relevant to it."""
+        old, engine = user.session, self.ctx.engine_of(user)
+        user.session = self.ctx.worker.call(
+            lambda: BookSession(engine, doc, system_prompt=old.system_prompt, config=old.config))
+        self.ctx.worker.call(old.release)
         user.document, user.answers, user.spans = doc, [], []
 
     def _outputs(self, user: UserState, budget, status: str) -> tuple:
@@ -42,11 +59,13 @@ class DocumentHandlers:
         tokens, sizes = self.ctx.worker.call(
             lambda: (len(count(doc.text)), section_tokens(doc, lambda t: len(count(t))) if doc.sections else []))
         user.book, user.book_sizes = (doc, sizes) if doc.sections else (None, [])
-        if tokens > window and doc.sections:  # a book: nothing is read until sections are picked
-            self._read(user, Document("", doc.format, doc.name))
-            user.document = None
-            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {window:,}: "
-                       "pick the sections to read in the table of contents.")
+        if tokens > window:  # a book: each question reads what is most relevant to it
+            self._read_book(user, doc)
+            what = "sections" if doc.sections else "parts"
+            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {window:,}: each question reads "
+                       f"the {what} most relevant to it, up to {user.session.reading_budget:,} tokens"
+                       + (" (ticked in the table of contents after each answer; or tick sections yourself and "
+                          "read those)." if doc.sections else "."))
             return self._outputs(user, budget, status_html(message, "info"))
         self._read(user, doc)
         return self._outputs(user, budget, status_html(
@@ -79,6 +98,13 @@ class DocumentHandlers:
             f"Reading sections {names} of {book.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
         return out[:-1] + (gr.update(value=picked),)
 
+    def on_answered(self, user: UserState | None):
+        """After an answer of a book read by relevance: tick the sections the question read."""
+        if user is None or not isinstance(user.session, BookSession) or not user.session.turns:
+            return gr.skip()
+        read = user.session.turns[-1].sections_read or []
+        return gr.update(value=sorted({s["number"] - 1 for s in read if s["number"] is not None}))
+
     def on_upload(self, file, user, budget):
         if file is None:
             return (gr.skip(),) * 8
@@ -94,3 +120,11 @@ class DocumentHandlers:
     def on_sample(self, user, budget):
         doc = load_document(SAMPLE_DOCUMENT, max_bytes=self.ctx.max_bytes)
         return self.set_document(user, doc, budget)
+
+
+def read_document(session: BookSession) -> Document:
+    """What a book session's last question read, as a document whose sections are the lines
+    naming each part (so the retrieval map's hover says which section a chunk lies in)."""
+    book, text = session.book, session.document
+    sections = tuple(Section(m.start(), m.group(1), m.group(1), 1) for m in re.finditer(r"(?m)^\[(.+)\]$", text))
+    return Document(text, book.format, f"{book.name}, the sections read for the last question", sections)

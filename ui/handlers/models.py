@@ -22,6 +22,7 @@ from triforce_core.config import MODES
 from triforce_core.loading import ModelLoadError
 from triforce_core.model_folders import PathRefused
 from triforce_core.serving.models import ServedModel, UnknownModel
+from triforce_core.book import BookSession
 from triforce_core.session import ChatSession
 
 from ..figures import retrieval_map_figure
@@ -119,12 +120,12 @@ class ModelHandlers:
         ctx.worker.call(old.release)  # its caches belong to the old model
         window = served.engine.context_window
         head = f"Switched to {served.id} in {seconds:.1f} s (window {window:,} tokens)"
-        doc = user.book or user.document
+        doc = user.book or (old.book if isinstance(old, BookSession) else user.document)
         if doc is not None:
             out = self.documents.set_document(user, doc, budget)  # re-tokenized; the gauge and contents follow
-            if user.document is None:  # a book over the new window: nothing is read until sections are picked
-                line = status_html(f"{head}: {doc.name} is over its window; pick the sections to read in the "
-                                   "table of contents.", "info")
+            if isinstance(user.session, BookSession):  # a book over the new window: read by relevance
+                line = status_html(f"{head}: {doc.name} is over its window; each question reads the sections "
+                                   "most relevant to it.", "info")
             else:
                 line = status_html(f"{head}: {user.document.name} read again, {user.session.document_tokens:,} "
                                    "tokens; the conversation starts afresh.", "ok")
