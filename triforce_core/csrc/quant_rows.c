@@ -160,7 +160,8 @@ static void dequant_q8_0(const uint8_t *b, float *w) {
 #endif
 
 /* Q4_K and Q5_K: eight sub-blocks of 32 with 6-bit scales and minimums; Q5_K adds a fifth bit
- * per weight from qh (bit j of qh[l] for sub-block j). */
+ * per weight from qh (bit j of qh[l] for sub-block j). ds * v is exact (at most 22 bits), so
+ * the vector path's fused multiply-subtract rounds once, as the scalar `ds * v - dm` does. */
 static void dequant_k4(const uint8_t *b, float *w, const uint8_t *qh, const uint8_t *qs) {
     float d = half_at(b), dmin = half_at(b + 2);
     const uint8_t *scales = b + 4;
@@ -170,11 +171,25 @@ static void dequant_k4(const uint8_t *b, float *w, const uint8_t *qh, const uint
         float ds = d * (float)sc, dm = dmin * (float)m;
         const uint8_t *q = qs + (j / 2) * 32;
         int shift = (j % 2) * 4;
+#ifdef HAVE_AVX2
+        __m256 vds = _mm256_set1_ps(ds), vdm = _mm256_set1_ps(dm);
+        __m256i fifteen = _mm256_set1_epi32(15), one = _mm256_set1_epi32(1);
+        for (int l = 0; l < 32; l += 8) {
+            __m256i v = _mm256_and_si256(_mm256_srli_epi32(_mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(q + l))), shift),
+                                         fifteen);
+            if (qh) {
+                __m256i h = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qh + l)));
+                v = _mm256_or_si256(v, _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(h, j), one), 4));
+            }
+            _mm256_storeu_ps(w + j * 32 + l, _mm256_fmsub_ps(vds, _mm256_cvtepi32_ps(v), vdm));
+        }
+#else
         for (int l = 0; l < 32; l++) {
             int v = (q[l] >> shift) & 15;
             if (qh) v |= ((qh[l] >> j) & 1) << 4;
             w[j * 32 + l] = ds * (float)v - dm;
         }
+#endif
     }
 }
 
@@ -188,6 +203,19 @@ static void dequant_q6_k(const uint8_t *b, float *w) {
     const int8_t *scales = (const int8_t *)(b + 192);
     float d = half_at(b + 208), ds[16];
     for (int i = 0; i < 16; i++) ds[i] = d * (float)scales[i];
+#ifdef HAVE_AVX2
+    __m256i fifteen = _mm256_set1_epi32(15), three = _mm256_set1_epi32(3), bias = _mm256_set1_epi32(32);
+    for (int h = 0; h < 2; h++)
+        for (int c = 0; c < 4; c++)
+            for (int l = 0; l < 32; l += 8) {
+                __m256i lo = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(ql + h * 64 + (c & 1) * 32 + l)));
+                __m256i hb = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qh + h * 32 + l)));
+                lo = c < 2 ? _mm256_and_si256(lo, fifteen) : _mm256_srli_epi32(lo, 4);
+                hb = _mm256_slli_epi32(_mm256_and_si256(_mm256_srli_epi32(hb, 2 * c), three), 4);
+                __m256 v = _mm256_cvtepi32_ps(_mm256_sub_epi32(_mm256_or_si256(lo, hb), bias));
+                _mm256_storeu_ps(w + h * 128 + c * 32 + l, _mm256_mul_ps(_mm256_set1_ps(ds[h * 8 + c * 2 + l / 16]), v));
+            }
+#else
     for (int h = 0; h < 2; h++)
         for (int half = 0; half < 32; half += 16) {
             const uint8_t *lo = ql + h * 64 + half, *hb = qh + h * 32 + half;
@@ -200,6 +228,7 @@ static void dequant_q6_k(const uint8_t *b, float *w) {
                 wh[l + 96] = sc[6] * (float)(((lo[l + 32] >> 4) | (((hb[l] >> 6) & 3) << 4)) - 32);
             }
         }
+#endif
 }
 
 /* Row r of a part, all K inputs, as float32. */
