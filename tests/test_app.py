@@ -394,10 +394,18 @@ def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     book = tmp_path / "book.md"
     book.write_text("".join(f"# Part {i + 1}\n\n{p}\n\n" for i, p in enumerate(parts)), encoding="utf-8")
     upload(page, book)
-    wait_status(page, "pick the sections to read")
+    wait_status(page, "each question reads the sections most relevant")
     page.wait_for_selector(f"#tf-toc-list label:has-text('Part {len(parts)}')")
     labels = page.locator("#tf-toc-list label").all_inner_texts()
     assert len(labels) == len(parts) and labels[0].startswith("1. Part 1 · ") and labels[0].endswith(" tokens")
+    # asked without picking: the sections the question read are ticked once it is answered
+    ask(page, "What follows «" + " ".join(parts[2].split()[5:12]) + "»?")
+    done = wait_status(page, "tok/s", "rror")
+    assert "tok/s" in done, done
+    ticked = page.locator("#tf-toc-list input[type=checkbox]:checked")
+    ticked.first.wait_for(timeout=30_000)
+    for _ in range(ticked.count()):  # the user changes them: untick all, then tick their own
+        ticked.first.click()
     page.locator("#tf-toc-list label", has_text=re.compile(r"^\s*2\. Part 2 ·")).click()
     page.locator("#tf-toc-list label", has_text=re.compile(r"^\s*3\. Part 3 ·")).click()
     page.click("#tf-read-sections")
