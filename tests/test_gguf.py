@@ -73,11 +73,13 @@ def test_stacked_product_rows_are_independent_and_exact():
 
     kernel = native_layers.kernel()
     m, dense = _stacked(np.random.default_rng(3))
-    x = torch.randn(11, 256, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(17, 256, generator=torch.Generator().manual_seed(0))
     ones = torch.ones(256)
-    together = kernel.logits(x, ones, 1e-6, m)
-    for i in range(11):
-        assert torch.equal(kernel.logits(x[i : i + 1], ones, 1e-6, m)[0], together[i]), f"row {i}"
+    alone = [kernel.logits(x[i : i + 1], ones, 1e-6, m)[0] for i in range(17)]
+    for n in (2, 5, 7, 8, 11, 17):  # every size of the groups that share a dequantized block
+        together = kernel.logits(x[:n], ones, 1e-6, m)
+        for i in range(n):
+            assert torch.equal(alone[i], together[i]), f"row {i} of {n}"
     h = x.double() * torch.rsqrt(x.double().pow(2).mean(-1, keepdim=True) + 1e-6)
     torch.testing.assert_close(together.double(), h @ dense.double().t(), rtol=1e-5, atol=1e-4)
 
