@@ -215,7 +215,8 @@ def test_cli_chat_contract(tiny_pair_dir, tmp_path):
     assert payload["document"] == {"chars": len(doc.read_text().strip()), "tokens": 200}
     assert [t["question"] for t in payload["turns"]] == [Q1, Q2]
     for t in payload["turns"]:
-        assert set(t) == {"question", "answer", "token_ids", "levels", "stats"}
+        # the contract's keys, and the citations extension (a list: the default mode, lookup, selects none)
+        assert set(t) == {"question", "answer", "token_ids", "levels", "stats", "passages"} and t["passages"] == []
         assert len(t["token_ids"]) == len(t["levels"]) == 8
         assert {"prefill_tokens", "reused_tokens", "prefill_s", "decode_s", "tokens_per_s", "acceptance"} <= set(t["stats"])
     first, second = payload["turns"][0]["stats"], payload["turns"][1]["stats"]
