@@ -166,8 +166,10 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=(
             "A conversation longer than the target's context window is refused with the numbers, "
             "unless --truncate is given (then the document's end is cut and the cut is reported). "
-            "A document (or --sections selection) that does not fit is refused before any prefill, "
-            "with its size, the window and the sizes of its top-level sections to pick from."
+            "A document beyond the window is read, for each question, by the sections most relevant to it "
+            "(--sections auto; each turn's sections_read on stderr, or in --json). A --sections all or "
+            "3,5-7 selection that does not fit is refused before any prefill, with its size, the window "
+            "and the sizes of its top-level sections to pick from."
         ),
     )
     _add_model_args(c)
@@ -253,8 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Extract the text of a document: .txt/.md (any encoding), .html (visible text), .pdf "
             "(page by page), .epub (spine order), .docx. The content is checked against the "
             "extension, archives are read with size caps, and extraction runs in a separate "
-            "process with a time limit. Its sections (headings; EPUB: the table of contents, else "
-            "the spine; PDF: the outline, else the pages; DOCX: Title/Heading styles) come with --json."
+            "process with a time limit. Its sections (HTML: its own table of contents, a nav or nested "
+            "list of links, or mdBook's toc.html beside the page, else headings; Markdown: headings; EPUB: the "
+            "table of contents, else the spine; PDF: the outline, else the pages; DOCX: Title/Heading styles) "
+            "come with --json."
         ),
         epilog="On failure: exit code 2 and one line `error: FILE: reason` on stderr.",
     )
