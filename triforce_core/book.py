@@ -78,14 +78,19 @@ class BookSession(ChatSession):
             try:
                 return super().ask(question, config, on_prefill_progress, progress_events, inspect)
             except ContextLengthError:
-                if not picked:
-                    self._document, self.sections_read, self.picked = before
-                    self._document_tokens = None
-                    raise
-                # the estimate was a few tokens short: drop the part read last by rank
-                ranked = self.reader.rank(q)
-                picked = sorted(picked, key=lambda i: ranked.index(i) if i in ranked else -1)[:-1]
-                picked.sort()
+                if picked:  # the estimate was a few tokens short: drop the part ranked lowest
+                    place = {i: r for r, i in enumerate(self.reader.rank(q))}
+                    picked = sorted(sorted(picked, key=lambda i: place.get(i, len(place)))[:-1])
+                    continue
+                self._restore(before)
+                raise
+            except Exception:  # refused before anything ran: the session reads what it read before
+                self._restore(before)
+                raise
+
+    def _restore(self, before: tuple) -> None:
+        self._document, self.sections_read, self.picked = before
+        self._document_tokens = None
 
     def _room(self, question: str, config: GenerationConfig) -> int:
         """Tokens left for the book: the budget, or less when the conversation, the question and

@@ -59,8 +59,8 @@ class Part:
 
 
 class BookReader:
-    """A document cut into parts, ranked per question by BM25. Not thread-safe (bm25s' index is read-only
-    once built, but callers should not share a reader across conversations that pick at once)."""
+    """A document cut into parts and their BM25 index, built once; ranking and picking change
+    nothing, so one reader can serve several conversations over the same book."""
 
     def __init__(self, document: Document, token_starts: Sequence[int], *, max_part_tokens: int = 4096):
         """`token_starts`: the character offset where each token of `document.text` begins (the
