@@ -66,9 +66,10 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0) -> Path:
+def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default") -> Path:
     """Write `hf` (a transformers Llama or Qwen2 model) as a GGUF file; `types` maps a GGUF tensor
-    name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`)."""
+    name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`);
+    `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it."""
     cfg = hf.config
     arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}[cfg.model_type]
     rng = np.random.default_rng(seed)
@@ -85,7 +86,7 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     tokens, merges = _vocab(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre("default")
+    w.add_tokenizer_pre(pre)
     w.add_token_list(tokens)
     w.add_token_types([3] * 3 + [1] * (len(tokens) - 3))
     w.add_token_merges(merges)

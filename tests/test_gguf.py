@@ -267,3 +267,19 @@ def test_disk_cache_and_sessions_work_on_a_gguf_model(folder, tmp_path):
     first, wrote = turn()
     second, read = turn()
     assert wrote == 0 and read >= 32 and first == second
+
+
+@pytest.mark.parametrize("pre", ["smollm", "default"])
+def test_a_digits_first_vocabulary_splits_digits_before_spaces(tmp_path, pre):
+    """SmolLM2's type ("smollm") cuts every digit off first, as llama.cpp and the original
+    tokenizer do: the spaces before a digit stay one piece. Any other type keeps transformers'
+    conversion (GPT-2's split joins the last space to the digit): the control."""
+    from triforce_core import gguf_checkpoint
+
+    path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path / f"{pre}.gguf", {}, pre=pre)
+    _, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
+    pieces = [p for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2")]
+    # byte-level pieces: "\u010a" is the newline, "\u0120" a space
+    assert pieces == (["x", "\u010a    ".replace(" ", "\u0120"), "2"] if pre == "smollm" else ["x", "\u010a\u0120\u0120\u0120", "\u01202"])
+    again = gguf_checkpoint.config_and_tokenizer(path)[1]  # read back from the cache folder: the same
+    assert again.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2") == tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2")

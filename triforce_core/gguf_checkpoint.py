@@ -103,9 +103,14 @@ def _field(reader, key: str, default: Any = None) -> Any:
     return default if field is None else field.contents()
 
 
+# The cached conversion's version: a change to what `config_and_tokenizer` makes of a file
+# (e.g. its pre-tokenizer) must not be read back from an older entry.
+CONVERSION = 2
+
+
 def _cache_folder(path: Path) -> Path:
     st = path.stat()
-    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}|{CONVERSION}".encode()).hexdigest()[:16]
     return cache_home() / "gguf" / f"{path.stem}-{key}"
 
 
@@ -132,6 +137,7 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise GGUFError(f"{path.name}: {_first_line(e)}") from e
+    split_digits_first(tokenizer, _field(_reader(path), "tokenizer.ggml.pre"))
     try:
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         config.save_pretrained(tmp)
@@ -140,6 +146,29 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
     except OSError:
         pass  # a read-only cache only costs the next start the same parse
     return config, tokenizer
+
+
+# llama.cpp's pre-tokenizer types that cut every digit off before GPT-2's split (its
+# llama-vocab.cpp; the original tokenizers chain a digit splitter and a byte-level one).
+# transformers' conversion does not know them and applies GPT-2's split alone, which joins a
+# space to the digit after it: SmolLM2's "\n    2" became "\n   ", " ", "2", where the model
+# was trained on (and llama.cpp gives) "\n    ", "2" (4 of 827 tokens differed on a page of
+# the sample chapter).
+DIGITS_FIRST = frozenset({"smollm", "starcoder", "refact", "command-r", "codeshell", "exaone"})
+
+
+def split_digits_first(tokenizer: Any, pre: str | None) -> None:
+    """Give a byte-level tokenizer of a DIGITS_FIRST type the digit split its vocabulary was
+    learned with (in place; any other tokenizer is left as it is)."""
+    from tokenizers import pre_tokenizers
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if pre not in DIGITS_FIRST or backend is None or not isinstance(backend.pre_tokenizer, pre_tokenizers.ByteLevel):
+        return
+    backend.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, trim_offsets=True, use_regex=True),
+    ])
 
 
 def open_checked(path: Path):
