@@ -84,6 +84,28 @@ def test_stacked_product_rows_are_independent_and_exact():
     torch.testing.assert_close(together.double(), h @ dense.double().t(), rtol=1e-5, atol=1e-4)
 
 
+def test_the_avx512_path_equals_the_avx2_path_bit_for_bit(tmp_path):
+    """Where the machine has AVX-512 the kernel takes 16-lane versions of the sums; they must
+    give exactly the AVX2 path's results (the same library built without them), every type and
+    row count."""
+    from triforce_core import native_build, native_layers
+
+    cpuinfo = Path("/proc/cpuinfo")
+    if not cpuinfo.exists() or "avx512dq" not in cpuinfo.read_text():
+        pytest.skip("no AVX-512 here: both builds would be the AVX2 path")
+    wide = native_layers.kernel()
+    narrow = native_layers.Layers(native_build.build(native_layers.SOURCE, native_layers.LAYER_FLAGS + ("-DTRIFORCE_NO_AVX512",),
+                                                     tmp_path))
+    rng = np.random.default_rng(4)
+    parts = [StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 256, rng)), (rows, 256))
+             for q, rows in ((Q.Q4_0, 19), (Q.Q4_1, 21), (Q.Q8_0, 17), (Q.Q4_K, 9), (Q.Q5_K, 7), (Q.Q6_K, 11))]
+    m = Matrix(stored=tuple(parts))
+    x = torch.randn(33, 256, generator=torch.Generator().manual_seed(1))
+    ones = torch.ones(256)
+    for n in (1, 2, 5, 9, 16, 17, 33):
+        assert torch.equal(wide.logits(x[:n], ones, 1e-6, m), narrow.logits(x[:n], ones, 1e-6, m)), n
+
+
 @functools.lru_cache(maxsize=None)
 def _files(folder: Path, kind: str):
     """A target and a small draft of one vocabulary, written as GGUF; HF's model of the target

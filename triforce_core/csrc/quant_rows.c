@@ -252,7 +252,12 @@ static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
     }
 }
 
-/* One vector path, AVX2 (which AVX-512 processors have too): the one the tests run here. */
+/* The vector paths: AVX2, and where the compiler targets AVX-512 (-march=native on such a
+ * machine; TRIFORCE_NO_AVX512 builds without it) 16-lane versions of the same sums, equal bit
+ * for bit (tested by building both). */
+#if defined(HAVE_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(TRIFORCE_NO_AVX512)
+#define USE_AVX512 1
+#endif
 #if defined(HAVE_AVX2)
 static inline float lanes_sum8(__m256 v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -263,6 +268,23 @@ static inline float lanes_sum8(__m256 v) {
 
 /* y[s] = sum_k w[k] x[s][k] for the g rows x[0..g), K a multiple of LANES: accumulator 0 takes
  * the inputs k = 0..7 (mod 16), accumulator 1 the inputs 8..15, each in increasing k. */
+#ifdef USE_AVX512
+/* The AVX-512 path: one 16-lane register holds what the two 8-lane accumulators hold (lanes
+ * 0-7 take k = 0..7 mod 16, lanes 8-15 k = 8..15, each in increasing k, one FMA each), and its
+ * halves are added before the same tree: every result equals the AVX2 path's bit for bit. */
+static inline float lanes_sum16(__m512 v) {
+    return lanes_sum8(_mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps(v, 1)));
+}
+
+static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
+    for (int s = 0; s < g; s++) {
+        const float *xs = x + s * ldx;
+        __m512 a = _mm512_setzero_ps();
+        for (int k = 0; k < K; k += LANES) a = _mm512_fmadd_ps(_mm512_loadu_ps(w + k), _mm512_loadu_ps(xs + k), a);
+        y[s * ldy] = lanes_sum16(a);
+    }
+}
+#else
 static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, float *y, int64_t ldy) {
     for (int s = 0; s < g; s++) {
         const float *xs = x + s * ldx;
@@ -274,6 +296,7 @@ static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, 
         y[s * ldy] = lanes_sum8(_mm256_add_ps(a0, a1));
     }
 }
+#endif
 
 /* The 32-weight block types dequantized straight into four registers (weights 0-7, 8-15,
  * 16-23, 24-31), the same values as dequant_row's. */
@@ -303,11 +326,41 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
     }
 }
 
+#ifdef USE_AVX512
+/* block32 in two 16-lane registers (weights 0-15, 16-31): the same values. */
+static inline __attribute__((always_inline)) void block32_512(const int type, const uint8_t *b, __m512 w[2]) {
+    if (type == T_Q8_0) {
+        __m512 d = _mm512_set1_ps(half_at(b));
+        for (int i = 0; i < 2; i++)
+            w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * i)))));
+        return;
+    }
+    /* byte i holds weight i (low nibble) and weight 16 + i (high nibble) */
+    __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (type == T_Q4_1 ? 4 : 2))));
+    __m512i n[2] = {_mm512_and_si512(v, _mm512_set1_epi32(15)), _mm512_srli_epi32(v, 4)};
+    if (type == T_Q4_0) {
+        __m512 d = _mm512_set1_ps(half_at(b));
+        for (int i = 0; i < 2; i++) w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(n[i], _mm512_set1_epi32(8))));
+    } else {
+        int32_t pair;
+        memcpy(&pair, b, 4);
+        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+        __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
+        for (int i = 0; i < 2; i++) w[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(n[i]), m);
+    }
+}
+#endif
+
 /* Rows sharing each dequantized block (2 accumulators a row; past 6 rows some spill to the
  * level-1 cache, still cheaper than dequantizing twice). One layer of SmolLM2 after attention,
  * one core: 5 rows 661 against 854 us as 4 + 1, 7 rows 877 against 1,013 as 4 + 3. */
+#ifdef USE_AVX512
+#define FUSED_ROWS 16 /* one 16-lane accumulator a row: 16 of the 32 registers */
+#define FUSED_OUTS 8
+#else
 #define FUSED_ROWS 8
 #define FUSED_OUTS 4 /* outputs a one-row product computes side by side: 8 accumulators */
+#endif
 /* Weights are prefetched this many rows ahead, into the level-1 cache: the hardware's own
  * prefetcher left a one-row pass over the Q8_0 vocabulary waiting on memory (4.9 against 2.5 ms
  * of one core for 49,152 rows of 576), and a non-temporal hint did not help. */
@@ -315,6 +368,36 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
 
 /* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
  * are dot_rows' own, FMA for FMA. */
+#ifdef USE_AVX512
+static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
+                                                              const int G, int K, float *y, int64_t ldy) {
+    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    __m512 a[FUSED_ROWS];
+    for (int s = 0; s < G; s++) a[s] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 2 * LANES, row += bb) {
+        __m512 w[2];
+        block32_512(type, row, w);
+        for (int i = 0; i < 2; i++)
+            for (int s = 0; s < G; s++) a[s] = _mm512_fmadd_ps(w[i], _mm512_loadu_ps(x + s * ldx + k + 16 * i), a[s]);
+    }
+    for (int s = 0; s < G; s++) y[s * ldy] = lanes_sum16(a[s]);
+}
+
+static inline __attribute__((always_inline)) void fused_outs_g(const int type, const uint8_t *row, int64_t ldw, const float *x,
+                                                              const int O, int K, float *y) {
+    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    __m512 a[FUSED_OUTS];
+    for (int o = 0; o < O; o++) a[o] = _mm512_setzero_ps();
+    for (int k = 0; k < K; k += 2 * LANES, row += bb)
+        for (int o = 0; o < O; o++) {
+            __m512 w[2];
+            __builtin_prefetch(row + (o + O) * ldw, 0, 3);
+            block32_512(type, row + o * ldw, w);
+            for (int i = 0; i < 2; i++) a[o] = _mm512_fmadd_ps(w[i], _mm512_loadu_ps(x + k + 16 * i), a[o]);
+        }
+    for (int o = 0; o < O; o++) y[o] = lanes_sum16(a[o]);
+}
+#else
 static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
@@ -347,6 +430,7 @@ static inline __attribute__((always_inline)) void fused_outs_g(const int type, c
         }
     for (int o = 0; o < O; o++) y[o] = lanes_sum8(_mm256_add_ps(a[o][0], a[o][1]));
 }
+#endif
 
 /* Outputs [r0, r1) of one part for one row of x: FUSED_OUTS at a time, then the rest. */
 #define FUSED_OUTS_RUN(T)                                                                  \
@@ -369,18 +453,20 @@ static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, in
 
 /* S rows in groups of at most FUSED_ROWS, as even as possible (5 rows: one group, not 4 + 1,
  * which would dequantize every block twice for the one row). */
+#define FUSED_CASE(T, n) case n: fused_rows_g(T, row, x + s * ldx, ldx, n, K, y + s * ldy, ldy); break;
+#if FUSED_ROWS > 8
+#define FUSED_CASES_WIDE(T) FUSED_CASE(T, 8) FUSED_CASE(T, 9) FUSED_CASE(T, 10) FUSED_CASE(T, 11) FUSED_CASE(T, 12) \
+    FUSED_CASE(T, 13) FUSED_CASE(T, 14) FUSED_CASE(T, 15)
+#else
+#define FUSED_CASES_WIDE(T)
+#endif
 #define FUSED_GROUPS(T)                                                                     \
     for (int s = 0, left = (S + FUSED_ROWS - 1) / FUSED_ROWS; s < S; left--) {              \
         int g = (S - s + left - 1) / left;                                                  \
         switch (g) {                                                                        \
-        case 1: fused_rows_g(T, row, x + s * ldx, ldx, 1, K, y + s * ldy, ldy); break;      \
-        case 2: fused_rows_g(T, row, x + s * ldx, ldx, 2, K, y + s * ldy, ldy); break;      \
-        case 3: fused_rows_g(T, row, x + s * ldx, ldx, 3, K, y + s * ldy, ldy); break;      \
-        case 4: fused_rows_g(T, row, x + s * ldx, ldx, 4, K, y + s * ldy, ldy); break;      \
-        case 5: fused_rows_g(T, row, x + s * ldx, ldx, 5, K, y + s * ldy, ldy); break;      \
-        case 6: fused_rows_g(T, row, x + s * ldx, ldx, 6, K, y + s * ldy, ldy); break;      \
-        case 7: fused_rows_g(T, row, x + s * ldx, ldx, 7, K, y + s * ldy, ldy); break;      \
-        default: fused_rows_g(T, row, x + s * ldx, ldx, 8, K, y + s * ldy, ldy); break;     \
+        FUSED_CASE(T, 1) FUSED_CASE(T, 2) FUSED_CASE(T, 3) FUSED_CASE(T, 4)                 \
+        FUSED_CASE(T, 5) FUSED_CASE(T, 6) FUSED_CASE(T, 7) FUSED_CASES_WIDE(T)              \
+        default: fused_rows_g(T, row, x + s * ldx, ldx, FUSED_ROWS, K, y + s * ldy, ldy); break; \
         }                                                                                   \
         s += g;                                                                             \
     }                                                                                       \
