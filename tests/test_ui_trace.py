@@ -197,3 +197,17 @@ def test_chunk_labels_point_into_the_document(chat_engine):
     assert label(start + 60, start + 62)[0] == "page 2"
     assert label(0, 1) == ("chat template / question", "")
     assert label(10_000, 10_004) == ("the answer so far", "")
+
+
+def test_an_answer_lists_its_sources_escaped():
+    from ui.render import sources_html, transcript_html
+
+    read = [{"number": 16, "title": "What Is <Ownership>?", "part": None}, {"number": 17, "title": "References", "part": "2 of 3"}]
+    cited = [{"section": "Section 16: What Is <Ownership>?", "share": 0.34, "text": "Each value has an <owner>"}]
+    html_ = sources_html(read, cited)
+    assert "2 sections read" in html_ and "1 most-read passage" in html_
+    assert "16. What Is &lt;Ownership&gt;?" in html_ and "(part 2 of 3)" in html_
+    assert "34% of heads" in html_ and "&lt;owner&gt;" in html_ and "<owner>" not in html_
+    assert sources_html(None, []) == ""  # a plain conversation with a retrieval-less mode: no block
+    page = transcript_html([("Q?", "answer", "lookup · 12 tokens", html_), ("Q2?", "", "")])
+    assert page.count("tf-sources") == 1 and page.index("tf-sources") > page.index("lookup · 12 tokens")

@@ -53,16 +53,45 @@ def legend_block(teaching: bool = False) -> str:
     return '<div class="tf-legend">Proposed by: ' + " ".join(items) + "</div>"
 
 
-def transcript_html(turns: Sequence[tuple[str, str, str]], empty: str = "") -> str:
-    """The conversation: (question, answer_html, footer) per turn; answer_html is trusted markup."""
+def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict]) -> str:
+    """An answer's citations: the book's sections its question read and the passages its
+    retrieval selections read most (`Turn.sections_read`, `Turn.passages`); "" when neither."""
+    if not sections_read and not passages:
+        return ""
+    summary = []
+    if sections_read:
+        summary.append(f"{len(sections_read)} section{'s' if len(sections_read) != 1 else ''} read")
+    if passages:
+        summary.append(f"{len(passages)} most-read passage{'s' if len(passages) != 1 else ''}")
+    body = []
+    if sections_read:
+        names = "".join(f"<li>{html.escape(str(s.get('number', '')))}. {html.escape(str(s.get('title', '')))}"
+                        + (f" (part {html.escape(str(s['part']))})" if s.get("part") else "") + "</li>"
+                        for s in sections_read)
+        body.append(f"<b>Read</b><ul>{names}</ul>")
+    if passages:
+        items = "".join(
+            f"<li>{'<span class=tf-where>' + html.escape(p['section']) + '</span> · ' if p.get('section') else ''}"
+            f"{100 * float(p.get('share', 0)):.0f}% of heads: «{html.escape(str(p.get('text', '')))}»</li>"
+            for p in passages)
+        body.append(f"<b>Most read while answering</b><ol>{items}</ol>")
+    return (f'<details class="tf-sources"><summary>Sources: {" · ".join(summary)}</summary>'
+            f'{"".join(body)}</details>')
+
+
+def transcript_html(turns: Sequence[tuple], empty: str = "") -> str:
+    """The conversation: (question, answer_html, footer[, sources_html]) per turn; answer_html
+    and sources_html are trusted markup."""
     if not turns:
         return f'<div class="tf-transcript tf-empty">{html.escape(empty)}</div>'
     parts = ['<div class="tf-transcript">']
-    for question, answer, footer in turns:
+    for question, answer, footer, *rest in turns:
         parts.append(f'<div class="tf-msg tf-user">{html.escape(question)}</div>')
         parts.append(f'<div class="tf-msg tf-assistant">{answer or "<span class=tf-wait>…</span>"}')
         if footer:
             parts.append(f'<div class="tf-foot">{html.escape(footer)}</div>')
+        if rest and rest[0]:
+            parts.append(rest[0])
         parts.append("</div>")
     parts.append("</div>")
     return "".join(parts)

@@ -17,7 +17,7 @@ from triforce_core.sections import top_level
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
-from .render import context_gauge_html, passages_html, segments_html, stats_html, transcript_html
+from .render import context_gauge_html, passages_html, segments_html, sources_html, stats_html, transcript_html
 from .state import Answer, UserState
 from .trace import AnswerTrace
 
@@ -156,7 +156,8 @@ def transcript(user: UserState | None, teaching: bool) -> str:
         return transcript_html([], "Load a document (or the sample), then ask a question about it.")
     turns = []
     for k, (turn, answer) in enumerate(zip(user.session.turns, user.answers)):
-        turns.append((turn.question, segments_html(answer.trace.segments, teaching, k), answer.footer))
+        sources = sources_html(turn.sections_read, turn.passages) if answer.footer else ""  # once it has ended
+        turns.append((turn.question, segments_html(answer.trace.segments, teaching, k), answer.footer, sources))
     return transcript_html(turns)
 
 
