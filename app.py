@@ -76,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
         models = served_models(args, target, draft, slots=args.api_slots)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
-        name = models.default().id  # the started model, loaded now: a bad one stops here
+        started = models.default()  # the started model, loaded now: a bad one stops here
+        name = started.id
         defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
+        defaults = defaults.for_model(started.engine)  # an instruct model's repetition control
         defaults.config()
         app = build_server(models=models, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
                            api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,

@@ -7,6 +7,10 @@ from each mode are compared with it by a chi-square test (p > 1e-3 must hold).
 Negative control: the same test on a deliberately broken verifier -- one that, after a
 rejection, resamples from the verifier's own law instead of the residual norm(max(0, p - q))
 (the public reference implementation's bug) -- must fail (p < 1e-3), proving the test has power.
+
+The repetition penalties (`triforce_core.penalties`) are covered the same way: the exact law is
+then Hugging Face's RepetitionPenaltyLogitsProcessor and the frequency/presence penalties over
+the answer's tokens, before the warpers; penalties computed from the wrong prefix must fail.
 """
 
 from __future__ import annotations
@@ -18,11 +22,18 @@ import pytest
 import torch
 from conftest import make_hf, to_ours
 from scipy.stats import chisquare
-from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper, TopPLogitsWarper
+from transformers.generation.logits_process import (
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
 
+import triforce_core.proposers as proposers
 import triforce_core.speculation as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
+from triforce_core.penalties import Penalties
 from triforce_core.sampling import VerifyResult, sample, verify_stochastic
 
 V = 16
@@ -67,10 +78,11 @@ def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.nd
 
 
 def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                  gammas=(2, 2), lookup: bool = False, cache: CacheConfig = CACHE, **spec_kw) -> np.ndarray:
+                  gammas=(2, 2), lookup: bool = False, cache: CacheConfig = CACHE, penalty: dict | None = None,
+                  **spec_kw) -> np.ndarray:
     _, t, d, prompt = _models()
     cfg = GenerationConfig(
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed),
+        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **(penalty or {})),
         speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
                                       lookup=lookup, **{**({"lookup_min_match": 1} if lookup else PAPER), **spec_kw}),
         cache=cache,
@@ -285,3 +297,100 @@ def test_negative_control_broken_lookup_residual_fails():
     """A lookup rejection that resamples from p itself (not p without the rejected token)."""
     counts, p = _point_mass_counts(broken_lookup_only)
     assert chi2_pvalue(counts, p) < 1e-3
+
+
+# -- repetition penalties --------------------------------------------------------------------
+# Penalties below 1 / below 0 *encourage* repeats, and that is what gives these tests power: the
+# random target rarely repeats a token on its own (P(x2 == x1) = 0.017 at T = 1), so a penalty
+# that forbids repeats moves the joint law by little, while one that encourages them moves the
+# diagonal by a lot. The processor is the same function of the prefix either way. (With two
+# tokens, frequency and presence both count x1 once.) Fewer samples than above: the laws differ
+# by far more than the broken residual's.
+PENALTY = dict(repetition_penalty=0.5, frequency_penalty=-1.0, presence_penalty=-1.0)
+PENALTY_SAMPLES = 1000
+
+
+@functools.lru_cache(maxsize=None)
+def exact_joint_penalized(temperature: float, top_p: float = 1.0) -> np.ndarray:
+    """P(x1, x2) under the target with PENALTY over the answer, from Hugging Face's forward, its
+    RepetitionPenaltyLogitsProcessor (given the answer [x1] alone) and its warpers: [V, V]."""
+    target, _, _, prompt = _models()
+    ids = torch.tensor(prompt)
+    with torch.no_grad():
+        p1 = _hf_warp(target(ids[None]).logits[:, -1].double(), temperature, 0, top_p)[0]  # no answer yet
+        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)  # [V, L+1]
+        x1 = torch.arange(V)[:, None]  # [V, 1]: each row's answer
+        rows = RepetitionPenaltyLogitsProcessor(PENALTY["repetition_penalty"])(x1, target(both).logits[:, -1].double())
+        rows = rows - (PENALTY["frequency_penalty"] + PENALTY["presence_penalty"]) * torch.eye(V, dtype=rows.dtype)
+        p2 = _hf_warp(rows, temperature, 0, top_p)  # [V, V]
+    joint = (p1[:, None] * p2).numpy()
+    return joint / joint.sum()
+
+
+def penalized_counts(mode: str, temperature: float = 1.0, top_p: float = 1.0, lookup: bool = False,
+                     samples: int = PENALTY_SAMPLES) -> np.ndarray:
+    global N_SAMPLES
+    n, N_SAMPLES = N_SAMPLES, samples
+    try:
+        return sample_counts(mode, temperature, top_p=top_p, lookup=lookup, penalty=PENALTY)
+    finally:
+        N_SAMPLES = n
+
+
+def test_penalties_really_move_the_law():
+    """Power check of the setup: the penalised law is far from the plain one."""
+    assert np.trace(exact_joint_penalized(1.0)) > 5 * np.trace(exact_joint(1.0))
+
+
+# triforce (the paper's levels): the small draft's sampler, the retrieval level verifying it, the
+# target verifying the retrieval level's tokens, at T = 0.8 and top-p 0.9 (the penalty comes
+# first, as Hugging Face's processors before its warpers); retrieval with lookup: lookup runs
+# and the retrieval level's tokens to the target.
+# (The paper's levels cost most per sample: fewer, enough for a law this far from the plain one.)
+@pytest.mark.parametrize("mode,lookup,temperature,top_p,samples",
+                         [("triforce", False, 0.8, 0.9, 500), ("retrieval", True, 1.0, 1.0, PENALTY_SAMPLES)])
+def test_joint_law_with_penalties_is_exact(mode, lookup, temperature, top_p, samples):
+    counts = penalized_counts(mode, temperature, top_p, lookup, samples)
+    p = chi2_pvalue(counts, exact_joint_penalized(temperature, top_p))
+    assert p > 1e-3, f"{mode} (lookup {lookup}) with penalties: chi-square p = {p:.2e}"
+
+
+def test_negative_control_penalties_ignored_fail():
+    """Samples without the penalty do not pass as the penalised law."""
+    global N_SAMPLES
+    n, N_SAMPLES = N_SAMPLES, PENALTY_SAMPLES
+    try:
+        counts = sample_counts("retrieval", 1.0)
+    finally:
+        N_SAMPLES = n
+    p = chi2_pvalue(counts, exact_joint_penalized(1.0))
+    assert p < 1e-3, f"the penalty's effect was not detected (p = {p:.2e})"
+
+
+def test_negative_control_round_start_prefix_fails(monkeypatch):
+    """Every row of a round penalised from the round's start (the tokens drafted before the row
+    inside it ignored), at every level: a second token verified in the first token's round
+    escapes its penalty."""
+    exact = Penalties.__call__
+
+    def round_start(self, logits, committed, spec=(), extra=()):
+        return exact(self, logits, committed, (), ())
+
+    monkeypatch.setattr(Penalties, "__call__", round_start)
+    p = chi2_pvalue(penalized_counts("retrieval"), exact_joint_penalized(1.0))
+    assert p < 1e-3, f"penalties from the wrong prefix were not detected (p = {p:.2e})"
+
+
+def test_penalty_on_the_target_alone_is_still_exact(monkeypatch):
+    """Why the levels below are penalised for speed, not for exactness: the rule is exact for any
+    law the proposer really drew from, so a proposer without the penalty (its q unpenalised,
+    and its tokens drawn from that q) still gives the penalised target law. The controls that
+    must fail are the ones above: the target's rows from the wrong prefix, or no penalty."""
+
+    class Sampler(proposers.Sampler):
+        def __init__(self, *args):
+            super().__init__(*args[:4])  # without the decoder's penalties
+
+    monkeypatch.setattr(speculation, "Sampler", Sampler)
+    p = chi2_pvalue(penalized_counts("draft"), exact_joint_penalized(1.0))
+    assert p > 1e-3, f"chi-square p = {p:.2e}"

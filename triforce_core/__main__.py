@@ -12,11 +12,13 @@ import os
 import sys
 from pathlib import Path
 
-from .config import CacheConfig, SpeculationConfig
+from .config import CacheConfig, SpeculationConfig, default_sampling
 from .flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg, apply_kv_cache_args, check_kv_cache_args
 from .sections import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
+_INSTRUCT = default_sampling(instruct=True)
+SAMPLING_FLAGS = ("temperature", "top_p", "top_k", "repetition_penalty", "frequency_penalty", "presence_penalty")
 LEVEL_COLOURS = {"lookup": "\x1b[33m", "draft": "\x1b[32m", "retrieval": "\x1b[34m", "target": "\x1b[31m"}
 
 
@@ -60,13 +62,26 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
     dec.add_argument("--max-new-tokens", type=int, default=_SPEC.max_new_tokens,
                      help=f"longest answer (default {_SPEC.max_new_tokens})" + ("" if sampling else "; a request's max_tokens overrides it"))
     if sampling:
-        dec.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-        dec.add_argument("--top-p", type=float, default=1.0)
-        dec.add_argument("--top-k", type=int, default=0, help="0 = off")
+        # Sampling flags default to None: the model's own defaults (`TriForceEngine.default_sampling`)
+        # fill in what is not given, so an instruct target gets its repetition control.
+        dec.add_argument("--temperature", type=float, default=None,
+                         help="0 = greedy (default: 0, for every model)")
+        dec.add_argument("--top-p", type=float, default=None, help="default 1 (off)")
+        dec.add_argument("--top-k", type=int, default=None, help="0 = off (default)")
         dec.add_argument("--seed", type=int, default=None)
+        dec.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
+                         help="Hugging Face's repetition penalty over the answer's own tokens (never the prompt): "
+                         "a seen token's logit / R when positive, * R when negative; 1 = off. Exact at every "
+                         "level (default: 1 for the demo pair; an instruct model's measured default, "
+                         f"{_INSTRUCT.repetition_penalty:g} -- see assets/models/README.md)")
+        dec.add_argument("--frequency-penalty", type=float, default=None, metavar="F",
+                         help="OpenAI's: minus F times a token's count in the answer so far, in [-2, 2] (default 0)")
+        dec.add_argument("--presence-penalty", type=float, default=None, metavar="A",
+                         help="OpenAI's: minus A once a token is in the answer, in [-2, 2] (default 0)")
         dec.add_argument("--ignore-eos", action="store_true", help="keep generating after an end-of-sequence token")
     else:  # set by each request
-        g.set_defaults(temperature=0.0, top_p=1.0, top_k=0, seed=None, ignore_eos=False)
+        g.set_defaults(temperature=None, top_p=None, top_k=None, seed=None, ignore_eos=False, repetition_penalty=None,
+                       frequency_penalty=None, presence_penalty=None)
     spec = g.add_argument_group("speculation")
     spec.add_argument("--budget", type=int, default=_CACHE.budget, help="retrieval budget in tokens (default %(default)s)")
     spec.add_argument("--chunk-size", type=int, default=_CACHE.chunk_size, help="retrieval chunk size (default %(default)s)")
@@ -313,7 +328,9 @@ def cmd_bench(args) -> int:
             text = load_document(args.document).text
         except DocumentError as e:
             raise UsageError(f"{args.document}: {e}") from None
-    engine, config = _load_engine(args)
+    # The bench compares with Hugging Face's generate, which knows none of our penalties: a model's
+    # defaults are not applied here, only the flags given.
+    engine, config = _load_engine(args, model_defaults=False)
     bench = harness.Bench(engine, *_model_names(args))
     context = args.context_tokens if args.document is None and args.context_tokens is not None else None
     prompt = bench.context_prompt(4096 if text is None and context is None else context, text)
@@ -389,14 +406,18 @@ def _read_prompt(args, engine) -> list[int]:
     return engine.encode(text)
 
 
-def _configs(args, has_draft: bool, prompt_tokens: int | None = None):
+def _configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=None):
     """The generation config of the flags; without --mode, the default for `prompt_tokens`
-    (`config.default_mode`: the measured best)."""
+    (`config.default_mode`: the measured best); sampling flags not given come from `defaults`
+    (the model's `default_sampling()`; None: `SamplingConfig()`)."""
+    from dataclasses import replace
+
     from .config import CacheConfig, GenerationConfig, SamplingConfig, default_mode
 
     mode = args.mode or default_mode(prompt_tokens)
+    given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
     config = GenerationConfig(
-        sampling=SamplingConfig(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed),
+        sampling=replace(defaults or SamplingConfig(), seed=args.seed, **given),
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
             ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_start=args.lookup_start, lookup_max=args.lookup_max,
@@ -441,16 +462,23 @@ def _check_flags(args) -> None:
         raise UsageError(str(e)) from None
 
 
-def _load_engine(args):
-    """The engine for --target/--draft (default: the demo pair) and the config for its draft."""
+def _load_engine(args, model_defaults: bool = True):
+    """The engine for --target/--draft (default: the demo pair) and the config for its draft;
+    sampling flags not given take the model's defaults (`model_defaults`), else `SamplingConfig()`'s."""
     from .config import ConfigError
     from .engine import TriForceEngine
     target, draft = _model_names(args)
     engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype)
     try:
-        return engine, _configs(args, has_draft=engine.draft is not None)
+        return engine, _configs(args, has_draft=engine.draft is not None, defaults=_defaults(engine, model_defaults))
     except ConfigError as e:
         raise UsageError(str(e)) from None
+
+
+def _defaults(engine, model_defaults: bool):
+    from .config import SamplingConfig
+
+    return engine.default_sampling() if model_defaults else SamplingConfig()
 
 
 def _write_tokens(ev, detok) -> None:
@@ -489,7 +517,7 @@ def cmd_generate(args) -> int:
     engine, config = _load_engine(args)
     prompt = _read_prompt(args, engine)
     if args.mode is None:  # the default mode depends on the prompt's length
-        config = _configs(args, engine.draft is not None, len(prompt))
+        config = _configs(args, engine.draft is not None, len(prompt), defaults=engine.default_sampling())
     if args.inspect and not args.json:
         raise UsageError("--inspect needs --json (the checks are printed in the JSON object)")
     if args.json or args.num_samples > 1:

@@ -16,10 +16,10 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 
-from .config import KV_DTYPES, GenerationConfig, default_kv_cache_folder
+from .config import KV_DTYPES, GenerationConfig, SamplingConfig, default_kv_cache_folder, default_sampling
 from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
-from .loading import LoadedModel, check_pair, load_model, resolve_device, resolve_dtype
+from .loading import LoadedModel, check_pair, is_instruct, load_model, resolve_device, resolve_dtype
 from .model import DecoderModel
 from .speculation import Decoder, make_generator
 
@@ -58,6 +58,7 @@ class TriForceEngine:
         tokenizer=None,
         eos_token_ids: Sequence[int] = (),
         kv_dtype: str | None = None,
+        instruct: bool = False,
     ):
         if kv_dtype == "auto":
             kv_dtype = None
@@ -68,6 +69,7 @@ class TriForceEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.kv_dtype = kv_dtype
+        self.instruct = instruct  # gets an instruct model's default sampling (`loading.is_instruct`)
         self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
 
     def use_disk_cache(self, folder: str | None = None, max_bytes: int | None = None) -> DiskCache:
@@ -92,7 +94,8 @@ class TriForceEngine:
         if draft is not None:
             d = load_model(draft, dev, dt)
             check_pair(t, d)
-        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype)
+        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype,
+                   instruct=is_instruct(target, t.tokenizer))
 
     # -- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:
@@ -108,6 +111,11 @@ class TriForceEngine:
     @property
     def context_window(self) -> int:
         return self.target.spec.max_position_embeddings
+
+    def default_sampling(self) -> SamplingConfig:
+        """The sampling this model gets where the user set none (`config.default_sampling`):
+        an instruct model's repetition control, else greedy decoding."""
+        return default_sampling(self.instruct)
 
     # -- generation ------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> None:

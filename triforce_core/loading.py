@@ -33,6 +33,17 @@ class ModelLoadError(ValueError):
     """A model could not be loaded or the pair is incompatible (one-line message)."""
 
 
+def is_instruct(target: str, tokenizer) -> bool:
+    """Whether `target` gets an instruct model's default sampling (`config.INSTRUCT_SAMPLING`):
+    it has a chat template and is a GGUF file (SmolLM2, the files desktop chat tools keep) or a
+    name that says Instruct or Chat. The demo pair has a chat template too but is neither: it
+    keeps greedy decoding without a penalty, which its tests and lesson rely on."""
+    if not getattr(tokenizer, "chat_template", None):
+        return False
+    name = Path(target).name.lower()
+    return is_gguf(target) or "instruct" in name or "chat" in name
+
+
 @dataclass
 class LoadedModel:
     model: DecoderModel

@@ -24,6 +24,7 @@ from .events import Drafted, Event, TokenCheck, Verified
 from .inspection import greedy_law, token_checks
 from .lanes import Lane, RetrievalLane
 from .lookup import ContextIndex
+from .penalties import NO_PENALTIES, Penalties
 from .sampling import sample, verify_greedy, verify_stochastic, warp
 
 
@@ -80,18 +81,20 @@ class Lookup:
 class Sampler:
     """Proposes n tokens by sampling its lane autoregressively (or argmax when greedy)."""
 
-    def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None):
+    def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None,
+                 penalties: Penalties | None = None):
         self.lane = lane
         self.level = level
         self.sampling = sampling
         self.generator = generator
+        self.penalties = penalties or NO_PENALTIES  # the decoder's, shared by every level
         self.inspect = False
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
         self.lane.sync(committed, spec)
         tokens: list[int] = []
         laws: list[torch.Tensor] = []
-        logits = self.lane.advance([])[-1]
+        logits = self.penalties(self.lane.advance([])[-1:], committed, spec)[0]  # after committed + spec
         for i in range(n):
             if self.sampling.greedy:
                 t = int(logits.argmax())
@@ -103,7 +106,7 @@ class Sampler:
                 t = sample(law, self.generator)
             tokens.append(t)
             if i < n - 1:
-                logits = self.lane.advance([t])[-1]
+                logits = self.penalties(self.lane.advance([t])[-1:], committed, spec + tokens)[0]
         events.append(Drafted(self.level, tuple(tokens)))
         return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * n)
 
@@ -132,8 +135,10 @@ class Verifier:
         counters: Counters,
         lookup: Lookup | None = None,
         min_confidence: float = 0.0,
+        penalties: Penalties | None = None,
     ):
         self.min_confidence = min_confidence
+        self.penalties = penalties or NO_PENALTIES
         self.lane = lane
         self.lower = lower
         self.lookup = lookup
@@ -173,6 +178,7 @@ class Verifier:
             # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
             self.lane.sync(committed, spec + tokens)
             logits = self.lane.advance(d.tokens)  # [g + 1, V]
+            logits = self.penalties(logits, committed, spec + tokens, d.tokens)  # row i: its own prefix
             # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
             if self.sampling.greedy:
                 r = verify_greedy(d.tokens, logits)

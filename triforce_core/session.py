@@ -133,7 +133,8 @@ class ChatSession:
             raise ValueError("a chat session needs a model with a tokenizer")
         self.engine = engine
         self.system_prompt = (system_prompt or "").strip() or None
-        self.config = config or GenerationConfig()
+        # Without a config, the model's own default sampling (an instruct model's repetition control).
+        self.config = config or GenerationConfig(sampling=engine.default_sampling())
         self.allow_truncation = allow_truncation
         self.turns: list[Turn] = []
         self._slot = Slot(engine)  # the conversation's caches, kept between turns

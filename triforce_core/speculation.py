@@ -45,6 +45,7 @@ from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
 from .loading import sync_device
 from .model import DecoderModel, KeyMass
+from .penalties import Penalties
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 from .schedule import DraftSchedule
@@ -117,15 +118,17 @@ class Decoder:
             )
             self.small = StreamingLane(draft, scache, vocab)
         sampling = config.sampling
+        # One repetition-penalty processor for every level: each applies it to its own rows.
+        self.penalties = pen = Penalties(sampling)
         self.lookup = Lookup(spec.lookup_min_match) if spec.uses_lookup else None
         if spec.mode == "triforce":
-            lower = Sampler(self.small, "draft", sampling, generator) if self.small is not None else None
+            lower = Sampler(self.small, "draft", sampling, generator, pen) if self.small is not None else None
             self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
-                                     spec.min_confidence)
+                                     spec.min_confidence, pen)
         elif spec.mode == "retrieval":
-            self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator)
+            self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator, pen)
         elif spec.mode == "draft":
-            self.proposer = Sampler(self.small, "draft", sampling, generator)
+            self.proposer = Sampler(self.small, "draft", sampling, generator, pen)
         else:
             self.proposer = None
         self.prompt: list[int] = []
@@ -329,6 +332,7 @@ class Decoder:
         spec, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
         committed = self.history = list(self.prompt)  # grows in place: the caches' token record
         n_prompt = len(committed)
+        self.penalties.start = n_prompt  # the answer, which the penalties count, starts here
         new_levels: list[str] = []
         rounds = refreshes = 0
         since_select = 0
@@ -366,6 +370,8 @@ class Decoder:
                 logits, queries, first_row = self.full.advance(prop.tokens, capture_queries=True, key_mass=probe)
             else:
                 logits = self.full.advance(prop.tokens)
+            # Row i follows committed + prop.tokens[:i]: its penalty counts exactly that prefix.
+            logits = self.penalties(logits, committed, (), prop.tokens)
             rounds += 1
             # 3. Exact verification against the target's law.
             if sampling.greedy:

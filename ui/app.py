@@ -188,6 +188,7 @@ def build_app(
         api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
         if models is not None:
             page["mode"] = controls["mode"]
+            page["repetition_penalty"] = controls["repetition_penalty"]
             switched = doc_outputs + [page[name] for name in MODEL_OUTPUTS]
             # `input`, not `change`: the handler itself sets the picker back after a failed load.
             page["model"].input(switcher.on_pick, [page["model"], user, budget, controls["mode"]], switched, **private)

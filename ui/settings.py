@@ -8,7 +8,7 @@ through `config()`, the validation; `SETTING_ROWS` lays the controls out and
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 import gradio as gr
 
@@ -31,6 +31,8 @@ class Settings:
     mode: str = default_mode()  # the measured fastest (config.default_mode)
     temperature: float = SamplingConfig.temperature
     top_p: float = SamplingConfig.top_p
+    # An instruct model's default comes from its engine (`for_model`); 1 = off.
+    repetition_penalty: float = SamplingConfig.repetition_penalty
     max_new_tokens: int = SpeculationConfig.max_new_tokens
     budget: int = CacheConfig.budget
     chunk_size: int = CacheConfig.chunk_size
@@ -44,6 +46,7 @@ class Settings:
         return GenerationConfig(
             sampling=SamplingConfig(
                 temperature=float(self.temperature), top_p=float(self.top_p),
+                repetition_penalty=float(self.repetition_penalty),
                 seed=None if self.seed is None or self.seed < 0 else int(self.seed),
             ),
             speculation=SpeculationConfig(
@@ -54,16 +57,23 @@ class Settings:
         )
 
 
+    def for_model(self, engine) -> "Settings":
+        """These settings with the sampling defaults of `engine`'s model (`default_sampling()`)."""
+        d = engine.default_sampling()
+        return replace(self, temperature=d.temperature, top_p=d.top_p, repetition_penalty=d.repetition_penalty)
+
+
 SETTING_NAMES = [f.name for f in fields(Settings)]  # the order handlers receive the values in
 # The accordion: one control per `Settings` field, in rows.
 SETTING_ROWS = (
-    ("mode", "temperature", "top_p"),
+    ("mode", "temperature", "top_p", "repetition_penalty"),
     ("max_new_tokens", "budget", "chunk_size"),
     ("gamma1", "gamma2", "draft_window", "seed", "lookup"),
 )
 _SLIDERS = {  # name: (low, high, step, label)
     "temperature": (0.0, 2.0, 0.05, "Temperature (0 = greedy)"),
     "top_p": (0.05, 1.0, 0.05, "Top-p"),
+    "repetition_penalty": (1.0, 2.0, 0.05, "Repetition penalty (1 = off)"),
     "max_new_tokens": (1, 2048, 1, "Max new tokens"),
     "budget": (64, 16384, 64, "Retrieval budget (tokens)"),
     "chunk_size": (1, 64, 1, "Chunk size"),
@@ -71,7 +81,8 @@ _SLIDERS = {  # name: (low, high, step, label)
     "gamma2": (1, 16, 1, "γ2 (tokens per target round)"),
     "draft_window": (16, 2048, 16, "Draft window"),
 }
-_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup"}
+_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup",
+             "repetition_penalty": "tf-repetition-penalty"}
 assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
 
 

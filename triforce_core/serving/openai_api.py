@@ -6,9 +6,12 @@
 Follows the chat-completions protocol as the official `openai` client uses it: `messages`
 (system, developer, user, assistant; text content, a long document travels inside them),
 `temperature` (default 1, as the protocol says; 0 is greedy and equals Hugging Face's greedy
-output), `top_p`, `max_tokens` / `max_completion_tokens`, `seed`, `stop`, `stream` with
+output), `top_p`, `frequency_penalty` and `presence_penalty` (the protocol's, over the answer's
+own tokens, default 0), `max_tokens` / `max_completion_tokens`, `seed`, `stop`, `stream` with
 server-sent events and `stream_options.include_usage` (and, as in vLLM, `ignore_eos` for
-fixed-length answers). Parameters it does not support are a
+fixed-length answers and `repetition_penalty`, Hugging Face's, over the answer's tokens; when a
+request gives none, the model's default: `TriForceEngine.default_sampling()`, 1 = off for the
+demo pair). All three penalties keep decoding exact (`triforce_core.penalties`). Parameters it does not support are a
 400 naming them, never ignored silently. Errors have the protocol's shape:
 `{"error": {"message", "type", "param", "code"}}`.
 
@@ -62,8 +65,6 @@ ROLES = {"system": "system", "developer": "system", "user": "user", "assistant":
 # Accepted only at the value that means "off" (anything else is a 400 naming the parameter).
 OFF_VALUES: dict[str, tuple] = {
     "n": (1,),
-    "frequency_penalty": (0, 0.0),
-    "presence_penalty": (0, 0.0),
     "logprobs": (False,),
     "top_logprobs": (0,),
     "logit_bias": ({},),
@@ -76,8 +77,9 @@ OFF_VALUES: dict[str, tuple] = {
 }
 IGNORED = {"user", "metadata", "safety_identifier", "prompt_cache_key"}  # no effect on the answer
 SUPPORTED = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop",
-             "stream", "stream_options",
-             "ignore_eos"}  # an extension (as in vLLM): fixed-length answers for benchmarks
+             "stream", "stream_options", "frequency_penalty", "presence_penalty",
+             "ignore_eos",  # an extension (as in vLLM): fixed-length answers for benchmarks
+             "repetition_penalty"}  # an extension (as in vLLM): Hugging Face's penalty
 
 
 class ApiError(Exception):
@@ -107,6 +109,9 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     ignore_eos: bool = False
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
+    repetition_penalty: float | None = None  # None: the model's default
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
@@ -214,6 +219,10 @@ def parse_request(body: Any) -> CompletionRequest:
         stream=bool(stream),
         include_usage=include_usage,
         ignore_eos=bool(ignore_eos),
+        frequency_penalty=_number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=(None if body.get("repetition_penalty") is None
+                            else _number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True)),
     )
 
 
@@ -474,7 +483,12 @@ class ChatCompletionsAPI:
         try:
             config = replace(
                 self.base,
-                sampling=SamplingConfig(temperature=req.temperature, top_p=req.top_p, seed=req.seed),
+                sampling=SamplingConfig(
+                    temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                    frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+                    repetition_penalty=(engine.default_sampling().repetition_penalty if req.repetition_penalty is None
+                                        else req.repetition_penalty),
+                ),
                 speculation=replace(spec, mode=mode, max_new_tokens=max_new,
                                     ignore_eos=req.ignore_eos),
             )

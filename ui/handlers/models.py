@@ -31,7 +31,7 @@ from ..state import AppContext, UserState
 from ..views import DOCUMENT_OUTPUTS, doc_info, gauge, toc_update, transcript
 from .documents import DocumentHandlers
 
-MODEL_OUTPUTS = ("mode", "model", "model_info")
+MODEL_OUTPUTS = ("mode", "model", "model_info", "repetition_penalty")  # the last: the new model's default
 PROGRESS_EVERY_S = 0.5  # how often the loading line refreshes
 
 
@@ -71,7 +71,7 @@ class ModelHandlers:
         gr.Warning(message)
         skip = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
         return (user, *skip[1:3], status_html(message, "error"), *skip[4:],
-                gr.skip(), gr.update(value=self.ctx.model_id_of(user)), gr.skip())
+                gr.skip(), gr.update(value=self.ctx.model_id_of(user)), gr.skip(), gr.skip())
 
     def _switch(self, choose, user: UserState | None, budget, mode):
         ctx = self.ctx
@@ -136,4 +136,5 @@ class ModelHandlers:
         modes = modes_for(served.engine)
         return_mode = mode if mode in modes else "lookup"
         yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
-               model_info(served.id, served.choice.note, served.engine))
+               model_info(served.id, served.choice.note, served.engine),
+               gr.update(value=served.engine.default_sampling().repetition_penalty))  # an instruct model's own
