@@ -322,6 +322,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "settings": settings_of(split_name(n)[1])} for n in names},
         "results": results,
         "temperature": sampling.temperature,
+        "repetition_penalty": sampling.repetition_penalty,
         "max_new_tokens": max_new_tokens,
         "repeats": repeats,
     }
@@ -411,6 +412,8 @@ def main(argv=None) -> int:
     p.add_argument("--temperature", type=float, default=0.0)
     p.add_argument("--top-p", type=float, default=1.0)
     p.add_argument("--sample-seed", type=int, default=0, help="sampling seed (temperature > 0)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0,
+                   help="the repetition penalty (default 1: off; an instruct model's default is 1.2)")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's own)")
     p.add_argument("--json", type=Path, help="write the report here")
     p.add_argument("--llama-cpp", action="store_true",
@@ -432,7 +435,8 @@ def main(argv=None) -> int:
             raise ChatBenchError(f"no such document: {a.document}")
         text = a.document.read_text(encoding="utf-8", errors="replace")
         turns = workload(text, a.quotes, a.open, a.seed)
-        sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed)
+        sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed,
+                                  repetition_penalty=a.repetition_penalty)
         peer_model = _peer_model(a.target) if a.llama_cpp else None
         if a.llama_cpp:
             find_or_build(a.llama_cpp_bin)  # a build, when needed, before anything is timed

@@ -95,6 +95,9 @@ def reference(models):
     def answer(messages, max_tokens, mode="triforce"):
         _, ids = render_prompt(engine.tokenizer, messages)
         cfg = GenerationConfig(
+            # the served model's own default sampling, as the server applies it ("chat" in its
+            # name makes it an instruct model: greedy with its repetition penalty)
+            sampling=engine.default_sampling(),
             speculation=SpeculationConfig(mode=mode, max_new_tokens=max_tokens, gamma2=4, small_draft=True),
             cache=CacheConfig(**CACHE),
         )
@@ -155,7 +158,8 @@ def test_greedy_completion_equals_the_prompt_run_alone_with_usage_and_statistics
     from triforce_core.events import ChunksSelected
 
     engine = reference.engine
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4, small_draft=True),
+    cfg = GenerationConfig(sampling=engine.default_sampling(),
+                           speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4, small_draft=True),
                            cache=CacheConfig(**CACHE))
     selections = [ev for ev in engine.generate(expected["ids"], cfg) if isinstance(ev, ChunksSelected)]
     assert stats["passages"] == cited_passages(selections, expected["ids"], engine.decode) and stats["passages"]
