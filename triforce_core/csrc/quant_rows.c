@@ -298,6 +298,13 @@ static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, 
 }
 #endif
 
+/* Q4_1's scale and minimum, two halves side by side, converted by one instruction: [d, m, 0, 0]. */
+static inline __m128 half_pair(const uint8_t *b) {
+    int32_t pair;
+    memcpy(&pair, b, 4);
+    return _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+}
+
 /* The 32-weight block types dequantized straight into four registers (weights 0-7, 8-15,
  * 16-23, 24-31), the same values as dequant_row's. */
 static inline __attribute__((always_inline)) void block32(const int type, const uint8_t *b, __m256 w[4]) {
@@ -317,10 +324,7 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
         __m256i eight = _mm256_set1_epi32(8);
         for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], eight)));
     } else {
-        /* the scale and the minimum, two halves side by side, converted by one instruction */
-        int32_t pair;
-        memcpy(&pair, b, 4);
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+        __m128 dm = half_pair(b);
         __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
         for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n[i]), m);
     }
@@ -342,9 +346,7 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
         __m512 d = _mm512_set1_ps(half_at(b));
         for (int i = 0; i < 2; i++) w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(n[i], _mm512_set1_epi32(8))));
     } else {
-        int32_t pair;
-        memcpy(&pair, b, 4);
-        __m128 dm = _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+        __m128 dm = half_pair(b);
         __m512 d = _mm512_broadcastss_ps(dm), m = _mm512_broadcastss_ps(_mm_movehdup_ps(dm));
         for (int i = 0; i < 2; i++) w[i] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(n[i]), m);
     }
