@@ -300,9 +300,13 @@ static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, 
 
 /* Q4_1's scale and minimum, two halves side by side, converted by one instruction: [d, m, 0, 0]. */
 static inline __m128 half_pair(const uint8_t *b) {
+#ifdef __F16C__
     int32_t pair;
     memcpy(&pair, b, 4);
     return _mm_cvtph_ps(_mm_cvtsi32_si128(pair));
+#else
+    return _mm_setr_ps(half_at(b), half_at(b + 2), 0.0f, 0.0f);
+#endif
 }
 
 /* The 32-weight block types dequantized straight into four registers (weights 0-7, 8-15,
