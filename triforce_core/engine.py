@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 from .config import KV_DTYPES, GenerationConfig, SamplingConfig, default_kv_cache_folder, default_sampling
 from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
-from .loading import LoadedModel, check_pair, is_instruct, load_model, resolve_device, resolve_dtype
+from .loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
 from .model import DecoderModel
 from .speculation import Decoder, make_generator
 
@@ -92,8 +92,7 @@ class TriForceEngine:
         t: LoadedModel = load_model(target, dev, dt)
         d = None
         if draft is not None:
-            d = load_model(draft, dev, dt)
-            check_pair(t, d)
+            d = load_draft(draft, t, dev, dt)
         return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype,
                    instruct=is_instruct(target, t.tokenizer))
 

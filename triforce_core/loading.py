@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from . import gguf_checkpoint
+from . import gguf_checkpoint, prefix_draft
 from .gguf_checkpoint import GGUFError, is_gguf
 from .model import DecoderModel, ModelSpec, UnsupportedModelError
 from .resources import DEMO_MODELS
@@ -25,6 +25,8 @@ from .resources import DEMO_MODELS
 # The embedded demo pair (see assets/models/README.md once it is installed).
 DEMO_TARGET = DEMO_MODELS / "target"
 DEMO_DRAFT = DEMO_MODELS / "draft"
+# SmolLM2's draft: its own first layers with a trained adapter (`prefix_draft`).
+SMOLLM2_DRAFT = DEMO_MODELS / "smollm2-draft"
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -55,10 +57,13 @@ class LoadedModel:
 def default_model_names(target: str | None, draft: str | None) -> tuple[str, str | None]:
     """Fill in the embedded demo pair where no model was named.
 
-    No target: the demo target, and the demo draft unless a draft was named. A named target
-    gets no draft by default (the demo draft would not share its vocabulary).
+    No target: the demo target, and the demo draft unless a draft was named. SmolLM2 (by its
+    name or its file) gets its own draft (`SMOLLM2_DRAFT`); any other named target gets none
+    (the demo draft would not share its vocabulary).
     """
     if target is not None:
+        if draft is None and SMOLLM2_DRAFT.is_dir() and _is_smollm2(target):
+            draft = str(SMOLLM2_DRAFT)
         return target, draft
     if not DEMO_TARGET.is_dir():
         raise ModelLoadError(
@@ -68,6 +73,17 @@ def default_model_names(target: str | None, draft: str | None) -> tuple[str, str
     if draft is None and DEMO_DRAFT.is_dir():
         draft = str(DEMO_DRAFT)
     return str(DEMO_TARGET), draft
+
+
+def _is_smollm2(target: str) -> bool:
+    if target == gguf_checkpoint.SMOLLM2:
+        return True
+    if not is_gguf(target) or Path(target).name != gguf_checkpoint.SMOLLM2_FILE:
+        return False
+    try:
+        return gguf_checkpoint.resolve(target).resolve() == gguf_checkpoint.smollm2_path().resolve()
+    except GGUFError:
+        return False
 
 
 def served_model_name(target: str) -> str:
@@ -196,6 +212,19 @@ def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     except KeyError as e:
         raise ModelLoadError(f"{name}: a tensor the decoder needs is missing ({_first_line(e)})") from e
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
+
+
+def load_draft(name: str, target: LoadedModel, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A draft checkpoint, or a prefix draft built over `target`'s own weights (`prefix_draft`)."""
+    if prefix_draft.is_prefix_draft(name):
+        try:
+            model = prefix_draft.build(target.model, name)
+        except (prefix_draft.PrefixDraftError, UnsupportedModelError) as e:
+            raise ModelLoadError(f"draft {name}: {e}") from e
+        return LoadedModel(model=model, tokenizer=target.tokenizer, eos_token_ids=target.eos_token_ids, name=name)
+    draft = load_model(name, device, dtype)
+    check_pair(target, draft)
+    return draft
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
