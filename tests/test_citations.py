@@ -1,11 +1,12 @@
-"""Citations: the passages an answer's retrieval selections read most, with the section they lie in."""
+"""Citations: the passages an answer's retrieval selections read most, with the section they lie in;
+in modes without a retrieval level, the passages the answer quotes."""
 
 from __future__ import annotations
 
 import pytest
 from conftest import make_tokenizer, words
 
-from triforce_core.citations import cited_passages
+from triforce_core.citations import answer_passages, cited_passages, quoted_passages
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.events import ChunksSelected
 from triforce_core.session import ChatSession
@@ -54,7 +55,36 @@ def test_each_turn_cites_its_passages_in_modes_with_a_retrieval_level(engine, mo
     list(session.ask(words(4, 6)))
     passages = session.turns[-1].passages
     if mode == "autoregressive":
-        assert passages == []  # nothing selected, nothing measured
+        assert all(p["kind"] == "quoted" for p in passages)  # nothing selected: at most what it quotes
     else:
         assert 1 <= len(passages) <= 3 and all(0 < p["share"] <= 1 and p["text"] for p in passages)
         assert all(0 < p["tokens"][0] < len(session.prompt_ids(words(4, 6))) for p in passages)
+
+
+def test_quoted_passages_are_the_verbatim_runs_the_answer_repeats_longest_first():
+    prompt_text = words(40, 1) + " [Section 3: Beta]\n " + words(150, 2) + " " + words(12, 9)
+    ids = TOK(prompt_text, add_special_tokens=False)["input_ids"]
+    n = len(ids)
+    filler = TOK(words(5, 7), add_special_tokens=False)["input_ids"]
+    # 15 tokens from 60, 10 from 100, a 5-token run (too short to be a quote), and the question's words
+    answer = filler + ids[60:75] + filler + ids[100:110] + filler + ids[20:25] + ids[n - 12:n]
+    got = quoted_passages(answer, ids, decode, end=n - 12)
+    assert [p["tokens"] for p in got] == [[60, 75], [100, 110]]
+    assert [p["kind"] for p in got] == ["quoted", "quoted"]
+    assert got[0]["share"] == pytest.approx(15 / len(answer), abs=1e-4) and got[1]["share"] == pytest.approx(10 / len(answer), abs=1e-4)
+    assert got[0]["section"] == "Section 3: Beta" and decode(ids[60:75]) in got[0]["text"]
+    # the question (the prompt's last tokens) is not searched; without `end` it would be quoted
+    assert [n - 12, n] in [p["tokens"] for p in quoted_passages(answer, ids, decode)]
+    # quotes a few tokens apart in the prompt are one passage
+    near = quoted_passages(ids[60:70] + filler + ids[75:85], ids, decode, end=n - 12)
+    assert [p["tokens"] for p in near] == [[60, 85]] and near[0]["share"] == pytest.approx(20 / 25, abs=1e-4)
+    assert quoted_passages(filler, ids, decode) == [] and quoted_passages(answer, ids, decode, k=0) == []
+
+
+def test_an_answer_cites_what_it_read_before_what_it_quotes():
+    ids = TOK(words(200, 3), add_special_tokens=False)["input_ids"]
+    answer = ids[50:70]
+    read = answer_passages([selection([(8, 12)], [4], context=len(ids))], ids, answer, decode, question_tokens=10)
+    assert [p["kind"] for p in read] == ["read"]
+    quoted = answer_passages([], ids, answer, decode, question_tokens=10)
+    assert [(p["kind"], p["tokens"]) for p in quoted] == [("quoted", [50, 70])]

@@ -208,6 +208,8 @@ def test_an_answer_lists_its_sources_escaped():
     assert "2 sections read" in html_ and "1 most-read passage" in html_
     assert "16. What Is &lt;Ownership&gt;?" in html_ and "(part 2 of 3)" in html_
     assert "34% of heads" in html_ and "&lt;owner&gt;" in html_ and "<owner>" not in html_
-    assert sources_html(None, []) == ""  # a plain conversation with a retrieval-less mode: no block
+    assert sources_html(None, []) == ""  # a plain conversation whose answer neither read nor quoted: no block
+    quoted = sources_html(None, [{"section": None, "share": 0.4, "text": "a <quote>", "kind": "quoted"}])
+    assert "1 quoted passage" in quoted and "Quoted in the answer" in quoted and "40% of the answer" in quoted
     page = transcript_html([("Q?", "answer", "lookup · 12 tokens", html_), ("Q2?", "", "")])
     assert page.count("tf-sources") == 1 and page.index("tf-sources") > page.index("lookup · 12 tokens")

@@ -648,9 +648,12 @@ def _chat_session(engine, document, spec: str | None, picked, config, args):
 
 
 def _passages_line(passages: list[dict]) -> str:
-    """'[most-read passages: Section 16: What is Ownership? «…» (75% of heads); ...]'."""
-    return "[most-read passages: " + "; ".join(
-        (f"{p['section']} " if p["section"] else "") + f"«{p['text'][:80]}» ({p['share']:.0%} of heads)"
+    """'[most-read passages: Section 16: What is Ownership? «…» (75% of heads); ...]', or
+    '[quoted passages: «…» (40% of the answer); ...]' where the mode retrieved nothing."""
+    quoted = all(p.get("kind") == "quoted" for p in passages)
+    return f"[{'quoted' if quoted else 'most-read'} passages: " + "; ".join(
+        (f"{p['section']} " if p["section"] else "") + f"«{p['text'][:80]}» "
+        f"({p['share']:.0%} of {'the answer' if quoted else 'heads'})"
         for p in passages) + "]"
 
 

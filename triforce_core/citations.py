@@ -1,7 +1,8 @@
-"""Citations: the passages of the prompt the answer's retrieval selections read most.
+"""Citations: the passages of the prompt an answer read most, or else the passages it quotes.
 
-    passages = cited_passages(selections, prompt_ids, engine.decode, k=3)
-    # [{"tokens": [812, 820], "share": 0.75, "section": "Section 16: What is Ownership?", "text": "…"}]
+    passages = answer_passages(selections, prompt_ids, answer_ids, engine.decode, question_tokens=12)
+    # [{"tokens": [812, 820], "share": 0.75, "section": "Section 16: What is Ownership?", "text": "…",
+    #   "kind": "read"}]
 
 The retrieval level attends, per layer and KV head, to the chunks whose keys score highest
 against the target's current query (or, with `select_by="attention"`, to the chunks the
@@ -10,7 +11,13 @@ each chunk. Summed over every selection of one answer, that is where the model r
 writing it: the same measure as the app's most-read-passages panel, per answer. The chunks
 every pair keeps anyway (the first, the attention sink, and the recent tokens) and those past
 the prompt (the answer itself) are left out. Modes without a retrieval level (lookup, draft,
-autoregressive) select nothing, so they cite no passage.
+autoregressive) select nothing: there an answer cites the passages it quotes instead.
+
+Quoted passages (`quoted_passages`, "kind": "quoted"): the stretches of the prompt the answer
+repeats verbatim, at least `min_tokens` tokens long (found left to right, the longest earlier
+occurrence first, as context lookup finds what to copy); "share" is the part of the answer's
+tokens quoted from that passage. The question and what follows it in the prompt are not
+searched: an answer that repeats the question quotes nothing.
 
 A passage's section is the last "[Section N: title]" line before it: the line `sections`
 and `reading` write before each part of a book they read (None when there is none).
@@ -53,5 +60,60 @@ def cited_passages(selections: Sequence[ChunksSelected], prompt_ids: Sequence[in
         text = " ".join(decode(list(prompt_ids[max(0, a - pad) : min(n, b + pad)])).split())
         headers = _HEADER.findall(decode(list(prompt_ids[:a])))
         out.append({"tokens": [a, b], "share": round(total / len(real), 4), "section": headers[-1] if headers else None,
-                    "text": text[:max_chars] + ("…" if len(text) > max_chars else "")})
+                    "text": text[:max_chars] + ("…" if len(text) > max_chars else ""), "kind": "read"})
     return out
+
+
+def quoted_passages(answer_ids: Sequence[int], prompt_ids: Sequence[int], decode: Callable[[list[int]], str], *,
+                    end: int | None = None, k: int = 3, min_tokens: int = 8, pad_tokens: int = 16,
+                    max_chars: int = 240) -> list[dict]:
+    """The k passages of `prompt_ids[:end]` the answer repeats most tokens of, verbatim runs of at
+    least `min_tokens` tokens; quotes closer than `pad_tokens` in the prompt make one passage."""
+    prompt = list(prompt_ids[: len(prompt_ids) if end is None else max(0, end)])
+    answer = list(answer_ids)
+    if k <= 0 or len(answer) < min_tokens or len(prompt) < min_tokens:
+        return []
+    starts: dict[tuple[int, ...], list[int]] = {}
+    for i in range(len(prompt) - min_tokens + 1):
+        starts.setdefault(tuple(prompt[i : i + min_tokens]), []).append(i)
+    quotes: list[tuple[int, int]] = []  # [start, end) in the prompt
+    i = 0
+    while i + min_tokens <= len(answer):
+        best_at, best_len = -1, 0
+        for at in starts.get(tuple(answer[i : i + min_tokens]), ()):
+            m = min_tokens
+            while i + m < len(answer) and at + m < len(prompt) and answer[i + m] == prompt[at + m]:
+                m += 1
+            if m > best_len:
+                best_at, best_len = at, m
+        if best_len:
+            quotes.append((best_at, best_at + best_len))
+            i += best_len
+        else:
+            i += 1
+    if not quotes:
+        return []
+    merged: list[list[int]] = []  # [start, end, quoted tokens]
+    for a, b in sorted(quotes):
+        if merged and a <= merged[-1][1] + pad_tokens:
+            merged[-1][1] = max(merged[-1][1], b)
+            merged[-1][2] += b - a
+        else:
+            merged.append([a, b, b - a])
+    best = sorted(merged, key=lambda m: (-m[2], m[0]))[:k]
+    out = []
+    for a, b, quoted in best:
+        text = " ".join(decode(prompt[max(0, a - pad_tokens) : min(len(prompt), b + pad_tokens)]).split())
+        headers = _HEADER.findall(decode(prompt[:a]))
+        out.append({"tokens": [a, b], "share": round(quoted / len(answer), 4), "section": headers[-1] if headers else None,
+                    "text": text[:max_chars] + ("…" if len(text) > max_chars else ""), "kind": "quoted"})
+    return out
+
+
+def answer_passages(selections: Sequence[ChunksSelected], prompt_ids: Sequence[int], answer_ids: Sequence[int],
+                    decode: Callable[[list[int]], str], *, question_tokens: int, k: int = 3) -> list[dict]:
+    """An answer's citations: what its retrieval selections read most, else what it quotes
+    from the prompt before the question (`question_tokens`: the question and the template
+    tokens after it, counted from the prompt's end)."""
+    return (cited_passages(selections, prompt_ids, decode, k=k)
+            or quoted_passages(answer_ids, prompt_ids, decode, end=len(prompt_ids) - question_tokens, k=k))

@@ -55,14 +55,17 @@ def legend_block(teaching: bool = False) -> str:
 
 def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict]) -> str:
     """An answer's citations: the book's sections its question read and the passages its
-    retrieval selections read most (`Turn.sections_read`, `Turn.passages`); "" when neither."""
+    retrieval selections read most, or else those it quotes (`Turn.sections_read`,
+    `Turn.passages`); "" when neither."""
     if not sections_read and not passages:
         return ""
     summary = []
     if sections_read:
         summary.append(f"{len(sections_read)} section{'s' if len(sections_read) != 1 else ''} read")
+    quoted = bool(passages) and all(p.get("kind") == "quoted" for p in passages)
     if passages:
-        summary.append(f"{len(passages)} most-read passage{'s' if len(passages) != 1 else ''}")
+        what = "quoted" if quoted else "most-read"
+        summary.append(f"{len(passages)} {what} passage{'s' if len(passages) != 1 else ''}")
     body = []
     if sections_read:
         names = "".join(f"<li>{html.escape(str(s.get('number', '')))}. {html.escape(str(s.get('title', '')))}"
@@ -72,9 +75,10 @@ def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict])
     if passages:
         items = "".join(
             f"<li>{'<span class=tf-where>' + html.escape(p['section']) + '</span> · ' if p.get('section') else ''}"
-            f"{100 * float(p.get('share', 0)):.0f}% of heads: «{html.escape(str(p.get('text', '')))}»</li>"
+            f"{100 * float(p.get('share', 0)):.0f}% of {'the answer' if quoted else 'heads'}: "
+            f"«{html.escape(str(p.get('text', '')))}»</li>"
             for p in passages)
-        body.append(f"<b>Most read while answering</b><ol>{items}</ol>")
+        body.append(f"<b>{'Quoted in the answer' if quoted else 'Most read while answering'}</b><ol>{items}</ol>")
     return (f'<details class="tf-sources"><summary>Sources: {" · ".join(summary)}</summary>'
             f'{"".join(body)}</details>')
 

@@ -19,8 +19,10 @@ Extension: every completion (and the final streamed chunk, the one with `finish_
 carries `triforce`, the speculation statistics of that response: mode, tokens per target
 forward, acceptance per level, tokens by level, decode tokens/s, prefill and reused tokens,
 and `passages`: the prompt's passages the answer's retrieval selections read most, each with
-its token span, share of heads, the "[Section N: title]" it lies under and its text
-(`citations.cited_passages`; [] in modes without a retrieval level).
+its token span, share of heads, the "[Section N: title]" it lies under, its text and `kind`
+"read"; in modes without a retrieval level, the passages the answer quotes verbatim (8 tokens
+or more), `kind` "quoted", `share` the part of the answer quoted from it
+(`citations.answer_passages`).
 
 Models: with `ServedModels`, `/v1/models` lists every model the server can switch to (the
 app's picker offers the same), each card with the extension fields `description`, `loaded`
@@ -51,7 +53,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, default_mode
 from ..engine import ContextLengthError, TriForceEngine
-from ..citations import cited_passages
+from ..citations import answer_passages
 from ..events import ChunksSelected, Committed, Finished, Prefilled, Verified
 from ..prompting import render_prompt
 from ..loading import ModelLoadError
@@ -266,9 +268,11 @@ class StopSequences:
 class Tally:
     """The statistics of one response, from its events (also when a stop sequence ended it early)."""
 
-    def __init__(self, prompt_tokens: int, prompt: list[int] | None = None, decode=None):
+    def __init__(self, prompt_tokens: int, prompt: list[int] | None = None, decode=None, question_tokens: int = 0):
         self.prompt_tokens = prompt_tokens
-        self.prompt, self.decode = prompt, decode  # for the passages the answer read most
+        # for the passages the answer read most, or quotes (not from its question's last tokens)
+        self.prompt, self.decode, self.question_tokens = prompt, decode, question_tokens
+        self.answer_ids: list[int] = []
         self.selections: list[ChunksSelected] = []
         self.prefilled: Prefilled | None = None
         self.finished = None
@@ -294,6 +298,7 @@ class Tally:
         elif isinstance(ev, Committed):
             self.t_first = self.t_first or now
             self.tokens += len(ev.token_ids)
+            self.answer_ids += ev.token_ids
             self.rounds += 1
             for level in ev.levels:
                 self.by_level[level] = self.by_level.get(level, 0) + 1
@@ -326,7 +331,8 @@ class Tally:
             "disk_tokens": p.disk_tokens if p else 0,
             "prefill_s": p.seconds if p else 0.0,
             "time_to_first_token_s": (self.t_first - self.t_start) if self.t_first else None,
-            "passages": (cited_passages(self.selections, self.prompt, self.decode)
+            "passages": (answer_passages(self.selections, self.prompt, self.answer_ids, self.decode,
+                                         question_tokens=self.question_tokens)
                          if self.prompt is not None and self.decode is not None else []),
         }
 
@@ -506,6 +512,16 @@ class ChatCompletionsAPI:
         return prompt, config
 
 
+def question_tokens(engine, messages: list[dict]) -> int:
+    """Prompt tokens, counted from its end, that hold the question: the last message's last
+    paragraph (a document may lead the message) and the template after it (a margin of 16)."""
+    last = str(messages[-1].get("content") or "") if messages else ""
+    question = last.rsplit("\n\n", 1)[-1]
+    if engine.tokenizer is None:
+        return 16
+    return len(engine.tokenizer(question, add_special_tokens=False)["input_ids"]) + 16
+
+
 class _Call:
     """One request's generation: its events turned into a completion or a stream of chunks."""
 
@@ -516,7 +532,7 @@ class _Call:
         self.mode = config.speculation.mode
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.tally = Tally(len(prompt), prompt, slot.engine.decode)
+        self.tally = Tally(len(prompt), prompt, slot.engine.decode, question_tokens(slot.engine, req.messages))
         self.stops = StopSequences(req.stop)
         self.finish_reason: str | None = None
 

@@ -13,6 +13,7 @@ from typing import Callable
 
 import gradio as gr
 
+from triforce_core.book import BookSession
 from triforce_core.config import GenerationConfig
 from triforce_core.events import ChunksSelected, Committed, Prefilled
 
@@ -23,13 +24,22 @@ from ..state import AppContext, UserState
 LESSON_QUESTION = "What is a class?"
 LESSON_SETTINGS = dict(mode="triforce", temperature=0.8, seed=3, lookup=False)
 LESSON_INTRO = (
-    "The lesson: the sample document, the question «" + LESSON_QUESTION + "», the paper's three levels "
+    "The lesson: the question «" + LESSON_QUESTION + "» over {document}, the paper's three levels "
     "(small draft → retrieval level → full target), sampled at temperature 0.8, one round per Step. "
     "Each round, the small draft proposes a few tokens, the retrieval level (the target's weights over a "
     "few chunks of the document) keeps each with probability min(1, p/q) and replaces the first it rejects, "
     "and the full target checks what the retrieval level emitted the same way. The inspector opens on the "
     "first rejection: the draw u against p/q, and the residual the replacement came from."
 )
+
+
+def lesson_intro(user: UserState | None) -> str:
+    """The lesson's opening words; a model whose window is shorter than the sample (SmolLM2)
+    reads the sample's sections most relevant to the question, as for any book."""
+    book = user is not None and isinstance(user.session, BookSession)
+    what = ("the sections of the sample document most relevant to it (the whole is over this model's window)"
+            if book else "the sample document")
+    return LESSON_INTRO.format(document=what)
 
 
 def round_pauses(config: GenerationConfig, eos_ids) -> Callable[[object], bool]:
@@ -98,4 +108,4 @@ class TeachingHandlers:
         s = LESSON_SETTINGS
         return (True, True, gr.update(value=s["mode"]), gr.update(value=s["temperature"]),
                 gr.update(value=s["seed"]), gr.update(value=s["lookup"]), LESSON_QUESTION,
-                f'<div class="tf-narration">{LESSON_INTRO}</div>')
+                f'<div class="tf-narration">{lesson_intro(user)}</div>')
