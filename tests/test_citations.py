@@ -88,3 +88,23 @@ def test_an_answer_cites_what_it_read_before_what_it_quotes():
     assert [p["kind"] for p in read] == ["read"]
     quoted = answer_passages([], ids, answer, decode, question_tokens=10)
     assert [(p["kind"], p["tokens"]) for p in quoted] == [("quoted", [50, 70])]
+
+
+def test_the_demo_pair_quoting_its_document_cites_the_passage_it_quotes():
+    """Lookup mode selects nothing; the demo target answering "What follows «…»?" copies the
+    continuation from the document, and the turn cites that passage."""
+    from triforce_core import TriForceEngine
+    from triforce_core.loading import DEMO_TARGET
+    from triforce_core.resources import SAMPLE_DOCUMENT
+
+    engine = TriForceEngine.from_pretrained(str(DEMO_TARGET), None, device="cpu")
+    text = SAMPLE_DOCUMENT.read_text(encoding="utf-8")[:6000]
+    phrase = "a derived class can override any methods of its base"
+    assert phrase in text
+    session = ChatSession(engine, text, config=GenerationConfig(
+        speculation=SpeculationConfig(mode="lookup", max_new_tokens=24)))
+    list(session.ask(f"What follows «{phrase}»?"))
+    turn = session.turns[-1]
+    assert "class or classes, and a method" in turn.answer  # it really quoted the continuation
+    assert turn.passages and turn.passages[0]["kind"] == "quoted"
+    assert turn.passages[0]["share"] > 0.5 and "class or classes, and a method" in turn.passages[0]["text"]
