@@ -133,6 +133,25 @@ def adapter_state(student) -> dict[str, torch.Tensor]:
     return out
 
 
+def load_adapter(student, folder: Path) -> None:
+    """Set the student's adapters and norms from a saved adapter (`adapter_state`'s inverse)."""
+    from triforce_core import prefix_draft
+
+    _, tensors = prefix_draft.read(str(folder))
+    with torch.no_grad():
+        for i, layer in enumerate(student.model.layers):
+            p = f"model.layers.{i}."
+            for part, owner in (("self_attn.", layer.self_attn), ("mlp.", layer.mlp)):
+                for name in PROJECTIONS:
+                    m = getattr(owner, name, None)
+                    if isinstance(m, LowRank):
+                        m.lora_a.copy_(tensors[p + part + name + ".lora_a"])
+                        m.lora_b.copy_(tensors[p + part + name + ".lora_b"] / m.scale)
+            layer.input_layernorm.weight.copy_(tensors[p + "input_layernorm.weight"])
+            layer.post_attention_layernorm.weight.copy_(tensors[p + "post_attention_layernorm.weight"])
+        student.model.norm.weight.copy_(tensors["model.norm.weight"])
+
+
 # -- data ------------------------------------------------------------------------------------
 def chat_ids(tokenizer, excerpt: str, question: str) -> list[int]:
     from triforce_core.prompting import render_prompt
@@ -254,6 +273,7 @@ def parse_args(argv=None):
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--resume", action="store_true", help="continue from the checkpoint in --work")
+    p.add_argument("--init", type=Path, help="start from this saved adapter (a further round of training)")
     return p.parse_args(argv)
 
 
@@ -270,9 +290,13 @@ def main(argv=None) -> int:
     answers_file = a.work / f"answers-{a.answers}-{a.answer_tokens}.json"
     if answers_file.exists():
         chats = json.loads(answers_file.read_text())
-    else:
-        log(f"generating {a.answers} target answers ({a.answer_tokens} tokens each)")
-        chats = target_answers(teacher, tok, docs, a.answers, a.answer_tokens, 16, rng)
+    else:  # top up the largest earlier set of answers of this length, if any
+        earlier = sorted((int(f.name.split("-")[1]), f) for f in a.work.glob(f"answers-*-{a.answer_tokens}.json")
+                         if int(f.name.split("-")[1]) < a.answers)
+        chats = json.loads(earlier[-1][1].read_text()) if earlier else []
+        log(f"generating {a.answers - len(chats)} target answers ({a.answer_tokens} tokens each)")
+        chats += target_answers(teacher, tok, docs, a.answers - len(chats), a.answer_tokens, 16,
+                                random.Random(a.seed + len(chats)))
         answers_file.write_text(json.dumps(chats))
     data = Batches(tok, docs, chats, a.chat_share, rng)
     log(f"{len(data.stream)} documentation tokens, {len(chats)} chats")
@@ -284,6 +308,9 @@ def main(argv=None) -> int:
         held_rows.append(data.sinks + held_ids[at:at + RECENT])
 
     student = make_student(teacher, a.layers, a.rank, alpha=a.rank)
+    if a.init is not None:
+        load_adapter(student, a.init)
+        log(f"started from the adapter in {a.init}")
     params = [p for p in student.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=a.lr, weight_decay=0.0)
     ckpt = a.work / f"checkpoint-{a.layers}x{a.rank}.pt"
@@ -340,6 +367,8 @@ def save(a, student, path: Path, results: dict) -> None:
     training = {"script": "scripts/train_smollm2_draft.py", "seed": a.seed, "batch": a.batch, "window": SINKS + RECENT,
                 "answers": a.answers, "answer_tokens": a.answer_tokens, "chat_share": a.chat_share, "lr": a.lr,
                 "ce_weight": a.ce_weight, "torch": torch.__version__, **results}
+    if a.init is not None:  # a further round: what the adapter it started from had been through
+        training["continued_from"] = json.loads((a.init / prefix_draft.MANIFEST).read_text()).get("training")
     prefix_draft.write(a.out, adapter_state(student), a.layers, path.name, rank=a.rank, training=training)
     log(f"saved {a.out}")
 
