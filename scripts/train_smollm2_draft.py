@@ -115,21 +115,31 @@ def make_student(teacher, layers: int, rank: int, alpha: float):
     return student
 
 
-def adapter_state(student) -> dict[str, torch.Tensor]:
-    """What ships: per layer and projection A [r, in] and B [out, r] (the scale folded into B),
-    the layers' norms and the final norm, under Hugging Face's parameter names."""
-    out = {}
+def _adapted(student):
+    """(name, module) of every low-rank projection and (name, parameter) of every trained norm,
+    under Hugging Face's parameter names (the adapter file's, `prefix_draft`)."""
     for i, layer in enumerate(student.model.layers):
         p = f"model.layers.{i}."
         for part, owner in (("self_attn.", layer.self_attn), ("mlp.", layer.mlp)):
             for name in PROJECTIONS:
                 m = getattr(owner, name, None)
                 if isinstance(m, LowRank):
-                    out[p + part + name + ".lora_a"] = m.lora_a.detach().clone()
-                    out[p + part + name + ".lora_b"] = (m.lora_b.detach() * m.scale).clone()
-        out[p + "input_layernorm.weight"] = layer.input_layernorm.weight.detach().clone()
-        out[p + "post_attention_layernorm.weight"] = layer.post_attention_layernorm.weight.detach().clone()
-    out["model.norm.weight"] = student.model.norm.weight.detach().clone()
+                    yield p + part + name, m
+        yield p + "input_layernorm.weight", layer.input_layernorm.weight
+        yield p + "post_attention_layernorm.weight", layer.post_attention_layernorm.weight
+    yield "model.norm.weight", student.model.norm.weight
+
+
+def adapter_state(student) -> dict[str, torch.Tensor]:
+    """What ships: per layer and projection A [r, in] and B [out, r] (the scale folded into B),
+    the layers' norms and the final norm."""
+    out = {}
+    for name, m in _adapted(student):
+        if isinstance(m, LowRank):
+            out[name + ".lora_a"] = m.lora_a.detach().clone()
+            out[name + ".lora_b"] = (m.lora_b.detach() * m.scale).clone()
+        else:
+            out[name] = m.detach().clone()
     return out
 
 
@@ -139,17 +149,12 @@ def load_adapter(student, folder: Path) -> None:
 
     _, tensors = prefix_draft.read(str(folder))
     with torch.no_grad():
-        for i, layer in enumerate(student.model.layers):
-            p = f"model.layers.{i}."
-            for part, owner in (("self_attn.", layer.self_attn), ("mlp.", layer.mlp)):
-                for name in PROJECTIONS:
-                    m = getattr(owner, name, None)
-                    if isinstance(m, LowRank):
-                        m.lora_a.copy_(tensors[p + part + name + ".lora_a"])
-                        m.lora_b.copy_(tensors[p + part + name + ".lora_b"] / m.scale)
-            layer.input_layernorm.weight.copy_(tensors[p + "input_layernorm.weight"])
-            layer.post_attention_layernorm.weight.copy_(tensors[p + "post_attention_layernorm.weight"])
-        student.model.norm.weight.copy_(tensors["model.norm.weight"])
+        for name, m in _adapted(student):
+            if isinstance(m, LowRank):
+                m.lora_a.copy_(tensors[name + ".lora_a"])
+                m.lora_b.copy_(tensors[name + ".lora_b"] / m.scale)
+            else:
+                m.copy_(tensors[name])
 
 
 # -- data ------------------------------------------------------------------------------------

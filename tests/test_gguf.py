@@ -28,10 +28,9 @@ from conftest import CPU, ROOT, assert_verification_rows_equal_steps, make_hf, n
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from gguf_files import hf_from_gguf, random_blocks, write_gguf
-from test_sampling_exactness import _hf_warp, broken_verify, chi2_pvalue
+from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
 import triforce_core.gguf_checkpoint as gguf_checkpoint
-import triforce_core.speculation as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
 from triforce_core.loading import ModelLoadError, load_model
@@ -190,14 +189,8 @@ def _small(folder: Path):
     target = write_gguf(make_hf("llama_mha", seed=21, **SMALL), folder / "small-target.gguf", types)
     draft = write_gguf(make_hf("llama_mha", seed=22, **{**SMALL, "num_hidden_layers": 1}), folder / "small-draft.gguf", types)
     prompt = torch.randint(0, V, (48,), generator=torch.Generator().manual_seed(4)).tolist()
-    hf = hf_from_gguf(target)
-    ids = torch.tensor(prompt)
-    with torch.no_grad():
-        p1 = _hf_warp(hf(ids[None]).logits[:, -1].double(), 1.0, 0, 1.0)[0]
-        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
-        p2 = _hf_warp(hf(both).logits[:, -1].double(), 1.0, 0, 1.0)
-    joint = (p1[:, None] * p2).numpy()
-    return load_model(str(target), CPU, torch.float32), load_model(str(draft), CPU, torch.float32), prompt, joint / joint.sum()
+    joint = first_two_law(hf_from_gguf(target), prompt)
+    return load_model(str(target), CPU, torch.float32), load_model(str(draft), CPU, torch.float32), prompt, joint
 
 
 def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -208,10 +201,7 @@ def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
                                       **{k: v for k, v in PAPER_METHOD.items() if k != "lookup"}, lookup=False),
         cache=SMALL_CACHE,
     )
-    counts = np.zeros((V, V))
-    for r in TriForceEngine(t.model, d.model).run_samples(prompt, cfg, SAMPLES):
-        counts[r.token_ids[0], r.token_ids[1]] += 1
-    return counts, joint
+    return first_two_counts(TriForceEngine(t.model, d.model), prompt, cfg, SAMPLES), joint
 
 
 def test_sampling_from_a_quantized_pair_is_exact(folder):
@@ -220,8 +210,7 @@ def test_sampling_from_a_quantized_pair_is_exact(folder):
 
 
 def test_negative_control_broken_verifier_is_caught_on_a_quantized_pair(folder, monkeypatch):
-    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    break_verifier(monkeypatch)
     counts, joint = _counts(folder)
     assert chi2_pvalue(counts, joint) < 1e-3
 

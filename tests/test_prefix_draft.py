@@ -24,9 +24,8 @@ from conftest import CPU, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from gguf_files import hf_from_gguf, write_gguf
-from test_sampling_exactness import _hf_warp, broken_verify, chi2_pvalue
+from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
-import triforce_core.speculation as speculation
 from scripts import train_smollm2_draft as training
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core import loading, prefix_draft
@@ -149,14 +148,8 @@ def _small(folder: Path):
     hf = hf_from_gguf(target)
     prefix_draft.write(folder / "small-draft", _adapter(training.make_student(hf, 1, 4, 4.0), seed=2), 1, target.name)
     prompt = torch.randint(0, V, (48,), generator=torch.Generator().manual_seed(4)).tolist()
-    ids = torch.tensor(prompt)
-    with torch.no_grad():
-        p1 = _hf_warp(hf(ids[None]).logits[:, -1].double(), 1.0, 0, 1.0)[0]
-        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)
-        p2 = _hf_warp(hf(both).logits[:, -1].double(), 1.0, 0, 1.0)
-    joint = (p1[:, None] * p2).numpy()
     engine = TriForceEngine.from_pretrained(str(target), str(folder / "small-draft"), device="cpu")
-    return engine, prompt, joint / joint.sum()
+    return engine, prompt, first_two_law(hf, prompt)
 
 
 def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
@@ -166,10 +159,7 @@ def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
         speculation=SpeculationConfig(mode="draft", gamma2=2, max_new_tokens=2, ignore_eos=True, lookup=False),
         cache=SMALL_CACHE,
     )
-    counts = np.zeros((V, V))
-    for r in engine.run_samples(prompt, cfg, SAMPLES):
-        counts[r.token_ids[0], r.token_ids[1]] += 1
-    return counts, joint
+    return first_two_counts(engine, prompt, cfg, SAMPLES), joint
 
 
 def test_sampling_with_the_prefix_draft_is_exact(folder):
@@ -178,8 +168,7 @@ def test_sampling_with_the_prefix_draft_is_exact(folder):
 
 
 def test_negative_control_broken_verifier_is_caught_with_the_prefix_draft(folder, monkeypatch):
-    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    break_verifier(monkeypatch)
     counts, joint = _counts(folder)
     assert chi2_pvalue(counts, joint) < 1e-3
 

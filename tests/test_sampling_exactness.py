@@ -68,13 +68,29 @@ def _hf_warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float)
 def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
     """P(x1, x2) under the target, from Hugging Face's forward and logits warpers: [V, V]."""
     target, _, _, prompt = _models()
+    return first_two_law(target, prompt, temperature, top_k, top_p)
+
+
+def first_two_law(hf, prompt: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
+    """P(x1, x2) after `prompt` under a Hugging Face model with its logits warpers: [V, V]."""
     ids = torch.tensor(prompt)
+    v = hf.config.vocab_size
     with torch.no_grad():
-        p1 = _hf_warp(target(ids[None]).logits[:, -1].double(), temperature, top_k, top_p)[0]  # [V]
-        both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)  # [V, L+1]
-        p2 = _hf_warp(target(both).logits[:, -1].double(), temperature, top_k, top_p)  # [V, V]
+        p1 = _hf_warp(hf(ids[None]).logits[:, -1].double(), temperature, top_k, top_p)[0]  # [V]
+        both = torch.cat([ids.repeat(v, 1), torch.arange(v)[:, None]], dim=1)  # [V, L+1]
+        p2 = _hf_warp(hf(both).logits[:, -1].double(), temperature, top_k, top_p)  # [V, V]
     joint = (p1[:, None] * p2).numpy()
     return joint / joint.sum()
+
+
+def first_two_counts(engine: TriForceEngine, prompt: list[int], cfg: GenerationConfig, samples: int) -> np.ndarray:
+    """How often each pair of first two tokens came out of `samples` independent samples."""
+    v = engine.target.vocab_size
+    counts = np.zeros((v, v))
+    for r in engine.run_samples(prompt, cfg, samples):
+        assert len(r.token_ids) == 2
+        counts[r.token_ids[0], r.token_ids[1]] += 1
+    return counts
 
 
 def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
@@ -87,11 +103,7 @@ def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 
                                       lookup=lookup, **{**({"lookup_min_match": 1} if lookup else PAPER), **spec_kw}),
         cache=cache,
     )
-    counts = np.zeros((V, V))
-    for r in TriForceEngine(t, d).run_samples(prompt, cfg, N_SAMPLES):
-        assert len(r.token_ids) == 2
-        counts[r.token_ids[0], r.token_ids[1]] += 1
-    return counts
+    return first_two_counts(TriForceEngine(t, d), prompt, cfg, N_SAMPLES)
 
 
 def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
@@ -120,6 +132,12 @@ def broken_verify(draft_tokens, q, p, generator):
         if u[i] * q_x >= p[i, x]:
             return VerifyResult(accepted=i, token=sample(p[i], generator), bonus=False)
     return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)
+
+
+def break_verifier(monkeypatch) -> None:
+    """Every level verifies with `broken_verify` (the negative controls)."""
+    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
+    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
 
 
 def broken_lookup_only(draft_tokens, q, p, generator):
@@ -163,8 +181,7 @@ def test_top_k_top_p_warping_is_exact():
 
 @pytest.mark.parametrize("mode", ["triforce", "retrieval", "draft"])
 def test_negative_control_broken_residual_fails(mode, monkeypatch):
-    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    break_verifier(monkeypatch)
     p = chi2_pvalue(sample_counts(mode, 1.0), exact_joint(1.0))
     assert p < 1e-3, f"the broken sampler was not detected in {mode} mode (p = {p:.2e})"
 
@@ -187,8 +204,7 @@ def test_joint_law_with_attention_selection_is_exact():
 
 
 def test_negative_control_broken_residual_fails_with_attention_selection(monkeypatch):
-    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    break_verifier(monkeypatch)
     p = chi2_pvalue(sample_counts("retrieval", 1.0, gammas=(1, 1), cache=FOLLOWING), exact_joint(1.0))
     assert p < 1e-3, f"the broken sampler was not detected with the attention selection (p = {p:.2e})"
 
