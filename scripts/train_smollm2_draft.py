@@ -23,7 +23,7 @@ on the target's greedy token (what greedy verification accepts). Progress is log
 checkpoint is written every few minutes and ``--resume`` continues from it.
 
     python -m scripts.train_smollm2_draft                    # about an hour on 2 cores
-    python -m scripts.train_smollm2_draft --minutes 3 --answers 16 --out /tmp/d   # a smoke run
+    python -m scripts.train_smollm2_draft --minutes 3 --answers 16 --out scratch-draft   # a smoke run
 """
 
 from __future__ import annotations
