@@ -31,6 +31,7 @@ from typing import Callable, Sequence
 from .config import CacheConfig
 from .events import ChunksSelected
 
+QUESTION_MARGIN = 16  # the chat template's tokens after the question, and a little more
 _HEADER = re.compile(r"\[((?:Section \d+|Part \d+ of \d+|Opening)[^\]\n]*)\](?:\s|$)")
 
 
@@ -54,14 +55,19 @@ def cited_passages(selections: Sequence[ChunksSelected], prompt_ids: Sequence[in
             if a > 0 and b <= min(n, recent_from):
                 totals[(a, b)] = totals.get((a, b), 0.0) + count / s.heads_total
     best = sorted(totals.items(), key=lambda kv: (-kv[1], kv[0][0]))[:k]
-    out = []
-    for (a, b), total in sorted(best, key=lambda kv: -kv[1]):
-        pad = pad_chunks * (b - a)
-        text = " ".join(decode(list(prompt_ids[max(0, a - pad) : min(n, b + pad)])).split())
-        headers = _HEADER.findall(decode(list(prompt_ids[:a])))
-        out.append({"tokens": [a, b], "share": round(total / len(real), 4), "section": headers[-1] if headers else None,
-                    "text": text[:max_chars] + ("…" if len(text) > max_chars else ""), "kind": "read"})
-    return out
+    prompt = list(prompt_ids)
+    return [_passage(prompt, a, b, pad_chunks * (b - a), total / len(real), "read", decode, max_chars)
+            for (a, b), total in sorted(best, key=lambda kv: -kv[1])]
+
+
+def _passage(prompt: list[int], a: int, b: int, pad: int, share: float, kind: str,
+             decode: Callable[[list[int]], str], max_chars: int) -> dict:
+    """One citation: prompt tokens [a, b) with `pad` tokens of context each side, decoded and
+    whitespace folded, under the last section header before it."""
+    text = " ".join(decode(prompt[max(0, a - pad) : min(len(prompt), b + pad)]).split())
+    headers = _HEADER.findall(decode(prompt[:a]))
+    return {"tokens": [a, b], "share": round(share, 4), "section": headers[-1] if headers else None,
+            "text": text[:max_chars] + ("…" if len(text) > max_chars else ""), "kind": kind}
 
 
 def quoted_passages(answer_ids: Sequence[int], prompt_ids: Sequence[int], decode: Callable[[list[int]], str], *,
@@ -101,13 +107,14 @@ def quoted_passages(answer_ids: Sequence[int], prompt_ids: Sequence[int], decode
         else:
             merged.append([a, b, b - a])
     best = sorted(merged, key=lambda m: (-m[2], m[0]))[:k]
-    out = []
-    for a, b, quoted in best:
-        text = " ".join(decode(prompt[max(0, a - pad_tokens) : min(len(prompt), b + pad_tokens)]).split())
-        headers = _HEADER.findall(decode(prompt[:a]))
-        out.append({"tokens": [a, b], "share": round(quoted / len(answer), 4), "section": headers[-1] if headers else None,
-                    "text": text[:max_chars] + ("…" if len(text) > max_chars else ""), "kind": "quoted"})
-    return out
+    return [_passage(prompt, a, b, pad_tokens, quoted / len(answer), "quoted", decode, max_chars) for a, b, quoted in best]
+
+
+def question_tokens(tokenizer, question: str) -> int:
+    """Prompt tokens, counted from its end, that hold `question` and the template after it."""
+    if tokenizer is None:
+        return QUESTION_MARGIN
+    return len(tokenizer(question, add_special_tokens=False)["input_ids"]) + QUESTION_MARGIN
 
 
 def answer_passages(selections: Sequence[ChunksSelected], prompt_ids: Sequence[int], answer_ids: Sequence[int],

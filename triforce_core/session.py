@@ -30,7 +30,7 @@ from typing import Callable, Iterator
 
 from .config import GenerationConfig
 from .engine import ContextLengthError, TriForceEngine
-from .citations import answer_passages
+from .citations import answer_passages, question_tokens
 from .events import ChunksSelected, Committed, Event, Finished, Prefilled
 from .prompting import render_prompt
 from .slots import Slot
@@ -393,8 +393,9 @@ class ChatSession:
                         acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
                         stop_reason=s.stop_reason, mode=s.mode,
                     )
-                    turn.passages = answer_passages(selections, prompt, answer_ids, self.engine.decode,
-                                                    question_tokens=len(self._encode(question)) + 16)
+                    turn.passages = answer_passages(
+                        selections, prompt, answer_ids, self.engine.decode,
+                        question_tokens=question_tokens(self.engine.tokenizer, question))
                 yield ev
         except Exception as e:  # the slot has freed its caches (they may be half-written)
             if _is_oom(e):

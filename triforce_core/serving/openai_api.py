@@ -53,7 +53,7 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, default_mode
 from ..engine import ContextLengthError, TriForceEngine
-from ..citations import answer_passages
+from ..citations import answer_passages, question_tokens
 from ..events import ChunksSelected, Committed, Finished, Prefilled, Verified
 from ..prompting import render_prompt
 from ..loading import ModelLoadError
@@ -512,14 +512,10 @@ class ChatCompletionsAPI:
         return prompt, config
 
 
-def question_tokens(engine, messages: list[dict]) -> int:
-    """Prompt tokens, counted from its end, that hold the question: the last message's last
-    paragraph (a document may lead the message) and the template after it (a margin of 16)."""
+def _last_paragraph(messages: list[dict]) -> str:
+    """The question of a request: its last message's last paragraph (a document may lead it)."""
     last = str(messages[-1].get("content") or "") if messages else ""
-    question = last.rsplit("\n\n", 1)[-1]
-    if engine.tokenizer is None:
-        return 16
-    return len(engine.tokenizer(question, add_special_tokens=False)["input_ids"]) + 16
+    return last.rsplit("\n\n", 1)[-1]
 
 
 class _Call:
@@ -532,7 +528,7 @@ class _Call:
         self.mode = config.speculation.mode
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.tally = Tally(len(prompt), prompt, slot.engine.decode, question_tokens(slot.engine, req.messages))
+        self.tally = Tally(len(prompt), prompt, slot.engine.decode, question_tokens(slot.engine.tokenizer, _last_paragraph(req.messages)))
         self.stops = StopSequences(req.stop)
         self.finish_reason: str | None = None
 
