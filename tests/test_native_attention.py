@@ -22,6 +22,7 @@ from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_
 
 import triforce_core.native_attention as native_attention
 from triforce_core import TriForceEngine
+from triforce_core.model import DecoderModel
 
 pytestmark = needs_compiler
 
@@ -33,8 +34,11 @@ def kernel():
 
 @pytest.fixture
 def forced(monkeypatch, kernel):
-    """The kernel at every cache length (the tests' prompts are short); counts its calls."""
+    """The kernel at every cache length (the tests' prompts are short), called per layer from
+    Python (the path of windowed layers; the one-call forward, which calls it from C, has its
+    own tests in test_native_layers); counts its calls."""
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
+    monkeypatch.setattr(DecoderModel, "one_call", False)
     calls = []
     original = native_attention.Kernel.attention
 

@@ -13,6 +13,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 
 import pytest
@@ -24,7 +25,8 @@ from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 import triforce_core.native_layers as native_layers
 from triforce_core import TriForceEngine
 from triforce_core.attention import attention_mask
-from triforce_core.model import _transposed
+from triforce_core.model import KeyMass, _transposed
+from triforce_core.quantized import Matrix
 from triforce_core.native_build import build
 
 pytestmark = needs_compiler
@@ -45,7 +47,13 @@ def counted(monkeypatch, layers):
         calls.append(x.shape[0])
         return original(self, x, *args, **kwargs)
 
+    def counting_all(self, x, *args, **kwargs):  # every layer in one call: its rows too
+        calls.append(x.shape[0])
+        return original_all(self, x, *args, **kwargs)
+
+    original_all = native_layers.Layers.decode_layers
     monkeypatch.setattr(native_layers.Layers, "layer_in", counting)
+    monkeypatch.setattr(native_layers.Layers, "decode_layers", counting_all)
     return calls
 
 
@@ -65,7 +73,14 @@ def swapped(monkeypatch, counted):
     def broken(self, x, attn, w_o, norm, eps, w_gate_up, w_down):
         return original(self, x, attn, w_o, norm, eps, _swap_halves(w_gate_up), w_down)
 
+    def broken_all(self, x, table, *args, **kwargs):  # every layer in one call: a table of swapped weights
+        swapped = native_layers.LayerTable([dataclasses.replace(layer, w_gate_up=Matrix(dense_t=_swap_halves(layer.w_gate_up)))
+                                            for layer in table.layers])
+        return original_all(self, x, swapped, *args, **kwargs)
+
+    original_all = native_layers.Layers.decode_layers  # (the counting one)
     monkeypatch.setattr(native_layers.Layers, "layer_out", broken)
+    monkeypatch.setattr(native_layers.Layers, "decode_layers", broken_all)
 
 
 # -- float64 references ------------------------------------------------------------------------
@@ -188,6 +203,80 @@ def test_sampling_through_native_layers_is_exact(counted):
 def test_negative_control_swapped_layers_fail_the_chi_square(swapped):
     p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(1.0))
     assert p < 1e-3, f"the swapped layers were not detected (p = {p:.2e})"
+
+
+def _forwards(model, news, kv_dtype, one_call: bool, prompt: int = 1100, length=None):
+    """Logits of each forward of `news` after a `prompt`-token prefill, and the cache after them.
+    `length`: what the one-call forward is told is cached (the negative control)."""
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, prompt + 64, kv_dtype, torch.device("cpu"))
+    ids = torch.randint(3, model.vocab_size, (prompt,), generator=torch.Generator().manual_seed(5))
+    model.forward(ids, torch.arange(prompt), cache, logits_rows=None)
+    model.one_call = one_call
+    out = []
+    try:
+        for i, new in enumerate(news):
+            pos = torch.arange(cache.length, cache.length + len(new))
+            if length is not None:
+                cache.length += length
+            if i % 2:  # every other forward as the target's verification with a retrieval level runs
+                mass = KeyMass(chunk=8)
+                f = model.forward(new, pos, cache, capture_queries=True, key_mass=mass)
+                out += [f.logits, f.queries, *mass.layers]
+            else:
+                out.append(model.forward(new, pos, cache).logits)
+            cache.length -= length or 0
+    finally:
+        del model.one_call  # the class's default again
+    n = cache.length
+    return out, cache.k[:, :, :n].float(), cache.v[:, :, :n].float()
+
+
+ONE_CALL_MODELS = [k for k in TARGETS if k != "mistral_window"] + ["gguf_k_mix"]
+
+
+@pytest.mark.parametrize("kind", ONE_CALL_MODELS)
+def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind, tmp_path_factory):
+    """Every layer in one native call (`decode_layers`) gives the per-layer path's logits and
+    cache, bit for bit, and the queries and per-chunk attention a retrieval level reads: steps
+    and verifications of 1, 3 and 7 rows over 1,100 cached keys (where the per-layer path takes
+    the native attention too), float32, float16 and bfloat16 K/V, GQA and multi-head, q/k/v
+    bias (qwen2), and a GGUF file mixing the stored types as Q4_K_M does."""
+    if kind == "gguf_k_mix":
+        from gguf_files import write_gguf
+        from test_gguf import K_MIX, LLAMA
+
+        from conftest import make_hf
+        from triforce_core.loading import load_model
+
+        path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path_factory.mktemp("one-call") / "t.gguf", K_MIX)
+        model = load_model(str(path), torch.device("cpu"), torch.float32).model
+        assert model.quantized
+    else:
+        model = _setup(kind)[1]
+    g = torch.Generator().manual_seed(9)
+    news = [torch.randint(3, model.vocab_size, (n,), generator=g) for n in (1, 7, 3, 1)]
+    for kv_dtype in (torch.float32, torch.float16, torch.bfloat16):
+        counted.clear()
+        one = _forwards(model, news, kv_dtype, True)
+        assert counted == [1, 7, 3, 1], "the one-call path did not run"
+        per_layer = _forwards(model, news, kv_dtype, False)
+        assert len(one[0]) == len(per_layer[0]) == 2 + 2 * (2 + model.spec.num_layers)
+        for a, b in zip(one[0], per_layer[0]):
+            assert torch.equal(a, b), kv_dtype
+        assert torch.equal(one[1], per_layer[1]) and torch.equal(one[2], per_layer[2]), kv_dtype
+
+
+def test_negative_control_one_call_told_a_wrong_length_is_caught(counted):
+    """The comparison above can fail: the one-call forward writing and reading one slot off
+    (told one token more is cached) differs from the per-layer forward."""
+    model = _setup("llama_gqa_llama3")[1]
+    news = [torch.tensor([5, 6, 7])]
+    wrong = _forwards(model, news, torch.float32, True, length=1)
+    right = _forwards(model, news, torch.float32, False)
+    assert not torch.equal(wrong[0][0], right[0][0])
 
 
 def test_disabled_by_the_environment_and_prefill_keeps_pytorch(monkeypatch, counted):

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-from . import native_layers
+from . import native_attention, native_layers
 from .attention import Mask, attend, attention_mask
 from .quantized import LANES, Matrix, StoredTensor
 
@@ -242,6 +242,10 @@ class DecoderModel:
     `StoredTensor`s: those stay as stored where the native kernels run (float32 on the CPU),
     else they are dequantized once here."""
 
+    # Few-row forwards as one native call where they can (`_one_call`); False (on the class or
+    # an instance): a native call per side of each layer (benchmarks and tests compare both).
+    one_call = True
+
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
@@ -299,6 +303,7 @@ class DecoderModel:
             )
         self.rotary = Rotary(config, s, device)
         self.scale = s.head_dim**-0.5
+        self._layer_table: native_layers.LayerTable | None = None  # built at the first one-call forward
 
     @property
     def vocab_size(self) -> int:
@@ -354,6 +359,25 @@ class DecoderModel:
         gate, up = (h @ layer.w_gate_up.dense_t()).chunk(2, dim=-1)
         return x + (F.silu(gate) * up) @ layer.w_down.dense_t()
 
+    def _one_call(self, S: int, cache: AttentionCache):
+        """The attention kernel when this forward can run as one `decode_layers` call, else None:
+        a plain cache (`KVStore`'s own write and view) with room for the S tokens, no layer
+        with a window, and few enough rows for the native attention kernel (`attend`'s rule).
+        Short caches too: there PyTorch's attention ran about as fast as the kernel, and the
+        per-layer Python around it costs more."""
+        from .attention import NATIVE_QUERY_ROWS
+        from .kv.store import KVStore  # here: the kv package imports this module
+
+        if type(cache).view is not KVStore.view:
+            return None
+        s, k = self.spec, cache.k
+        if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows)
+                or s.num_heads // s.num_kv_heads * S > NATIVE_QUERY_ROWS or k.device.type != "cpu"):
+            return None
+        fused = native_layers.kernel()
+        attention = native_attention.kernel()
+        return attention if attention is not None and fused is not None and fused.takes(k.dtype) else None
+
     @torch.inference_mode()
     def forward(
         self,
@@ -382,7 +406,21 @@ class DecoderModel:
         # Few rows on the CPU: each side of a layer is one native call (`native_layers`).
         fused = native_layers.kernel() if S <= native_layers.ROWS and self._native_ok else None
         eps = s.rms_norm_eps
-        for i, layer in enumerate(self.layers):
+        attention = self._one_call(S, cache) if fused is not None and self.one_call else None
+        if attention is not None:  # every layer in one native call: the same arithmetic, no Python between
+            if self._layer_table is None:
+                self._layer_table = fused.layer_table(self.layers)
+            chunk = key_mass.chunk if key_mass is not None and cache.exact_positions else 0
+            q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, cache.k,
+                                                  cache.v, cache.length, attention, capture_queries, chunk)
+            if q_all is not None:
+                queries = list(q_all)  # [S, H, D] per layer
+            if mass_all is not None:  # per layer as below: the whole cached chunks, summed over g
+                n = cache.length // chunk
+                for mass in mass_all:
+                    mass = mass[:, :, :n]
+                    key_mass.layers.append(mass if G == 1 else mass.reshape(Hkv, G, S, n).sum(dim=1))
+        for i, layer in enumerate(self.layers if attention is None else ()):
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin)
             else:

@@ -55,6 +55,7 @@ class Kernel:
         lib.attention.argtypes = [P, P, P, I64, I, I, I, I, I64, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
         self.lib = lib
+        self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None, scale: float,

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from . import native_attention
 from .native_build import CSRC, FLAGS, Loader
 from .quantized import F32, IN_OUT, Matrix, Part
 
@@ -45,7 +46,10 @@ class Layers:
         lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I]
         lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
-        for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows):
+        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I]
+        lib.decode_layers_takes.argtypes = [I]
+        for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows, lib.decode_layers,
+                  lib.decode_layers_takes):
             f.restype = I
         self.lib = lib
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
@@ -101,6 +105,46 @@ class Layers:
                                           V, out.data_ptr(), self._threads()))
         return out
 
+    def layer_table(self, layers: list) -> LayerTable:
+        """The weights of `layers` (`model._Layer`s) as `decode_layers` reads them: built once per
+        model, the weights never move."""
+        return LayerTable(layers)
+
+    def takes(self, kv_dtype: torch.dtype) -> bool:
+        """Whether `decode_layers` can write a cache of this dtype."""
+        kind = native_attention.KINDS.get(kv_dtype)
+        return kind is not None and bool(self.lib.decode_layers_takes(kind))
+
+    def decode_layers(self, x: torch.Tensor, table: LayerTable, eps: float, H: int, Hkv: int, D: int, cos: torch.Tensor,
+                      sin: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
+                      attention: native_attention.Kernel, capture_queries: bool = False,
+                      chunk: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """x [S, E] through every layer in one call, in place; the S new tokens' keys and values
+        are written into k_cache/v_cache ([L, Hkv, capacity, D], `length` cached) after the
+        cached ones, and every row attends causally to all cached keys (no window). The same
+        arithmetic as layer_in, the cache's write, `attention.attention` and layer_out per layer.
+
+        Returns the rotated queries [L, S, H, D] when `capture_queries`, and when `chunk` > 0
+        each layer's attention probability per whole chunk of keys [L, Hkv, G S, T // chunk]
+        (rows ordered (g, s), as `attention.attention` returns them)."""
+        S, E = x.shape
+        L, T, R = len(table.array), length + S, H // Hkv * S
+        block = native_attention.BLOCK if chunk <= 0 else -(-native_attention.BLOCK // chunk) * chunk
+        nb = -(-T // block)
+        attn_threads = (attention.threads or torch.get_num_threads()) if Hkv * R * T >= native_attention.SMALL_WORK else 1
+        queries = torch.empty(L, S, H, D) if capture_queries else None
+        chunk_sum = torch.empty(L, Hkv, R, T // chunk) if chunk > 0 else None
+        failed = self.lib.decode_layers(
+            x.data_ptr(), S, E, table.array, L, eps, H, Hkv, D, table.intermediate, cos.data_ptr(),
+            sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), native_attention.KINDS[k_cache.dtype],
+            k_cache.stride(0), k_cache.stride(1), length, attention.address, block,
+            None if queries is None else queries.data_ptr(), max(chunk, 0),
+            None if chunk_sum is None else chunk_sum.data_ptr(), min(attn_threads, Hkv * nb), self._threads())
+        if failed == -2:
+            raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
+        self._check(failed)
+        return queries, chunk_sum
+
     def dequantize(self, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
         """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32."""
         raw = raw.contiguous()
@@ -109,6 +153,37 @@ class Layers:
                                     self._threads()):
             raise ValueError(f"GGML type {qtype} with {cols} columns cannot be dequantized")
         return out
+
+
+class LayerWeights(ctypes.Structure):
+    """One layer's weights, as `struct layer_weights` in csrc/layers.c."""
+
+    P, I = ctypes.c_void_p, ctypes.c_int
+    _fields_ = [("attn_norm", P), ("w_qkv", P), ("n_qkv", I), ("bias", P), ("w_o", P), ("n_o", I), ("mlp_norm", P),
+                ("w_gate_up", P), ("n_gu", I), ("w_down", P), ("n_down", I)]
+
+
+class LayerTable:
+    """Every layer's `LayerWeights`, with the part descriptions they point to kept alive."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.keep: list = []
+
+        def parts(w: Matrix | torch.Tensor) -> tuple[int, int]:
+            array, n = Layers._parts(w)
+            self.keep.append(array)
+            return ctypes.addressof(array), n
+
+        rows = []
+        for layer in layers:
+            qkv, o, gu, down = parts(layer.wqkv), parts(layer.wo), parts(layer.w_gate_up), parts(layer.w_down)
+            rows.append(LayerWeights(layer.attn_norm.data_ptr(), qkv[0], qkv[1],
+                                     None if layer.bqkv is None else layer.bqkv.data_ptr(), o[0], o[1],
+                                     layer.mlp_norm.data_ptr(), gu[0], gu[1], down[0], down[1]))
+        self.array = (LayerWeights * len(rows))(*rows)
+        w_down = layers[0].w_down
+        self.intermediate = w_down.n_in if isinstance(w_down, Matrix) else w_down.shape[0]
 
 
 _loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, ENV, Layers)
