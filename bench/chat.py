@@ -43,6 +43,7 @@ from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, Generat
 from triforce_core.engine import TriForceEngine
 from triforce_core.events import Committed, Finished
 from triforce_core.loading import default_model_names
+from triforce_core.model import DecoderModel
 from triforce_core.resources import SAMPLE_DIR
 from triforce_core.session import ChatSession
 
@@ -76,14 +77,16 @@ CONFIGS: dict[str, dict] = {
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
 # "NAME+inspect": the same configuration with inspect=True (the teaching view's cost);
 # "NAME+pytorch-attention": with the native few-row attention kernel off (its gain);
-# "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+FIELD-N": an integer
+# "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+per-layer": the native
+# layers called per layer from Python instead of one call for all (the one call's gain); "NAME+FIELD-N": an integer
 # field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
 # to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens); "NAME+kv_dtype-float16": the
 # caches keep K/V in that dtype (default: the engine's). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
-SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS)
+PER_LAYER = "+per-layer"
+SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS, PER_LAYER)
 SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+)$")
 KV_SETTING = re.compile(r"\+kv_dtype-([a-z0-9]+)$")
 # (Not max_new_tokens, which --max-new-tokens sets for all, nor prefill_chunk: the configurations
@@ -129,8 +132,13 @@ def settings_of(flags: set[str]) -> dict[str, dict]:
 def _answer_as(name: str, start) -> tuple[list[int], object]:
     """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
     flags = split_name(name)[1]
-    with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
-        return _answer(start(INSPECT in flags))
+    one_call = DecoderModel.one_call
+    DecoderModel.one_call = PER_LAYER not in flags
+    try:
+        with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
+            return _answer(start(INSPECT in flags))
+    finally:
+        DecoderModel.one_call = one_call
 
 
 class ChatBenchError(ValueError):
@@ -317,6 +325,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
         "configs": {n: {"speculation": CONFIGS[split_name(n)[0]], "inspect": INSPECT in split_name(n)[1],
                         "native_attention": PYTORCH_ATTENTION not in split_name(n)[1],
                         "native_layers": PYTORCH_LAYERS not in split_name(n)[1],
+                        "one_call": PER_LAYER not in split_name(n)[1],
                         "budget": make_config(n, sampling, max_new_tokens).cache.budget,
                         "kv_dtype": str(kv[n]).removeprefix("torch."),
                         "settings": settings_of(split_name(n)[1])} for n in names},
@@ -402,7 +411,8 @@ def main(argv=None) -> int:
     p.add_argument("--configs", default=",".join(DEFAULT_CONFIGS),
                    help=f"comma-separated, of: {', '.join(CONFIGS)}, each optionally with {INSPECT} (the same with "
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
-                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), +FIELD-N (an integer "
+                        f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), {PER_LAYER} (the native layers called per layer, "
+                        f"not all in one call), +FIELD-N (an integer "
                         f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32), +kv_dtype-NAME (the caches' K/V "
                         f"dtype: float32, float16 or bfloat16) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")

@@ -1,7 +1,7 @@
 """Attention of new query rows over a cache's keys: the mask, and the path for each shape.
 
 - Few rows (a decoding step, a verification) on the CPU: the native kernel
-  (`native_attention`) up to 33 rows, else two batched matrix products up to 8.
+  (`native_attention`) up to 51 rows, else two batched matrix products up to 8.
 - Many rows (prefill): PyTorch's CPU flash kernel, in two passes merged by their log-sum-exps
   when every cached key is visible to every row.
 - Elsewhere (CUDA, a window cut among many rows): PyTorch's scaled-dot-product attention.
@@ -32,8 +32,10 @@ PROBED_QUERY_ROWS = 64
 # Query rows up to which the native kernel runs (where it is built): against PyTorch's two
 # flash passes, with rows in groups sharing each key loaded, it costs 0.60x at 9 rows, 0.72x at
 # 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
-# 64: up to a 32-token lookup run (`--lookup-max 32`) and its bonus row.
-NATIVE_QUERY_ROWS = 33
+# 64; and with SmolLM2's 3 query heads per KV head (30 layers of 3 KV heads of 64, 6,118 keys)
+# 0.71x at 21 rows, 0.75x at 33, 0.86x at 42 and 0.96x at 51: a default 16-token lookup run and
+# its bonus row.
+NATIVE_QUERY_ROWS = 51
 
 
 # Widened K/V (PyTorch's paths over a 16-bit cache) go to a buffer kept per thread up to this
