@@ -410,3 +410,20 @@ def test_penalty_on_the_target_alone_is_still_exact(monkeypatch):
     monkeypatch.setattr(speculation, "Sampler", Sampler)
     p = chi2_pvalue(penalized_counts("draft"), exact_joint_penalized(1.0))
     assert p > 1e-3, f"chi-square p = {p:.2e}"
+
+
+def test_row_argmax_gives_torch_argmax_indices():
+    """Greedy verification reads each row's argmax through NumPy on the CPU: the same index as
+    torch.argmax, the first on a tie, a NaN counting as the largest, for one row or several,
+    contiguous or not (a vocabulary cut to the tokenizer's size is a strided view)."""
+    from triforce_core.sampling import row_argmax
+
+    g = torch.Generator().manual_seed(3)
+    rows = torch.randn(7, 300, generator=g)
+    rows[1, 5] = rows[1, 9] = 50.0  # a tie: the first
+    rows[2, 17] = float("nan")
+    rows[3] = 0.0
+    for x in (rows, rows[:, :250], rows[4], rows.double(), rows.t().contiguous().t()):
+        want = x.argmax(dim=-1)
+        assert row_argmax(x) == (want.tolist() if x.dim() > 1 else [int(want)])
+    assert row_argmax(rows)[1:4] == [5, 17, 0]

@@ -25,7 +25,7 @@ from .inspection import greedy_law, token_checks
 from .lanes import Lane, RetrievalLane
 from .lookup import ContextIndex
 from .penalties import NO_PENALTIES, Penalties
-from .sampling import sample, verify_greedy, verify_stochastic, warp
+from .sampling import row_argmax, sample, verify_greedy, verify_stochastic, warp
 
 
 @dataclass
@@ -97,7 +97,7 @@ class Sampler:
         logits = self.penalties(self.lane.advance([])[-1:], committed, spec)[0]  # after committed + spec
         for i in range(n):
             if self.sampling.greedy:
-                t = int(logits.argmax())
+                t = row_argmax(logits)[0]
                 if self.inspect:
                     laws.append(greedy_law(logits))
             else:
