@@ -65,6 +65,15 @@ def build_folder() -> Path:
     return cache_home() / "llama.cpp" / LLAMA_CPP_PYTHON
 
 
+def _where(folder: Path) -> str:
+    """Where the tools were, as a report may say it: inside the cache folder relative to it
+    ("<cache>/llama.cpp/0.3.36/bin"), else the folder's own name (no path of the machine)."""
+    try:
+        return f"<cache>/{folder.resolve().relative_to(cache_home().resolve())}"
+    except ValueError:
+        return folder.name
+
+
 def tools_in(folder: Path) -> dict[str, Path] | None:
     """{tool: path} when `folder` holds every tool as an executable, else None."""
     paths = {t: folder / t for t in TOOLS}
@@ -297,10 +306,10 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
                                   generation["best_flash_attn"], draft_max)
     return {
         "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON}'s vendor/llama.cpp",
-                      "build_commit": runs[0]["build_commit"], "tools": str(tools["llama-bench"].parent)},
+                      "build_commit": runs[0]["build_commit"], "tools": _where(tools["llama-bench"].parent)},
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1min": [load_before, _load()]},
-        "model": str(model),
+        "model": model.name,  # the file's name: a report names no folder of the machine it ran on
         "model_type": runs[0]["model_type"],
         "threads": threads,
         "prompt_tokens": size,
