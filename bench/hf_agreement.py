@@ -115,7 +115,8 @@ def main(argv: list[str] | None = None) -> int:
         summary[key] = {"answers": len(cells), "equal": sum(c["equal"] for c in cells),
                         "near_tie": sum(c.get("near_tie", False) for c in cells),
                         "differ": sum(not c["equal"] and not c.get("near_tie", False) for c in cells)}
-    report = {"target": a.target, "document": str(a.document), "max_new_tokens": a.max_new_tokens,
+    report = {"target": a.target, "document": a.document.name,  # its name: no folder of the machine it ran on
+              "max_new_tokens": a.max_new_tokens,
               "tie_gap": a.tie_gap, "summary": summary, "answers": rows}
     for key, s in summary.items():
         print(f"{key:28s} equal {s['equal']}/{s['answers']}, near-tie {s['near_tie']}, differ {s['differ']}")
