@@ -269,6 +269,28 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
         assert torch.equal(one[1], per_layer[1]) and torch.equal(one[2], per_layer[2]), kv_dtype
 
 
+@pytest.mark.parametrize("kind", ["llama_gqa_llama3", "llama_mha"])
+def test_a_16_token_lookup_run_and_its_bonus_row_stay_native(monkeypatch, kind):
+    """The default's longest lookup run (16 tokens) and its bonus row: 17 rows, one native call
+    (past `ROWS` a forward would take PyTorch's products, which dequantize a GGUF model's every
+    matrix), equal to the per-layer path bit for bit."""
+    calls = []
+    original = native_layers.Layers.decode_layers
+
+    def counting(self, x, *args, **kwargs):
+        calls.append(x.shape[0])
+        return original(self, x, *args, **kwargs)
+
+    monkeypatch.setattr(native_layers.Layers, "decode_layers", counting)
+    assert native_layers.ROWS >= 17
+    model = _setup(kind)[1]
+    news = [torch.arange(3, 20)]
+    one = _forwards(model, news, torch.float32, True)
+    assert calls == [17]
+    per_layer = _forwards(model, news, torch.float32, False)
+    assert torch.equal(one[0][0], per_layer[0][0]) and torch.equal(one[1], per_layer[1])
+
+
 def test_negative_control_one_call_told_a_wrong_length_is_caught(counted):
     """The comparison above can fail: the one-call forward writing and reading one slot off
     (told one token more is cached) differs from the per-layer forward."""

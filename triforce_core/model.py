@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from . import native_attention, native_layers
-from .attention import Mask, attend, attention_mask
+from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
 from .quantized import LANES, Matrix, StoredTensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
@@ -365,7 +365,6 @@ class DecoderModel:
         with a window, and few enough rows for the native attention kernel (`attend`'s rule).
         Short caches too: there PyTorch's attention ran about as fast as the kernel, and the
         per-layer Python around it costs more."""
-        from .attention import NATIVE_QUERY_ROWS
         from .kv.store import KVStore  # here: the kv package imports this module
 
         if type(cache).view is not KVStore.view:
