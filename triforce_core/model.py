@@ -198,6 +198,13 @@ class KeyMass:
     layers: list = field(default_factory=list)
 
 
+def _cached_chunks(mass: torch.Tensor, n: int, G: int, S: int) -> torch.Tensor:
+    """A layer's per-chunk attention [Hkv, G*S, >= n] (rows ordered (g, s)) -> per KV head and new
+    token, the first n chunks (the whole cached ones), summed over the G query heads: [Hkv, S, n]."""
+    mass = mass[:, :, :n]
+    return mass if G == 1 else mass.reshape(mass.shape[0], G, S, n).sum(dim=1)
+
+
 @dataclass
 class ForwardOutput:
     logits: torch.Tensor | None  # [R, V] float32 for the requested rows
@@ -412,13 +419,8 @@ class DecoderModel:
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions else 0
             q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, cache.k,
                                                   cache.v, cache.length, attention, capture_queries, chunk)
-            if q_all is not None:
-                queries = list(q_all)  # [S, H, D] per layer
-            if mass_all is not None:  # per layer as below: the whole cached chunks, summed over g
-                n = cache.length // chunk
-                for mass in mass_all:
-                    mass = mass[:, :, :n]
-                    key_mass.layers.append(mass if G == 1 else mass.reshape(Hkv, G, S, n).sum(dim=1))
+            if mass_all is not None:
+                key_mass.layers += [_cached_chunks(mass, cache.length // chunk, G, S) for mass in mass_all]
         for i, layer in enumerate(self.layers if attention is None else ()):
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin)
@@ -438,10 +440,8 @@ class DecoderModel:
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
             out, mass = attend(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
-            if mass is not None:  # [Hkv, G*S, >= n] -> per KV head and new token, the whole cached chunks
-                n = (T - S) // chunk
-                mass = mass[:, :, :n]
-                key_mass.layers.append(mass if G == 1 else mass.reshape(Hkv, G, S, n).sum(dim=1))
+            if mass is not None:
+                key_mass.layers.append(_cached_chunks(mass, (T - S) // chunk, G, S))
             out = out.reshape(H, S, D)
             if fused is not None:
                 fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down)
@@ -459,5 +459,8 @@ class DecoderModel:
                 xr = self._rms_norm(x[logits_rows], self.final_norm)
                 head = self.lm_head
                 logits = (xr @ head.dense_t() if isinstance(head, Matrix) else F.linear(xr, head)).float()
-        q_out = torch.stack(queries) if queries is not None else None
+        if attention is not None:
+            q_out = q_all  # [L, S, H, D] as the kernel wrote them, or None
+        else:
+            q_out = torch.stack(queries) if queries is not None else None
         return ForwardOutput(logits=logits, queries=q_out)

@@ -58,6 +58,14 @@ class Kernel:
         self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
 
+    def plan(self, H: int, R: int, T: int, chunk: int = 0) -> tuple[int, int]:
+        """The keys a job takes (a whole number of chunks) and the threads, for H heads of R rows
+        over T keys: one thread for small work (waking the others costs more than the work),
+        never more threads than jobs. `native_layers.decode_layers` calls the kernel with these too."""
+        block = BLOCK if chunk <= 0 else -(-BLOCK // chunk) * chunk
+        threads = (self.threads or torch.get_num_threads()) if H * R * T >= SMALL_WORK else 1
+        return block, min(threads, H * -(-T // block))
+
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None, scale: float,
                   chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q: [H, R, D] float32; k/v: [H, T, D] float32, float16 or bfloat16, both alike (token
@@ -72,7 +80,7 @@ class Kernel:
                 and k.stride(1) == D and v.stride(2) == 1 and v.stride(1) == D and k.stride(0) == v.stride(0)):
             raise ValueError("few-row attention needs float32 queries, and keys and values of one dtype (float32, "
                              "float16 or bfloat16) with contiguous token rows")
-        block = BLOCK if chunk <= 0 else -(-BLOCK // chunk) * chunk
+        block, threads = self.plan(H, R, T, chunk)
         nb = -(-T // block)
         q = (q * scale).contiguous()
         if limits is not None:
@@ -82,12 +90,10 @@ class Kernel:
         l = torch.empty(H, nb, R)
         result = torch.empty(H, R, D)
         chunk_sum = torch.empty(H, R, T // chunk) if chunk > 0 else None  # the kernel writes every chunk
-        # one thread for small work: waking the others costs more than the work
-        threads = (self.threads or torch.get_num_threads()) if H * R * T >= SMALL_WORK else 1
         failed = self.lib.attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), KINDS[k.dtype], H, R, D, T,
             limits.data_ptr() if limits is not None else None, block,
-            min(threads, H * nb), out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
+            threads, out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
             chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())
         if failed:
             raise MemoryError("few-row attention: out of memory for its scratch buffer")

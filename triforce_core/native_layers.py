@@ -132,9 +132,7 @@ class Layers:
         (rows ordered (g, s), as `attention.attention` returns them)."""
         S, E = x.shape
         L, T, R = len(table.array), length + S, H // Hkv * S
-        block = native_attention.BLOCK if chunk <= 0 else -(-native_attention.BLOCK // chunk) * chunk
-        nb = -(-T // block)
-        attn_threads = (attention.threads or torch.get_num_threads()) if Hkv * R * T >= native_attention.SMALL_WORK else 1
+        block, attn_threads = attention.plan(Hkv, R, T, chunk)
         queries = torch.empty(L, S, H, D) if capture_queries else None
         chunk_sum = torch.empty(L, Hkv, R, T // chunk) if chunk > 0 else None
         failed = self.lib.decode_layers(
@@ -142,7 +140,7 @@ class Layers:
             sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), native_attention.KINDS[k_cache.dtype],
             k_cache.stride(0), k_cache.stride(1), length, attention.address, block,
             None if queries is None else queries.data_ptr(), max(chunk, 0),
-            None if chunk_sum is None else chunk_sum.data_ptr(), min(attn_threads, Hkv * nb), self._threads())
+            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads())
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
         self._check(failed)
