@@ -15,10 +15,12 @@ selects its chunks for the last token's real queries, as after a prefill.
 
 With `--kv-dtypes`, every cache is kept in each K/V dtype in turn (the same random K/V,
 rounded), a row per dtype, every dtype's forwards alternated with the others' (and with
-`--no-pytorch-layers`, the native layers only: half the forwards).
+`--no-pytorch-layers`, the native layers only: half the forwards). With `--pages huge,small`,
+likewise every cache on 2 MB pages (`triforce_core.huge_pages`, the default) and on ordinary
+4 KB ones.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
-                                [--no-pytorch-layers] [--json OUT]
+                                [--pages huge,small] [--no-pytorch-layers] [--json OUT]
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import torch
 
-from triforce_core import native_layers
+from triforce_core import huge_pages, native_layers
 from triforce_core.benchmark import Bench, cpu_model
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.kv import FullCache
@@ -74,44 +76,49 @@ def _step_seconds(lane, rows: int) -> float:
 
 
 def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtypes: tuple[str | None, ...] = (None,),
-            pytorch_layers: bool = True) -> dict:
+            pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",)) -> dict:
     if native_layers.kernel() is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
     results, bandwidths = [], []
     paths = ("native", "pytorch") if pytorch_layers else ("native",)
     for T in contexts:
-        decs = {dt: _decoder(bench, T, seed=T, kv_dtype=dt) for dt in kv_dtypes}  # the same K/V in each dtype
+        decs = {}
+        for dt in kv_dtypes:
+            for pg in pages:
+                with huge_pages.switched(pg == "huge"):
+                    decs[dt, pg] = _decoder(bench, T, seed=T, kv_dtype=dt)  # the same K/V in each dtype
         spec = next(iter(decs.values()))[1].speculation
         levels = [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
                   ("retrieval", "retrieval", spec.gamma1 + 1), ("draft", "small", 1)]
         if bench.engine.draft is None:
             levels = levels[:3]
         for level, attr, rows in levels:
-            lanes = {dt: getattr(dec, attr) for dt, (dec, _) in decs.items()}
+            lanes = {v: getattr(dec, attr) for v, (dec, _) in decs.items()}
             # measured beside each timing: on a shared machine it moves by half between minutes
             bandwidth = measure_bandwidth(torch.device("cpu"))
             bandwidths.append(bandwidth)
-            times = {(dt, path): [] for dt in kv_dtypes for path in paths}
+            times = {(v, path): [] for v in decs for path in paths}
             for i in range(repeats + 2):
-                for dt, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                for v, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
                     with native_layers.switched(path == "native"):
-                        t = _step_seconds(lanes[dt], rows)
+                        t = _step_seconds(lanes[v], rows)
                     if i >= 2:
-                        times[dt, path].append(t)
-            for dt, lane in lanes.items():
+                        times[v, path].append(t)
+            for v, lane in lanes.items():
+                pg = v[1]
                 model = lane.model
                 keys = lane.cache.length + rows
                 read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())
-                med = {path: sorted(times[dt, path])[len(times[dt, path]) // 2] * 1e3 for path in paths}
+                med = {path: sorted(times[v, path])[len(times[v, path]) // 2] * 1e3 for path in paths}
                 floor = read / (bandwidth * 1e9) * 1e3
                 kv = str(lane.cache.k.dtype).removeprefix("torch.")
-                row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "bytes": read,
+                row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
                        "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
                 if pytorch_layers:
                     row["speedup"] = med["pytorch"] / med["native"]
                 results.append(row)
                 torch_part = f", pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x)" if pytorch_layers else ""
-                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V ({read / 1e6:.1f} MB): "
+                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V on {pg} pages ({read / 1e6:.1f} MB): "
                     f"native {med['native']:.2f} ms{torch_part}; "
                     f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
         del decs
@@ -127,6 +134,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kv-dtypes", default=None,
                    help=f"comma-separated K/V dtypes, of {', '.join(KV_DTYPES)}, measured alternately "
                    "(default: the engine's default alone)")
+    p.add_argument("--pages", default="huge",
+                   help="comma-separated page sizes for the caches, of huge (2 MB, the default) and small (4 KB), "
+                   "measured alternately")
     p.add_argument("--no-pytorch-layers", action="store_true",
                    help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -145,12 +155,17 @@ def main(argv: list[str] | None = None) -> int:
         if not kv_dtypes or any(d not in KV_DTYPES for d in kv_dtypes) or len(set(kv_dtypes)) != len(kv_dtypes):
             print(f"error: --kv-dtypes takes distinct names of {', '.join(KV_DTYPES)}", file=sys.stderr)
             return 2
+    pages = tuple(x.strip() for x in a.pages.split(",") if x.strip())
+    if not pages or any(pg not in ("huge", "small") for pg in pages) or len(set(pages)) != len(pages):
+        print("error: --pages takes distinct names of huge, small", file=sys.stderr)
+        return 2
     bench = Bench.load(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
-    report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers)
+    report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers,
+                     pages=pages)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
     if a.json:

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from . import huge_pages
 from .config import cache_home
 from .quantized import BLOCKS, F16, F32, TYPE_NAMES, StoredTensor
 
@@ -202,7 +203,9 @@ def _tensor(t) -> torch.Tensor | StoredTensor:
     cols, rows = int(t.shape[0]), int(t.shape[1])
     if qtype == BF16:  # widened once: float32 rows
         data, qtype = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, cols), F32
-    raw = torch.from_numpy(np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1).copy())
+    stored = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
+    raw = huge_pages.zeros(stored.shape, torch.uint8)  # the head's 30 MB (SmolLM2) is read at every step
+    raw.numpy()[:] = stored
     return StoredTensor(type=qtype, raw=raw, shape=(rows, cols))
 
 

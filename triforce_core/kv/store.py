@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import torch
 
+from .. import huge_pages
 from ..config import DEFAULT_KV_DTYPE, KV_DTYPES
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
@@ -62,8 +63,9 @@ class KVStore:
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
         shape = (num_layers, num_kv_heads, capacity, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        # on 2 MB pages: every step streams all of it (`huge_pages`)
+        self.k = huge_pages.zeros(shape, dtype, device)
+        self.v = huge_pages.zeros(shape, dtype, device)
         self.capacity = capacity
         self.length = 0
 
@@ -89,7 +91,7 @@ class KVStore:
         L, H, _, D = self.k.shape
         for name in ("k", "v"):
             old = getattr(self, name)
-            new = torch.zeros((L, H, capacity, D), dtype=old.dtype, device=old.device)
+            new = huge_pages.zeros((L, H, capacity, D), old.dtype, old.device)
             new[:, :, : self.length] = old[:, :, : self.length]
             setattr(self, name, new)
             del old

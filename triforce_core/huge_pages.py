@@ -1,0 +1,65 @@
+"""Large, long-lived CPU buffers on 2 MB pages (Linux transparent huge pages).
+
+A decoding step streams the whole K/V cache once: at 6K tokens of SmolLM2, 282 MB of float32
+in 4 KB pages is some 69,000 pages, each a TLB miss, and the hardware prefetchers stop at every
+page's end. On 2 MB pages the same stream is 141 pages. Measured on a 2-core Xeon (AVX-512,
+float32 K/V, 30 layers of 3 KV heads over 6,118 keys, the native kernel called per layer,
+interleaved): one-row attention 12.2 against 13.5 ms a step; a plain two-thread sum over as
+much memory 10.0 against 12.1 ms.
+
+`zeros` maps fresh anonymous memory (the kernel hands it out zeroed), asks for huge pages over
+the 2 MB-aligned part of it (`madvise(MADV_HUGEPAGE)`, which the kernel honours in its default
+"madvise" mode), and returns a tensor over it; the mapping lives as long as the tensor. Where
+that cannot be done (not Linux, another device, a small buffer, `TRIFORCE_HUGE_PAGES=0`) it is
+`torch.zeros`: the same values, on ordinary pages.
+"""
+
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import sys
+from contextlib import contextmanager
+
+import torch
+
+PAGE = 2 << 20  # bytes in a huge page on x86-64 and arm64 (4 KB base pages)
+ENV = "TRIFORCE_HUGE_PAGES"
+
+
+def available() -> bool:
+    """Whether `zeros` asks for huge pages: Linux with MADV_HUGEPAGE, not switched off."""
+    return (sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
+            and os.environ.get(ENV, "1") != "0")
+
+
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
+    """torch.zeros(shape, dtype, device), on 2 MB pages where the buffer spans at least one."""
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if torch.device(device).type != "cpu" or nbytes < PAGE or not available():
+        return torch.zeros(shape, dtype=dtype, device=device)
+    # private: a shared anonymous mapping is shmem, whose huge pages follow another switch
+    area = mmap.mmap(-1, nbytes + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    whole = torch.frombuffer(area, dtype=torch.uint8)  # holds the mapping for as long as it lives
+    start = -whole.data_ptr() % PAGE
+    try:
+        area.madvise(mmap.MADV_HUGEPAGE, start, nbytes // PAGE * PAGE)
+    except OSError:  # a kernel without transparent huge pages: ordinary pages, same values
+        pass
+    return whole[start : start + nbytes].view(dtype).view(shape)
+
+
+@contextmanager
+def switched(on: bool):
+    """Huge pages asked for (`TRIFORCE_HUGE_PAGES`) or not inside the block, as before after it:
+    the benchmarks' way to compare both in one process."""
+    before = os.environ.get(ENV)
+    os.environ[ENV] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[ENV]
+        else:
+            os.environ[ENV] = before
