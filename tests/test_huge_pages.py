@@ -66,3 +66,10 @@ def test_a_cache_on_ordinary_pages_decodes_the_same():
         g = torch.Generator().manual_seed(0)
         cache.view(0, torch.randn(2, 7, 64, generator=g), torch.randn(2, 7, 64, generator=g), None)
     assert torch.equal(huge.k, small.k) and torch.equal(huge.v, small.v)
+
+
+@linux
+def test_a_buffer_beyond_memory_is_a_memory_error():
+    """What ChatSession catches to free its caches and go on, as for PyTorch's own allocations."""
+    with pytest.raises(MemoryError, match="out of memory"):
+        huge_pages.zeros((1 << 50,), torch.uint8)

@@ -16,6 +16,7 @@ that cannot be done (not Linux, another device, a small buffer, `TRIFORCE_HUGE_P
 
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -40,7 +41,12 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
     if torch.device(device).type != "cpu" or nbytes < PAGE or not available():
         return torch.zeros(shape, dtype=dtype, device=device)
     # private: a shared anonymous mapping is shmem, whose huge pages follow another switch
-    area = mmap.mmap(-1, nbytes + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    try:
+        area = mmap.mmap(-1, nbytes + PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    except OSError as e:  # what callers catch for an allocation that failed (ChatSession frees its caches)
+        if e.errno == errno.ENOMEM:
+            raise MemoryError(f"out of memory: cannot map {nbytes / 2**20:.0f} MB") from e
+        raise
     whole = torch.frombuffer(area, dtype=torch.uint8)  # holds the mapping for as long as it lives
     start = -whole.data_ptr() % PAGE
     try:
