@@ -19,11 +19,11 @@ from __future__ import annotations
 import errno
 import math
 import mmap
-import os
 import sys
-from contextlib import contextmanager
 
 import torch
+
+from . import switches
 
 PAGE = 2 << 20  # bytes in a huge page on x86-64 and arm64 (4 KB base pages)
 ENV = "TRIFORCE_HUGE_PAGES"
@@ -32,7 +32,7 @@ ENV = "TRIFORCE_HUGE_PAGES"
 def available() -> bool:
     """Whether `zeros` asks for huge pages: Linux with MADV_HUGEPAGE, not switched off."""
     return (sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
-            and os.environ.get(ENV, "1") != "0")
+            and switches.is_on(ENV))
 
 
 def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
@@ -56,16 +56,8 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
     return whole[start : start + nbytes].view(dtype).view(shape)
 
 
-@contextmanager
+
 def switched(on: bool):
     """Huge pages asked for (`TRIFORCE_HUGE_PAGES`) or not inside the block, as before after it:
     the benchmarks' way to compare both in one process."""
-    before = os.environ.get(ENV)
-    os.environ[ENV] = "1" if on else "0"
-    try:
-        yield
-    finally:
-        if before is None:
-            del os.environ[ENV]
-        else:
-            os.environ[ENV] = before
+    return switches.switched(ENV, on)

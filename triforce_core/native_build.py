@@ -22,10 +22,10 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from contextlib import contextmanager
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
+from . import switches
 from .config import cache_home
 
 log = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ class Loader(Generic[K]):
         return build(self.source, self.flags, folder)
 
     def get(self) -> K | None:
-        if os.environ.get(self.env, "1") == "0":
+        if not switches.is_on(self.env):
             return None
         if self._tried:  # asked per layer of every forward: no lock once decided
             return self._loaded
@@ -109,16 +109,7 @@ class Loader(Generic[K]):
                     log.warning("native %s unavailable (%s); using PyTorch's", self.what, detail.strip()[:300])
         return self._loaded
 
-    @contextmanager
     def switched(self, on: bool):
         """On or off inside the block, as before after it: the benchmarks' way to compare both
         paths in one process."""
-        before = os.environ.get(self.env)
-        os.environ[self.env] = "1" if on else "0"
-        try:
-            yield
-        finally:
-            if before is None:
-                del os.environ[self.env]
-            else:
-                os.environ[self.env] = before
+        return switches.switched(self.env, on)

@@ -1,0 +1,29 @@
+"""Environment switches ("NAME=0" turns a fast path off), set for the length of a block.
+
+The native kernels (`native_build.Loader`) and the huge pages (`huge_pages`) each read one; the
+benchmarks turn them on and off inside one process to compare both sides.
+"""
+
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+
+
+def is_on(name: str) -> bool:
+    """Whether switch `name` is on (anything but "0"; on when unset)."""
+    return os.environ.get(name, "1") != "0"
+
+
+@contextmanager
+def switched(name: str, on: bool):
+    """Switch `name` on or off inside the block, as it was after it."""
+    before = os.environ.get(name)
+    os.environ[name] = "1" if on else "0"
+    try:
+        yield
+    finally:
+        if before is None:
+            del os.environ[name]
+        else:
+            os.environ[name] = before
