@@ -464,6 +464,8 @@ def main(argv=None) -> int:
                  repeats=a.repeats, peer=peer)
     report["machine"] = machine_info(engine, load, _load())
     report["document"] = str(a.document.name)
+    # by name, not path: reports are committed
+    report["models"] = {"target": Path(t).name if t else None, "draft": Path(d).name if d else None}
     print_table(report)
     if a.json:
         a.json.parent.mkdir(parents=True, exist_ok=True)
