@@ -73,3 +73,16 @@ def test_a_buffer_beyond_memory_is_a_memory_error():
     """What ChatSession catches to free its caches and go on, as for PyTorch's own allocations."""
     with pytest.raises(MemoryError, match="out of memory"):
         huge_pages.zeros((1 << 50,), torch.uint8)
+
+
+@linux
+def test_copy_of_an_array_is_equal_and_on_huge_pages_when_large():
+    import numpy as np
+    big = np.arange(3 << 20, dtype=np.uint8).reshape(3, -1)  # 3 MB
+    t = huge_pages.copy(big)
+    assert t.data_ptr() % huge_pages.PAGE == 0 and np.array_equal(t.numpy(), big)
+    small = np.arange(12, dtype=np.float32).reshape(3, 4)
+    s = huge_pages.copy(small)
+    assert s.dtype == torch.float32 and np.array_equal(s.numpy(), small)
+    s[0, 0] = 99  # a copy, not a view of the array
+    assert small[0, 0] == 0

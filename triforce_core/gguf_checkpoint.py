@@ -203,9 +203,8 @@ def _tensor(t) -> torch.Tensor | StoredTensor:
     cols, rows = int(t.shape[0]), int(t.shape[1])
     if qtype == BF16:  # widened once: float32 rows
         data, qtype = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, cols), F32
-    stored = np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1)
-    raw = huge_pages.zeros(stored.shape, torch.uint8)  # the head's 30 MB (SmolLM2) is read at every step
-    raw.numpy()[:] = stored
+    # the head's 30 MB (SmolLM2) is read at every step: on 2 MB pages like the caches
+    raw = huge_pages.copy(np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1))
     return StoredTensor(type=qtype, raw=raw, shape=(rows, cols))
 
 

@@ -21,6 +21,7 @@ import math
 import mmap
 import sys
 
+import numpy as np
 import torch
 
 from . import switches
@@ -55,6 +56,14 @@ def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str
         pass
     return whole[start : start + nbytes].view(dtype).view(shape)
 
+
+def copy(array: np.ndarray) -> torch.Tensor:
+    """A CPU tensor holding a copy of `array`, on 2 MB pages where it spans at least one."""
+    if array.nbytes < PAGE or not available():
+        return torch.from_numpy(np.array(array, copy=True))
+    out = zeros(array.shape, torch.from_numpy(np.empty(0, array.dtype)).dtype)
+    out.numpy()[...] = array
+    return out
 
 
 def switched(on: bool):
