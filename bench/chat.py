@@ -72,6 +72,7 @@ CONFIGS: dict[str, dict] = {
     "draft": {"mode": "draft"},
     "draft-paper": {**PAPER_METHOD, "mode": "draft"},
     "lookup": {"mode": "lookup"},
+    "lookup-no-agree": {"mode": "lookup", "lookup_agree": False},
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")

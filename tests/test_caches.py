@@ -15,6 +15,7 @@ from conftest import CPU, DRAFT_OVERRIDES, VOCAB, make_hf, to_ours
 
 from triforce_core.kv import CacheFullError, FullCache, KVStore, RetrievalCache, StreamingCache
 from triforce_core.model import apply_rotary
+from triforce_core.kv import store
 
 F32 = torch.float32
 
@@ -174,6 +175,25 @@ def test_truncate_and_reserve_limits():
         full.reserve(6)
     with pytest.raises(ValueError):
         KVStore(1, 1, 4, capacity=0, dtype=F32, device=CPU)
+
+
+def test_make_room_grows_with_room_for_later_turns_and_keeps_the_tokens():
+    cache = KVStore(1, 2, 4, capacity=100, dtype=F32, device=CPU)
+    cache.k[:, :, :60] = torch.randn(1, 2, 60, 4)
+    cache.advance(60)
+    kept = cache.k[:, :, :60].clone()
+    cache.make_room(90)  # fits: nothing is reallocated
+    assert cache.capacity == 100
+    k = cache.k
+    cache.make_room(110)  # a quarter of the capacity beyond the need
+    assert cache.capacity == 135 and cache.k is not k
+    assert torch.equal(cache.k[:, :, :60], kept) and cache.length == 60
+    k = cache.k
+    cache.make_room(130)  # the next turn fits in what the last growth left
+    assert cache.k is k and cache.capacity == 135
+    big = KVStore(1, 1, 4, capacity=40_000, dtype=F32, device=CPU)
+    big.make_room(40_001)
+    assert big.capacity == 40_001 + store.GROW_SLACK  # the extra is bounded
 
 
 def test_full_cache_sliding_window_view():

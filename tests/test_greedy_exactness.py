@@ -137,6 +137,7 @@ def test_no_refresh_and_frequent_refresh_agree():
 # -- context lookup -------------------------------------------------------------------------
 LOOKUP_COMBOS = [
     ("lookup", {}),
+    ("lookup", {"lookup_agree": False}),  # runs never cut by a rival occurrence
     ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
     ("triforce", {"small_draft": False}),  # lookup, else the retrieval level drafts alone
     ("retrieval", {}),

@@ -59,6 +59,36 @@ def test_extend_indexes_new_tokens_incrementally_like_a_fresh_index():
 def test_min_match_must_be_positive():
     with pytest.raises(ValueError, match="min_match"):
         ContextIndex(min_match=0)
+    with pytest.raises(ValueError, match="rival_slack"):
+        ContextIndex(rival_slack=-1)
+
+
+def test_a_rival_occurrence_cuts_the_proposal_where_it_parts():
+    # The docstring's picture: "p q r s" -> t . . ., and the rival "q r s" -> u (match 3 of 4).
+    p, q, r, s, t, u, dot = range(7)
+    seq = [p, q, r, s, t, dot, dot, dot, q, r, s, u, dot, dot, dot, p, q, r, s]
+    assert _index(seq, min_match=3, rival_slack=None).propose(seq, 4) == ([t, dot, dot, dot], 4)
+    assert _index(seq, min_match=3).propose(seq, 4) == ([t], 4)  # at least one token is kept
+    # A rival that agrees for two tokens cuts after them.
+    seq2 = [p, q, r, s, t, u, dot, 9, q, r, s, t, u, 8, 9, p, q, r, s]
+    assert _index(seq2, min_match=3).propose(seq2, 5) == ([t, u], 4)
+
+
+def test_a_rival_past_the_slack_does_not_cut():
+    # The winner matches 6 tokens back, the rival only the 3 of min_match: 3 < 6 - 2.
+    a, b, c, x, y, z = range(6)
+    seq = [x, y, z, a, b, c, 10, 11, 12, 20, a, b, c, 13, 14, 21, x, y, z, a, b, c]
+    index = _index(seq, min_match=3)
+    assert index.propose(seq, 3) == ([10, 11, 12], 6)
+    assert _index(seq, min_match=3, rival_slack=3).propose(seq, 3) == ([10], 6)
+
+
+def test_rivals_compare_into_the_proposal_itself():
+    # A loop "1 2 3 1 2 3": the rival continuation that runs past the sequence's end reads the
+    # proposal, as the winner's own continuation does, so a repeating loop is not cut.
+    seq = [1, 2, 3, 1, 2, 3, 1, 2, 3]
+    assert _index(seq, min_match=2).propose(seq, 7) == _index(seq, min_match=2, rival_slack=None).propose(seq, 7)
+    assert _index(seq, min_match=2).propose(seq, 7)[0] == [1, 2, 3, 1, 2, 3, 1]
 
 
 # -- the adaptive draft length ----------------------------------------------------------------

@@ -97,7 +97,7 @@ class Decoder:
             full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, self.kv_dtype, target.device)
         else:
             full = full_cache
-            full.grow(capacity)
+            full.make_room(capacity)
         self.full = Lane(target, full, vocab)
         # Tokens of the current sequence: the full cache holds history[:full.covered].
         self.history: list[int] = list(history or [])[: full.length]
@@ -120,7 +120,7 @@ class Decoder:
         sampling = config.sampling
         # One repetition-penalty processor for every level: each applies it to its own rows.
         self.penalties = pen = Penalties(sampling)
-        self.lookup = Lookup(spec.lookup_min_match) if spec.uses_lookup else None
+        self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree) if spec.uses_lookup else None
         if spec.mode == "triforce":
             lower = Sampler(self.small, "draft", sampling, generator, pen) if self.small is not None else None
             self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
@@ -201,8 +201,7 @@ class Decoder:
             reuse -= 1  # re-feed one token: the retrieval selection needs the last query
         need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
         cache = lane.cache
-        if need > cache.capacity:
-            cache.grow(need)
+        cache.make_room(need)
         blocks = self.disk.blocks(body, chunk, cache.k.dtype) if self.disk is not None else []
         disk_tokens = 0
         if blocks:
