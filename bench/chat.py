@@ -73,6 +73,8 @@ CONFIGS: dict[str, dict] = {
     "draft-paper": {**PAPER_METHOD, "mode": "draft"},
     "lookup": {"mode": "lookup"},
     "lookup-no-agree": {"mode": "lookup", "lookup_agree": False},
+    "lookup-no-backoff": {"mode": "lookup", "lookup_backoff": False},
+    "lookup-plain": {"mode": "lookup", "lookup_agree": False, "lookup_backoff": False},
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")

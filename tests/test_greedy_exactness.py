@@ -138,6 +138,8 @@ def test_no_refresh_and_frequent_refresh_agree():
 LOOKUP_COMBOS = [
     ("lookup", {}),
     ("lookup", {"lookup_agree": False}),  # runs never cut by a rival occurrence
+    ("lookup", {"lookup_backoff": False}),  # no token from the shorter context
+    ("lookup", {"lookup_min_match": 2}),  # the backoff by single tokens, often
     ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
     ("triforce", {"small_draft": False}),  # lookup, else the retrieval level drafts alone
     ("retrieval", {}),

@@ -132,3 +132,23 @@ def test_draft_schedule_pause_is_bounded_and_fixed_schedule_never_changes():
     for proposed, accepted in [(4, 0), (4, 2), (4, 4)]:
         fixed.update(proposed, accepted)
         assert fixed.take() == 4
+
+
+def test_backoff_proposes_one_token_where_every_shorter_occurrence_agrees():
+    # No earlier "4 7" (min_match 2); "7" occurred twice, followed by 8 both times.
+    seq = [1, 7, 8, 2, 7, 8, 3, 4, 7]
+    assert _index(seq, min_match=2).propose(seq, 4) == ([], 0)  # off by default
+    index = _index(seq, min_match=2, backoff=True)
+    assert index.propose(seq, 4) == ([8], 1)  # one token; the match length says it is a backoff
+    assert index.propose(seq, 0) == ([], 0)
+    # The followers disagree: nothing.
+    seq2 = [1, 7, 8, 2, 7, 9, 3, 4, 7]
+    assert _index(seq2, min_match=2, backoff=True).propose(seq2, 4) == ([], 0)
+    # A full match is preferred to the backoff, and grown indexes back off like fresh ones.
+    seq3 = [4, 7, 5, 7, 8, 4, 7]
+    assert _index(seq3, min_match=2, backoff=True).propose(seq3, 1) == ([5], 2)
+    grown = ContextIndex(min_match=2, backoff=True)
+    for i in range(0, len(seq), 2):
+        grown.extend(seq[i : i + 2])
+    assert grown.propose(seq, 4) == ([8], 1)
+    assert ContextIndex(min_match=1, backoff=True).backoff is False  # nothing shorter to back off to

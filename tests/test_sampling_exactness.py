@@ -16,6 +16,7 @@ the answer's tokens, before the warpers; penalties computed from the wrong prefi
 from __future__ import annotations
 
 import functools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -267,6 +268,61 @@ LOOKUP_COMBOS = [("lookup", {}), ("triforce", {}), ("triforce", {"small_draft": 
 def test_joint_law_with_lookup_is_exact(mode, extra):
     p = chi2_pvalue(sample_counts(mode, 1.0, lookup=True, **extra), exact_joint(1.0))
     assert p > 1e-3, f"{mode} {extra} with lookup: chi-square p = {p:.2e}"
+
+
+@functools.lru_cache(maxsize=None)
+def _backoff_prompt() -> tuple[list[int], np.ndarray]:
+    """The prompt with every earlier follower of its last token set to the target's likeliest
+    first token (a few rounds, as the change moves that token), and the exact joint law after it.
+    With two tokens to match the last pair never recurs, so the backoff proposes that likely
+    token: a point mass accepted often and rejected often, which gives the test power."""
+    target, _, _, prompt = _models()
+    prompt = list(prompt)
+    last = prompt[-1]
+    for _ in range(4):
+        with torch.no_grad():
+            y = int(target(torch.tensor(prompt)[None]).logits[0, -1].argmax())
+        for i in range(len(prompt) - 2):
+            if prompt[i] == last:
+                prompt[i + 1] = y
+    return prompt, first_two_law(target, prompt)
+
+
+def _backoff_counts(samples: int = N_SAMPLES, backoff: bool = True) -> tuple[np.ndarray, int]:
+    _, t, d, _ = _models()
+    prompt, _ = _backoff_prompt()
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=1.0, seed=0),
+        speculation=SpeculationConfig(mode="lookup", max_new_tokens=2, ignore_eos=True, lookup_min_match=2,
+                                      lookup_backoff=backoff),
+        cache=CACHE,
+    )
+    engine = TriForceEngine(t, d)
+    counts = np.zeros((V, V))
+    proposed = 0
+    for r in engine.run_samples(prompt, cfg, samples):
+        counts[r.token_ids[0], r.token_ids[1]] += 1
+        proposed += r.stats.proposed_by_proposer.get("lookup:target", 0)
+    return counts, proposed
+
+
+def test_joint_law_with_lookup_backoff_is_exact():
+    prompt, law = _backoff_prompt()
+    y = prompt[prompt.index(prompt[-1]) + 1]
+    assert 0.1 < law.sum(1)[y] < 0.9  # the backoff's token: often accepted, often rejected
+    counts, proposed = _backoff_counts()
+    assert proposed == N_SAMPLES  # every sample's first token was proposed ...
+    assert _backoff_counts(100, backoff=False)[1] == 0  # ... by the backoff
+    p = chi2_pvalue(counts, law)
+    assert p > 1e-3, f"lookup with backoff: chi-square p = {p:.2e}"
+
+
+def test_negative_control_broken_residual_fails_with_lookup_backoff(monkeypatch):
+    """The same workload with the point masses' residual broken: the test above must see it."""
+    break_verifier(monkeypatch)
+    counts, _ = _backoff_counts()
+    p = chi2_pvalue(counts, _backoff_prompt()[1])
+    assert p < 1e-3, f"broken residual with lookup backoff passed: p = {p:.2e}"
 
 
 def test_lookup_really_proposes_and_is_sometimes_rejected():

@@ -105,6 +105,10 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         "--no-lookup-agree", dest="lookup_agree", action="store_false",
         help="never cut a lookup run where another earlier occurrence of the context continues differently",
     )
+    spec.add_argument(
+        "--no-lookup-backoff", dest="lookup_backoff", action="store_false",
+        help="never propose a lookup token from a context one token shorter than --lookup-min-match",
+    )
     spec.add_argument("--lookup-min-match", type=int, default=_SPEC.lookup_min_match,
                       help="tokens of the sequence's end that must recur for a lookup proposal "
                       f"(default {_SPEC.lookup_min_match})")
@@ -426,7 +430,7 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=N
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
             ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_start=args.lookup_start,
             lookup_max=args.lookup_max, lookup_min_match=args.lookup_min_match, lookup_agree=args.lookup_agree,
-            min_confidence=args.min_confidence, **_paper_levels(args),
+            lookup_backoff=args.lookup_backoff, min_confidence=args.min_confidence, **_paper_levels(args),
         ),
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,

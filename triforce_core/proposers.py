@@ -67,14 +67,16 @@ class Lookup:
 
     level = "lookup"
 
-    def __init__(self, min_match: int, agree: bool = True):
-        self.index = ContextIndex(min_match=min_match, rival_slack=RIVAL_SLACK if agree else None)
+    def __init__(self, min_match: int, agree: bool = True, backoff: bool = True):
+        self.index = ContextIndex(min_match=min_match, rival_slack=RIVAL_SLACK if agree else None, backoff=backoff)
         self.seconds = 0.0
         self.calls = 0
+        self.backed_off = False  # the last proposal: one token by the shorter context (`ContextIndex.backoff`)
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
         t0 = time.perf_counter()
-        tokens, _ = self.index.propose(committed + spec if spec else committed, n)
+        tokens, length = self.index.propose(committed + spec if spec else committed, n)
+        self.backed_off = bool(tokens) and length < self.index.min_match
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         if tokens:

@@ -120,7 +120,7 @@ class Decoder:
         sampling = config.sampling
         # One repetition-penalty processor for every level: each applies it to its own rows.
         self.penalties = pen = Penalties(sampling)
-        self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree) if spec.uses_lookup else None
+        self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree, spec.lookup_backoff) if spec.uses_lookup else None
         if spec.mode == "triforce":
             lower = Sampler(self.small, "draft", sampling, generator, pen) if self.small is not None else None
             self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
@@ -388,7 +388,7 @@ class Decoder:
                 events.append(verified_event("target", prop.tokens, r, checks))
                 if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
                     recent_acc.append(r.accepted / len(prop.tokens))
-            if from_lookup:
+            if from_lookup and not self.lookup.backed_off:  # a back-off token leaves the runs as they were
                 run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.lookup_start
             elif self.proposer is not None:
                 schedule.update(len(prop.tokens), r.accepted)
