@@ -232,12 +232,12 @@ class SpeculationConfig:
     lookup_agree  a lookup run stops where another earlier occurrence of the context, matched
             nearly as long (at most 2 tokens shorter), continues differently (at least one token
             is kept; `lookup.ContextIndex`'s rivals). On SmolLM2's document chat it raised
-            lookup's speed by 3 % over eight workloads replayed offline and by MEASURED in one
-            process (README, Benchmarks)
+            lookup's speed by 3 % over eight recorded workloads replayed offline
+            (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (README, Benchmarks)
     lookup_backoff  where the last `lookup_min_match` tokens never occurred, one token is proposed
             when every earlier occurrence of the last `lookup_min_match - 1` continues alike
             (`lookup.ContextIndex`'s backoff); it leaves the run length as it was. On SmolLM2's
-            document chat: +2 % replayed offline, MEASURED2 in one process (README, Benchmarks)
+            document chat: +2 % replayed offline, +1 % in a live run (README, Benchmarks)
     small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
             nothing (False: the retrieval level then drafts on its own, one token a forward).
             Off by default: on the document-chat benchmark its tokens were accepted too rarely

@@ -30,18 +30,19 @@ itself is unsure what comes next, and the proposal stops there (keeping at least
     proposal   t                         (cut where the two continuations part)
 
 Every proposed token costs the target a verification row, whether or not it is accepted. On
-SmolLM2's document chat (`bench.chat`, six questions at 2K-8K, eight workloads replayed
-offline with the measured cost of a forward by rows) the cut raised lookup's speed over
-autoregressive decoding by 3 % on their geometric mean, and the run measured in one process
-likewise (README, Benchmarks). Considering every occurrence as a rival, however short its
-match, was worse than no cut.
+SmolLM2's document chat (`bench.chat`'s six questions over 2K-8K tokens, eight recorded
+workloads replayed with the measured cost of a forward by rows: `bench.lookup_replay`) the cut
+raised lookup's speed over autoregressive decoding by 3 % on their geometric mean, and by
+5.5-6.5 % in live runs (README, Benchmarks). Considering every occurrence as a rival, however
+short its match, was worse than no cut.
 
 With `backoff`, where the last `min_match` tokens never occurred before, their last
 `min_match - 1` are looked up instead, and when every earlier occurrence of those (the most
-recent `max_candidates`) continues with the same token, that one token is proposed. On the same
-replayed workloads, at positions with no 3-token match, such a token was the target's 52 % of
-the time (a split vote's majority 34 %, one token's follower 23 %), enough to pay for the
-verification row it costs; lookup's speed rose by 2 % on their geometric mean.
+recent `max_candidates`) continues with the same token, that one token is proposed. On eight
+recorded workloads of that kind, at positions with no 3-token match, such a token was the
+target's 52 % of the time (a split vote's majority 34 %, one token's follower 23 %), enough to
+pay for the verification row it costs; lookup's speed rose by 2 % on their geometric mean (1 %
+live).
 """
 
 from __future__ import annotations

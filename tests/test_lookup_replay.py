@@ -1,0 +1,67 @@
+"""The offline replay of lookup's rules (`python -m bench.lookup_replay`) against the decoder.
+
+The replay claims to decode a recorded greedy answer as the decoding loop would with each
+lookup setting. Checked here: on the same recorded chat, its rounds, proposed and accepted
+tokens equal what the real decoder counts in mode `lookup`, setting by setting; speed is not
+asserted.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import words
+
+from bench import lookup_replay
+from triforce_core.config import GenerationConfig, SpeculationConfig
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+NEW = 24
+
+
+def _looping_text() -> str:
+    """A document that repeats passages with small changes: lookup finds runs, rivals and
+    single-token backoffs in it, and the tiny target copies some of them."""
+    a, b = words(40, seed=3), words(40, seed=4)
+    return " ".join([a, b, a, words(10, seed=5), a, b])
+
+
+@pytest.mark.parametrize("setting", ["plain", "agree+backoff", "agree+backoff, longest 8"])
+def test_replay_counts_what_the_decoder_does(chat_engine, setting):
+    turns = lookup_replay.record(chat_engine, _looping_text(), seed=1, max_new_tokens=NEW)
+    assert len(turns) == 6 and all(t["answer"] for t in turns)
+    s = dict(lookup_replay.SETTINGS[setting])
+    unit = {r: 1.0 for r in range(1, lookup_replay.MAX_ROWS + 1)}
+    replayed = lookup_replay.replay(turns, unit, max_new_tokens=NEW, **s)
+    spec = SpeculationConfig(mode="lookup", max_new_tokens=NEW, lookup_agree=s["rival_slack"] is not None,
+                             lookup_backoff=s["backoff"], lookup_max=s.get("lookup_max", 16),
+                             lookup_start=s.get("lookup_start", 4))
+    rounds = proposed = accepted = 0
+    for t in turns:
+        res = chat_engine.run(t["prompt"], GenerationConfig(speculation=spec))
+        assert res.token_ids == t["answer"]
+        rounds += res.stats.rounds
+        n = res.stats.proposed_by_proposer.get("lookup:target", 0)
+        proposed += n
+        accepted += round(res.stats.acceptance_by_proposer.get("lookup:target", 0.0) * n)
+    assert proposed > 0  # the workload exercises lookup
+    assert (replayed["rounds"], replayed["proposed"], replayed["accepted"]) == (rounds, proposed, accepted)
+    assert replayed["speedup"] == pytest.approx(sum(len(t["answer"]) for t in turns) / rounds)
+
+
+def test_the_settings_differ_on_this_workload(chat_engine):
+    turns = lookup_replay.record(chat_engine, _looping_text(), seed=1, max_new_tokens=NEW)
+    unit = {r: 1.0 + 0.3 * (r - 1) for r in range(1, lookup_replay.MAX_ROWS + 1)}
+    results = lookup_replay.replay_all({"w": turns}, unit, NEW)
+    assert set(results) == set(lookup_replay.SETTINGS)
+    assert len({r["workloads"]["w"]["proposed"] for r in results.values()}) > 1
+
+
+def test_bad_input_is_one_line(tmp_path, capsys):
+    assert lookup_replay.main(["--document", str(tmp_path / "missing.txt")]) == 2
+    short = tmp_path / "short.txt"
+    short.write_text("too short")
+    assert lookup_replay.main(["--document", str(short)]) == 2
+    assert lookup_replay.main(["--document", str(short), "--seeds", ","]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 3 and all(line.startswith("error: ") for line in err)
