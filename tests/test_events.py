@@ -381,9 +381,10 @@ LOOP_PROMPT = PROMPT[:30] * 3
 def test_lookup_runs_start_at_lookup_start_and_double_up_to_lookup_max(engine):
     """Each lookup run is `lookup_start` long after a miss (or at the start), twice the last
     run after a run the target took whole, never past `lookup_max` nor the tokens left.
-    (This random target rarely takes a run whole; the doubling to the cap is the same rule.)"""
+    (This random target rarely takes a run whole; the doubling to the cap is the same rule.)
+    The proposal rules that shorten a run (rivals, backoff: `test_lookup.py`) are off here."""
     spec = SpeculationConfig(mode="lookup", gamma2=GAMMA2, max_new_tokens=40, ignore_eos=True, lookup_start=3,
-                             lookup_max=10)
+                             lookup_max=10, lookup_agree=False, lookup_backoff=False)
     events = list(engine.generate(LOOP_PROMPT, GenerationConfig(speculation=spec)))
     runs = [(e, next(v for v in events[i + 1:] if isinstance(v, Verified)))
             for i, e in enumerate(events) if isinstance(e, Drafted) and e.level == "lookup"]
