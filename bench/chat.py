@@ -83,19 +83,23 @@ DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoreg
 # "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+per-layer": the native
 # layers called per layer from Python instead of one call for all (the one call's gain); "NAME+FIELD-N": an integer
 # field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
-# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens); "NAME+kv_dtype-float16": the
+# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens; a probability threshold takes
+# a fraction: "+draft_confidence-0.5"); "NAME+kv_dtype-float16": the
 # caches keep K/V in that dtype (default: the engine's). Any of them, in any order.
 INSPECT = "+inspect"
 PYTORCH_ATTENTION = "+pytorch-attention"
 PYTORCH_LAYERS = "+pytorch-layers"
 PER_LAYER = "+per-layer"
 SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS, PER_LAYER)
-SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+)$")
+SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+(?:\.\d+)?)$")
 KV_SETTING = re.compile(r"\+kv_dtype-([a-z0-9]+)$")
 # (Not max_new_tokens, which --max-new-tokens sets for all, nor prefill_chunk: the configurations
 # share one prefilled conversation.)
 TUNABLE = {f.name: "cache" for f in fields(CacheConfig) if f.type in ("int", int) and f.name != "prefill_chunk"} | {
     f.name: "speculation" for f in fields(SpeculationConfig) if f.type in ("int", int) and f.name != "max_new_tokens"}
+# and the speculation's probability thresholds: "+draft_confidence-0.5", "+min_confidence-0.3"
+FRACTIONS = {f.name for f in fields(SpeculationConfig) if f.type in ("float", float)}
+TUNABLE |= {name: "speculation" for name in FRACTIONS}
 
 
 def split_name(name: str) -> tuple[str, set[str]]:
@@ -123,9 +127,12 @@ def settings_of(flags: set[str]) -> dict[str, dict]:
         m = SETTING.search(f)
         if m is None:
             continue
-        field, value = m.group(1), int(m.group(2))
+        field, text = m.group(1), m.group(2)
         if field not in TUNABLE:
             raise ChatBenchError(f"+{field}-N: no integer setting {field!r} (one of {', '.join(sorted(TUNABLE))})")
+        if field not in FRACTIONS and "." in text:
+            raise ChatBenchError(f"+{field}-N: {field} takes an integer, not {text}")
+        value = float(text) if field in FRACTIONS else int(text)
         if field in out[TUNABLE[field]]:
             raise ChatBenchError(f"a configuration sets {field} twice")
         out[TUNABLE[field]][field] = value
@@ -416,7 +423,8 @@ def main(argv=None) -> int:
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
                         f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), {PER_LAYER} (the native layers called per layer, "
                         f"not all in one call), +FIELD-N (an integer "
-                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32), +kv_dtype-NAME (the caches' K/V "
+                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32, or a probability threshold, "
+                        f"+draft_confidence-0.5), +kv_dtype-NAME (the caches' K/V "
                         f"dtype: float32, float16 or bfloat16) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,

@@ -89,6 +89,22 @@ def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, varian
     assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
 
 
+@pytest.mark.parametrize("kind", TARGETS)
+@pytest.mark.parametrize("mode", ["triforce", "draft"])
+def test_the_draft_gate_matches_hf(kind, mode):
+    """The small draft proposes only tokens its law is sure of (`draft_confidence`): at 0.1 this
+    random draft keeps some of its proposals and drops others, and the output is HF's."""
+    _, t, d, ids, ref, gaps = _setup(kind)
+    engine = TriForceEngine(t, d)
+
+    def draft_tokens(res) -> int:
+        return sum(n for k, n in res.stats.proposed_by_proposer.items() if k.startswith("draft:"))
+
+    gated = engine.run(ids, _config(mode, 2, 6, draft_confidence=0.1))
+    _assert_same(gated.token_ids, ref, gaps)
+    assert 0 < draft_tokens(gated) < draft_tokens(engine.run(ids, _config(mode, 2, 6)))
+
+
 @pytest.mark.parametrize("mode", ["triforce", "draft"])
 def test_same_draft_is_always_accepted(mode):
     """Draft = the target itself with a window covering everything: every proposal is accepted."""

@@ -251,6 +251,9 @@ class SpeculationConfig:
             always). Exact either way: a proposal's length may depend on anything the proposer
             computed. Off by default: on the demo pair the retrieval law is flat even where the
             target agrees with it, and a gate of 0.5 cut every such draft (README, Benchmarks).
+    draft_confidence  the small draft (triforce's lowest level, mode `draft`) proposes a token only
+            when its law gives some token at least this probability; its proposal stops before
+            the first unsure one (0 = always). Exact either way, as min_confidence. DRAFTDOC
 
     The paper's pure three-level method is `SpeculationConfig(**PAPER_METHOD)`.
     """
@@ -269,6 +272,7 @@ class SpeculationConfig:
     small_draft: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
+    draft_confidence: float = 0.0
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
@@ -280,6 +284,8 @@ class SpeculationConfig:
         _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
         _check(self.mode != "lookup" or self.lookup, "mode 'lookup' needs lookup=True")
         _check(0.0 <= self.min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {self.min_confidence}")
+        _check(0.0 <= self.draft_confidence <= 1.0,
+               f"draft_confidence must be in [0, 1], got {self.draft_confidence}")
 
     @property
     def uses_draft_model(self) -> bool:

@@ -88,10 +88,17 @@ class Lookup:
 
 
 class Sampler:
-    """Proposes n tokens by sampling its lane autoregressively (or argmax when greedy)."""
+    """Proposes up to n tokens by sampling its lane autoregressively (or argmax when greedy).
+
+    With `min_confidence`, the proposal stops before the first token whose law gives no token at
+    least that probability: an unsure token would mostly be rejected, and each proposed token
+    costs the level above a row. The test reads the law, never the drawn token, and a proposal's
+    length may depend on anything the proposer computed, so verification stays exact.
+    """
 
     def __init__(self, lane: Lane, level: str, sampling: SamplingConfig, generator: torch.Generator | None,
-                 penalties: Penalties | None = None):
+                 penalties: Penalties | None = None, min_confidence: float = 0.0):
+        self.min_confidence = min_confidence
         self.lane = lane
         self.level = level
         self.sampling = sampling
@@ -106,18 +113,23 @@ class Sampler:
         logits = self.penalties(self.lane.advance([])[-1:], committed, spec)[0]  # after committed + spec
         for i in range(n):
             if self.sampling.greedy:
-                t = row_argmax(logits)[0]
-                if self.inspect:
-                    laws.append(greedy_law(logits))
+                law = greedy_law(logits) if self.inspect or self.min_confidence else None
             else:
                 law = warp(logits, self.sampling)
-                laws.append(law)
+            if self.min_confidence and float(law.max()) < self.min_confidence:
+                break
+            if self.sampling.greedy:
+                t = row_argmax(logits)[0]
+            else:
                 t = sample(law, self.generator)
+            if law is not None and (self.inspect or not self.sampling.greedy):
+                laws.append(law)
             tokens.append(t)
             if i < n - 1:
                 logits = self.penalties(self.lane.advance([t])[-1:], committed, spec + tokens)[0]
-        events.append(Drafted(self.level, tuple(tokens)))
-        return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * n)
+        if tokens:
+            events.append(Drafted(self.level, tuple(tokens)))
+        return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * len(tokens))
 
     def commit(self, committed: list[int]) -> None:
         self.lane.commit(committed)

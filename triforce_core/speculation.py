@@ -122,13 +122,14 @@ class Decoder:
         self.penalties = pen = Penalties(sampling)
         self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree, spec.lookup_backoff) if spec.uses_lookup else None
         if spec.mode == "triforce":
-            lower = Sampler(self.small, "draft", sampling, generator, pen) if self.small is not None else None
+            lower = (Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
+                     if self.small is not None else None)
             self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
                                      spec.min_confidence, pen)
         elif spec.mode == "retrieval":
             self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator, pen)
         elif spec.mode == "draft":
-            self.proposer = Sampler(self.small, "draft", sampling, generator, pen)
+            self.proposer = Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
         else:
             self.proposer = None
         self.prompt: list[int] = []
