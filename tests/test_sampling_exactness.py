@@ -291,7 +291,7 @@ def test_the_draft_gate_keeps_some_proposals_and_drops_others(mode):
         cfg = GenerationConfig(
             sampling=SamplingConfig(temperature=1.0, seed=0),
             speculation=SpeculationConfig(mode=mode, gamma1=2, gamma2=2, max_new_tokens=2, ignore_eos=True, lookup=False,
-                                          draft_confidence=gate, **PAPER),
+                                          **{**PAPER, "draft_confidence": gate}),
             cache=CACHE,
         )
         stats = [r.stats for r in TriForceEngine(t, d).run_samples(prompt, cfg, 100)]

@@ -129,6 +129,11 @@ def _add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         f"(default {_SPEC.min_confidence:g}: always)",
     )
     spec.add_argument(
+        "--draft-confidence", type=float, default=None,
+        help="the small draft proposes a token only when its law gives some token at least this probability "
+        f"(default {_SPEC.draft_confidence:g}; 0 with --no-lookup, as in the paper)",
+    )
+    spec.add_argument(
         "--refresh-every", type=int, default=_CACHE.refresh_every,
         help="re-select retrieval chunks every N tokens (0 = never; default %(default)s)"
     )
@@ -445,12 +450,12 @@ def _configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=N
 
 
 def _paper_levels(args) -> dict:
-    """--small-draft and --adaptive-gamma when given; with --no-lookup the paper's setting for
-    the ones not given (`config.PAPER_METHOD`), else the measured defaults."""
+    """--small-draft, --adaptive-gamma and --draft-confidence when given; with --no-lookup the
+    paper's setting for the ones not given (`config.PAPER_METHOD`), else the measured defaults."""
     from .config import PAPER_METHOD
 
     out = {}
-    for name in ("small_draft", "adaptive_gamma"):
+    for name in ("small_draft", "adaptive_gamma", "draft_confidence"):
         given = getattr(args, name)
         if given is not None:
             out[name] = given

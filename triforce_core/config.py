@@ -202,7 +202,8 @@ class CacheConfig:
 
 # The fields that turn the defaults into the paper's method: no context lookup, the small draft
 # below the retrieval level, fixed gamma1/gamma2 drafts.
-PAPER_METHOD = {"lookup": False, "small_draft": True, "adaptive_gamma": False, "min_confidence": 0.0}
+PAPER_METHOD = {"lookup": False, "small_draft": True, "adaptive_gamma": False, "min_confidence": 0.0,
+                "draft_confidence": 0.0}
 
 
 @dataclass(frozen=True)
@@ -253,7 +254,13 @@ class SpeculationConfig:
             target agrees with it, and a gate of 0.5 cut every such draft (README, Benchmarks).
     draft_confidence  the small draft (triforce's lowest level, mode `draft`) proposes a token only
             when its law gives some token at least this probability; its proposal stops before
-            the first unsure one (0 = always). Exact either way, as min_confidence. DRAFTDOC
+            the first unsure one (0 = always; the paper's method). Exact either way, as
+            min_confidence. Measured (`bench.chat`, every configuration in one process): the
+            paper's three levels with the gate at 0.5 against none, SmolLM2 at 6K 0.77x against
+            0.66x autoregressive, the retrieval level accepting 76 % of the draft's tokens against
+            23 % (0.3: 0.76x, 55 %; 0.7: 0.75x, 85 %); the demo pair at 30K 0.88x against 0.75x.
+            In mode `draft` (lookup, then the draft) within noise: 1.44x against 1.42x, and
+            2.18x against 2.13x (README, Benchmarks)
 
     The paper's pure three-level method is `SpeculationConfig(**PAPER_METHOD)`.
     """
@@ -272,7 +279,7 @@ class SpeculationConfig:
     small_draft: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
-    draft_confidence: float = 0.0
+    draft_confidence: float = 0.5
 
     def __post_init__(self) -> None:
         _check(self.mode in MODES, f"mode must be one of {', '.join(MODES)}; got {self.mode!r}")
