@@ -64,7 +64,7 @@ def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
     return dec, cfg
 
 
-def _step_seconds(lane, rows: int) -> float:
+def step_seconds(lane, rows: int) -> float:
     """One forward of `rows` new tokens, rolled back afterwards."""
     length, fed, pending = lane.cache.length, list(lane.fed), list(lane.pending)
     t0 = time.perf_counter()
@@ -101,7 +101,7 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             for i in range(repeats + 2):
                 for v, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
                     with native_layers.switched(path == "native"):
-                        t = _step_seconds(lanes[v], rows)
+                        t = step_seconds(lanes[v], rows)
                     if i >= 2:
                         times[v, path].append(t)
             for v, lane in lanes.items():

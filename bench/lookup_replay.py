@@ -22,14 +22,12 @@ import argparse
 import json
 import math
 import sys
-import time
 from pathlib import Path
 
 import torch
 
 from triforce_core.config import GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed
 from triforce_core.kv import FullCache
 from triforce_core.lanes import Lane
 from triforce_core.loading import default_model_names
@@ -37,7 +35,8 @@ from triforce_core.lookup import ContextIndex
 from triforce_core.proposers import RIVAL_SLACK
 from triforce_core.session import ChatSession
 
-from .chat import ChatBenchError, workload
+from .chat import ChatBenchError, _answer, workload
+from .level_steps import step_seconds
 
 # name -> ContextIndex settings and run lengths
 SETTINGS = {
@@ -59,7 +58,7 @@ def record(engine: TriForceEngine, text: str, seed: int, max_new_tokens: int) ->
     turns = []
     for _, question in workload(text, 4, 2, seed):
         prompt = session.prompt_ids(question)
-        answer = [t for ev in session.ask(question, cfg) if isinstance(ev, Committed) for t in ev.token_ids]
+        answer, _ = _answer(session.ask(question, cfg))
         turns.append({"prompt": prompt, "answer": answer})
     return turns
 
@@ -81,11 +80,7 @@ def forward_ms(engine: TriForceEngine, context: int, repeats: int = 7) -> dict[i
     order = list(times)
     for i in range(repeats + 1):
         for rows in order if i % 2 == 0 else order[::-1]:  # alternated: drift slows all alike
-            t0 = time.perf_counter()
-            lane.advance([7] * rows)
-            dt = time.perf_counter() - t0
-            cache.truncate(context)
-            lane.fed, lane.pending = [], []
+            dt = step_seconds(lane, rows)
             if i:
                 times[rows].append(dt)
     return {r: sorted(v)[len(v) // 2] * 1e3 for r, v in times.items()}

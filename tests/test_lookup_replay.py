@@ -65,3 +65,9 @@ def test_bad_input_is_one_line(tmp_path, capsys):
     assert lookup_replay.main(["--document", str(short), "--seeds", ","]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 3 and all(line.startswith("error: ") for line in err)
+
+
+def test_forward_cost_is_priced_for_every_row_count(chat_engine):
+    cost = lookup_replay.forward_ms(chat_engine, context=40, repeats=1)
+    assert sorted(cost) == list(range(1, lookup_replay.MAX_ROWS + 1))
+    assert all(ms > 0 for ms in cost.values())

@@ -120,19 +120,15 @@ class ContextIndex:
 
     def match(self, seq: list[int]) -> tuple[int, int]:
         """(continuation start, match length) of the best earlier occurrence of seq's suffix,
-        or (-1, 0): the longest backward match, the most recent among equals."""
-        best, best_len = -1, 0
-        for i, m in self.candidates(seq):
-            if m > best_len:
-                best, best_len = i, m
-        return best, best_len
+        or (-1, 0)."""
+        return _best(self.candidates(seq))
 
     def propose(self, seq: list[int], k: int) -> tuple[list[int], int]:
         """Up to k tokens continuing `seq` by lookup, and the match length (0: no proposal)."""
         found = self.candidates(seq) if k > 0 else []
         if not found:
             return self._backoff(seq) if k > 0 else ([], 0)
-        start, length = max(found, key=lambda c: c[1])  # the first of the longest: the most recent
+        start, length = _best(found)
         base = len(seq)
 
         def at(p: int) -> int:  # seq, then the proposal: a continuation may run into its own proposal
@@ -160,3 +156,8 @@ class ContextIndex:
         if len(firsts) != 1 or None in firsts:
             return [], 0
         return [firsts.pop()], self.min_match - 1
+
+
+def _best(found: list[tuple[int, int]]) -> tuple[int, int]:
+    """The longest backward match, the most recent among equals (`found` is most recent first)."""
+    return max(found, key=lambda c: c[1]) if found else (-1, 0)
