@@ -38,6 +38,7 @@ from triforce_core import huge_pages, native_layers
 from triforce_core.benchmark import Bench, cpu_model
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.kv import FullCache
+from triforce_core.loading import sync_device
 from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
 
 
@@ -65,10 +66,12 @@ def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
 
 
 def step_seconds(lane, rows: int) -> float:
-    """One forward of `rows` new tokens, rolled back afterwards."""
+    """One forward of `rows` new tokens, rolled back afterwards (on a GPU, until its work is done)."""
     length, fed, pending = lane.cache.length, list(lane.fed), list(lane.pending)
+    sync_device(lane.model.device)
     t0 = time.perf_counter()
     lane.advance([7] * (rows - len(pending)))
+    sync_device(lane.model.device)
     dt = time.perf_counter() - t0
     lane.cache.truncate(length)
     lane.fed, lane.pending = fed, pending

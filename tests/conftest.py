@@ -118,8 +118,14 @@ def make_hf(kind: str, seed: int = 0, **overrides):
     return model_cls(config).eval()
 
 
+# Where `to_ours` puts our models: the CPU, or with TRIFORCE_TEST_DEVICE=cuda a GPU, where the
+# exactness tests check the CUDA path against Hugging Face's model on the CPU (the README's GPU
+# section says which files were run there). CI runs everything on the CPU.
+OURS = torch.device(os.environ.get("TRIFORCE_TEST_DEVICE", "cpu"))
+
+
 def to_ours(hf) -> DecoderModel:
-    return DecoderModel(hf.config, hf.state_dict(), CPU, torch.float32)
+    return DecoderModel(hf.config, hf.state_dict(), OURS, torch.float32)
 
 
 def perturbed(hf, scale: float, seed: int = 1):

@@ -345,3 +345,36 @@ def test_attention_mask_equals_its_definition(S, T, window, G):
         assert torch.equal(mask.limits, want.sum(1)) and all(want[r, : int(n)].all() for r, n in enumerate(mask.limits))
     if mask.new_bias is not None:
         assert torch.equal(mask.new_bias == 0, want[:, T - S :])
+
+
+# -- the GPU's few-row path, run here with the CPU's flash kernel in the CUDA kernel's place --------
+def _cpu_flash(q, k, v, scale):
+    """The CPU flash kernel called as `cuda_few_rows` calls CUDA's: (output, log-sum-exp)."""
+    return torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, scale=scale)
+
+
+@pytest.mark.parametrize("S,T,G", [(1, 50, 4), (7, 50, 4), (7, 7, 3), (17, 300, 1), (2, 40, 3)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_few_rows_equals_attention_by_definition(S, T, G, dtype):
+    """The cached keys through the flash kernel, the new ones through products, merged by
+    log-sum-exps: the masked softmax of the definition (float64), to the dtype's rounding."""
+    from triforce_core.attention import cuda_few_rows
+
+    g = torch.Generator().manual_seed(S * 100 + T)
+    Hkv, D = 2, 64
+    q = torch.randn(Hkv, G * S, D, generator=g).to(dtype)
+    k = torch.randn(Hkv, T, D, generator=g).to(dtype)
+    v = torch.randn(Hkv, T, D, generator=g).to(dtype)
+    scale = D**-0.5
+    mask = attention_mask(S, T, 0, None, G, torch.device("cpu"))
+    got = cuda_few_rows(q, k, v, mask, scale, flash=_cpu_flash)
+    assert got.dtype == dtype and got.shape == q.shape
+    scores = (q.double() @ k.double().transpose(1, 2)) * scale
+    visible = _mask_by_definition(S, T, 0, None, G)
+    want = scores.masked_fill(~visible, float("-inf")).softmax(-1) @ v.double()
+    err = (got.double() - want).norm() / want.norm()
+    assert err < (1e-5 if dtype == torch.float32 else 1e-2), err
+    # a negative control: the merge with the new keys' weights left out is far off
+    if T > S:  # (the CPU kernel fails on zero keys)
+        broken = _cpu_flash(q[None], k[None, :, : T - S], v[None, :, : T - S], scale)[0][0]
+        assert (broken.double() - want).norm() / want.norm() > 1e-2

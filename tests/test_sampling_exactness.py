@@ -127,7 +127,7 @@ def broken_verify(draft_tokens, q, p, generator):
     For a point-mass proposal (q None, context lookup) that is: resample from p without removing
     the rejected token."""
     gamma = len(draft_tokens)
-    u = torch.rand(gamma, generator=generator)
+    u = torch.rand(gamma, generator=generator, device=generator.device)  # (a GPU's generator: TRIFORCE_TEST_DEVICE)
     for i, x in enumerate(draft_tokens):
         q_x = 1.0 if q is None else q[i, x]
         if u[i] * q_x >= p[i, x]:

@@ -4,7 +4,9 @@
   (`native_attention`) up to 51 rows, else two batched matrix products up to 8.
 - Many rows (prefill): PyTorch's CPU flash kernel, in two passes merged by their log-sum-exps
   when every cached key is visible to every row.
-- Elsewhere (CUDA, a window cut among many rows): PyTorch's scaled-dot-product attention.
+- Few rows on a GPU in 16 bits: the flash kernel over the cached keys (`cuda_few_rows`).
+- Elsewhere (CUDA prefill, float32 on CUDA, a window cut among many rows): PyTorch's
+  scaled-dot-product attention.
 
 Rows are the query heads that share a KV head folded into the query length, ordered (g, s).
 
@@ -36,6 +38,18 @@ PROBED_QUERY_ROWS = 64
 # 0.71x at 21 rows, 0.75x at 33, 0.86x at 42 and 0.96x at 51: a default 16-token lookup run and
 # its bonus row.
 NATIVE_QUERY_ROWS = 51
+
+
+# Query rows (query heads x new tokens) up to which a 16-bit forward on a GPU takes
+# `cuda_few_rows` (decoding, verification, lookup runs); prefill keeps PyTorch's own choice.
+CUDA_FEW_ROWS = 256
+# Cached keys from which several new tokens take `cuda_few_rows` too: its split costs ~20 small
+# operations a layer, and over a short cache PyTorch's masked kernel is done sooner (an H100,
+# Llama-3-8B shapes: 3 rows over 4K keys 16.1 ms against 26.7; 7 rows over 32K keys 52.0
+# against 27.3; the crossing lies between the two measured lengths).
+CUDA_SPLIT_KEYS = 16384
+# CUDA's flash kernel (FlashAttention-2 inside PyTorch), which also returns each row's log-sum-exp.
+CUDA_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
 
 
 # Widened K/V (PyTorch's paths over a 16-bit cache) go to a buffer kept per thread up to this
@@ -115,6 +129,10 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
         native = native_attention.kernel()
         if native is not None:
             return native.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
+    if (not cpu and R <= CUDA_FEW_ROWS and CUDA_FLASH is not None and q.dtype in (torch.float16, torch.bfloat16)
+            and k.dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
+            and (mask is None or (mask.limits is not None and T >= CUDA_SPLIT_KEYS))):
+        return cuda_few_rows(q, k, v, mask, scale), None
     if k.dtype != q.dtype:  # a 16-bit cache: PyTorch's kernels want one dtype (exact when widening)
         k, v = widened(k, v, q.dtype)
     few = R <= (SMALL_QUERY_ROWS if chunk <= 0 else PROBED_QUERY_ROWS) and cpu
@@ -155,6 +173,45 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias:
     total = w_old + w_new
     w_old, w_new = (w_old / total)[..., None], (w_new / total)[..., None]
     return (out_old.float() * w_old + out_new.float() * w_new).to(q.dtype)[0]
+
+
+def cuda_few_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, scale: float,
+                  flash=None) -> torch.Tensor:
+    """A few rows over a long cache on a GPU, in 16 bits (a decoding step, a verification).
+
+    The flash kernel spreads a long key range over the multiprocessors (flash-decoding's split),
+    but takes no mask. So the cached keys, which every row sees, go through it unmasked; the S
+    new keys, causal among themselves, through two small products in float32; the two parts are
+    merged by their log-sum-exps. A single row (S = 1, no mask) takes the kernel alone.
+
+    PyTorch's own choice is several times slower here. On an H100 (`bench.cuda_levels`,
+    Llama-3-8B shapes, bfloat16, 8 KV heads of 128): a step over 130K keys 15.5 ms against its
+    62.1 (it picks cuDNN's kernel, which does not split the keys), a 7-token verification 29.3
+    against 171.4 (the mask sends it to the memory-efficient kernel), 7 tokens over 32K keys
+    27.3 against 52.0. The arithmetic differs from a single pass by rounding only: in bfloat16
+    a verification's logits then differ from a step's by a few units in the last place, where
+    PyTorch's path happened to match them bit for bit (`bench.cuda_exactness`).
+    q: [Hkv, R, D], k/v: [Hkv, T, D] -> [Hkv, R, D]. `flash` stands in for the CUDA kernel
+    (tests pass the CPU's, which returns the same two outputs).
+    """
+    flash = flash or CUDA_FLASH
+    if mask is None:  # every row sees every key
+        return flash(q[None], k[None], v[None], scale=scale)[0][0]
+    S = mask.hidden.shape[1] + 1  # the hidden columns are the new keys after the first
+    past = k.shape[1] - S
+    scores = torch.matmul(q.float(), k[:, past:].float().transpose(1, 2)).mul_(scale)  # [Hkv, R, S]
+    scores[:, :, 1:].masked_fill_(mask.hidden, float("-inf"))
+    lse_new = scores.logsumexp(dim=-1)  # [Hkv, R]; each row sees the first new key: finite
+    out_new = torch.matmul(scores.sub_(lse_new[..., None]).exp_(), v[:, past:].float())  # [Hkv, R, D]
+    if past == 0:
+        return out_new.to(q.dtype)
+    out_old, lse_old = flash(q[None], k[None, :, :past], v[None, :, :past], scale=scale)[:2]
+    lse_old = lse_old[0].float()
+    top = torch.maximum(lse_old, lse_new)
+    w_old, w_new = (lse_old - top).exp_(), (lse_new - top).exp_()
+    total = w_old + w_new
+    out = out_old[0].float() * (w_old / total)[..., None] + out_new * (w_new / total)[..., None]
+    return out.to(q.dtype)
 
 
 def attention_mask(

@@ -167,7 +167,9 @@ class Rotary:
         return self._compute(positions, dtype, scaled)
 
     def _compute(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
+        inv_freq, scaling = self.inv_freq, self.scaling
+        if self.rope_type == "dynamic":  # reading the largest position waits for the device: only here
+            inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
         freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
         s = scaling if scaled else 1.0
