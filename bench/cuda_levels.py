@@ -39,8 +39,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.level_steps import forward_times
 from triforce_core import attention
-from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
+from triforce_core.config import PAPER_METHOD, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
 from triforce_core.loading import sync_device
@@ -140,21 +141,6 @@ def attention_path(name: str):
         attention.CUDA_FEW_ROWS = saved
 
 
-def timed_forward(lane, rows: int) -> tuple[float, float]:
-    """`level_steps.step_seconds`, also returning the time until the forward returned, before
-    waiting for the device (the host's part: Python and kernel launches)."""
-    length, fed, pending = lane.cache.length, list(lane.fed), list(lane.pending)
-    sync_device(lane.model.device)
-    t0 = time.perf_counter()
-    lane.advance([7] * (rows - len(pending)))
-    t1 = time.perf_counter()
-    sync_device(lane.model.device)
-    t2 = time.perf_counter()
-    lane.cache.truncate(length)
-    lane.fed, lane.pending = fed, pending
-    return t2 - t0, t1 - t0
-
-
 def graph_seconds(lane, rows: int, repeats: int) -> list[float]:
     """The lane's forward of `rows` tokens captured once as a CUDA graph at the cache's length,
     then replayed (each replay rewrites the same slots with the same values)."""
@@ -191,7 +177,6 @@ def graph_seconds(lane, rows: int, repeats: int) -> list[float]:
 
 def projection_rates(model: DecoderModel, rows: tuple[int, ...], repeats: int) -> list[dict]:
     """GB/s of one product with each projection's weights, stored [in, out] and [out, in]."""
-    s = model.spec
     layer = model.layers[0]
     named = {"qkv": layer.wqkv.dense_t(), "o": layer.wo.dense_t(), "gate_up": layer.w_gate_up.dense_t(),
              "down": layer.w_down.dense_t()}
@@ -217,7 +202,6 @@ def projection_rates(model: DecoderModel, rows: tuple[int, ...], repeats: int) -
                 row[layout] = {"us": med * 1e6, "gbs": nbytes / med / 1e9}
             out.append(row)
         del w
-    del s
     return out
 
 
@@ -260,7 +244,7 @@ def measure(shape: str, device: torch.device, dtype: torch.dtype, contexts: list
                         continue
                     try:
                         with attention_path(k):
-                            t, h = timed_forward(lane, rows)
+                            t, h = forward_times(lane, rows)
                     except RuntimeError as e:  # no kernel of that kind for this shape or mask
                         failed[k] = str(e).splitlines()[0][:160]
                         continue
@@ -271,7 +255,7 @@ def measure(shape: str, device: torch.device, dtype: torch.dtype, contexts: list
             gc.collect()
             gc.disable()
             try:
-                no_gc = [timed_forward(lane, rows)[0] for _ in range(repeats + 2)][2:]
+                no_gc = [forward_times(lane, rows)[0] for _ in range(repeats + 2)][2:]
             finally:
                 gc.enable()
             model = lane.model

@@ -67,15 +67,22 @@ def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
 
 def step_seconds(lane, rows: int) -> float:
     """One forward of `rows` new tokens, rolled back afterwards (on a GPU, until its work is done)."""
+    return forward_times(lane, rows)[0]
+
+
+def forward_times(lane, rows: int) -> tuple[float, float]:
+    """`step_seconds`, and the time until the forward returned, before waiting for the device
+    (on a GPU, the host's part: Python and kernel launches; on the CPU, all of it)."""
     length, fed, pending = lane.cache.length, list(lane.fed), list(lane.pending)
     sync_device(lane.model.device)
     t0 = time.perf_counter()
     lane.advance([7] * (rows - len(pending)))
+    t1 = time.perf_counter()
     sync_device(lane.model.device)
-    dt = time.perf_counter() - t0
+    t2 = time.perf_counter()
     lane.cache.truncate(length)
     lane.fed, lane.pending = fed, pending
-    return dt
+    return t2 - t0, t1 - t0
 
 
 def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtypes: tuple[str | None, ...] = (None,),
