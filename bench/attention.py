@@ -15,7 +15,6 @@ dtype's calls alternated with the others' (PyTorch's path widens 16-bit K/V to f
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import sys
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from bench.reports import write_json
 from triforce_core import native_attention
 from triforce_core.attention import NATIVE_QUERY_ROWS, attend, attention_mask
 from triforce_core.benchmark import cpu_model
@@ -98,8 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     report = measure(keys, rows, a.heads, a.head_dim, a.repeats, kv_dtypes=kv_dtypes)
     report["machine"] = {"cpu": cpu_model(), "cores": os.cpu_count(), "threads": torch.get_num_threads(), "torch": torch.__version__,
                          "python": platform.python_version(), "load_average_1min": os.getloadavg()[0]}
-    if a.json:
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

@@ -26,7 +26,6 @@ and llama-lookup's decoding against every configuration's decode speed.
 from __future__ import annotations
 
 import argparse
-import json
 import random
 import re
 import sys
@@ -50,6 +49,7 @@ from triforce_core.session import ChatSession
 from triforce_core.gguf_checkpoint import GGUFError, is_gguf, resolve
 
 from bench.llama_cpp import PeerError, find_or_build, format_table, peer_figures
+from bench.reports import write_json
 
 DOCUMENT = SAMPLE_DIR / "python-tutorial-data-structures-modules.txt"
 OPEN_QUESTIONS = (
@@ -478,9 +478,7 @@ def main(argv=None) -> int:
     # by name, not path: reports are committed
     report["models"] = {"target": Path(t).name if t else None, "draft": Path(d).name if d else None}
     print_table(report)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

@@ -25,13 +25,13 @@ with narrower weights, whose logits come closer together as a real model's somet
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
 
+from bench.reports import write_json
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
@@ -167,9 +167,7 @@ def main(argv: list[str] | None = None) -> int:
                   flush=True)
     report = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "new_tokens": NEW, "results": results}
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

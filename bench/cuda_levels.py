@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import gc
-import json
 import statistics
 import sys
 import time
@@ -39,7 +38,8 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.level_steps import forward_times
+from bench.level_steps import forward_times, parse_contexts
+from bench.reports import write_json
 from triforce_core import attention
 from triforce_core.config import PAPER_METHOD, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
@@ -300,16 +300,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
     try:
-        contexts = [int(x) for x in a.context.split(",") if x.strip()]
-    except ValueError:
-        print(f"error: --context must be comma-separated integers, got {a.context!r}", file=sys.stderr)
+        contexts = parse_contexts(a.context, a.repeats)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     paths = tuple(k.strip() for k in a.paths.split(",") if k.strip())
     if not paths or any(k not in PATHS for k in paths):
         print(f"error: --paths takes names of {', '.join(PATHS)}", file=sys.stderr)
-        return 2
-    if not contexts or min(contexts) < 1 or a.repeats < 1:
-        print("error: --context needs positive lengths and --repeats must be >= 1", file=sys.stderr)
         return 2
     window = SHAPES[a.shape][0]["max_position_embeddings"]
     if max(contexts) + 256 > window:
@@ -321,9 +318,7 @@ def main(argv: list[str] | None = None) -> int:
         print("error: no CUDA device here (use --device cpu --shape tiny to check the code)", file=sys.stderr)
         return 2
     report = measure(a.shape, device, getattr(torch, a.dtype), contexts, a.repeats, paths)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

@@ -16,7 +16,6 @@ legitimately pick different tokens; a larger gap is a real disagreement.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import torch
 
 from bench.chat import workload
+from bench.reports import write_json
 from triforce_core.config import KV_DTYPES, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.gguf_checkpoint import is_gguf, resolve
@@ -120,9 +120,7 @@ def main(argv: list[str] | None = None) -> int:
               "tie_gap": a.tie_gap, "summary": summary, "answers": rows}
     for key, s in summary.items():
         print(f"{key:28s} equal {s['equal']}/{s['answers']}, near-tie {s['near_tie']}, differ {s['differ']}")
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=2))
+    write_json(a.json, report)
     return 0
 
 

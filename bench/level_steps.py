@@ -26,7 +26,6 @@ likewise every cache on 2 MB pages (`triforce_core.huge_pages`, the default) and
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -34,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from bench.reports import write_json
 from triforce_core import huge_pages, native_layers
 from triforce_core.benchmark import Bench, cpu_model
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
@@ -135,6 +135,18 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
     return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
 
 
+def parse_contexts(text: str, repeats: int) -> list[int]:
+    """`--context`'s comma-separated lengths; ValueError (the message for the user) if they or
+    `--repeats` are not positive."""
+    try:
+        contexts = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise ValueError(f"--context must be comma-separated integers, got {text!r}") from None
+    if not contexts or min(contexts) < 1 or repeats < 1:
+        raise ValueError("--context needs positive lengths and --repeats must be >= 1")
+    return contexts
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", help="target model (default: the embedded demo target)")
@@ -152,12 +164,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
     try:
-        contexts = [int(x) for x in a.context.split(",") if x.strip()]
-    except ValueError:
-        print(f"error: --context must be comma-separated integers, got {a.context!r}", file=sys.stderr)
-        return 2
-    if not contexts or min(contexts) < 1 or a.repeats < 1:
-        print("error: --context needs positive lengths and --repeats must be >= 1", file=sys.stderr)
+        contexts = parse_contexts(a.context, a.repeats)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
         return 2
     kv_dtypes: tuple[str | None, ...] = (None,)
     if a.kv_dtypes is not None:
@@ -178,9 +187,7 @@ def main(argv: list[str] | None = None) -> int:
                      pages=pages)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

@@ -36,6 +36,7 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench.reports import write_json
 from triforce_core.benchmark import cpu_model
 from triforce_core.config import cache_home
 from triforce_core.gguf_checkpoint import GGUFError, resolve
@@ -383,9 +384,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(format_table(report))
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=1))
+    write_json(a.json, report)
     return 0
 
 

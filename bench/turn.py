@@ -16,7 +16,6 @@ alternate within each repeat; medians are reported.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from bench.reports import write_json
 from triforce_core.book import BookSession
 from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
 from triforce_core.documents import load_document
@@ -124,9 +124,7 @@ def main(argv=None) -> int:
         print(f"{x['model']:<10}{x['mode'] + ' (' + x['ran'] + ')':<34}{x['read']:<24}{x['prefill_tokens']:>8}"
               f"{x['new_tokens']:>6}{x['first_token_s']:>12.2f}s{x['turn_s']:>7.2f}s{x['decode_tokens_per_s']:>8.1f}",
               file=sys.stderr)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps(report, indent=2) + "\n")
+    write_json(a.json, report)
     return 0
 
 
