@@ -10,7 +10,7 @@ loop's run rule (`lookup_start`, doubling up to `lookup_max` while accepted whol
 token leaves the run as it was; no rows past the token limit).
 
 This ranks settings over many workloads where a live run compares a few, with noise. It is a
-model: a live `bench.chat` run checks what it finds (README, Benchmarks).
+model: a live `bench.chat` run checks what it finds (docs: Results, Benchmarks).
 
     python -m bench.lookup_replay --target smollm2 --document D [--document D2 ...] [--seeds 5,6] \\
         [--max-new-tokens 64] [--json OUT]

@@ -231,7 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
             "process, one prompt, repeats interleaved after a warm-up, medians reported, next to "
             "the autoregressive roofline (memory bandwidth measured in the same run)."
         ),
-        epilog="A progress line per run goes to stderr; --json OUT writes the report (see README, Benchmarks).",
+        epilog="A progress line per run goes to stderr; --json OUT writes the report (see docs/results.md and docs/benchmarks.md).",
     )
     _add_model_args(b)
     src = b.add_argument_group("prompt").add_mutually_exclusive_group()

@@ -16,7 +16,7 @@ MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 # Prompt length (tokens) from which TriForce's retrieval level pays for itself on this CPU: none
 # measured so far. On document chat, the workload users run (`bench.chat`, greedy, every
 # configuration answering every question in one process; the bash manual, the shipped pair,
-# README), lookup alone against triforce (lookup in front of the retrieval level): 1.69x
+# docs/results.md), lookup alone against triforce (lookup in front of the retrieval level): 1.69x
 # against 1.29x autoregressive at 15K, 1.76x against 1.81x at 31K, 1.55x against 1.55x at 63K
 # (`bench/results/chat-by-context-*.json`); triforce / lookup over seven runs at 63K 0.96-1.07x,
 # at 31K 0.94-1.03x. Level at best: not a gain to switch on (and lookup alone needs no
@@ -234,15 +234,15 @@ class SpeculationConfig:
             nearly as long (at most 2 tokens shorter), continues differently (at least one token
             is kept; `lookup.ContextIndex`'s rivals). On SmolLM2's document chat it raised
             lookup's speed by 3 % over eight recorded workloads replayed offline
-            (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (README, Benchmarks)
+            (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (docs: Results, Benchmarks)
     lookup_backoff  where the last `lookup_min_match` tokens never occurred, one token is proposed
             when every earlier occurrence of the last `lookup_min_match - 1` continues alike
             (`lookup.ContextIndex`'s backoff); it leaves the run length as it was. On SmolLM2's
-            document chat: +2 % replayed offline, +1 % in a live run (README, Benchmarks)
+            document chat: +2 % replayed offline, +1 % in a live run (docs: Results, Benchmarks)
     small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
             nothing (False: the retrieval level then drafts on its own, one token a forward).
             Off by default: on the document-chat benchmark its tokens were accepted too rarely
-            to pay for its forwards (README, Benchmarks); the paper's setting is
+            to pay for its forwards (docs: Results, Benchmarks); the paper's setting is
             lookup=False, small_draft=True.
     adaptive_gamma  the draft of the levels below the target follows what the target accepts
             (at most gamma2; after misses, plain target steps: `schedule.DraftSchedule`).
@@ -251,7 +251,7 @@ class SpeculationConfig:
             when its law gives it at least this probability; else the round ends there (0 =
             always). Exact either way: a proposal's length may depend on anything the proposer
             computed. Off by default: on the demo pair the retrieval law is flat even where the
-            target agrees with it, and a gate of 0.5 cut every such draft (README, Benchmarks).
+            target agrees with it, and a gate of 0.5 cut every such draft (docs: Results, Benchmarks).
     draft_confidence  the small draft (triforce's lowest level, mode `draft`) proposes a token only
             when its law gives some token at least this probability; its proposal stops before
             the first unsure one (0 = always; the paper's method). Exact either way, as
@@ -260,7 +260,7 @@ class SpeculationConfig:
             0.66x autoregressive, the retrieval level accepting 76 % of the draft's tokens against
             23 % (0.3: 0.76x, 55 %; 0.7: 0.75x, 85 %); the demo pair at 30K 0.88x against 0.75x.
             In mode `draft` (lookup, then the draft) within noise: 1.44x against 1.42x, and
-            2.18x against 2.13x (README, Benchmarks)
+            2.18x against 2.13x (docs: Results, Benchmarks)
 
     The paper's pure three-level method is `SpeculationConfig(**PAPER_METHOD)`.
     """

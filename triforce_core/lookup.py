@@ -33,7 +33,7 @@ Every proposed token costs the target a verification row, whether or not it is a
 SmolLM2's document chat (`bench.chat`'s six questions over 2K-8K tokens, eight recorded
 workloads replayed with the measured cost of a forward by rows: `bench.lookup_replay`) the cut
 raised lookup's speed over autoregressive decoding by 3 % on their geometric mean, and by
-5.5-6.5 % in live runs (README, Benchmarks). Considering every occurrence as a rival, however
+5.5-6.5 % in live runs (docs: Results, Benchmarks). Considering every occurrence as a rival, however
 short its match, was worse than no cut.
 
 With `backoff`, where the last `min_match` tokens never occurred before, their last
