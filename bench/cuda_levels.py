@@ -38,12 +38,10 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bench.level_steps import forward_times, parse_contexts
+from bench.level_steps import forward_times, parse_contexts, random_cache_decoder
 from bench.reports import write_json
 from triforce_core import attention
-from triforce_core.config import PAPER_METHOD, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.kv import FullCache
 from triforce_core.loading import sync_device
 from triforce_core.model import DecoderModel
 from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
@@ -101,24 +99,6 @@ def random_model(shape: dict, device: torch.device, dtype: torch.dtype, seed: in
     if device.type == "cuda":
         torch.cuda.empty_cache()
     return model
-
-
-def make_decoder(engine: TriForceEngine, tokens: int, seed: int):
-    """The paper's three levels over a full cache of `tokens` random K/V, as after a prefill."""
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **PAPER_METHOD))
-    target = engine.target
-    s, dev = target.spec, target.device
-    g = torch.Generator(device=dev).manual_seed(seed)
-    history = torch.randint(16, target.vocab_size, (tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
-    full = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg),
-                     engine.kv_dtype_for(cfg), dev)
-    for layer in range(s.num_layers):  # layer by layer: no float32 copy of a 17 GB cache
-        full.k[layer, :, :tokens].normal_(generator=g)
-        full.v[layer, :, :tokens].normal_(generator=g)
-    full.length = tokens
-    dec = engine.make_decoder(cfg, full.capacity, None, full_cache=full, history=history)
-    dec.prefill(history + [history[-1]])  # feeds the last token: the retrieval selection needs its queries
-    return dec, cfg
 
 
 @contextlib.contextmanager
@@ -227,7 +207,7 @@ def measure(shape: str, device: torch.device, dtype: torch.dtype, contexts: list
             f"({p['in_out']['gbs']:.0f} GB/s), [out, in] {p['out_in']['us']:.1f} us ({p['out_in']['gbs']:.0f} GB/s)")
     for T in contexts:
         t0 = time.perf_counter()
-        dec, cfg = make_decoder(engine, T, seed=T)
+        dec, cfg = random_cache_decoder(engine, T, seed=T)
         say(f"[cuda-levels] {T} tokens ready in {time.perf_counter() - t0:.1f} s")
         spec = cfg.speculation
         levels = [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("target", "full", spec.lookup_max + 1),

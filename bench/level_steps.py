@@ -37,28 +37,30 @@ from bench.reports import write_json
 from triforce_core import huge_pages, native_layers
 from triforce_core.benchmark import Bench, cpu_model
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
+from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
 from triforce_core.loading import sync_device
 from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
 
 
-def _decoder(bench: Bench, tokens: int, seed: int, kv_dtype: str | None = None):
+def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtype: str | None = None):
     """A decoder of the paper's three levels whose target cache holds `tokens` random K/V (drawn
-    in float32, rounded into `kv_dtype`; None: the engine's default)."""
-    engine = bench.engine
+    in float32 a layer at a time, rounded into `kv_dtype`; None: the engine's default), as after
+    a prefill. Returns the decoder and its config."""
     # Without a small draft (a GGUF target has none yet) the retrieval level drafts on its own.
     method = dict(PAPER_METHOD) if engine.draft is not None else {**PAPER_METHOD, "small_draft": False}
     cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **method),
                            cache=CacheConfig(kv_dtype=kv_dtype))
     target = engine.target
-    s = target.spec
-    g = torch.Generator().manual_seed(seed)
-    history = torch.randint(16, target.vocab_size, (tokens,), generator=g).tolist()
+    s, dev = target.spec, target.device
+    history = torch.randint(16, target.vocab_size, (tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
     full = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg),
-                     engine.kv_dtype_for(cfg), target.device)
-    shape = (s.num_layers, s.num_kv_heads, tokens, s.head_dim)
-    full.k[:, :, :tokens] = torch.randn(shape, generator=g)
-    full.v[:, :, :tokens] = torch.randn(shape, generator=g)
+                     engine.kv_dtype_for(cfg), dev)
+    g = torch.Generator(device=dev).manual_seed(seed)
+    shape = (s.num_kv_heads, tokens, s.head_dim)
+    for layer in range(s.num_layers):  # a layer at a time: no float32 copy of a whole long cache
+        full.k[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
+        full.v[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
     full.length = tokens
     dec = engine.make_decoder(cfg, full.capacity, None, full_cache=full, history=history)
     dec.prefill(history + [history[-1]])  # feeds the last token: the retrieval selection needs its queries
@@ -96,7 +98,7 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
         for dt in kv_dtypes:
             for pg in pages:
                 with huge_pages.switched(pg == "huge"):
-                    decs[dt, pg] = _decoder(bench, T, seed=T, kv_dtype=dt)  # the same K/V in each dtype
+                    decs[dt, pg] = random_cache_decoder(bench.engine, T, seed=T, kv_dtype=dt)  # the same K/V in each dtype
         spec = next(iter(decs.values()))[1].speculation
         levels = [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
                   ("retrieval", "retrieval", spec.gamma1 + 1), ("draft", "small", 1)]

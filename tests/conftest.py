@@ -119,8 +119,8 @@ def make_hf(kind: str, seed: int = 0, **overrides):
 
 
 # Where `to_ours` puts our models: the CPU, or with TRIFORCE_TEST_DEVICE=cuda a GPU, where the
-# exactness tests check the CUDA path against Hugging Face's model on the CPU (the README's GPU
-# section says which files were run there). CI runs everything on the CPU.
+# exactness tests check the CUDA path against Hugging Face's model on the CPU (docs/results.md's
+# GPU section says which files were run there). CI runs everything on the CPU.
 OURS = torch.device(os.environ.get("TRIFORCE_TEST_DEVICE", "cpu"))
 
 
@@ -142,17 +142,10 @@ def perturbed(hf, scale: float, seed: int = 1):
 def assert_verification_rows_equal_steps(model, ids: list[int], kv_dtype: torch.dtype | None = None) -> None:
     """Seven new tokens after `ids` in one forward give, row by row, the logits of seven 1-token
     steps bit for bit (the few-row paths sum in one order whatever the rows beside)."""
-    from triforce_core.kv import FullCache
+    from bench.cuda_exactness import rows_against_steps
 
-    s = model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, kv_dtype or model.dtype, model.device)
-    model.forward(torch.tensor(ids), cache.positions(0, len(ids)), cache, logits_rows=None)
-    new = [5, 9, 13, 2, 7, 11, 3]
-    together = model.forward(torch.tensor(new), cache.positions(len(ids), 7), cache).logits
-    cache.truncate(len(ids))
-    for i, tok in enumerate(new):
-        step = model.forward(torch.tensor([tok]), cache.positions(len(ids) + i, 1), cache).logits
-        assert torch.equal(step[0], together[i]), f"row {i}"
+    rows = rows_against_steps(model, ids, kv_dtype)
+    assert rows["bit_equal"], f"a verification's logits differ from steps' by up to {rows['max_abs_diff']:.3g}"
 
 
 def make_tokenizer(words_prefix: str = "w", vocab: int = VOCAB) -> PreTrainedTokenizerFast:

@@ -1,6 +1,6 @@
 """The GPU benchmarks (`bench.cuda_levels`, `bench.cuda_exactness`) run here on the CPU: the same
-code on small models, so that they still run when a GPU is lent. Their GPU numbers are in the
-README; nothing here depends on a timing."""
+code on small models, so that they still run when a GPU is lent. Their GPU numbers are in
+docs/results.md; nothing here depends on a timing."""
 
 from __future__ import annotations
 
