@@ -18,7 +18,7 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
-    from triforce_core.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
+    from triforce_core.cli.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
 
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
@@ -62,8 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError
     from triforce_core.config import GB, default_mode
-    from triforce_core.flags import check_kv_cache_args, served_models
-    from triforce_core.loading import default_model_names
+    from triforce_core.cli.flags import check_kv_cache_args, served_models
+    from triforce_core.models.loading import default_model_names
     from ui.settings import Settings
     from ui.server import build_server, run_server
 

@@ -24,11 +24,11 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core import native_attention
-from triforce_core.attention import NATIVE_QUERY_ROWS, attend, attention_mask
-from triforce_core.benchmark import cpu_model
+from triforce_core.models import native_attention
+from triforce_core.models.attention import NATIVE_QUERY_ROWS, attend, attention_mask
+from triforce_core.cli.harness import cpu_model
 from triforce_core.config import KV_DTYPES
-from triforce_core.roofline import measure_bandwidth
+from triforce_core.models.roofline import measure_bandwidth
 
 
 def timed_attend(q, k, v, mask, scale, native: bool) -> float:

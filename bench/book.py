@@ -61,12 +61,12 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
 
-    from triforce_core.book import DEFAULT_READING_BUDGET, BookSession, token_starts
+    from triforce_core.serving.book import DEFAULT_READING_BUDGET, BookSession, token_starts
     from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
     from triforce_core.documents import load_document
     from triforce_core.engine import TriForceEngine
-    from triforce_core.loading import default_model_names
-    from triforce_core.reading import BookReader
+    from triforce_core.models.loading import default_model_names
+    from triforce_core.documents.reading import BookReader
 
     engine = TriForceEngine.from_pretrained(*default_model_names(None, None))
     budget = args.budget or DEFAULT_READING_BUDGET

@@ -36,17 +36,17 @@ from pathlib import Path
 
 import torch
 
-from triforce_core import native_attention, native_layers
-from triforce_core.benchmark import machine_info
+from triforce_core.models import native_attention, native_layers
+from triforce_core.cli.harness import machine_info
 from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed, Finished
-from triforce_core.loading import default_model_names
-from triforce_core.model import DecoderModel
+from triforce_core.decoding.events import Committed, Finished
+from triforce_core.models.loading import default_model_names
+from triforce_core.models.transformer import DecoderModel
 from triforce_core.resources import SAMPLE_DIR
-from triforce_core.session import ChatSession
+from triforce_core.serving.session import ChatSession
 
-from triforce_core.gguf_checkpoint import GGUFError, is_gguf, resolve
+from triforce_core.models.gguf import GGUFError, is_gguf, resolve
 
 from bench.llama_cpp import PeerError, find_or_build, format_table, peer_figures
 from bench.reports import write_json

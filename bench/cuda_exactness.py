@@ -35,7 +35,7 @@ from bench.reports import write_json
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.model import DecoderModel
+from triforce_core.models.transformer import DecoderModel
 
 ROPE3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
              original_max_position_embeddings=64)

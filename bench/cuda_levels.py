@@ -40,11 +40,11 @@ import torch.nn.functional as F
 
 from bench.level_steps import forward_times, parse_contexts, random_cache_decoder
 from bench.reports import write_json
-from triforce_core import attention
+from triforce_core.models import attention
 from triforce_core.engine import TriForceEngine
-from triforce_core.loading import sync_device
-from triforce_core.model import DecoderModel
-from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
+from triforce_core.models.loading import sync_device
+from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.roofline import decode_weight_bytes, measure_bandwidth
 
 LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
                    high_freq_factor=4.0, original_max_position_embeddings=8192)

@@ -4,7 +4,7 @@
         --modes autoregressive,lookup,retrieval --kv-dtypes float32,float16
 
 For a GGUF file transformers dequantizes the weights into its own model (bit for bit the values
-ours keeps quantized, see `triforce_core.quantized`); it answers each document-chat question
+ours keeps quantized, see `triforce_core.models.quantized`); it answers each document-chat question
 (the prompt the chat session renders: template, document, question) with
 `generate(do_sample=False)`. Every mode and K/V dtype of ours answers the same prompt. An answer
 either equals HF's token for token or first differs at some token: the report gives where, and
@@ -26,9 +26,9 @@ from bench.chat import workload
 from bench.reports import write_json
 from triforce_core.config import KV_DTYPES, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.gguf_checkpoint import is_gguf, resolve
+from triforce_core.models.gguf import is_gguf, resolve
 from triforce_core.prompting import render_prompt
-from triforce_core.session import ChatSession
+from triforce_core.serving.session import ChatSession
 
 
 def _hf_model(target: str):

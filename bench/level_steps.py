@@ -16,7 +16,7 @@ selects its chunks for the last token's real queries, as after a prefill.
 With `--kv-dtypes`, every cache is kept in each K/V dtype in turn (the same random K/V,
 rounded), a row per dtype, every dtype's forwards alternated with the others' (and with
 `--no-pytorch-layers`, the native layers only: half the forwards). With `--pages huge,small`,
-likewise every cache on 2 MB pages (`triforce_core.huge_pages`, the default) and on ordinary
+likewise every cache on 2 MB pages (`triforce_core.models.huge_pages`, the default) and on ordinary
 4 KB ones.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
@@ -34,13 +34,13 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core import huge_pages, native_layers
-from triforce_core.benchmark import Bench, cpu_model
+from triforce_core.models import huge_pages, native_layers
+from triforce_core.cli.harness import Bench, cpu_model
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.loading import sync_device
-from triforce_core.roofline import decode_weight_bytes, measure_bandwidth
+from triforce_core.models.loading import sync_device
+from triforce_core.models.roofline import decode_weight_bytes, measure_bandwidth
 
 
 def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtype: str | None = None):

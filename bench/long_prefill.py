@@ -32,9 +32,9 @@ import torch.nn.functional as F
 
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.loading import default_model_names
-from triforce_core.roofline import measure_matmul_gflops, prefill_flops
-from triforce_core.session import ChatSession
+from triforce_core.models.loading import default_model_names
+from triforce_core.models.roofline import measure_matmul_gflops, prefill_flops
+from triforce_core.serving.session import ChatSession
 
 SAMPLES = Path(__file__).resolve().parent.parent / "assets" / "sample"
 QUESTION = "What is this document about?"
@@ -72,7 +72,7 @@ def document(engine: TriForceEngine, tokens: int) -> str:
 
 def attention_ms(heads: int, head_dim: int, keys: int, chunk: int = 1024, reps: int = 3) -> dict:
     """One prefill chunk's attention (one layer) both ways, interleaved: ms each (minimum)."""
-    from triforce_core.attention import FLASH_LSE, attention_mask, split_attention
+    from triforce_core.models.attention import FLASH_LSE, attention_mask, split_attention
 
     q = torch.randn(heads, chunk, head_dim)
     k = torch.randn(heads, keys, head_dim)

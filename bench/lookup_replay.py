@@ -5,7 +5,7 @@ lookup run is accepted up to its first token that differs from it. So one autore
 over a workload (`bench.chat`'s questions, one `ChatSession` a document) records everything a
 lookup setting would see, and the forward's cost by its number of rows (measured once, on the
 target over a cache as long as the first document) prices every round. Each setting then replays
-in milliseconds with the real index (`triforce_core.lookup.ContextIndex`) and the decoding
+in milliseconds with the real index (`triforce_core.decoding.lookup.ContextIndex`) and the decoding
 loop's run rule (`lookup_start`, doubling up to `lookup_max` while accepted whole; a backoff
 token leaves the run as it was; no rows past the token limit).
 
@@ -29,11 +29,11 @@ import torch
 from triforce_core.config import GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.lanes import Lane
-from triforce_core.loading import default_model_names
-from triforce_core.lookup import ContextIndex
-from triforce_core.proposers import RIVAL_SLACK
-from triforce_core.session import ChatSession
+from triforce_core.decoding.lanes import Lane
+from triforce_core.models.loading import default_model_names
+from triforce_core.decoding.lookup import ContextIndex
+from triforce_core.decoding.proposers import RIVAL_SLACK
+from triforce_core.serving.session import ChatSession
 
 from .chat import ChatBenchError, _answer, workload
 from .level_steps import step_seconds

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from triforce_core.benchmark import Bench
+from triforce_core.cli.harness import Bench
 from triforce_core.config import GenerationConfig, SpeculationConfig
 
 

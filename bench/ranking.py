@@ -28,12 +28,12 @@ def main(argv=None) -> int:
     from rank_bm25 import BM25Okapi
 
     from bench.book import passages
-    from triforce_core.book import token_starts
+    from triforce_core.serving.book import token_starts
     from triforce_core.documents import load_document
     from transformers import AutoTokenizer
 
-    from triforce_core.loading import default_model_names
-    from triforce_core.reading import BookReader
+    from triforce_core.models.loading import default_model_names
+    from triforce_core.documents.reading import BookReader
 
     doc = load_document(args.book, companion_toc=True)
     tok = AutoTokenizer.from_pretrained(default_model_names(None, None)[0])

@@ -27,8 +27,8 @@ from pathlib import Path
 from bench.long_prefill import document, stretched
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.loading import default_model_names
-from triforce_core.session import ChatSession
+from triforce_core.models.loading import default_model_names
+from triforce_core.serving.session import ChatSession
 
 MODES = {
     "retrieval": dict(mode="retrieval", lookup=False),

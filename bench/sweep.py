@@ -4,7 +4,7 @@
         [--budgets 1024,2048,4096] [--chunk-sizes 4,8,16] [--grid-context 16000] \\
         [--max-new-tokens 64] [--repeats 3] [--out artifacts/bench]
 
-Writes OUT/sweep.json (every report of `triforce_core.benchmark`, the grid and the break-even context),
+Writes OUT/sweep.json (every report of `triforce_core.cli.harness`, the grid and the break-even context),
 OUT/sweep.html (the figures, self-contained) and OUT/*.png when kaleido can render (it drives a
 local Chrome/Chromium; without one the PNGs are skipped and the HTML is still written).
 The models are loaded and each prompt is prefilled once; the grid reuses the prefill of its
@@ -19,7 +19,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from triforce_core.benchmark import MODES, Bench, BenchError, parse_modes, print_table
+from triforce_core.cli.harness import MODES, Bench, BenchError, parse_modes, print_table
 
 SPECULATIVE = ("triforce", "retrieval", "draft")
 

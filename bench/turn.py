@@ -24,15 +24,15 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core.book import BookSession
+from triforce_core.serving.book import BookSession
 from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
 from triforce_core.documents import load_document
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed, Finished, Prefilled
-from triforce_core.gguf_checkpoint import SMOLLM2
-from triforce_core.loading import default_model_names
+from triforce_core.decoding.events import Committed, Finished, Prefilled
+from triforce_core.models.gguf import SMOLLM2
+from triforce_core.models.loading import default_model_names
 from triforce_core.resources import SAMPLE_DOCUMENT
-from triforce_core.session import ChatSession
+from triforce_core.serving.session import ChatSession
 
 MODELS = {"demo": None, SMOLLM2: SMOLLM2}
 

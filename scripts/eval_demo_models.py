@@ -142,7 +142,7 @@ def copy_accuracy(engine, docs: list[str], per_doc: int, seed: int, n_tokens=20,
     that follow the phrase in the document all come out exactly. The draft alone sees sinks
     plus the recent window."""
     from triforce_core.config import GenerationConfig, SpeculationConfig
-    from triforce_core.session import ChatSession
+    from triforce_core.serving.session import ChatSession
 
     tok = engine.tokenizer
     rng = random.Random(seed)
@@ -227,7 +227,7 @@ def sizes(folder: Path) -> dict:
         n = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
     from transformers import AutoConfig
 
-    from triforce_core.model import ModelSpec
+    from triforce_core.models.transformer import ModelSpec
 
     kv = ModelSpec.from_config(AutoConfig.from_pretrained(str(folder))).kv_bytes()
     return {"parameters": n, "weight_bytes_fp32": 4 * n, "file_bytes": (folder / "model.safetensors").stat().st_size,

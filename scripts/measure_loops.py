@@ -22,7 +22,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from triforce_core import GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core.session import ChatSession
+from triforce_core.serving.session import ChatSession
 
 ROOT = Path(__file__).resolve().parents[1]
 QUESTIONS = ("What is a namespace?", "What is a class?", "How does inheritance work in Python?")

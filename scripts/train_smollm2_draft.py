@@ -5,7 +5,7 @@ is made of the target itself: the first ``--layers`` of its 30 layers, the final
 tied head. Unchanged, such a prefix agrees with the whole model on 6-12 % of tokens (measured on
 the held-out tutorial); a low-rank adapter on every projection of the prefix, plus trainable
 norms, is distilled from the whole model here. Only the adapter ships
-(``assets/models/smollm2-draft``, a few MB); `triforce_core.prefix_draft` adds it to the
+(``assets/models/smollm2-draft``, a few MB); `triforce_core.models.prefix_draft` adds it to the
 target's own weights when the pair loads, so the draft costs no second copy of the embedding.
 
 Training data, all offline:
@@ -78,7 +78,7 @@ class LowRank(torch.nn.Module):
 def load_target():
     from transformers import AutoModelForCausalLM
 
-    from triforce_core import gguf_checkpoint
+    from triforce_core.models import gguf
 
     path = gguf_checkpoint.smollm2_path()
     _, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
@@ -145,7 +145,7 @@ def adapter_state(student) -> dict[str, torch.Tensor]:
 
 def load_adapter(student, folder: Path) -> None:
     """Set the student's adapters and norms from a saved adapter (`adapter_state`'s inverse)."""
-    from triforce_core import prefix_draft
+    from triforce_core.models import prefix_draft
 
     _, tensors = prefix_draft.read(str(folder))
     with torch.no_grad():
@@ -367,7 +367,7 @@ def main(argv=None) -> int:
 
 
 def save(a, student, path: Path, results: dict) -> None:
-    from triforce_core import prefix_draft
+    from triforce_core.models import prefix_draft
 
     training = {"script": "scripts/train_smollm2_draft.py", "seed": a.seed, "batch": a.batch, "window": SINKS + RECENT,
                 "answers": a.answers, "answer_tokens": a.answer_tokens, "chat_share": a.chat_share, "lr": a.lr,

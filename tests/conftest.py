@@ -28,7 +28,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from triforce_core.model import DecoderModel
+from triforce_core.models.transformer import DecoderModel
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]

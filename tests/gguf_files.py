@@ -15,7 +15,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
 
-from triforce_core.quantized import BLOCKS
+from triforce_core.models.ggml_types import BLOCKS
 
 TOKENS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 from conftest import make_tokenizer, words
 
-from triforce_core.citations import answer_passages, cited_passages, quoted_passages
+from triforce_core.documents.citations import answer_passages, cited_passages, quoted_passages
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
-from triforce_core.events import ChunksSelected
-from triforce_core.session import ChatSession
+from triforce_core.decoding.events import ChunksSelected
+from triforce_core.serving.session import ChatSession
 
 TOK = make_tokenizer()
 TOK.add_tokens(["[Section", "3:", "Beta]"])  # the header line's words, so the prompt decodes to it
@@ -94,7 +94,7 @@ def test_the_demo_pair_quoting_its_document_cites_the_passage_it_quotes():
     """Lookup mode selects nothing; the demo target answering "What follows «…»?" copies the
     continuation from the document, and the turn cites that passage."""
     from triforce_core import TriForceEngine
-    from triforce_core.loading import DEMO_TARGET
+    from triforce_core.models.loading import DEMO_TARGET
     from triforce_core.resources import SAMPLE_DOCUMENT
 
     engine = TriForceEngine.from_pretrained(str(DEMO_TARGET), None, device="cpu")

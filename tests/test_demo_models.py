@@ -14,8 +14,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.loading import DEMO_DRAFT, DEMO_TARGET, check_pair, load_model
-from triforce_core.session import ChatSession
+from triforce_core.models.loading import DEMO_DRAFT, DEMO_TARGET, check_pair, load_model
+from triforce_core.serving.session import ChatSession
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = REPO_ROOT / "assets" / "sample" / "python-tutorial-classes.txt"

@@ -8,8 +8,8 @@ import io
 from transformers import AutoTokenizer
 
 from triforce_core.detokenize import IncrementalDetokenizer
-from triforce_core.events import Committed
-from triforce_core.loading import DEMO_TARGET
+from triforce_core.decoding.events import Committed
+from triforce_core.models.loading import DEMO_TARGET
 
 TEXT = ("Naïve café — «quoted» 東京 and 🙂 emoji.\n\tdef f(x):\n        return x ** 2  # ünïcödé\n" * 6)
 

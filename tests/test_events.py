@@ -14,7 +14,7 @@ import torch
 
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import LEVELS, ChunksSelected, Committed, Drafted, Finished, Prefilled, Verified
+from triforce_core.decoding.events import LEVELS, ChunksSelected, Committed, Drafted, Finished, Prefilled, Verified
 
 MODES = ("triforce", "retrieval", "draft", "autoregressive")
 SPECULATIVE = ("triforce", "retrieval", "draft")

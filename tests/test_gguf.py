@@ -30,11 +30,11 @@ from gguf import quants
 from gguf_files import hf_from_gguf, random_blocks, write_gguf
 from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
-import triforce_core.gguf_checkpoint as gguf_checkpoint
+import triforce_core.models.gguf as gguf_checkpoint
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
-from triforce_core.loading import ModelLoadError, load_model
-from triforce_core.quantized import Matrix, StoredTensor
+from triforce_core.models.loading import ModelLoadError, load_model
+from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
 STORED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
@@ -68,7 +68,7 @@ def _stacked(rng) -> tuple[Matrix, torch.Tensor]:
 
 
 def test_stacked_product_rows_are_independent_and_exact():
-    from triforce_core import native_layers
+    from triforce_core.models import native_layers
 
     kernel = native_layers.kernel()
     m, dense = _stacked(np.random.default_rng(3))
@@ -87,7 +87,7 @@ def test_the_avx512_path_equals_the_avx2_path_bit_for_bit(tmp_path):
     """Where the machine has AVX-512 the kernel takes 16-lane versions of the sums; they must
     give exactly the AVX2 path's results (the same library built without them), every type and
     row count."""
-    from triforce_core import native_build, native_layers
+    from triforce_core.models import native_build, native_layers
 
     cpuinfo = Path("/proc/cpuinfo")
     if not cpuinfo.exists() or "avx512dq" not in cpuinfo.read_text():
@@ -169,7 +169,7 @@ def test_negative_control_llama_row_order_not_undone(folder, monkeypatch):
 
 
 def test_a_verification_row_equals_the_step_it_stands_for(folder, monkeypatch):
-    import triforce_core.native_attention as native_attention
+    import triforce_core.models.native_attention as native_attention
 
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)  # the few-row attention at this short length
     t, _, ids, _, _ = _files(folder, "llama")
@@ -248,7 +248,7 @@ def test_cli_generates_from_a_gguf_file(folder):
 def test_pytorch_layers_give_the_native_layers_answer(folder, monkeypatch):
     """With the native layers off (`TRIFORCE_NATIVE_LAYERS=0`) the stored weights are dequantized
     for PyTorch's products: the same greedy answer."""
-    from triforce_core import native_layers
+    from triforce_core.models import native_layers
 
     t, d, ids, ref, gaps = _files(folder, "qwen2")
     with native_layers.switched(False):
@@ -259,8 +259,8 @@ def test_pytorch_layers_give_the_native_layers_answer(folder, monkeypatch):
 def test_disk_cache_and_sessions_work_on_a_gguf_model(folder, tmp_path):
     """A chat session over a GGUF model writes its prefill to disk; after a "restart" (a new
     engine from the same file) the blocks are read back and the answers are the same."""
-    from triforce_core.events import Committed
-    from triforce_core.session import ChatSession
+    from triforce_core.decoding.events import Committed
+    from triforce_core.serving.session import ChatSession
 
     path = str(folder / "qwen2-target.gguf")
     _files(folder, "qwen2")
@@ -285,7 +285,7 @@ def test_a_digits_first_vocabulary_splits_digits_before_spaces(tmp_path, pre):
     """SmolLM2's type ("smollm") cuts every digit off first, as llama.cpp and the original
     tokenizer do: the spaces before a digit stay one piece. Any other type keeps transformers'
     conversion (GPT-2's split joins the last space to the digit): the control."""
-    from triforce_core import gguf_checkpoint
+    from triforce_core.models import gguf
 
     path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path / f"{pre}.gguf", {}, pre=pre)
     _, tokenizer = gguf_checkpoint.config_and_tokenizer(path)

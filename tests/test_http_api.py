@@ -154,8 +154,8 @@ def test_greedy_completion_equals_the_prompt_run_alone_with_usage_and_statistics
     assert set(stats["acceptance"]) <= {"retrieval", "target"} and stats["decode_tokens_per_s"] > 0
     assert stats["prefill_tokens"] + stats["reused_tokens"] == len(expected["ids"])
     # citations: the passages its retrieval selections read most, as the same run alone finds them
-    from triforce_core.citations import cited_passages
-    from triforce_core.events import ChunksSelected
+    from triforce_core.documents.citations import cited_passages
+    from triforce_core.decoding.events import ChunksSelected
 
     engine = reference.engine
     cfg = GenerationConfig(sampling=engine.default_sampling(),

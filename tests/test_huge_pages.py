@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from triforce_core import huge_pages
+from triforce_core.models import huge_pages
 from triforce_core.kv import FullCache, KVStore
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="transparent huge pages are Linux's")

@@ -16,11 +16,11 @@ import pytest
 import torch
 from conftest import DRAFT_OVERRIDES, make_hf, to_ours
 
-import triforce_core.speculation as speculation
+import triforce_core.decoding.loop as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TokenCheck, TriForceEngine
 from triforce_core.config import PAPER_METHOD
-from triforce_core.events import Committed, Finished, Prefilled, Verified
-from triforce_core.inspection import token_checks
+from triforce_core.decoding.events import Committed, Finished, Prefilled, Verified
+from triforce_core.decoding.inspection import token_checks
 
 TOL = 1e-4
 # float32 K/V, as Hugging Face's model keeps them: the reported p is compared with its law at 1e-4

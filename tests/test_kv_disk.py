@@ -14,10 +14,10 @@ import torch
 from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, run_main, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.events import Committed
+from triforce_core.decoding.events import Committed
 from triforce_core.kv import model_fingerprint
-from triforce_core.session import ChatSession
-from triforce_core.slots import Slot
+from triforce_core.serving.session import ChatSession
+from triforce_core.serving.slots import Slot
 
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 CHUNK = 32  # prefill chunk = disk block: the 300-word document spans 9 whole blocks

@@ -26,14 +26,14 @@ from test_kv_disk import CHUNK, DOCUMENT, block_files, config as disk_config, ne
 from test_sampling_exactness import V, chi2_pvalue, sample_counts
 from test_sampling_exactness import _models as chi_models
 
-import triforce_core.native_attention as native_attention
+import triforce_core.models.native_attention as native_attention
 from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import DEFAULT_KV_DTYPE, PAPER_METHOD
-from triforce_core.events import Committed, Prefilled
+from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.kv import FullCache, resolve_kv_dtype
-from triforce_core.native_build import build as build_native
-from triforce_core.session import ChatSession
-from triforce_core.slots import Slot
+from triforce_core.models.native_build import build as build_native
+from triforce_core.serving.session import ChatSession
+from triforce_core.serving.slots import Slot
 
 HALF = [torch.float16, torch.bfloat16]
 NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}

@@ -1,10 +1,10 @@
-"""The context lookup's matching rule (`triforce_core.lookup`), as pure list operations."""
+"""The context lookup's matching rule (`triforce_core.decoding.lookup`), as pure list operations."""
 
 from __future__ import annotations
 
 import pytest
 
-from triforce_core.lookup import ContextIndex
+from triforce_core.decoding.lookup import ContextIndex
 
 
 def _index(tokens, **kw) -> ContextIndex:
@@ -93,7 +93,7 @@ def test_rivals_compare_into_the_proposal_itself():
 
 # -- the adaptive draft length ----------------------------------------------------------------
 def test_draft_schedule_follows_acceptance():
-    from triforce_core.schedule import DraftSchedule
+    from triforce_core.decoding.schedule import DraftSchedule
 
     s = DraftSchedule(longest=6, adaptive=True)
     assert s.take() == 6
@@ -118,7 +118,7 @@ def test_draft_schedule_follows_acceptance():
 
 
 def test_draft_schedule_pause_is_bounded_and_fixed_schedule_never_changes():
-    from triforce_core.schedule import DraftSchedule
+    from triforce_core.decoding.schedule import DraftSchedule
 
     s = DraftSchedule(longest=4, adaptive=True)
     for _ in range(10):

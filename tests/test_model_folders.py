@@ -18,9 +18,9 @@ import pytest
 from conftest import make_hf
 from gguf_files import write_gguf
 from triforce_core.engine import TriForceEngine
-from triforce_core.loading import ModelLoadError
-from triforce_core.model_folders import ModelFolders, PathRefused, default_tool_folders
-from triforce_core.serving.models import DEMO_ID, ServedModels, UnknownModel
+from triforce_core.models.loading import ModelLoadError
+from triforce_core.models.folders import ModelFolders, PathRefused, default_tool_folders
+from triforce_core.serving.registry import DEMO_ID, ServedModels, UnknownModel
 
 REFUSED = "refused: only GGUF files under the model folders can be opened"
 

@@ -1,4 +1,4 @@
-"""The native few-row attention kernel (`triforce_core.native_attention`) is exact.
+"""The native few-row attention kernel (`triforce_core.models.native_attention`) is exact.
 
 - Against a float64 reference: outputs and per-chunk attention mass, over row counts, key
   counts around the block size, head sizes with and without the vector path, causal limits,
@@ -20,9 +20,9 @@ from conftest import built, needs_compiler
 from test_greedy_exactness import CACHE, TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
 
-import triforce_core.native_attention as native_attention
+import triforce_core.models.native_attention as native_attention
 from triforce_core import TriForceEngine
-from triforce_core.model import DecoderModel
+from triforce_core.models.transformer import DecoderModel
 
 pytestmark = needs_compiler
 

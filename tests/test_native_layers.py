@@ -1,4 +1,4 @@
-"""The native decoder layers for few rows (`triforce_core.native_layers`) are exact.
+"""The native decoder layers for few rows (`triforce_core.models.native_layers`) are exact.
 
 - Against a float64 reference: the layer before attention (norm, q/k/v projection with and
   without bias, rotary), the layer after it (output projection, norm, SwiGLU, residuals) and
@@ -22,12 +22,12 @@ from conftest import assert_verification_rows_equal_steps, built, needs_compiler
 from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 
-import triforce_core.native_layers as native_layers
+import triforce_core.models.native_layers as native_layers
 from triforce_core import TriForceEngine
-from triforce_core.attention import attention_mask
-from triforce_core.model import KeyMass, _transposed
-from triforce_core.quantized import Matrix
-from triforce_core.native_build import build
+from triforce_core.models.attention import attention_mask
+from triforce_core.models.transformer import KeyMass, _transposed
+from triforce_core.models.quantized import Matrix
+from triforce_core.models.native_build import build
 
 pytestmark = needs_compiler
 
@@ -178,7 +178,7 @@ def test_a_verification_row_equals_the_step_it_stands_for(monkeypatch, counted, 
     bit for bit: the layers and the few-row attention (forced at this short length) sum in one
     order whatever the rows beside. (The sliding-window model's short window keeps PyTorch's
     attention, whose order does depend on the rows: it is left out.)"""
-    import triforce_core.native_attention as native_attention
+    import triforce_core.models.native_attention as native_attention
 
     if kind == "mistral_window":
         pytest.skip("a window cut keeps PyTorch's attention")
@@ -249,7 +249,7 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
         from test_gguf import K_MIX, LLAMA
 
         from conftest import make_hf
-        from triforce_core.loading import load_model
+        from triforce_core.models.loading import load_model
 
         path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path_factory.mktemp("one-call") / "t.gguf", K_MIX)
         model = load_model(str(path), torch.device("cpu"), torch.float32).model
@@ -358,7 +358,7 @@ def _cpu_flash(q, k, v, scale):
 def test_cuda_few_rows_equals_attention_by_definition(S, T, G, dtype):
     """The cached keys through the flash kernel, the new ones through products, merged by
     log-sum-exps: the masked softmax of the definition (float64), to the dtype's rounding."""
-    from triforce_core.attention import cuda_few_rows
+    from triforce_core.models.attention import cuda_few_rows
 
     g = torch.Generator().manual_seed(S * 100 + T)
     Hkv, D = 2, 64

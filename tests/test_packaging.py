@@ -44,9 +44,10 @@ def test_the_assets_the_code_reads_are_package_data():
 
 
 def test_the_native_kernels_source_is_package_data():
-    from triforce_core import native_attention
+    from triforce_core.models import native_attention
 
-    shipped = {p for pattern in SETUPTOOLS["package-data"]["triforce_core"] for p in (ROOT / "triforce_core").glob(pattern)}
+    models = ROOT / "triforce_core" / "models"
+    shipped = {p for pattern in SETUPTOOLS["package-data"]["triforce_core.models"] for p in models.glob(pattern)}
     assert native_attention.SOURCE in shipped
 
 

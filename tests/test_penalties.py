@@ -1,7 +1,7 @@
 """Repetition control keeps decoding exact (greedy side; the sampled side is in
 test_sampling_exactness.py).
 
-The processor (`triforce_core.penalties`) is Hugging Face's RepetitionPenaltyLogitsProcessor and
+The processor (`triforce_core.decoding.penalties`) is Hugging Face's RepetitionPenaltyLogitsProcessor and
 OpenAI's frequency/presence penalties over the answer's tokens. Greedy output of every mode with
 the penalties on equals Hugging Face's greedy search with the same processor (applied to the
 generated tokens only) token for token, and the target as its own draft is accepted every time.
@@ -21,7 +21,7 @@ from transformers.generation.logits_process import LogitsProcessor, LogitsProces
 
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD, ConfigError
-from triforce_core.penalties import Penalties, penalize
+from triforce_core.decoding.penalties import Penalties, penalize
 
 PROMPT_LEN = 120
 NEW = 40
@@ -216,7 +216,7 @@ def test_which_models_are_instruct_models():
     template too, keeps greedy decoding."""
     from transformers import AutoTokenizer
 
-    from triforce_core.loading import DEMO_TARGET, is_instruct
+    from triforce_core.models.loading import DEMO_TARGET, is_instruct
 
     tok = AutoTokenizer.from_pretrained(str(DEMO_TARGET))
     assert tok.chat_template  # so the rule really rests on the name

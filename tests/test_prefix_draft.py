@@ -28,10 +28,10 @@ from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_count
 
 from scripts import train_smollm2_draft as training
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core import loading, prefix_draft
+from triforce_core.models import loading, prefix_draft
 from triforce_core.config import PAPER_METHOD
 from triforce_core.kv import FullCache
-from triforce_core.loading import ModelLoadError, default_model_names, load_draft, load_model
+from triforce_core.models.loading import ModelLoadError, default_model_names, load_draft, load_model
 
 pytestmark = needs_compiler
 TYPES = {"attn_q.weight": Q.Q4_0, "attn_k.weight": Q.Q4_1, "ffn_down.weight": Q.Q4_1}

@@ -9,12 +9,12 @@ import random
 import pytest
 from conftest import make_tokenizer, run_main
 
-from triforce_core.book import BookSession, token_starts
+from triforce_core.serving.book import BookSession, token_starts
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.documents import Document, Section, load_document
 from triforce_core.documents.sections import with_ends
-from triforce_core.reading import BookReader
-from triforce_core.session import ChatSession
+from triforce_core.documents.reading import BookReader
+from triforce_core.serving.session import ChatSession
 
 TOKENIZER = make_tokenizer()
 

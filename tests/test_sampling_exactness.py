@@ -8,7 +8,7 @@ Negative control: the same test on a deliberately broken verifier -- one that, a
 rejection, resamples from the verifier's own law instead of the residual norm(max(0, p - q))
 (the public reference implementation's bug) -- must fail (p < 1e-3), proving the test has power.
 
-The repetition penalties (`triforce_core.penalties`) are covered the same way: the exact law is
+The repetition penalties (`triforce_core.decoding.penalties`) are covered the same way: the exact law is
 then Hugging Face's RepetitionPenaltyLogitsProcessor and the frequency/presence penalties over
 the answer's tokens, before the warpers; penalties computed from the wrong prefix must fail.
 """
@@ -30,12 +30,12 @@ from transformers.generation.logits_process import (
     TopPLogitsWarper,
 )
 
-import triforce_core.proposers as proposers
-import triforce_core.speculation as speculation
+import triforce_core.decoding.proposers as proposers
+import triforce_core.decoding.loop as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
-from triforce_core.penalties import Penalties
-from triforce_core.sampling import VerifyResult, sample, verify_stochastic
+from triforce_core.decoding.penalties import Penalties
+from triforce_core.decoding.sampling import VerifyResult, sample, verify_stochastic
 
 V = 16
 PROMPT_LEN = 48
@@ -509,7 +509,7 @@ def test_row_argmax_gives_torch_argmax_indices():
     """Greedy verification reads each row's argmax through NumPy on the CPU: the same index as
     torch.argmax, the first on a tie, a NaN counting as the largest, for one row or several,
     contiguous or not (a vocabulary cut to the tokenizer's size is a strided view)."""
-    from triforce_core.sampling import row_argmax
+    from triforce_core.decoding.sampling import row_argmax
 
     g = torch.Generator().manual_seed(3)
     rows = torch.randn(7, 300, generator=g)

@@ -11,7 +11,7 @@ from conftest import run_main, words
 from test_documents import make_epub, make_pdf
 
 from triforce_core.documents import Document, load_document
-from triforce_core.sections import (SectionError, merged_spans, parse_spec, selected_text, too_long_message,
+from triforce_core.documents.picking import (SectionError, merged_spans, parse_spec, selected_text, too_long_message,
                                     top_level)
 
 BOOK_MD = """# Part One

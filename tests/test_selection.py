@@ -8,9 +8,9 @@ from conftest import make_hf, to_ours
 from test_greedy_exactness import _assert_same, _config, _setup
 
 from triforce_core import CacheConfig, TriForceEngine
-from triforce_core.events import ChunksSelected
+from triforce_core.decoding.events import ChunksSelected
 from triforce_core.kv import FullCache, RetrievalCache
-from triforce_core.model import KeyMass
+from triforce_core.models.transformer import KeyMass
 
 
 def test_key_mass_is_the_attention_each_chunk_received():

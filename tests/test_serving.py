@@ -9,9 +9,9 @@ import pytest
 
 from conftest import words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
-from triforce_core.events import Committed, Prefilled, PrefillProgress
+from triforce_core.decoding.events import Committed, Prefilled, PrefillProgress
 from triforce_core.serving.worker import EngineWorker
-from triforce_core.slots import Slot, SlotPool, common_prefix
+from triforce_core.serving.slots import Slot, SlotPool, common_prefix
 
 
 def config(mode: str = "triforce", max_new: int = 16, chunk: int = 1024, **sampling) -> GenerationConfig:

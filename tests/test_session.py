@@ -14,8 +14,8 @@ from conftest import CHAT_TEMPLATE as TEMPLATE
 from conftest import DRAFT_OVERRIDES, make_hf, make_tokenizer, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import ContextLengthError, TriForceEngine
-from triforce_core.events import Committed, Prefilled
-from triforce_core.session import ChatSession, SessionError
+from triforce_core.decoding.events import Committed, Prefilled
+from triforce_core.serving.session import ChatSession, SessionError
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODES = ("triforce", "retrieval", "draft", "autoregressive")

@@ -7,7 +7,7 @@ import pytest
 from conftest import words
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.serving.worker import EngineWorker
-from triforce_core.session import ChatSession
+from triforce_core.serving.session import ChatSession
 from ui.state import SessionPool, UserState
 
 CONFIG = GenerationConfig(

@@ -12,9 +12,9 @@ from conftest import words
 from triforce_core.documents import Document, Section
 from triforce_core.engine import TriForceEngine
 from triforce_core.serving.worker import EngineWorker
-from triforce_core.slots import SlotPool
+from triforce_core.serving.slots import SlotPool
 from ui.handlers.answers import AnswerHandlers, follow
-from triforce_core.book import BookSession
+from triforce_core.serving.book import BookSession
 from ui.handlers.documents import DocumentHandlers
 from ui.handlers.teaching import TeachingHandlers
 from ui.narration import round_sentence

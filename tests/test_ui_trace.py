@@ -6,8 +6,8 @@ import pytest
 
 from conftest import words
 from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, default_mode
-from triforce_core.events import ChunksSelected, Committed, Drafted, Verified
-from triforce_core.session import ChatSession
+from triforce_core.decoding.events import ChunksSelected, Committed, Drafted, Verified
+from triforce_core.serving.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
 from ui.figures import MAP_MAX_BARS, acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 

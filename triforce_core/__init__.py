@@ -2,7 +2,7 @@
 
 Public API:
     TriForceEngine, GenerationConfig, SamplingConfig, SpeculationConfig, CacheConfig,
-    the events of `triforce_core.events`, and ModelLoadError / ContextLengthError.
+    the events of `triforce_core.decoding.events`, and ModelLoadError / ContextLengthError.
 Importing this package has no side effects (no model is loaded, nothing is downloaded).
 """
 
@@ -19,22 +19,22 @@ _EXPORTS = {
     "ContextLengthError": "engine",
     "GenerationResult": "engine",
     "TriForceEngine": "engine",
-    "ChunksSelected": "events",
-    "Committed": "events",
-    "Drafted": "events",
-    "Finished": "events",
-    "GenerationStats": "events",
-    "Prefilled": "events",
-    "TokenCheck": "events",
-    "Verified": "events",
-    "ModelLoadError": "loading",
+    "ChunksSelected": "decoding.events",
+    "Committed": "decoding.events",
+    "Drafted": "decoding.events",
+    "Finished": "decoding.events",
+    "GenerationStats": "decoding.events",
+    "Prefilled": "decoding.events",
+    "TokenCheck": "decoding.events",
+    "Verified": "decoding.events",
+    "ModelLoadError": "models.loading",
 }
 
 if TYPE_CHECKING:  # pragma: no cover
     from .config import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
     from .engine import ContextLengthError, GenerationResult, TriForceEngine
-    from .events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, TokenCheck, Verified
-    from .loading import ModelLoadError
+    from .decoding.events import ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, TokenCheck, Verified
+    from .models.loading import ModelLoadError
 
 
 def __getattr__(name: str):

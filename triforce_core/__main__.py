@@ -13,8 +13,8 @@ import sys
 from pathlib import Path
 
 from .config import CacheConfig, SpeculationConfig, default_sampling
-from .flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg, apply_kv_cache_args, check_kv_cache_args
-from .sections import SectionError, parse_spec, section_tokens, selected_text, too_long_message
+from .cli.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg, apply_kv_cache_args, check_kv_cache_args
+from .documents.picking import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 _INSTRUCT = default_sampling(instruct=True)
@@ -318,8 +318,8 @@ def cmd_ingest(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    """Thin wrapper over `triforce_core.benchmark` (imported here: it pulls in torch and transformers)."""
-    from . import benchmark as harness
+    """Thin wrapper over `triforce_core.cli.harness` (imported here: it pulls in torch and transformers)."""
+    from .cli import harness as harness
 
     modes = harness.parse_modes(args.modes)
     if args.repeats < 1:
@@ -361,7 +361,7 @@ def cmd_bench(args) -> int:
 
 def cmd_serve(args) -> int:
     from .config import ConfigError
-    from .flags import served_models
+    from .cli.flags import served_models
     from .serving.openai_api import ChatCompletionsAPI, create_app, run_server
     from .serving.worker import EngineWorker
 
@@ -389,7 +389,7 @@ def cmd_serve(args) -> int:
 
 
 def _model_names(args) -> tuple[str, str | None]:
-    from .loading import default_model_names
+    from .models.loading import default_model_names
 
     return default_model_names(args.target, args.draft)
 
@@ -523,7 +523,7 @@ def _with_token_text(sample: dict, engine) -> dict:
 
 
 def cmd_generate(args) -> int:
-    from .events import Committed, Finished
+    from .decoding.events import Committed, Finished
 
     if args.num_samples < 1:
         raise UsageError(f"--num-samples must be >= 1, got {args.num_samples}")
@@ -559,9 +559,9 @@ def cmd_generate(args) -> int:
 
 def cmd_chat(args) -> int:
     from .documents import DocumentError, load_document
-    from .events import Committed, Finished, Prefilled
-    from .book import BookSession
-    from .session import ChatSession
+    from .decoding.events import Committed, Finished, Prefilled
+    from .serving.book import BookSession
+    from .serving.session import ChatSession
 
     _check_flags(args)
     if any(not (q or "").strip() for q in args.question):
@@ -641,9 +641,9 @@ def _chat_session(engine, document, spec: str | None, picked, config, args):
     """The conversation the --sections choice asks for: the whole document (it fits, or `all`),
     the listed sections, or a book read by the sections most relevant to each question (`auto`,
     the default for a document beyond the window)."""
-    from .book import DEFAULT_READING_BUDGET, BookSession, token_starts
-    from .reading import BookReader
-    from .session import ChatSession
+    from .serving.book import DEFAULT_READING_BUDGET, BookSession, token_starts
+    from .documents.reading import BookReader
+    from .serving.session import ChatSession
 
     text = None
     if document is not None and spec in (None, "auto"):
@@ -757,8 +757,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from .config import ConfigError
     from .engine import ContextLengthError
-    from .loading import ModelLoadError
-    from .session import SessionError
+    from .models.loading import ModelLoadError
+    from .serving.session import SessionError
 
     try:
         if args.command == "chat":

@@ -83,7 +83,7 @@ class SamplingConfig:
     temperature, then top-k, then top-p (nucleus) filtering is applied -- the same order as
     Hugging Face's logits warpers. The same warping is applied to every level's law.
 
-    Repetition control (`triforce_core.penalties`), over the answer's own tokens (never the
+    Repetition control (`triforce_core.decoding.penalties`), over the answer's own tokens (never the
     prompt), applied to the logits before everything above, greedy or not, at every level and
     for each row from its own prefix, so decoding stays exact:
     repetition_penalty  Hugging Face's: a seen token's logit / r when positive, * r when negative (1 = off)
@@ -212,7 +212,7 @@ class SpeculationConfig:
 
     gamma1  tokens the small draft proposes before the retrieval level verifies them (triforce)
     gamma2  tokens the full target verifies per round (every speculative mode)
-    lookup  context lookup (`triforce_core.lookup`) proposes wherever the sequence's last
+    lookup  context lookup (`triforce_core.decoding.lookup`) proposes wherever the sequence's last
             tokens recur in the context: at the start of a round its tokens go straight to
             the target, inside the middle level it stands in front of the small draft.
             Off, `triforce` is the paper's pure three-level method. Ignored by

@@ -5,7 +5,7 @@
     for event in engine.generate(engine.encode("..."), GenerationConfig()):
         ...  # Prefilled, ChunksSelected, Drafted, Verified, Committed, ..., Finished
 
-`generate` is a generator of events (see `triforce_core.events`); close it to stop. `run`
+`generate` is a generator of events (see `triforce_core.decoding.events`); close it to stop. `run`
 collects one generation into a `GenerationResult`; `run_samples` draws several independent
 samples of one prompt and prefills it only once.
 """
@@ -17,11 +17,11 @@ from typing import Callable, Iterator, Sequence
 
 
 from .config import KV_DTYPES, GenerationConfig, SamplingConfig, default_kv_cache_folder, default_sampling
-from .events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
+from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
-from .loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
-from .model import DecoderModel
-from .speculation import Decoder, make_generator
+from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
+from .models.transformer import DecoderModel
+from .decoding.loop import Decoder, make_generator
 
 
 class ContextLengthError(ValueError):
@@ -165,7 +165,7 @@ class TriForceEngine:
         progress_events: bool = False,
         inspect: bool = False,
     ) -> Iterator[Event]:
-        """Yield the events of one generation (see `triforce_core.events`); with `inspect`,
+        """Yield the events of one generation (see `triforce_core.decoding.events`); with `inspect`,
         each `Verified` event carries the verification rule's values (`TokenCheck`s)."""
         generator = make_generator(config.sampling.seed, self.target.device)
         decoder = self._decoder(prompt_ids, config, generator)

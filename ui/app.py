@@ -18,9 +18,9 @@ import gradio as gr
 from triforce_core.documents import EXTENSIONS
 from triforce_core.engine import TriForceEngine
 from triforce_core.resources import APP_CSS as CSS_PATH
-from triforce_core.serving.models import ServedModels
+from triforce_core.serving.registry import ServedModels
 from triforce_core.serving.worker import EngineWorker
-from triforce_core.slots import SlotPool
+from triforce_core.serving.slots import SlotPool
 
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .handlers.answers import AnswerHandlers

@@ -7,7 +7,7 @@ from typing import Callable, Sequence
 import plotly.graph_objects as go
 
 from triforce_core.config import CacheConfig
-from triforce_core.events import ChunksSelected
+from triforce_core.decoding.events import ChunksSelected
 
 from .render import LEVEL_STYLE
 from .trace import RoundStats

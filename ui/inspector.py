@@ -15,7 +15,7 @@ from typing import Callable, Sequence
 
 import plotly.graph_objects as go
 
-from triforce_core.events import TokenCheck
+from triforce_core.decoding.events import TokenCheck
 
 from .figures import empty_figure
 from .render import LEVEL_STYLE

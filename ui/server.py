@@ -15,10 +15,10 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from triforce_core.engine import TriForceEngine
-from triforce_core.serving.models import ServedModels
+from triforce_core.serving.registry import ServedModels
 from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
-from triforce_core.slots import SlotPool
+from triforce_core.serving.slots import SlotPool
 
 from triforce_core.resources import APP_JS
 

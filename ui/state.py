@@ -3,7 +3,7 @@ pools) and each browser session's `UserState`.
 
 One engine (model weights) serves every user of a model; each browser session has its own
 `UserState` in `gr.State` (its `ChatSession`, hence its own caches, and its answers' traces).
-A user who switches the model holds its `ServedModel` (`triforce_core.serving.models`); their
+A user who switches the model holds its `ServedModel` (`triforce_core.serving.registry`); their
 session runs on its engine, every other user keeps theirs. Every use of every engine goes
 through the one `EngineWorker`, so users cannot corrupt each other's caches.
 """
@@ -17,10 +17,10 @@ from dataclasses import dataclass, field
 
 from triforce_core.documents import Document
 from triforce_core.engine import TriForceEngine
-from triforce_core.serving.models import ServedModel, ServedModels
+from triforce_core.serving.registry import ServedModel, ServedModels
 from triforce_core.serving.worker import EngineWorker, Job
-from triforce_core.session import ChatSession
-from triforce_core.slots import SlotPool
+from triforce_core.serving.session import ChatSession
+from triforce_core.serving.slots import SlotPool
 
 from .settings import Settings
 from .trace import AnswerTrace

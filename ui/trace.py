@@ -1,6 +1,6 @@
 """One answer's events, accumulated into what the app shows. Pure: no model, no server.
 
-`AnswerTrace.push(event, now)` folds the engine's events (see `triforce_core.events`) into
+`AnswerTrace.push(event, now)` folds the engine's events (see `triforce_core.decoding.events`) into
 
 - `segments`: the answer as coloured pieces, with the teaching view's extras (rejected draft
   tokens and round boundaries) marked so a renderer can show or hide them;
@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from triforce_core.detokenize import IncrementalDetokenizer
-from triforce_core.events import (
+from triforce_core.decoding.events import (
     ChunksSelected, Committed, Drafted, Finished, GenerationStats, Prefilled, TokenCheck, Verified,
 )
 

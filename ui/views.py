@@ -12,7 +12,7 @@ from typing import Callable
 
 import gradio as gr
 
-from triforce_core.sections import top_level
+from triforce_core.documents.picking import top_level
 
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .inspector import inspector_figure, inspector_html
@@ -95,7 +95,7 @@ def prefill_progress_text(progress, elapsed_s: float, spec) -> str:
     Time left scales the time so far by the arithmetic left over the arithmetic done: later
     tokens attend to more keys, so a token rate alone would promise too early an end.
     """
-    from triforce_core.roofline import prefill_flops
+    from triforce_core.models.roofline import prefill_flops
 
     text = f"prefilling {progress.done:,} / {progress.total:,} tokens"
     if progress.done <= 0 or elapsed_s <= 0:

@@ -1,4 +1,8 @@
-"""Caches: preallocated tensors with an explicit length (see each module's docstring)."""
+"""The kv wing: caches as preallocated tensors with an explicit length (see each module's docstring).
+
+The full cache, the retrieval level's selection over it, the small draft's StreamingLLM
+window, and the content-keyed disk cache. May import `models` and the base modules only.
+"""
 
 from .disk import DiskCache, model_fingerprint
 from .full import FullCache

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import huge_pages
+from ..models import huge_pages
 from ..config import DEFAULT_KV_DTYPE, KV_DTYPES
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
@@ -28,7 +28,7 @@ def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.d
     the whole cache at every step), else the model's own dtype."""
     if name is None or name == "auto":
         if torch.device(device).type == "cpu" and model_dtype == torch.float32:
-            from .. import native_attention  # builds the kernel at the first call, as the first forward would
+            from ..models import native_attention  # builds the kernel at the first call, as the first forward would
 
             if native_attention.kernel() is not None:
                 return _TORCH_DTYPES[DEFAULT_KV_DTYPE]
@@ -104,6 +104,12 @@ class KVStore:
             setattr(self, name, new)
             del old
         self.capacity = capacity
+
+    @property
+    def plain_view(self) -> bool:
+        """Whether this cache writes and reads K/V as this class does (a subclass with its own
+        `view` does not): the forward may then run every layer in one native call."""
+        return type(self).view is KVStore.view
 
     def view(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None

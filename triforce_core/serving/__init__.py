@@ -1,2 +1,7 @@
-"""Serving one engine to many callers: the scheduler (`worker`), and the OpenAI-compatible HTTP
-API (`openai_api`) over a pool of prefix-matched caches (`triforce_core.slots`)."""
+"""The serving wing: one engine for many callers.
+
+The scheduler (`worker`), the models a server offers (`registry`), chat sessions over a
+document or a book (`session`, `book`), prefix-matched cache slots (`slots`), and the
+OpenAI-compatible HTTP API. May import documents, the engine and every wing below; never the
+command line or the app.
+"""

@@ -11,7 +11,7 @@ own tokens, default 0), `max_tokens` / `max_completion_tokens`, `seed`, `stop`, 
 server-sent events and `stream_options.include_usage` (and, as in vLLM, `ignore_eos` for
 fixed-length answers and `repetition_penalty`, Hugging Face's, over the answer's tokens; when a
 request gives none, the model's default: `TriForceEngine.default_sampling()`, 1 = off for the
-demo pair). All three penalties keep decoding exact (`triforce_core.penalties`). Parameters it does not support are a
+demo pair). All three penalties keep decoding exact (`triforce_core.decoding.penalties`). Parameters it does not support are a
 400 naming them, never ignored silently. Errors have the protocol's shape:
 `{"error": {"message", "type", "param", "code"}}`.
 
@@ -53,12 +53,12 @@ from starlette.concurrency import run_in_threadpool
 
 from ..config import ConfigError, GenerationConfig, SamplingConfig, default_mode
 from ..engine import ContextLengthError, TriForceEngine
-from ..citations import answer_passages, question_tokens
-from ..events import ChunksSelected, Committed, Finished, Prefilled, Verified
+from ..documents.citations import answer_passages, question_tokens
+from ..decoding.events import ChunksSelected, Committed, Finished, Prefilled, Verified
 from ..prompting import render_prompt
-from ..loading import ModelLoadError
-from ..slots import SlotPool
-from .models import ServedModels, UnknownModel
+from ..models.loading import ModelLoadError
+from .slots import SlotPool
+from .registry import ServedModels, UnknownModel
 from .worker import EngineWorker, Job
 
 MAX_BODY_BYTES = 16_000_000  # a long document is ~4 bytes a token: room for a 128K-token context

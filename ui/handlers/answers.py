@@ -12,9 +12,9 @@ from typing import Callable, Iterator
 
 import gradio as gr
 
-from triforce_core.book import BookSession
+from triforce_core.serving.book import BookSession
 from triforce_core.config import ConfigError, GenerationConfig
-from triforce_core.events import ChunksSelected, PrefillProgress
+from triforce_core.decoding.events import ChunksSelected, PrefillProgress
 from triforce_core.serving.worker import Job
 
 from ..render import legend_block, status_html

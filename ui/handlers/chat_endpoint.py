@@ -10,8 +10,8 @@ import gradio as gr
 
 from triforce_core.documents import DocumentError, load_document
 from triforce_core.engine import ContextLengthError
-from triforce_core.events import Committed
-from triforce_core.session import ChatSession, SessionError
+from triforce_core.decoding.events import Committed
+from triforce_core.serving.session import ChatSession, SessionError
 
 from ..state import AppContext
 

@@ -1,7 +1,7 @@
 """Loading a document: an upload (a clear error for a file that cannot be read) or the sample;
 a book with sections also gets its table of contents, from which the user picks what to read.
 A book over the context window is never cut: each question reads the sections most relevant
-to it (`triforce_core.book.BookSession`), ticked in the table of contents after the answer,
+to it (`triforce_core.serving.book.BookSession`), ticked in the table of contents after the answer,
 until the user ticks sections and reads those instead."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import gradio as gr
 
 import re
 
-from triforce_core.book import BookSession
+from triforce_core.serving.book import BookSession
 from triforce_core.documents import Document, DocumentError, Section, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
-from triforce_core.sections import merged_spans, over_window, section_tokens, selected_text
-from triforce_core.session import ChatSession
+from triforce_core.documents.picking import merged_spans, over_window, section_tokens, selected_text
+from triforce_core.serving.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html

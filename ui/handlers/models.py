@@ -1,6 +1,6 @@
 """Switching the model: the settings' model picker and its path field.
 
-A switch is the user's own (`triforce_core.serving.models`): it loads (or finds loaded) another
+A switch is the user's own (`triforce_core.serving.registry`): it loads (or finds loaded) another
 engine and changes nothing another user holds, so their answers run on undisturbed. The
 document stays: it is read again with the new model's tokenizer, and the context gauge and
 the table of contents follow the new window. The conversation starts afresh, since its caches
@@ -19,11 +19,11 @@ import time
 import gradio as gr
 
 from triforce_core.config import MODES
-from triforce_core.loading import ModelLoadError
-from triforce_core.model_folders import PathRefused
-from triforce_core.serving.models import ServedModel, UnknownModel
-from triforce_core.book import BookSession
-from triforce_core.session import ChatSession
+from triforce_core.models.loading import ModelLoadError
+from triforce_core.models.folders import PathRefused
+from triforce_core.serving.registry import ServedModel, UnknownModel
+from triforce_core.serving.book import BookSession
+from triforce_core.serving.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html

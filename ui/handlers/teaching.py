@@ -13,9 +13,9 @@ from typing import Callable
 
 import gradio as gr
 
-from triforce_core.book import BookSession
+from triforce_core.serving.book import BookSession
 from triforce_core.config import GenerationConfig
-from triforce_core.events import ChunksSelected, Committed, Prefilled
+from triforce_core.decoding.events import ChunksSelected, Committed, Prefilled
 
 from ..inspector import inspector_figure, inspector_html
 from ..state import AppContext, UserState

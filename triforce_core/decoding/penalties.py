@@ -33,7 +33,7 @@ from typing import Sequence
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 
 
 class Penalties:

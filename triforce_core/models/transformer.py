@@ -12,7 +12,7 @@ The cache protocol (see `triforce_core.kv`): before a forward of S new tokens th
 capacity; for each layer the forward calls `cache.view(layer, k_new, v_new, window)`, which
 writes the new keys/values after the cached ones and returns what the new queries attend to,
 the new tokens last; after the last layer it calls `cache.advance(S)`. Attention itself (the mask,
-the path for each shape) is `triforce_core.attention`.
+the path for each shape) is `triforce_core.models.attention`.
 """
 
 from __future__ import annotations
@@ -26,7 +26,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from . import native_attention, native_layers
 from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
-from .quantized import LANES, Matrix, StoredTensor
+from .ggml_types import LANES
+from .quantized import Matrix, StoredTensor
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
@@ -374,9 +375,7 @@ class DecoderModel:
         with a window, and few enough rows for the native attention kernel (`attend`'s rule).
         Short caches too: there PyTorch's attention ran about as fast as the kernel, and the
         per-layer Python around it costs more."""
-        from .kv.store import KVStore  # here: the kv package imports this module
-
-        if type(cache).view is not KVStore.view:
+        if not getattr(cache, "plain_view", False):
             return None
         s, k = self.spec, cache.k
         if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows)

@@ -1,6 +1,6 @@
 """Benchmark harness: our four modes against Hugging Face `generate` and assisted generation.
 
-    from triforce_core.benchmark import Bench
+    from triforce_core.cli.harness import Bench
     bench = Bench.load(target=None, draft=None)            # the embedded demo pair
     prompt = bench.context_prompt(16000)                   # the sample document, 16,000 tokens
     report = bench.run(prompt, config, modes, repeats=3)   # the JSON of `python -m triforce_core bench`
@@ -48,14 +48,14 @@ from typing import Callable, Sequence
 
 import torch
 
-from .config import GenerationConfig
-from .engine import TriForceEngine
-from .events import Committed, Finished, Prefilled
-from .kv import kv_dtype_name
-from .loading import DTYPES, default_model_names, sync_device
-from .resources import SAMPLE_DOCUMENT
-from .roofline import Limit, measure_limit
-from .speculation import make_generator
+from ..config import GenerationConfig
+from ..engine import TriForceEngine
+from ..decoding.events import Committed, Finished, Prefilled
+from ..kv import kv_dtype_name
+from ..models.loading import DTYPES, default_model_names, sync_device
+from ..resources import SAMPLE_DOCUMENT
+from ..models.roofline import Limit, measure_limit
+from ..decoding.loop import make_generator
 
 OUR_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 HF_MODES = ("hf-generate", "hf-assisted")

@@ -17,10 +17,10 @@ from typing import Any
 
 import torch
 
-from . import gguf_checkpoint, prefix_draft
-from .gguf_checkpoint import GGUFError, is_gguf
-from .model import DecoderModel, ModelSpec, UnsupportedModelError
-from .resources import DEMO_MODELS
+from . import gguf, prefix_draft
+from .gguf import GGUFError, is_gguf
+from .transformer import DecoderModel, ModelSpec, UnsupportedModelError
+from ..resources import DEMO_MODELS
 
 # The embedded demo pair (see assets/models/README.md once it is installed).
 DEMO_TARGET = DEMO_MODELS / "target"

@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass
 from typing import Sequence
 
-from .documents import Document
+from . import Document
 
 _WORD = re.compile(r"\w+")
 # Cut a long part at a paragraph break, else at a line break, else anywhere (one huge line).

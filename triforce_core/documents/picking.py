@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from .documents import Document, Section
+from . import Document, Section
 
 
 class SectionError(ValueError):

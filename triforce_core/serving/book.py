@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from typing import Iterator, Sequence
 
-from .config import GenerationConfig
-from .documents import Document
-from .engine import ContextLengthError, TriForceEngine
-from .events import Event
-from .reading import BookReader
+from ..config import GenerationConfig
+from ..documents import Document
+from ..engine import ContextLengthError, TriForceEngine
+from ..decoding.events import Event
+from ..documents.reading import BookReader
 from .session import ChatSession
 
 # Measured with the demo pair on the Rust book (docs/long-documents.md, "Asking a whole book"):

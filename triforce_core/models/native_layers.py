@@ -25,7 +25,10 @@ import torch
 
 from . import native_attention
 from .native_build import CSRC, FLAGS, Loader
-from .quantized import F32, IN_OUT, Matrix, Part
+from .ggml_types import F32, IN_OUT, Part
+
+# A weight is a float32 tensor or a `quantized.Matrix` (its `parts` describe it to the kernel);
+# `Matrix` is named in annotations only: `quantized` imports this module.
 
 SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
@@ -64,7 +67,7 @@ class Layers:
     def _parts(w: Matrix | torch.Tensor, rows_out: bool = False) -> tuple:
         """A matrix's parts for the kernel: a `Matrix`'s own, or one float32 tensor's ([in, out],
         or [out, in] rows when `rows_out`)."""
-        if isinstance(w, Matrix):
+        if not isinstance(w, torch.Tensor):
             return w.parts, w.n_parts
         if rows_out:
             return (Part * 1)(Part(w.data_ptr(), w.stride(0) * 4, F32, w.shape[0])), 1
@@ -94,7 +97,7 @@ class Layers:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
-        intermediate = w_down.n_in if isinstance(w_down, Matrix) else w_down.shape[0]
+        intermediate = w_down.n_in if not isinstance(w_down, torch.Tensor) else w_down.shape[0]
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
             *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads()))
@@ -102,7 +105,7 @@ class Layers:
     def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Matrix | torch.Tensor) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
-        V = lm_head.n_out if isinstance(lm_head, Matrix) else lm_head.shape[0]
+        V = lm_head.n_out if not isinstance(lm_head, torch.Tensor) else lm_head.shape[0]
         out = torch.empty(R, V)
         self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
                                           V, out.data_ptr(), self._threads()))
@@ -184,7 +187,7 @@ class LayerTable:
                                      layer.mlp_norm.data_ptr(), gu[0], gu[1], down[0], down[1]))
         self.array = (LayerWeights * len(rows))(*rows)
         w_down = layers[0].w_down
-        self.intermediate = w_down.n_in if isinstance(w_down, Matrix) else w_down.shape[0]
+        self.intermediate = w_down.n_in if not isinstance(w_down, torch.Tensor) else w_down.shape[0]
 
 
 _loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, ENV, Layers)

@@ -28,11 +28,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from .config import GenerationConfig
-from .engine import ContextLengthError, TriForceEngine
-from .citations import answer_passages, question_tokens
-from .events import ChunksSelected, Committed, Event, Finished, Prefilled
-from .prompting import render_prompt
+from ..config import GenerationConfig
+from ..engine import ContextLengthError, TriForceEngine
+from ..documents.citations import answer_passages, question_tokens
+from ..decoding.events import ChunksSelected, Committed, Event, Finished, Prefilled
+from ..prompting import render_prompt
 from .slots import Slot
 
 

@@ -8,7 +8,7 @@ A generation is a Python generator of these frozen dataclasses, in this order:
 Levels are named after who *proposed* a token: "draft" (small model + StreamingLLM cache),
 "retrieval" (target weights over the retrieved KV slice), "target" (the full verifier's own
 token: a residual resample or a bonus) and, an extension of the original three, "lookup" (a
-token copied from an earlier match in the context, `triforce_core.lookup`; no model). A
+token copied from an earlier match in the context, `triforce_core.decoding.lookup`; no model). A
 `Drafted` event may carry any proposing level; `Verified.level` names the *verifying* level
 ("retrieval" or "target").
 

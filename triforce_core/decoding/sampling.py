@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 
 
 def warp(logits: torch.Tensor, cfg: SamplingConfig) -> torch.Tensor:

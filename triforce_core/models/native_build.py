@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
 from . import switches
-from .config import cache_home
+from ..config import cache_home
 
 log = logging.getLogger(__name__)
 

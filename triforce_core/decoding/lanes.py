@@ -16,8 +16,8 @@ import time
 
 import torch
 
-from .kv import KVStore, RetrievalCache, StreamingCache
-from .model import DecoderModel, KeyMass
+from ..kv import KVStore, RetrievalCache, StreamingCache
+from ..models.transformer import DecoderModel, KeyMass
 
 
 class Lane:

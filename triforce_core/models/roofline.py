@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .loading import sync_device
-from .model import DecoderModel
+from .transformer import DecoderModel
 from .quantized import Matrix
 
 BUFFER_BYTES = 512 * 2**20  # well above any last-level cache

@@ -28,8 +28,8 @@ from __future__ import annotations
 import re
 from typing import Callable, Sequence
 
-from .config import CacheConfig
-from .events import ChunksSelected
+from ..config import CacheConfig
+from ..decoding.events import ChunksSelected
 
 QUESTION_MARGIN = 16  # the chat template's tokens after the question, and a little more
 _HEADER = re.compile(r"\[((?:Section \d+|Part \d+ of \d+|Opening)[^\]\n]*)\](?:\s|$)")

@@ -24,8 +24,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .model import DecoderModel
-from .quantized import Q8_0, Matrix, StoredTensor
+from .transformer import DecoderModel
+from .ggml_types import Q8_0
+from .quantized import Matrix, StoredTensor
 
 KIND = "target-prefix-low-rank"
 MANIFEST = "draft.json"

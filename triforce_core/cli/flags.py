@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from .config import DEFAULT_KV_DTYPE, GB, KV_CACHE_MAX_GB, KV_DTYPES, default_kv_cache_folder
+from ..config import DEFAULT_KV_DTYPE, GB, KV_CACHE_MAX_GB, KV_DTYPES, default_kv_cache_folder
 
 
 def add_kv_dtype_arg(parser) -> None:
@@ -56,9 +56,9 @@ def add_models_dir_arg(parser) -> None:
 def served_models(args, target: str, draft: str | None, slots: int):
     """The models a server offers (`serving.models.ServedModels`), each loaded with the flags'
     device, dtype, K/V dtype and disk cache. Raises ValueError for a --models-dir that is no folder."""
-    from .engine import TriForceEngine
-    from .model_folders import ModelFolders
-    from .serving.models import ServedModels
+    from ..engine import TriForceEngine
+    from ..models.folders import ModelFolders
+    from ..serving.registry import ServedModels
 
     def load(choice):
         engine = TriForceEngine.from_pretrained(choice.target, choice.draft, device=args.device, dtype=args.dtype,

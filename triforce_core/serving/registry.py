@@ -27,10 +27,10 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine import TriForceEngine
-from ..gguf_checkpoint import SMOLLM2, GGUFError, smollm2_path
-from ..loading import DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name
-from ..model_folders import ModelFolders
-from ..slots import SlotPool
+from ..models.gguf import SMOLLM2, GGUFError, smollm2_path
+from ..models.loading import DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name
+from ..models.folders import ModelFolders
+from .slots import SlotPool
 
 DEMO_ID = "triforce-demo"
 TOOL_NOTES = {"lmstudio": "LM Studio", "ollama": "Ollama", "hf": "Hugging Face cache", "models-dir": "models folder",

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import SamplingConfig
+from ..config import SamplingConfig
 from .events import Drafted, Event, TokenCheck, Verified
 from .inspection import greedy_law, token_checks
 from .lanes import Lane, RetrievalLane

@@ -37,14 +37,14 @@ from typing import Generator, Iterator
 
 import torch
 
-from .config import GenerationConfig
-from .detokenize import IncrementalDetokenizer
+from ..config import GenerationConfig
+from ..detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled, PrefillProgress
-from .kv import DiskCache, FullCache, RetrievalCache, StreamingCache, resolve_kv_dtype
+from ..kv import DiskCache, FullCache, RetrievalCache, StreamingCache, resolve_kv_dtype
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
-from .loading import sync_device
-from .model import DecoderModel, KeyMass
+from ..models.loading import sync_device
+from ..models.transformer import DecoderModel, KeyMass
 from .penalties import Penalties
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp

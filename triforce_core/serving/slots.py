@@ -20,10 +20,10 @@ from typing import Callable, Iterator, Sequence
 
 import torch
 
-from .config import GenerationConfig
-from .engine import TriForceEngine
-from .events import Event
-from .speculation import Decoder, make_generator
+from ..config import GenerationConfig
+from ..engine import TriForceEngine
+from ..decoding.events import Event
+from ..decoding.loop import Decoder, make_generator
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
