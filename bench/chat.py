@@ -42,7 +42,7 @@ from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, Generat
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed, Finished
 from triforce_core.models.loading import default_model_names
-from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.transformer import Transformer
 from triforce_core.resources import SAMPLE_DIR
 from triforce_core.serving.session import ChatSession
 
@@ -142,13 +142,13 @@ def settings_of(flags: set[str]) -> dict[str, dict]:
 def _answer_as(name: str, start) -> tuple[list[int], object]:
     """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
     flags = split_name(name)[1]
-    one_call = DecoderModel.one_call
-    DecoderModel.one_call = PER_LAYER not in flags
+    one_call = Transformer.one_call
+    Transformer.one_call = PER_LAYER not in flags
     try:
         with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
             return _answer(start(INSPECT in flags))
     finally:
-        DecoderModel.one_call = one_call
+        Transformer.one_call = one_call
 
 
 class ChatBenchError(ValueError):

@@ -35,7 +35,7 @@ from bench.reports import write_json
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.transformer import Transformer
 
 ROPE3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
              original_max_position_embeddings=64)
@@ -83,7 +83,7 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def rows_against_steps(model: DecoderModel, ids: list[int], kv_dtype: torch.dtype | None = None) -> dict:
+def rows_against_steps(model: Transformer, ids: list[int], kv_dtype: torch.dtype | None = None) -> dict:
     """Seven tokens after `ids` in one forward against seven one-token forwards (K/V in
     `kv_dtype`; None: the model's dtype): the largest |difference| of their logits, whether they
     are equal bit for bit, and whether their argmaxes agree."""
@@ -104,8 +104,8 @@ def check(case: str, device: torch.device, dtype: torch.dtype) -> dict:
     family, overrides = CASES[case]
     hf = _hf(family, overrides, seed=0).to(device=device, dtype=dtype)
     draft_hf = _hf(family, {**overrides, **DRAFT}, seed=11)
-    ours = DecoderModel(hf.config, hf.state_dict(), device, dtype)
-    draft = DecoderModel(draft_hf.config, draft_hf.state_dict(), device, dtype)
+    ours = Transformer(hf.config, hf.state_dict(), device, dtype)
+    draft = Transformer(draft_hf.config, draft_hf.state_dict(), device, dtype)
     prompt = _prompt(hf.config.vocab_size, seed=7)
     ids = torch.tensor([prompt], device=device)
     with torch.no_grad():

@@ -43,7 +43,7 @@ from bench.reports import write_json
 from triforce_core.models import attention
 from triforce_core.engine import TriForceEngine
 from triforce_core.models.loading import sync_device
-from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.transformer import Transformer
 from triforce_core.models.roofline import decode_weight_bytes, measure_bandwidth
 
 LLAMA3_ROPE = dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
@@ -70,7 +70,7 @@ SHAPES = {
 PATHS = ("ours", "pytorch", "pytorch-flash")
 
 
-def random_model(shape: dict, device: torch.device, dtype: torch.dtype, seed: int) -> DecoderModel:
+def random_model(shape: dict, device: torch.device, dtype: torch.dtype, seed: int) -> Transformer:
     """A Llama decoder of `shape` with N(0, 0.02) weights drawn on `device` (no checkpoint)."""
     from transformers import LlamaConfig
 
@@ -94,7 +94,7 @@ def random_model(shape: dict, device: torch.device, dtype: torch.dtype, seed: in
                       p + "self_attn.v_proj.weight": w(kv, h), p + "self_attn.o_proj.weight": w(h, q),
                       p + "mlp.gate_proj.weight": w(inter, h), p + "mlp.up_proj.weight": w(inter, h),
                       p + "mlp.down_proj.weight": w(h, inter)})
-    model = DecoderModel(config, state, device, dtype)
+    model = Transformer(config, state, device, dtype)
     del state
     if device.type == "cuda":
         torch.cuda.empty_cache()
@@ -155,7 +155,7 @@ def graph_seconds(lane, rows: int, repeats: int) -> list[float]:
     return times
 
 
-def projection_rates(model: DecoderModel, rows: tuple[int, ...], repeats: int) -> list[dict]:
+def projection_rates(model: Transformer, rows: tuple[int, ...], repeats: int) -> list[dict]:
     """GB/s of one product with each projection's weights, stored [in, out] and [out, in]."""
     layer = model.layers[0]
     named = {"qkv": layer.wqkv.dense_t(), "o": layer.wo.dense_t(), "gate_up": layer.w_gate_up.dense_t(),

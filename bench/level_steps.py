@@ -62,7 +62,7 @@ def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtyp
         full.k[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
         full.v[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
     full.length = tokens
-    dec = engine.make_decoder(cfg, full.capacity, None, full_cache=full, history=history)
+    dec = engine.make_loop(cfg, full.capacity, None, full_cache=full, history=history)
     dec.prefill(history + [history[-1]])  # feeds the last token: the retrieval selection needs its queries
     return dec, cfg
 

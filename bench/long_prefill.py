@@ -67,7 +67,7 @@ def document(engine: TriForceEngine, tokens: int) -> str:
     out = []
     while len(out) < tokens:
         out += ids
-    return engine.decode(out[:tokens])
+    return engine.detokenize(out[:tokens])
 
 
 def attention_ms(heads: int, head_dim: int, keys: int, chunk: int = 1024, reps: int = 3) -> dict:

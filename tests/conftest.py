@@ -28,7 +28,7 @@ from transformers import (
     Qwen2ForCausalLM,
 )
 
-from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.transformer import Transformer
 
 CPU = torch.device("cpu")
 ROOT = Path(__file__).resolve().parents[1]
@@ -124,8 +124,8 @@ def make_hf(kind: str, seed: int = 0, **overrides):
 OURS = torch.device(os.environ.get("TRIFORCE_TEST_DEVICE", "cpu"))
 
 
-def to_ours(hf) -> DecoderModel:
-    return DecoderModel(hf.config, hf.state_dict(), OURS, torch.float32)
+def to_ours(hf) -> Transformer:
+    return Transformer(hf.config, hf.state_dict(), OURS, torch.float32)
 
 
 def perturbed(hf, scale: float, seed: int = 1):

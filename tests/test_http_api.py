@@ -162,7 +162,7 @@ def test_greedy_completion_equals_the_prompt_run_alone_with_usage_and_statistics
                            speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4, small_draft=True),
                            cache=CacheConfig(**CACHE))
     selections = [ev for ev in engine.generate(expected["ids"], cfg) if isinstance(ev, ChunksSelected)]
-    assert stats["passages"] == cited_passages(selections, expected["ids"], engine.decode) and stats["passages"]
+    assert stats["passages"] == cited_passages(selections, expected["ids"], engine.detokenize) and stats["passages"]
 
 
 def test_streaming_gives_the_same_answer_in_chunks_then_statistics_and_usage(client, reference):

@@ -87,7 +87,7 @@ def test_the_cache_read_back_is_bit_identical(weights, tmp_path):
     for folder in (None, tmp_path, tmp_path):
         slot = Slot(new_engine(weights, folder))
         events = list(slot.generate(prompt, cfg))
-        caches.append((slot.decoder.full.cache, events[0]))
+        caches.append((slot.loop.full.cache, events[0]))
     (fresh, _), (_, wrote), (back, read) = caches
     assert wrote.disk_tokens == 0 and read.disk_tokens == 9 * CHUNK
     n = len(prompt) - 1
@@ -101,10 +101,10 @@ def test_only_whole_aligned_chunks_are_written(weights, tmp_path):
     ids = engine.encode(DOCUMENT)
     list(slot.generate(ids[:100], cfg))  # blocks 0-2 whole; 96..99 a partial chunk
     assert len(block_files(tmp_path)) == 3
-    assert slot.decoder.full.cache.canonical == 96
+    assert slot.loop.full.cache.canonical == 96
     list(slot.generate(ids[:200], cfg))  # memory holds 99 (+ the answer): resumes at 99, unaligned
     assert len(block_files(tmp_path)) == 3
-    full = slot.decoder.full.cache
+    full = slot.loop.full.cache
     blocks = engine.disk_cache.blocks(ids[:200], CHUNK, full.k.dtype)
     with pytest.raises(ValueError, match="not canonical"):
         engine.disk_cache.save(full, blocks[4])

@@ -155,7 +155,7 @@ def test_every_cache_is_in_the_kv_dtype_and_new_kv_are_rounded_into_it(dtype):
     t, d = _pair()
     engine = TriForceEngine(t, d)
     cfg = _config("triforce", NAMES[dtype])
-    dec = engine.make_decoder(cfg, engine.capacity_for(len(PROMPT), cfg), None)
+    dec = engine.make_loop(cfg, engine.capacity_for(len(PROMPT), cfg), None)
     dec.prefill(PROMPT)
     for lane in (dec.full, dec.retrieval, dec.small):
         assert lane.cache.k.dtype == lane.cache.v.dtype == dtype
@@ -243,9 +243,9 @@ def test_a_slot_does_not_hand_a_cache_to_another_kv_dtype():
     engine = TriForceEngine(t, d)
     slot = Slot(engine)
     list(slot.generate(PROMPT, _config("lookup", "float32", new=8, lookup=True)))
-    assert slot.decoder.full.cache.k.dtype == torch.float32
+    assert slot.loop.full.cache.k.dtype == torch.float32
     events = list(slot.generate(PROMPT, _config("lookup", "float16", new=8, lookup=True)))
-    assert slot.decoder.full.cache.k.dtype == torch.float16
+    assert slot.loop.full.cache.k.dtype == torch.float16
     assert isinstance(events[0], Prefilled) and events[0].reused_tokens == 0
     fresh = TriForceEngine(t, d).run(PROMPT, _config("lookup", "float16", new=8, lookup=True))
     assert [tok for ev in events if isinstance(ev, Committed) for tok in ev.token_ids] == fresh.token_ids

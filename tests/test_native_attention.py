@@ -22,7 +22,7 @@ from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import TriForceEngine
-from triforce_core.models.transformer import DecoderModel
+from triforce_core.models.transformer import Transformer
 
 pytestmark = needs_compiler
 
@@ -38,7 +38,7 @@ def forced(monkeypatch, kernel):
     Python (the path of windowed layers; the one-call forward, which calls it from C, has its
     own tests in test_native_layers); counts its calls."""
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
-    monkeypatch.setattr(DecoderModel, "one_call", False)
+    monkeypatch.setattr(Transformer, "one_call", False)
     calls = []
     original = native_attention.Kernel.attention
 

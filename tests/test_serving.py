@@ -218,8 +218,8 @@ def test_the_pool_lends_the_slot_sharing_most_and_keeps_at_most_capacity(chat_en
     preamble = doc_a[:10] + chat_engine.encode(words(100, 15))
     fresh, held = run(preamble)
     assert fresh not in (sa, sb) and held == 0
-    assert pool.stats()["idle"] == 2 and sb.decoder is None  # least recently used evicted
-    assert sa.decoder is not None
+    assert pool.stats()["idle"] == 2 and sb.loop is None  # least recently used evicted
+    assert sa.loop is not None
 
 
 def test_an_idle_slot_is_lent_to_one_of_many_concurrent_takers(chat_engine):

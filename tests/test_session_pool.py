@@ -35,9 +35,9 @@ def test_cache_bytes_count_every_level(chat_engine):
     assert session.cache_bytes() == 0
     list(session.ask("w9"))
     spec = chat_engine.target.spec
-    full = session._slot.decoder.full.cache
+    full = session._slot.loop.full.cache
     assert full.nbytes() >= spec.kv_bytes(full.capacity, full.k.element_size())  # plus the retrieval chunk means
-    d = session._slot.decoder
+    d = session._slot.loop
     assert d.retrieval is not None and d.small is None  # the default: lookup in front, no small draft
     assert session.cache_bytes() == full.nbytes() + d.retrieval.cache.nbytes()
     assert d.retrieval.cache.nbytes() > 0

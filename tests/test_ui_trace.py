@@ -85,7 +85,7 @@ def test_trace_of_a_real_generation_matches_its_result(chat_engine):
         cache=CacheConfig(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, refresh_every=16),
     )
     prompt = chat_engine.encode(words(200, 3))
-    trace = AnswerTrace(chat_engine.decode)
+    trace = AnswerTrace(chat_engine.detokenize)
     for ev in chat_engine.generate(prompt, cfg):
         trace.push(ev)
     result = chat_engine.run(prompt, cfg)

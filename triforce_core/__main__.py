@@ -510,7 +510,7 @@ def _colour_detokenizer(engine, colour: bool):
     """Per-token text for colouring on a terminal (None: plain text, e.g. a pipe or NO_COLOR)."""
     from .detokenize import IncrementalDetokenizer
 
-    return IncrementalDetokenizer(engine.decode) if colour and engine.tokenizer is not None else None
+    return IncrementalDetokenizer(engine.detokenize) if colour and engine.tokenizer is not None else None
 
 
 def _with_token_text(sample: dict, engine) -> dict:
@@ -518,7 +518,7 @@ def _with_token_text(sample: dict, engine) -> dict:
     if engine.tokenizer is not None:
         for v in sample.get("verifications", ()):
             for c in v["checks"]:
-                c["text"] = engine.decode([c["token_id"]])
+                c["text"] = engine.detokenize([c["token_id"]])
     return sample
 
 

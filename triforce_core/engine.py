@@ -20,8 +20,8 @@ from .config import KV_DTYPES, GenerationConfig, SamplingConfig, default_kv_cach
 from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
 from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
-from .models.transformer import DecoderModel
-from .decoding.loop import Decoder, make_generator
+from .models.transformer import Transformer
+from .decoding.loop import SpeculationLoop, make_generator
 
 
 class ContextLengthError(ValueError):
@@ -53,8 +53,8 @@ class TriForceEngine:
 
     def __init__(
         self,
-        target: DecoderModel,
-        draft: DecoderModel | None = None,
+        target: Transformer,
+        draft: Transformer | None = None,
         tokenizer=None,
         eos_token_ids: Sequence[int] = (),
         kv_dtype: str | None = None,
@@ -102,7 +102,7 @@ class TriForceEngine:
             raise ValueError("this model has no tokenizer; pass token ids instead of text")
         return list(self.tokenizer.encode(text))
 
-    def decode(self, ids: Sequence[int]) -> str:
+    def detokenize(self, ids: Sequence[int]) -> str:
         if self.tokenizer is None:
             return ""
         return self.tokenizer.decode(list(ids), skip_special_tokens=True)
@@ -140,11 +140,11 @@ class TriForceEngine:
         kv_dtype, else this engine's, else the default for the target)."""
         return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, self.target.dtype, self.target.device)
 
-    def make_decoder(self, config: GenerationConfig, capacity: int, generator, **handover) -> Decoder:
-        """A decoder with caches for `capacity` tokens (`handover`: full_cache/history of an earlier
+    def make_loop(self, config: GenerationConfig, capacity: int, generator, **handover) -> SpeculationLoop:
+        """A loop with caches for `capacity` tokens (`handover`: full_cache/history of an earlier
         one, not used when its K/V dtype is not this config's)."""
-        detok = self.decode if self.tokenizer is not None else None
-        return Decoder(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok,
+        detok = self.detokenize if self.tokenizer is not None else None
+        return SpeculationLoop(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok,
                        disk=self.disk_cache, kv_dtype=self.kv_dtype, **handover)
 
     @staticmethod
@@ -153,9 +153,9 @@ class TriForceEngine:
         spec = config.speculation
         return prompt_len + spec.max_new_tokens + spec.cache_margin
 
-    def _decoder(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> Decoder:
+    def _loop(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> SpeculationLoop:
         self.check_prompt(prompt_ids, config)
-        return self.make_decoder(config, self.capacity_for(len(prompt_ids), config), generator)
+        return self.make_loop(config, self.capacity_for(len(prompt_ids), config), generator)
 
     def generate(
         self,
@@ -168,8 +168,8 @@ class TriForceEngine:
         """Yield the events of one generation (see `triforce_core.decoding.events`); with `inspect`,
         each `Verified` event carries the verification rule's values (`TokenCheck`s)."""
         generator = make_generator(config.sampling.seed, self.target.device)
-        decoder = self._decoder(prompt_ids, config, generator)
-        return decoder.generate([int(i) for i in prompt_ids], on_prefill_progress, progress_events, inspect)
+        loop = self._loop(prompt_ids, config, generator)
+        return loop.generate([int(i) for i in prompt_ids], on_prefill_progress, progress_events, inspect)
 
     def run(self, prompt_ids: Sequence[int], config: GenerationConfig = GenerationConfig(),
             inspect: bool = False) -> GenerationResult:
@@ -183,16 +183,16 @@ class TriForceEngine:
         if num_samples < 1:
             raise ValueError(f"num_samples must be >= 1, got {num_samples}")
         generator = make_generator(config.sampling.seed, self.target.device)
-        decoder = self._decoder(prompt_ids, config, generator)
-        decoder.set_inspect(inspect)
-        prefilled = decoder.prefill([int(i) for i in prompt_ids])
-        decoder.mark()
+        loop = self._loop(prompt_ids, config, generator)
+        loop.set_inspect(inspect)
+        prefilled = loop.prefill([int(i) for i in prompt_ids])
+        loop.mark()
         results = []
         for i in range(num_samples):
             if i:
-                decoder.restore()
+                loop.restore()
                 prefilled = Prefilled(tokens=0, seconds=0.0, reused_tokens=len(prompt_ids))
-            results.append(_collect(decoder.run(prefilled)))
+            results.append(_collect(loop.run(prefilled)))
         return results
 
 

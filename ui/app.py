@@ -137,8 +137,8 @@ def build_app(
                 page["acceptance"] = gr.Plot(acceptance_figure([]), label="Acceptance", elem_id="tf-acceptance")
                 page["speed"] = gr.Plot(speed_figure([]), label="Speed", elem_id="tf-speed")
                 page["stats"] = gr.HTML(stats_html(stats_rows(None)), elem_id="tf-stats")
-                page["inspector"] = gr.HTML(inspector_html(None, engine.decode), elem_id="tf-inspector")
-                page["inspector_plot"] = gr.Plot(inspector_figure(None, engine.decode), label="p and q",
+                page["inspector"] = gr.HTML(inspector_html(None, engine.detokenize), elem_id="tf-inspector")
+                page["inspector_plot"] = gr.Plot(inspector_figure(None, engine.detokenize), label="p and q",
                                                  elem_id="tf-inspector-plot")
         # Filled by the page's script when a token is clicked (see ui/app.js): "turn:segment@nonce".
         pick = gr.Textbox("", elem_id="tf-pick", elem_classes=["tf-hidden"], show_label=False, container=False)

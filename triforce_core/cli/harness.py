@@ -258,7 +258,7 @@ class Bench:
         engine = self.engine
         cfg = _with_mode(config, "autoregressive")
         engine.check_prompt(prompt, cfg)
-        dec = engine.make_decoder(cfg, engine.capacity_for(len(prompt), cfg), None)
+        dec = engine.make_loop(cfg, engine.capacity_for(len(prompt), cfg), None)
         pre = dec.prefill(prompt)
         return dec.full.cache, pre.seconds
 
@@ -268,7 +268,7 @@ class Bench:
         cfg = _with_mode(config, mode, max_new_tokens)
         engine.check_prompt(prompt, cfg)
         generator = make_generator(cfg.sampling.seed, engine.target.device)
-        dec = engine.make_decoder(cfg, engine.capacity_for(len(prompt), cfg), generator,
+        dec = engine.make_loop(cfg, engine.capacity_for(len(prompt), cfg), generator,
                                   full_cache=full_cache, history=list(prompt))
         pre = None
         ids: list[int] = []

@@ -13,7 +13,7 @@ token copied from an earlier match in the context, `triforce_core.decoding.looku
 ("retrieval" or "target").
 
 A scheduler may ask for `PrefillProgress` events (an opt-in extension: `progress_events=True`
-on `Decoder.generate`, `TriForceEngine.generate`, `Slot.generate` and `ChatSession.ask`): they
+on `SpeculationLoop.generate`, `TriForceEngine.generate`, `Slot.generate` and `ChatSession.ask`): they
 come before `Prefilled`, one after each prefill chunk, so a worker serving several callers can
 run other callers' rounds between the chunks of a long prefill. Consumers that do not ask never
 see one.

@@ -17,7 +17,7 @@ import time
 import torch
 
 from ..kv import KVStore, RetrievalCache, StreamingCache
-from ..models.transformer import DecoderModel, KeyMass
+from ..models.transformer import Transformer, KeyMass
 
 
 class Lane:
@@ -29,7 +29,7 @@ class Lane:
     pending  tokens of the current path not yet fed
     """
 
-    def __init__(self, model: DecoderModel, cache: KVStore, vocab_size: int):
+    def __init__(self, model: Transformer, cache: KVStore, vocab_size: int):
         self.model = model
         self.cache = cache
         self.vocab_size = vocab_size  # laws are padded/cut to the target's vocabulary

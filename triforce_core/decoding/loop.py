@@ -44,14 +44,14 @@ from ..kv import DiskCache, FullCache, RetrievalCache, StreamingCache, resolve_k
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
 from ..models.loading import sync_device
-from ..models.transformer import DecoderModel, KeyMass
+from ..models.transformer import Transformer, KeyMass
 from .penalties import Penalties
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 from .schedule import DraftSchedule
 
 
-class Decoder:
+class SpeculationLoop:
     """Caches, lanes and proposers for one prompt; `run` yields the events of one generation.
 
     `prefill` runs the prompt once; `mark`/`restore` return to the post-prefill state so
@@ -60,8 +60,8 @@ class Decoder:
 
     def __init__(
         self,
-        target: DecoderModel,
-        draft: DecoderModel | None,
+        target: Transformer,
+        draft: Transformer | None,
         config: GenerationConfig,
         capacity: int,
         eos_ids: frozenset[int],

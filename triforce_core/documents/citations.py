@@ -1,6 +1,6 @@
 """Citations: the passages of the prompt an answer read most, or else the passages it quotes.
 
-    passages = answer_passages(selections, prompt_ids, answer_ids, engine.decode, question_tokens=12)
+    passages = answer_passages(selections, prompt_ids, answer_ids, engine.detokenize, question_tokens=12)
     # [{"tokens": [812, 820], "share": 0.75, "section": "Section 16: What is Ownership?", "text": "…",
     #   "kind": "read"}]
 

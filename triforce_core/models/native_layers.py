@@ -9,7 +9,7 @@ layer in one call: norm, q/k/v projection (with bias), rotary embedding before a
 output projection, residual, norm, SwiGLU MLP, residual after it; and the final norm with the
 vocabulary projection.
 
-Used by `DecoderModel.forward` on the CPU in float32 for up to `ROWS` new tokens (decoding,
+Used by `Transformer.forward` on the CPU in float32 for up to `ROWS` new tokens (decoding,
 verification); prefill keeps PyTorch's matrix products, which are compute-bound there and
 faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to float32 rounding:
 the elementwise arithmetic is the same, only the order of sums differs
@@ -43,7 +43,7 @@ ROWS = 17
 
 class Layers:
     """The loaded library; each method checks nothing the model does not guarantee (float32;
-    weights as `DecoderModel` stores them: [in, out] with contiguous rows, any row stride)."""
+    weights as `Transformer` stores them: [in, out] with contiguous rows, any row stride)."""
 
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))

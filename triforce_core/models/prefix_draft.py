@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .transformer import DecoderModel
+from .transformer import Transformer
 from .ggml_types import Q8_0
 from .quantized import Matrix, StoredTensor
 
@@ -94,7 +94,7 @@ def _q8_0(w: torch.Tensor) -> StoredTensor:
     return StoredTensor(Q8_0, torch.from_numpy(np.ascontiguousarray(raw)), tuple(w.shape))
 
 
-def build(target: DecoderModel, folder: str) -> DecoderModel:
+def build(target: Transformer, folder: str) -> Transformer:
     """The draft described by `folder` over `target`'s weights. Raises PrefixDraftError."""
     manifest, adapter = read(folder)
     s = target.spec
@@ -146,4 +146,4 @@ def build(target: DecoderModel, folder: str) -> DecoderModel:
     config.num_hidden_layers = k
     if getattr(config, "layer_types", None):
         config.layer_types = list(config.layer_types[:k])
-    return DecoderModel(config, state, target.device, target.dtype)
+    return Transformer(config, state, target.device, target.dtype)

@@ -22,7 +22,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from .loading import sync_device
-from .transformer import DecoderModel
+from .transformer import Transformer
 from .quantized import Matrix
 
 BUFFER_BYTES = 512 * 2**20  # well above any last-level cache
@@ -40,7 +40,7 @@ class Limit:
         return asdict(self)
 
 
-def kv_bytes(model: DecoderModel, context_tokens: int, kv_dtype: torch.dtype | None = None) -> int:
+def kv_bytes(model: Transformer, context_tokens: int, kv_dtype: torch.dtype | None = None) -> int:
     """K and V of `context_tokens` tokens over all layers: 2 * L * Hkv * D * dtype bytes * context
     (`kv_dtype`: the cache's; None: the model's dtype)."""
     return model.spec.kv_bytes(context_tokens, torch.empty((), dtype=kv_dtype or model.dtype).element_size())
@@ -65,7 +65,7 @@ def x_bytes(nbytes: int) -> int:
     return nbytes // 4 * 4
 
 
-def decode_weight_bytes(model: DecoderModel) -> int:
+def decode_weight_bytes(model: Transformer) -> int:
     """Weight bytes one decoding step reads: every weight, but only one row of an untied embedding."""
     w = model.weight_bytes()
     if model.embed is not model.lm_head:
@@ -104,7 +104,7 @@ def measure_matmul_gflops(device: torch.device, n: int = 2048, passes: int = 5) 
     return 2.0 * n**3 / statistics.median(times) / 1e9
 
 
-def measure_limit(model: DecoderModel, context_tokens: int, kv_dtype: torch.dtype | None = None) -> Limit:
+def measure_limit(model: Transformer, context_tokens: int, kv_dtype: torch.dtype | None = None) -> Limit:
     w = decode_weight_bytes(model)
     kv = kv_bytes(model, context_tokens, kv_dtype)
     bw = measure_bandwidth(model.device)

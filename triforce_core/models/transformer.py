@@ -245,7 +245,7 @@ def _transposed(w: torch.Tensor) -> torch.Tensor:
 Weight = torch.Tensor | StoredTensor  # a state entry: float, or a GGUF tensor as stored
 
 
-class DecoderModel:
+class Transformer:
     """Llama-family weights plus a forward over an explicit cache. No state besides weights.
 
     `state` maps Hugging Face parameter names to float tensors, or (a GGUF file) 2-D weights to

@@ -528,7 +528,7 @@ class _Call:
         self.mode = config.speculation.mode
         self.id = f"chatcmpl-{uuid.uuid4().hex}"
         self.created = int(time.time())
-        self.tally = Tally(len(prompt), prompt, slot.engine.decode, question_tokens(slot.engine.tokenizer, _last_paragraph(req.messages)))
+        self.tally = Tally(len(prompt), prompt, slot.engine.detokenize, question_tokens(slot.engine.tokenizer, _last_paragraph(req.messages)))
         self.stops = StopSequences(req.stop)
         self.finish_reason: str | None = None
 

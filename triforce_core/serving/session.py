@@ -8,7 +8,7 @@
     for event in session.edit_last("Who is Ahab?"): ...
 
 How the reuse works: every turn renders the whole conversation with the target's chat
-template and tokenizes it. The decoder's full target cache remembers which token ids it
+template and tokenizes it. The speculation loop's full target cache remembers which token ids it
 holds; only the part after their longest common prefix is run through the target. The
 document (first in the conversation) is therefore prefilled once, each new question costs
 only its own tokens, the previous answer's KV stays cached, regenerate and edit roll the
@@ -394,7 +394,7 @@ class ChatSession:
                         stop_reason=s.stop_reason, mode=s.mode,
                     )
                     turn.passages = answer_passages(
-                        selections, prompt, answer_ids, self.engine.decode,
+                        selections, prompt, answer_ids, self.engine.detokenize,
                         question_tokens=question_tokens(self.engine.tokenizer, question))
                 yield ev
         except Exception as e:  # the slot has freed its caches (they may be half-written)
@@ -409,4 +409,4 @@ class ChatSession:
             # Whatever happened (finished, stopped, failed), what was generated is kept. The text
             # is not stripped: re-tokenized next turn, it then matches the cached ids.
             ids = [t for t in answer_ids if t not in self.engine.eos_token_ids]
-            turn.answer = self.engine.decode(ids)
+            turn.answer = self.engine.detokenize(ids)

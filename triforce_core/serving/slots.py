@@ -23,7 +23,7 @@ import torch
 from ..config import GenerationConfig
 from ..engine import TriForceEngine
 from ..decoding.events import Event
-from ..decoding.loop import Decoder, make_generator
+from ..decoding.loop import SpeculationLoop, make_generator
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -34,21 +34,21 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 class Slot:
-    """A decoder kept between generations (one at a time); not thread-safe."""
+    """A speculation loop kept between generations (one at a time); not thread-safe."""
 
     def __init__(self, engine: TriForceEngine):
         self.engine = engine
-        self.decoder: Decoder | None = None
+        self.loop: SpeculationLoop | None = None
         self.last_used = time.monotonic()
 
     def cached_tokens(self) -> list[int]:
         """The token ids whose keys/values the target's cache holds."""
-        d = self.decoder
+        d = self.loop
         return [] if d is None else list(d.history[: d.full.cache.length])
 
     def cache_lengths(self) -> dict[str, int]:
         """Tokens held by each cache (0 when there is none yet)."""
-        d = self.decoder
+        d = self.loop
         if d is None:
             return {"target": 0, "retrieval": 0, "draft": 0}
         return {
@@ -59,7 +59,7 @@ class Slot:
 
     def cache_bytes(self) -> int:
         """Memory held by this slot's caches (allocated capacity, all levels)."""
-        d = self.decoder
+        d = self.loop
         if d is None:
             return 0
         return sum(lane.cache.nbytes() for lane in (d.full, d.retrieval, d.small) if lane is not None)
@@ -85,16 +85,16 @@ class Slot:
 
     def _generate(self, prompt, config, on_prefill_progress, progress_events, inspect) -> Iterator[Event]:
         try:
-            decoder = self._decoder_for(config, len(prompt))
-            yield from decoder.generate(prompt, on_prefill_progress, progress_events, inspect)
+            loop = self._loop_for(config, len(prompt))
+            yield from loop.generate(prompt, on_prefill_progress, progress_events, inspect)
         except Exception:
             self.release()
             raise
         finally:
             self.last_used = time.monotonic()
 
-    def _decoder_for(self, config: GenerationConfig, prompt_len: int) -> Decoder:
-        d = self.decoder
+    def _loop_for(self, config: GenerationConfig, prompt_len: int) -> SpeculationLoop:
+        d = self.loop
         if d is not None and d.config == config:
             if config.sampling.seed is not None:
                 d.generator.manual_seed(config.sampling.seed)
@@ -103,13 +103,13 @@ class Slot:
         generator = make_generator(config.sampling.seed, self.engine.target.device)
         capacity = self.engine.capacity_for(prompt_len, config)
         handover = {} if d is None else {"full_cache": d.full.cache, "history": d.history}
-        self.decoder = None
-        self.decoder = self.engine.make_decoder(config, capacity, generator, **handover)
-        return self.decoder
+        self.loop = None
+        self.loop = self.engine.make_loop(config, capacity, generator, **handover)
+        return self.loop
 
     def release(self) -> None:
         """Free the caches (the next generation prefills from scratch)."""
-        self.decoder = None
+        self.loop = None
         gc.collect()
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
@@ -151,12 +151,12 @@ class SlotPool:
         """Return a lent slot; a slot whose caches were freed (failed) is dropped."""
         with self._lock:
             self._lent -= 1
-            if slot.decoder is not None:
+            if slot.loop is not None:
                 self._idle.append(slot)
             evicted = self._idle[: max(0, len(self._idle) - self.capacity)]
             del self._idle[: len(evicted)]
             for old in evicted:
-                old.decoder = None  # freed when the last reference goes (no collection pause here)
+                old.loop = None  # freed when the last reference goes (no collection pause here)
 
     def discard(self, slot: Slot) -> None:
         """Return a lent slot not worth keeping (an abandoned request): its caches are dropped.
@@ -164,7 +164,7 @@ class SlotPool:
         Safe while its generation is still being closed on the worker: that generator holds
         its own reference until it ends.
         """
-        slot.decoder = None
+        slot.loop = None
         self.give_back(slot)
 
     def stats(self) -> dict[str, int]:
@@ -177,5 +177,5 @@ class SlotPool:
         """Drop every idle slot's caches."""
         with self._lock:
             for slot in self._idle:
-                slot.decoder = None
+                slot.loop = None
             self._idle = []

@@ -90,7 +90,7 @@ class AnswerHandlers:
         that); with `config`, it can be stepped round by round (paused while `stepping`)."""
         ctx = self.ctx
         engine, window = ctx.engine_of(user), ctx.window_of(user)  # the user's model
-        answer = Answer(AnswerTrace(engine.decode), inspected=teaching)
+        answer = Answer(AnswerTrace(engine.detokenize), inspected=teaching)
         pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
@@ -110,7 +110,7 @@ class AnswerHandlers:
                         f"Step mode: {'round ' + str(rounds) if rounds else 'the prefill'} done. Press Step for "
                         f"round {rounds + 1} (untick Step mode to run on).", "info")
                 out = answer_updates(user, answer, status, teaching, budget, window,
-                                     turn.new_map and panels, panels, engine.decode, waiting)
+                                     turn.new_map and panels, panels, engine.detokenize, waiting)
                 # The page re-renders the whole transcript on each update: send long ones less
                 # often, so a slow browser never falls behind (and a Stop shows at once).
                 interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
@@ -129,7 +129,7 @@ class AnswerHandlers:
             status = status_html(f"Stopped after {answer.trace.new_tokens} tokens.", "info")
         else:
             status = status_html(answer.footer or "Done.", "ok")
-        yield answer_updates(user, answer, status, teaching, budget, window, True, engine.decode)
+        yield answer_updates(user, answer, status, teaching, budget, window, True, engine.detokenize)
 
     def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
         """The user (new if none yet) and the settings, or a clear error."""
@@ -192,7 +192,7 @@ class AnswerHandlers:
         ar = Settings(**{**settings.__dict__, "mode": "autoregressive"}).config()
         user.job = job = ctx.worker.submit(lambda: user.session.rerun_last(ar, progress_events=True))
         engine, window = ctx.engine_of(user), ctx.window_of(user)
-        baseline = AnswerTrace(engine.decode)
+        baseline = AnswerTrace(engine.detokenize)
 
         def take(item) -> None:
             if not isinstance(item, PrefillProgress):
@@ -200,7 +200,7 @@ class AnswerHandlers:
 
         def page(message: str, kind: str) -> tuple:
             return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, window, False,
-                                  engine.decode)
+                                  engine.detokenize)
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
