@@ -26,7 +26,7 @@ import torch
 from bench.reports import write_json
 from triforce_core.models import native_attention
 from triforce_core.models.attention import NATIVE_QUERY_ROWS, attend, attention_mask
-from triforce_core.cli.harness import cpu_model
+from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import KV_DTYPES
 from triforce_core.models.roofline import measure_bandwidth
 

@@ -61,7 +61,8 @@ def main(argv=None) -> int:
     ap.add_argument("--json", metavar="OUT")
     args = ap.parse_args(argv)
 
-    from triforce_core.serving.book import DEFAULT_READING_BUDGET, BookSession, token_starts
+    from triforce_core.documents.reading import token_starts
+    from triforce_core.serving.book import DEFAULT_READING_BUDGET, BookSession
     from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
     from triforce_core.documents import load_document
     from triforce_core.engine import TriForceEngine

@@ -37,7 +37,7 @@ from pathlib import Path
 import torch
 
 from triforce_core.models import native_attention, native_layers
-from triforce_core.cli.harness import machine_info
+from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed, Finished
@@ -46,7 +46,7 @@ from triforce_core.models.transformer import Transformer
 from triforce_core.resources import SAMPLE_DIR
 from triforce_core.serving.session import ChatSession
 
-from triforce_core.models.gguf import GGUFError, is_gguf, resolve
+from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 
 from bench.llama_cpp import PeerError, find_or_build, format_table, peer_figures
 from bench.reports import write_json
@@ -470,10 +470,10 @@ def main(argv=None) -> int:
                    bin_dir=a.llama_cpp_bin) if peer_model is not None else None
     t, d = default_model_names(a.target, a.draft)
     engine = TriForceEngine.from_pretrained(t, d)
-    load = _load()
+    load = load_average()
     report = run(engine, text, turns, names, sampling, a.max_new_tokens, say=lambda s: print(s, file=sys.stderr),
                  repeats=a.repeats, peer=peer)
-    report["machine"] = machine_info(engine, load, _load())
+    report["machine"] = machine_info(engine, load, load_average())
     report["document"] = str(a.document.name)
     # by name, not path: reports are committed
     report["models"] = {"target": Path(t).name if t else None, "draft": Path(d).name if d else None}
@@ -490,15 +490,6 @@ def _peer_model(target: str | None) -> Path:
         return resolve(target)
     except GGUFError as e:
         raise ChatBenchError(str(e)) from None
-
-
-def _load():
-    import os
-
-    try:
-        return os.getloadavg()[0]
-    except OSError:
-        return None
 
 
 if __name__ == "__main__":

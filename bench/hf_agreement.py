@@ -26,7 +26,7 @@ from bench.chat import workload
 from bench.reports import write_json
 from triforce_core.config import KV_DTYPES, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.models.gguf import is_gguf, resolve
+from triforce_core.models.gguf_file import is_gguf, resolve
 from triforce_core.prompting import render_prompt
 from triforce_core.serving.session import ChatSession
 

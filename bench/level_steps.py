@@ -35,7 +35,9 @@ import torch
 
 from bench.reports import write_json
 from triforce_core.models import huge_pages, native_layers
-from triforce_core.cli.harness import Bench, cpu_model
+from bench.loading import load_bench
+from triforce_core.cli.bench_report import cpu_model
+from triforce_core.cli.harness import Bench
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
@@ -180,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     if not pages or any(pg not in ("huge", "small") for pg in pages) or len(set(pages)) != len(pages):
         print("error: --pages takes distinct names of huge, small", file=sys.stderr)
         return 2
-    bench = Bench.load(a.target, a.draft)
+    bench = load_bench(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)

@@ -37,9 +37,9 @@ import tempfile
 from pathlib import Path
 
 from bench.reports import write_json
-from triforce_core.cli.harness import cpu_model
+from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import cache_home
-from triforce_core.models.gguf import GGUFError, resolve
+from triforce_core.models.gguf_file import GGUFError, resolve
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
 TOOLS = ("llama-bench", "llama-lookup", "llama-tokenize")

@@ -19,7 +19,7 @@ import time
 
 import torch
 
-from triforce_core.cli.harness import Bench
+from bench.loading import load_bench
 from triforce_core.config import GenerationConfig, SpeculationConfig
 
 
@@ -33,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=25)
     p.add_argument("--torch", action="store_true", help="also run torch.profiler (operator table)")
     a = p.parse_args(argv)
-    bench = Bench.load(a.target, a.draft)
+    bench = load_bench(a.target, a.draft)
     prompt = bench.context_prompt(a.context_tokens)
     config = GenerationConfig(speculation=SpeculationConfig(mode=a.mode, max_new_tokens=a.max_new_tokens))
     t0 = time.perf_counter()

@@ -28,7 +28,7 @@ def main(argv=None) -> int:
     from rank_bm25 import BM25Okapi
 
     from bench.book import passages
-    from triforce_core.serving.book import token_starts
+    from triforce_core.documents.reading import token_starts
     from triforce_core.documents import load_document
     from transformers import AutoTokenizer
 

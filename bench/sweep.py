@@ -19,7 +19,9 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from triforce_core.cli.harness import MODES, Bench, BenchError, parse_modes, print_table
+from bench.loading import load_bench
+from triforce_core.cli.bench_report import print_table
+from triforce_core.cli.harness import MODES, BenchError, parse_modes
 
 SPECULATIVE = ("triforce", "retrieval", "draft")
 
@@ -144,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     say = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
     try:
         modes = parse_modes(a.modes)
-        bench = Bench.load(a.target, a.draft, a.device, a.dtype)
+        bench = load_bench(a.target, a.draft, a.device, a.dtype)
         base = GenerationConfig(
             sampling=SamplingConfig(temperature=a.temperature, seed=0 if a.temperature > 0 else None),
             speculation=SpeculationConfig(max_new_tokens=a.max_new_tokens),

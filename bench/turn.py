@@ -29,7 +29,7 @@ from triforce_core.config import GenerationConfig, SpeculationConfig, default_mo
 from triforce_core.documents import load_document
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed, Finished, Prefilled
-from triforce_core.models.gguf import SMOLLM2
+from triforce_core.models.gguf_file import SMOLLM2
 from triforce_core.models.loading import default_model_names
 from triforce_core.resources import SAMPLE_DOCUMENT
 from triforce_core.serving.session import ChatSession

@@ -227,7 +227,7 @@ def sizes(folder: Path) -> dict:
         n = sum(int(np.prod(f.get_slice(k).get_shape())) for k in f.keys())
     from transformers import AutoConfig
 
-    from triforce_core.models.transformer import ModelSpec
+    from triforce_core.models.spec import ModelSpec
 
     kv = ModelSpec.from_config(AutoConfig.from_pretrained(str(folder))).kv_bytes()
     return {"parameters": n, "weight_bytes_fp32": 4 * n, "file_bytes": (folder / "model.safetensors").stat().st_size,

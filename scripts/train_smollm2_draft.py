@@ -78,10 +78,10 @@ class LowRank(torch.nn.Module):
 def load_target():
     from transformers import AutoModelForCausalLM
 
-    from triforce_core.models import gguf
+    from triforce_core.models import gguf_file
 
-    path = gguf_checkpoint.smollm2_path()
-    _, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
+    path = gguf_file.smollm2_path()
+    _, tokenizer = gguf_file.config_and_tokenizer(path)
     teacher = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
     for p in teacher.parameters():
         p.requires_grad_(False)

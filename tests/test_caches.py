@@ -14,7 +14,7 @@ import torch
 from conftest import CPU, DRAFT_OVERRIDES, VOCAB, make_hf, to_ours
 
 from triforce_core.kv import CacheFullError, FullCache, KVStore, RetrievalCache, StreamingCache
-from triforce_core.models.transformer import apply_rotary
+from triforce_core.models.rotary import apply_rotary
 from triforce_core.kv import store
 
 F32 = torch.float32

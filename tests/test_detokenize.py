@@ -47,14 +47,14 @@ def test_cost_per_token_does_not_grow_with_the_answer():
 
 
 def test_terminal_output_colours_each_token_by_its_level():
-    from triforce_core.__main__ import LEVEL_COLOURS, _write_tokens
+    from triforce_core.cli.output import LEVEL_COLOURS, write_tokens
 
     tok = _tokenizer()
     ids = tok.encode("Hello there, general", add_special_tokens=False)
     levels = (["lookup", "retrieval", "target"] * len(ids))[: len(ids)]
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), IncrementalDetokenizer(tok.decode))
+        write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), IncrementalDetokenizer(tok.decode))
     text = out.getvalue()
     for level in set(levels):
         assert LEVEL_COLOURS[level] in text
@@ -64,7 +64,7 @@ def test_terminal_output_colours_each_token_by_its_level():
     assert plain == tok.decode(ids)
     out = io.StringIO()
     with contextlib.redirect_stdout(out):
-        _write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), None)
+        write_tokens(Committed(tuple(ids), tuple(levels), tok.decode(ids)), None)
     assert out.getvalue() == tok.decode(ids)  # no terminal: plain text
 
 

@@ -30,7 +30,7 @@ from gguf import quants
 from gguf_files import hf_from_gguf, random_blocks, write_gguf
 from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
-import triforce_core.models.gguf as gguf_checkpoint
+import triforce_core.models.gguf_file as gguf_file
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
 from triforce_core.models.loading import ModelLoadError, load_model
@@ -163,7 +163,7 @@ def test_greedy_equals_hf_on_the_same_file(folder, kind, mode, paper):
 
 def test_negative_control_llama_row_order_not_undone(folder, monkeypatch):
     _, _, ids, ref, gaps = _files(folder, "llama")
-    monkeypatch.setattr(gguf_checkpoint, "_unpermute_rows", lambda rows, heads: np.arange(rows))
+    monkeypatch.setattr(gguf_file, "_unpermute_rows", lambda rows, heads: np.arange(rows))
     t = load_model(str(folder / "llama-target.gguf"), CPU, torch.float32)
     assert not _same(_run(t, t, ids, "autoregressive", True), ref, gaps)
 
@@ -285,12 +285,12 @@ def test_a_digits_first_vocabulary_splits_digits_before_spaces(tmp_path, pre):
     """SmolLM2's type ("smollm") cuts every digit off first, as llama.cpp and the original
     tokenizer do: the spaces before a digit stay one piece. Any other type keeps transformers'
     conversion (GPT-2's split joins the last space to the digit): the control."""
-    from triforce_core.models import gguf
+    from triforce_core.models import gguf_file
 
     path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path / f"{pre}.gguf", {}, pre=pre)
-    _, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
+    _, tokenizer = gguf_file.config_and_tokenizer(path)
     pieces = [p for p, _ in tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2")]
     # byte-level pieces: "\u010a" is the newline, "\u0120" a space
     assert pieces == (["x", "\u010a    ".replace(" ", "\u0120"), "2"] if pre == "smollm" else ["x", "\u010a\u0120\u0120\u0120", "\u01202"])
-    again = gguf_checkpoint.config_and_tokenizer(path)[1]  # read back from the cache folder: the same
+    again = gguf_file.config_and_tokenizer(path)[1]  # read back from the cache folder: the same
     assert again.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2") == tokenizer.backend_tokenizer.pre_tokenizer.pre_tokenize_str("x\n    2")

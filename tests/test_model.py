@@ -12,7 +12,7 @@ from conftest import CPU, KINDS, make_hf, to_ours
 
 from triforce_core.kv import FullCache
 from triforce_core.models.loading import ModelLoadError, load_model
-from triforce_core.models.transformer import ModelSpec, UnsupportedModelError
+from triforce_core.models.spec import ModelSpec, UnsupportedModelError
 
 TOL = 1e-4
 

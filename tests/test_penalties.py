@@ -195,20 +195,21 @@ def test_negative_control_round_start_prefix_diverges(mode, monkeypatch):
 # -- where the penalties are set -------------------------------------------------------------
 def test_command_line_flags_and_model_defaults():
     """Flags given win; flags not given take the model's defaults (an instruct model's penalty)."""
-    from triforce_core.__main__ import UsageError, _check_flags, _configs, build_parser
+    from triforce_core.cli.flags import UsageError, check_flags, configs
+    from triforce_core.cli.main import build_parser
     from triforce_core.config import INSTRUCT_SAMPLING, default_sampling
 
     parse = build_parser().parse_args
     plain = parse(["generate", "--prompt", "x"])
-    assert _configs(plain, True).sampling == SamplingConfig()  # the demo pair: greedy, no penalty
-    instruct = _configs(plain, True, defaults=default_sampling(True)).sampling
+    assert configs(plain, True).sampling == SamplingConfig()  # the demo pair: greedy, no penalty
+    instruct = configs(plain, True, defaults=default_sampling(True)).sampling
     assert instruct == SamplingConfig(**INSTRUCT_SAMPLING) and instruct.repetition_penalty != 1.0
     given = parse(["chat", "--question", "q", "--repetition-penalty", "1", "--presence-penalty", "0.5",
                    "--frequency-penalty", "0.25", "--temperature", "0.7", "--seed", "3"])
-    s = _configs(given, True, defaults=default_sampling(True)).sampling
+    s = configs(given, True, defaults=default_sampling(True)).sampling
     assert (s.repetition_penalty, s.presence_penalty, s.frequency_penalty, s.temperature, s.seed) == (1.0, 0.5, 0.25, 0.7, 3)
     with pytest.raises(UsageError, match="frequency_penalty"):
-        _check_flags(parse(["generate", "--prompt", "x", "--frequency-penalty", "3"]))
+        check_flags(parse(["generate", "--prompt", "x", "--frequency-penalty", "3"]))
 
 
 def test_which_models_are_instruct_models():
@@ -230,7 +231,7 @@ def test_which_models_are_instruct_models():
 def test_http_request_penalties():
     """OpenAI's frequency/presence penalties and the repetition_penalty extension are parsed and
     checked; an absent repetition_penalty means the model's default (None here)."""
-    from triforce_core.serving.openai_api import ApiError, parse_request
+    from triforce_core.serving.openai import ApiError, parse_request
 
     base = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
     r = parse_request({**base, "frequency_penalty": 0.5, "presence_penalty": -1, "repetition_penalty": 1.3})

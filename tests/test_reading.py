@@ -9,7 +9,8 @@ import random
 import pytest
 from conftest import make_tokenizer, run_main
 
-from triforce_core.serving.book import BookSession, token_starts
+from triforce_core.documents.reading import token_starts
+from triforce_core.serving.book import BookSession
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.documents import Document, Section, load_document
 from triforce_core.documents.sections import with_ends

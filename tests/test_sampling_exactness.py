@@ -16,7 +16,6 @@ the answer's tokens, before the warpers; penalties computed from the wrong prefi
 from __future__ import annotations
 
 import functools
-from dataclasses import replace
 
 import numpy as np
 import pytest

@@ -70,6 +70,13 @@ class ConfigError(ValueError):
     """An invalid configuration value (the CLI reports it with exit code 2)."""
 
 
+def one_line(e: BaseException, limit: int = 300) -> str:
+    """An exception as one short line, for the message of an error a user reads (a model that
+    will not load, a document that will not parse): its first line, else its type's name."""
+    text = str(e).strip() or type(e).__name__
+    return text.splitlines()[0][:limit]
+
+
 def _check(cond: bool, message: str) -> None:
     if not cond:
         raise ConfigError(message)

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 
 from triforce_core.engine import TriForceEngine
 from triforce_core.serving.registry import ServedModels
-from triforce_core.serving.openai_api import ChatCompletionsAPI, run_server
+from triforce_core.serving.openai import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.serving.slots import SlotPool
 

@@ -1,7 +1,7 @@
 """Benchmark harness: our four modes against Hugging Face `generate` and assisted generation.
 
     from triforce_core.cli.harness import Bench
-    bench = Bench.load(target=None, draft=None)            # the embedded demo pair
+    bench = Bench(engine, target, draft)                   # the engine and the names it was loaded from
     prompt = bench.context_prompt(16000)                   # the sample document, 16,000 tokens
     report = bench.run(prompt, config, modes, repeats=3)   # the JSON of `python -m triforce_core bench`
 
@@ -38,12 +38,8 @@ import copy
 import dataclasses
 import functools
 import os
-import platform
-import statistics
-import sys
 import time
-from dataclasses import dataclass, replace
-from pathlib import Path
+from dataclasses import replace
 from typing import Callable, Sequence
 
 import torch
@@ -52,10 +48,11 @@ from ..config import GenerationConfig
 from ..engine import TriForceEngine
 from ..decoding.events import Committed, Finished, Prefilled
 from ..kv import kv_dtype_name
-from ..models.loading import DTYPES, default_model_names, sync_device
+from ..models.loading import sync_device
 from ..resources import SAMPLE_DOCUMENT
 from ..models.roofline import Limit, measure_limit
 from ..decoding.loop import make_generator
+from .bench_report import RunResult, add_ratios, load_average, machine_info, settings, summarise
 
 OUR_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 HF_MODES = ("hf-generate", "hf-assisted")
@@ -91,21 +88,6 @@ def parse_modes(text: str) -> tuple[str, ...]:
     if len(set(modes)) != len(modes):
         raise BenchError("--modes lists a mode twice")
     return modes
-
-
-@dataclass
-class RunResult:
-    mode: str
-    token_ids: list[int]
-    prefill_s: float
-    decode_s: float
-    decoded_tokens: int  # tokens counted in tokens_per_s
-    acceptance: dict | None
-    mean_accepted: float | None
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.decoded_tokens / self.decode_s if self.decode_s > 0 else 0.0
 
 
 class _FirstTokenClock:
@@ -146,12 +128,6 @@ class Bench:
         self.draft_name = draft_name
         self._hf: dict[str, torch.nn.Module] = {}
         self._prefixes: dict[str, tuple] = {}  # side -> (prompt, cache, seconds): one prefill per prompt
-
-    @classmethod
-    def load(cls, target: str | None, draft: str | None, device: str = "auto", dtype: str = "auto",
-             kv_dtype: str | None = None) -> "Bench":
-        t, d = default_model_names(target, draft)
-        return cls(TriForceEngine.from_pretrained(t, d, device=device, dtype=dtype, kv_dtype=kv_dtype), t, d)
 
     # -- prompts ---------------------------------------------------------------------------
     def context_prompt(self, context_tokens: int | None, document_text: str | None = None) -> list[int]:
@@ -312,7 +288,7 @@ class Bench:
         if any(m in ("triforce", "draft", "hf-assisted") for m in modes) and self.engine.draft is None:
             raise BenchError("modes triforce, draft and hf-assisted need a small draft model (--draft)")
         greedy = config.sampling.greedy
-        load = _load_average()
+        load = load_average()
 
         ours_cache = hf_cache = None
         ours_prefix_s = hf_prefix_s = 0.0
@@ -348,15 +324,15 @@ class Bench:
                     f"[bench] repeat {r + 1}/{repeats} {mode}: {len(res.token_ids)} tokens, "
                     f"{res.tokens_per_s:.1f} tok/s, decode {res.decode_s:.2f}s, prefill {res.prefill_s:.2f}s"
                 )
-        runs = [_summarise(mode, results[mode], reference if greedy else None) for mode in modes]
-        _add_ratios(runs)
+        runs = [summarise(mode, results[mode], reference if greedy else None) for mode in modes]
+        add_ratios(runs)
         report = {
-            "machine": machine_info(self.engine, load, _load_average()),
+            "machine": machine_info(self.engine, load, load_average()),
             "context_tokens": len(prompt),
             "max_new_tokens": max_new,
             "temperature": config.sampling.temperature,
             "repeats": repeats,
-            "settings": {**_settings(config), "kv_dtype": kv_dtype_name(self.engine.kv_dtype_for(config))},
+            "settings": {**settings(config), "kv_dtype": kv_dtype_name(self.engine.kv_dtype_for(config))},
             "runs": runs,
         }
         if measure_bandwidth:
@@ -375,110 +351,3 @@ def _with_mode(config: GenerationConfig, mode: str, max_new_tokens: int | None =
     spec = replace(config.speculation, mode=mode, ignore_eos=True,
                    max_new_tokens=max_new_tokens or config.speculation.max_new_tokens)
     return replace(config, speculation=spec)
-
-
-def _median_dict(dicts: list[dict]) -> dict:
-    keys = sorted({k for d in dicts for k in d})
-    return {k: statistics.median(d.get(k, 0.0) for d in dicts) for k in keys}
-
-
-def _summarise(mode: str, runs: list[RunResult], reference: list[int] | None) -> dict:
-    identical = None
-    if reference is not None:
-        identical = all(r.token_ids == reference for r in runs)
-    acc = [r.acceptance for r in runs if r.acceptance is not None]
-    means = [r.mean_accepted for r in runs if r.mean_accepted is not None]
-    return {
-        "mode": mode,
-        "tokens_per_s": statistics.median(r.tokens_per_s for r in runs),
-        "decode_s": statistics.median(r.decode_s for r in runs),
-        "prefill_s": statistics.median(r.prefill_s for r in runs),
-        "acceptance": _median_dict(acc) if acc else None,
-        "mean_accepted": statistics.median(means) if means else None,
-        "output_identical_to_autoregressive": identical,
-        "new_tokens": len(runs[0].token_ids),
-        "tokens_per_s_each": [round(r.tokens_per_s, 3) for r in runs],
-    }
-
-
-def _add_ratios(runs: list[dict]) -> None:
-    """speedup_vs_<mode> for the two baselines, where they ran."""
-    by_mode = {r["mode"]: r["tokens_per_s"] for r in runs}
-    for base in ("autoregressive", "hf-generate"):
-        if by_mode.get(base):
-            for r in runs:
-                r[f"speedup_vs_{base.replace('-', '_')}"] = r["tokens_per_s"] / by_mode[base]
-
-
-def _settings(config: GenerationConfig) -> dict:
-    spec, cc, s = config.speculation, config.cache, config.sampling
-    return {
-        "gamma1": spec.gamma1, "gamma2": spec.gamma2, "budget": cc.budget, "chunk_size": cc.chunk_size,
-        "draft_window": cc.draft_window, "draft_sinks": cc.draft_sinks, "refresh_every": cc.refresh_every, "select_by": cc.select_by,
-        "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
-    }
-
-
-def cpu_model() -> str:
-    """The processor's name, with its family and model and its widest vector extension: a
-    virtual machine often names only the vendor, and results from two generations differ."""
-    try:
-        fields: dict[str, str] = {}
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            key, _, value = line.partition(":")
-            fields.setdefault(key.strip(), value.strip())
-        flags = set(fields.get("flags", "").split())
-        vector = next((f for f in ("avx512f", "avx2", "avx", "sse4_2") if f in flags), None)
-        detail = [f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields and "model" in fields else None, vector]
-        name = fields.get("model name")
-        if name:
-            extra = ", ".join(d for d in detail if d)
-            return f"{name} ({extra})" if extra else name
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
-
-
-def _load_average() -> float | None:
-    try:
-        return os.getloadavg()[0]
-    except (OSError, AttributeError):
-        return None
-
-
-def machine_info(engine: TriForceEngine, load_before: float | None = None, load_after: float | None = None) -> dict:
-    import transformers
-
-    dev = engine.target.device
-    info = {
-        "cpu": cpu_model(),
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "python": platform.python_version(),
-        "device": str(dev),
-        "dtype": next(k for k, v in DTYPES.items() if v == engine.target.dtype),
-        "threads": torch.get_num_threads(),
-        "load_average_1min": [load_before, load_after],  # > cores before/after: the machine was shared
-    }
-    if dev.type == "cuda":
-        info["gpu"] = torch.cuda.get_device_name(dev)
-    return info
-
-
-def print_table(report: dict, file=sys.stderr) -> None:
-    """A human-readable summary of a report."""
-    print(f"context {report['context_tokens']} tokens, {report['max_new_tokens']} new, "
-          f"T={report['temperature']}, medians of {report['repeats']}", file=file)
-    print(f"{'mode':<16}{'tok/s':>9}{'vs AR':>8}{'vs HF':>8}{'mean acc':>10}  identical", file=file)
-    for r in report["runs"]:
-        ar = r.get("speedup_vs_autoregressive")
-        hf = r.get("speedup_vs_hf_generate")
-        ma = r["mean_accepted"]
-        print(f"{r['mode']:<16}{r['tokens_per_s']:>9.1f}{(f'{ar:.2f}x' if ar else '-'):>8}"
-              f"{(f'{hf:.2f}x' if hf else '-'):>8}{(f'{ma:.2f}' if ma is not None else '-'):>10}  "
-              f"{r['output_identical_to_autoregressive']}", file=file)
-    lim = report.get("limit")
-    if lim:
-        print(f"roofline: {lim['bandwidth_gbs']:.1f} GB/s / {lim['bytes_per_token'] / 1e6:.1f} MB per token = "
-              f"{lim['tokens_per_s']:.0f} tok/s", file=file)

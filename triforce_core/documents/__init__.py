@@ -1,4 +1,11 @@
-"""Document ingestion: .txt/.md/.html/.pdf/.epub/.docx -> text plus a map back to pages/sections.
+"""The documents wing: files to text, and reading a book by the parts a question needs.
+
+Formats (.txt/.md/.html/.pdf/.epub/.docx -> text plus a map back to pages and sections), the
+table of contents, `picking` (the sections a user names), `reading` (BM25 ranking of a book's
+parts within a budget) and `citations` (the passages an answer drew on). May import the engine
+and every wing below it; never serving, the command line or the app.
+
+Document ingestion: .txt/.md/.html/.pdf/.epub/.docx -> text plus a map back to pages/sections.
 
     doc = load_document("book.epub")          # size limit, magic-byte check, time limit
     doc.text, doc.format, doc.pages

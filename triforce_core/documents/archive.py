@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import zipfile
 
-from .document import DocumentError, one_line
+from ..config import one_line
+from .document import DocumentError
 
 MB = 1_000_000
 ZIP_MAX_ENTRIES = 5_000
@@ -23,7 +24,7 @@ class Archive:
             self.zf = zipfile.ZipFile(io.BytesIO(data))
             infos = self.zf.infolist()
         except (zipfile.BadZipFile, zipfile.LargeZipFile, ValueError, OSError) as e:
-            raise DocumentError(f"malformed {kind} (bad ZIP archive: {one_line(e)})") from None
+            raise DocumentError(f"malformed {kind} (bad ZIP archive: {one_line(e, 200)})") from None
         if len(infos) > ZIP_MAX_ENTRIES:
             raise DocumentError(f"the {kind} has {len(infos)} entries, over the limit of {ZIP_MAX_ENTRIES}")
         declared = sum(i.file_size for i in infos)
@@ -54,7 +55,7 @@ class Archive:
             with self.zf.open(info) as f:
                 data = f.read(limit + 1)  # never trust the declared size
         except (zipfile.BadZipFile, EOFError, OSError, ValueError, NotImplementedError) as e:
-            raise DocumentError(f"malformed {self.kind} (entry {name!r}: {one_line(e)})") from None
+            raise DocumentError(f"malformed {self.kind} (entry {name!r}: {one_line(e, 200)})") from None
         if len(data) > limit:
             raise DocumentError(f"the {self.kind} unpacks to more than its declared size (a zip bomb?)")
         self.read_total += len(data)
@@ -71,7 +72,7 @@ def parse_xml(data: bytes, what: str):
     except DefusedXmlException:
         raise DocumentError(f"unsafe XML in {what} (entity declarations are not allowed)") from None
     except ParseError as e:
-        raise DocumentError(f"malformed XML in {what} ({one_line(e)})") from None
+        raise DocumentError(f"malformed XML in {what} ({one_line(e, 200)})") from None
 
 
 def local_name(tag: str) -> str:

@@ -12,7 +12,6 @@ class DocumentError(ValueError):
     """A document could not be read; the message is one line meant for the user."""
 
 
-
 @dataclass(frozen=True)
 class Document:
     text: str
@@ -37,11 +36,3 @@ class Document:
     def as_json(self) -> dict:
         return {"text": self.text, "format": self.format, "chars": self.chars, "pages": self.pages,
                 "sections": [s.as_json() for s in self.sections]}
-
-
-
-def one_line(e: BaseException) -> str:
-    """An exception as one short line, for a `DocumentError` message."""
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0][:200]
-

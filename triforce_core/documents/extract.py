@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from .document import Document, DocumentError, one_line
+from ..config import one_line
+from .document import Document, DocumentError
 from .formats import detect_format
 from .sections import with_ends
 
@@ -119,7 +120,7 @@ def _child_main() -> None:
     except RecursionError:
         reply = ("error", "the document is nested too deeply to extract")
     except Exception as e:  # an unexpected parser failure is still the file's fault
-        reply = ("error", f"could not extract text ({type(e).__name__}: {one_line(e)})")
+        reply = ("error", f"could not extract text ({type(e).__name__}: {one_line(e, 200)})")
     sys.stdout.buffer.write(pickle.dumps(reply))
     sys.stdout.flush()
 

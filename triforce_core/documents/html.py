@@ -6,7 +6,8 @@ import bisect
 import re
 from html.parser import HTMLParser
 
-from .document import Document, DocumentError, one_line
+from ..config import one_line
+from .document import Document, DocumentError
 from .sections import Section
 from .toc import TocLinks, toc_sections
 
@@ -126,7 +127,7 @@ def _parse(source: str) -> tuple[str, tuple[Section, ...], dict[str, int], tuple
         parser.feed(source)
         parser.close()
     except (AssertionError, ValueError) as e:
-        raise DocumentError(f"malformed HTML ({one_line(e)})") from None
+        raise DocumentError(f"malformed HTML ({one_line(e, 200)})") from None
     raw = "".join(parser.parts)
     # tidy whitespace while mapping heading offsets to the tidied text
     text, starts, j = [], [], 0

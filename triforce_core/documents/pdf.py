@@ -5,7 +5,8 @@ from __future__ import annotations
 import io
 import re
 
-from .document import Document, DocumentError, one_line
+from ..config import one_line
+from .document import Document, DocumentError
 from .sections import Section
 
 
@@ -22,7 +23,7 @@ def read_pdf(data: bytes) -> Document:
             try:
                 ok = reader.decrypt("")
             except (DependencyError, NotImplementedError) as e:
-                raise DocumentError(f"the PDF is encrypted with a method this installation cannot open ({one_line(e)})") from None
+                raise DocumentError(f"the PDF is encrypted with a method this installation cannot open ({one_line(e, 200)})") from None
             if not ok:
                 raise DocumentError("the PDF is encrypted and needs a password")
         pages = reader.pages
@@ -41,7 +42,7 @@ def read_pdf(data: bytes) -> Document:
         raise DocumentError("the PDF is encrypted and needs a password") from None
     except (PdfReadError, PdfStreamError, EOFError, KeyError, ValueError, TypeError, AttributeError,
             IndexError, OSError, AssertionError) as e:
-        raise DocumentError(f"malformed or truncated PDF ({one_line(e)})") from None
+        raise DocumentError(f"malformed or truncated PDF ({one_line(e, 200)})") from None
     if n == 0:
         raise DocumentError("malformed PDF (it has no pages)")
     return Document("".join(parts).rstrip() + "\n", "pdf", sections=outline or tuple(sections), pages=n)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-from . import Document, Section
+from .document import Document
+from .sections import Section
 
 
 class SectionError(ValueError):

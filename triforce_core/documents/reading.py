@@ -39,6 +39,16 @@ _WORD = re.compile(r"\w+")
 _BREAKS = ("\n\n", "\n")
 
 
+def token_starts(tokenizer, text: str) -> list[int]:
+    """The character offset where each token of `text` begins (one tokenization of the whole text)."""
+    try:
+        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
+        return [a for a, _b in enc["offset_mapping"]]
+    except NotImplementedError:  # a tokenizer without offsets: tokens spread evenly over the text
+        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
+        return [len(text) * i // max(1, n) for i in range(n)]
+
+
 @dataclass(frozen=True)
 class Part:
     start: int  # character span in Document.text

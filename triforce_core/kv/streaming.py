@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..models.transformer import Rotary, apply_rotary
+from ..models.rotary import Rotary, apply_rotary
 from .store import KVStore
 
 

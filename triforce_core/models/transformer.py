@@ -1,8 +1,7 @@
 """A small Llama-family decoder that runs over an explicit cache.
 
-Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
-window), and Qwen2 (q/k/v bias, tied embeddings); multi-head and grouped-query attention.
-The weights come from a Hugging Face checkpoint; Hugging Face's own model is the test oracle.
+The weights come from a Hugging Face checkpoint (the architectures `spec` accepts, positions
+by `rotary`); Hugging Face's own model is the test oracle.
 
 Why our own forward: TriForce runs the *same* target weights against two different caches (the
 full cache and the retrieval cache), so the cache must be an argument of the forward, not state
@@ -22,18 +21,13 @@ from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
-from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
 from . import native_attention, native_layers
 from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
 from .ggml_types import LANES
 from .quantized import Matrix, StoredTensor
-
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
-
-
-class UnsupportedModelError(ValueError):
-    """The checkpoint's architecture is outside what this decoder implements."""
+from .rotary import Rotary, apply_rotary
+from .spec import ModelSpec, UnsupportedModelError
 
 
 class AttentionCache(Protocol):
@@ -41,150 +35,13 @@ class AttentionCache(Protocol):
 
     length: int
     exact_positions: bool  # key index == absolute position (needed for sliding windows)
+    plain_view: bool  # K/V written and read as `KVStore` does: the one-call forward may run (`_one_call`)
 
     def view(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
     ) -> tuple[torch.Tensor, torch.Tensor, int]: ...
 
     def advance(self, n: int) -> None: ...
-
-
-@dataclass(frozen=True)
-class ModelSpec:
-    """The architecture numbers the forward needs, read from a transformers config."""
-
-    model_type: str
-    vocab_size: int
-    hidden_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    rms_norm_eps: float
-    max_position_embeddings: int
-    rope_type: str
-    sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
-    intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
-
-    def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
-        """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
-        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size * tokens
-
-    @classmethod
-    def from_config(cls, config: Any) -> "ModelSpec":
-        model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"unsupported architecture {model_type!r}: supported are {', '.join(SUPPORTED_MODEL_TYPES)} "
-                "(Llama-family decoders)"
-            )
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise UnsupportedModelError(f"unsupported activation {act!r}: only SwiGLU (silu) is implemented")
-        num_heads = config.num_attention_heads
-        num_kv = getattr(config, "num_key_value_heads", None) or num_heads
-        if num_heads % num_kv:
-            raise UnsupportedModelError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}")
-        head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
-        rope = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type not in ("default", "linear", "dynamic", "yarn", "llama3"):
-            raise UnsupportedModelError(f"unsupported rope type {rope_type!r}")
-        if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
-        n_layers = config.num_hidden_layers
-        windows: list[int | None] = [None] * n_layers
-        layer_types = getattr(config, "layer_types", None)
-        sliding = getattr(config, "sliding_window", None)
-        if sliding is not None:
-            if layer_types is not None:
-                windows = [sliding if t == "sliding_attention" else None for t in layer_types]
-            else:
-                windows = [sliding] * n_layers
-        return cls(
-            model_type=model_type,
-            vocab_size=config.vocab_size,
-            hidden_size=config.hidden_size,
-            num_layers=n_layers,
-            num_heads=num_heads,
-            num_kv_heads=num_kv,
-            head_dim=head_dim,
-            rms_norm_eps=config.rms_norm_eps,
-            max_position_embeddings=config.max_position_embeddings,
-            rope_type=rope_type,
-            sliding_windows=tuple(windows),
-            intermediate_size=config.intermediate_size,
-        )
-
-
-TABLE_BLOCK = 256  # positions per block of precomputed rotary values
-
-
-class Rotary:
-    """Rotary position embeddings; inverse frequencies from transformers' rope utilities."""
-
-    def __init__(self, config: Any, spec: ModelSpec, device: torch.device):
-        self.config = config
-        self.spec = spec
-        self.device = device
-        self.rope_type = spec.rope_type
-        if spec.rope_type == "default":
-            base = config.rope_parameters["rope_theta"]
-            dim = spec.head_dim
-            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
-            scaling = 1.0
-        else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
-        self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
-        self.scaling = float(scaling)
-        self._table: tuple | None = None  # ((start, dtype), (cos, sin)) of one block of positions
-
-    def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
-        """Dynamic types depend on the sequence length seen by the forward (as in transformers)."""
-        original = self.spec.max_position_embeddings
-        seq_len = max_position + 1
-        if self.rope_type == "dynamic" and seq_len > original:
-            inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len)
-            return inv.to(self.device, torch.float), float(scaling)
-        return self.inv_freq, self.scaling
-
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions: [S] int64 -> cos, sin: [S, head_dim] in `dtype`.
-
-        A decoding step's few positions are read from a block of `TABLE_BLOCK` consecutive
-        positions computed once (the block is fixed by the position, so a position's values do
-        not depend on the history): computing them costs ~8 operators a forward."""
-        n = positions.numel()
-        if scaled and 0 < n <= TABLE_BLOCK and self.rope_type != "dynamic" and positions.device.type == "cpu":
-            lo, hi = int(positions.min()), int(positions.max())
-            start = lo // TABLE_BLOCK * TABLE_BLOCK
-            if lo >= 0 and hi < start + TABLE_BLOCK:
-                if self._table is None or self._table[0] != (start, dtype):
-                    block = torch.arange(start, start + TABLE_BLOCK, device=positions.device)
-                    self._table = ((start, dtype), self._compute(block, dtype, True))
-                cos, sin = self._table[1]
-                at = positions - start
-                return cos[at], sin[at]
-        return self._compute(positions, dtype, scaled)
-
-    def _compute(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
-        inv_freq, scaling = self.inv_freq, self.scaling
-        if self.rope_type == "dynamic":  # reading the largest position waits for the device: only here
-            inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
-        freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
-        emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
-        s = scaling if scaled else 1.0
-        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
-
-
-def rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [..., S, D]; cos/sin: [S, D]."""
-    return x * cos + rotate_half(x) * sin
 
 
 @dataclass

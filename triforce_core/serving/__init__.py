@@ -1,7 +1,7 @@
 """The serving wing: one engine for many callers.
 
 The scheduler (`worker`), the models a server offers (`registry`), chat sessions over a
-document or a book (`session`, `book`), prefix-matched cache slots (`slots`), and the
-OpenAI-compatible HTTP API. May import documents, the engine and every wing below; never the
-command line or the app.
+document or a book (`session`, its turn records in `turns`, `book`), prefix-matched cache slots
+(`slots`), and the OpenAI-compatible HTTP API (`openai`: schemas, routes, streaming). May import
+documents, the engine and every wing below; never the command line or the app.
 """

@@ -20,7 +20,7 @@ from ..config import GenerationConfig
 from ..documents import Document
 from ..engine import ContextLengthError, TriForceEngine
 from ..decoding.events import Event
-from ..documents.reading import BookReader
+from ..documents.reading import BookReader, token_starts
 from .session import ChatSession
 
 # Measured with the demo pair on the Rust book (docs/long-documents.md, "Asking a whole book"):
@@ -30,16 +30,6 @@ DEFAULT_READING_BUDGET = 4_096
 # Tokens kept free beside the estimate: a part counted alone and the same part inside the
 # prompt can tokenize a few tokens apart.
 SLACK = 32
-
-
-def token_starts(tokenizer, text: str) -> list[int]:
-    """The character offset where each token of `text` begins (one tokenization of the whole text)."""
-    try:
-        enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True, verbose=False)
-        return [a for a, _b in enc["offset_mapping"]]
-    except NotImplementedError:  # a tokenizer without offsets: tokens spread evenly over the text
-        n = len(tokenizer(text, add_special_tokens=False)["input_ids"])
-        return [len(text) * i // max(1, n) for i in range(n)]
 
 
 class BookSession(ChatSession):

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..engine import TriForceEngine
-from ..models.gguf import SMOLLM2, GGUFError, smollm2_path
+from ..models.gguf_file import SMOLLM2, GGUFError, smollm2_path
 from ..models.loading import DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name
 from ..models.folders import ModelFolders
 from .slots import SlotPool

@@ -26,8 +26,9 @@ import numpy as np
 import torch
 
 from . import huge_pages
-from ..config import cache_home
-from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
+from ..config import cache_home, one_line
+from .folders import is_gguf_file
+from .ggml_types import BLOCKS, F32, TYPE_NAMES
 from .quantized import StoredTensor
 
 ARCHITECTURES = ("llama", "qwen2")  # GGUF's names; Mistral's files say llama
@@ -61,13 +62,7 @@ class GGUFError(ValueError):
 def is_gguf(name: str) -> bool:
     """`smollm2`, a name ending in .gguf, or a file that begins with GGUF's magic (Ollama keeps
     its models as blobs named by their hash, without the extension)."""
-    if name == SMOLLM2 or name.lower().endswith(".gguf"):
-        return True
-    try:
-        with open(os.path.expanduser(name), "rb") as f:
-            return f.read(4) == b"GGUF"
-    except OSError:  # a folder, a hub id, a missing file
-        return False
+    return name == SMOLLM2 or name.lower().endswith(".gguf") or is_gguf_file(name)
 
 
 def smollm2_path() -> Path:
@@ -97,7 +92,7 @@ def _reader(path: Path):
     try:
         return GGUFReader(path)
     except (ValueError, OSError, IndexError, KeyError) as e:  # the reader's complaints about a damaged file
-        raise GGUFError(f"{path.name} is not a readable GGUF file ({_first_line(e)})") from e
+        raise GGUFError(f"{path.name} is not a readable GGUF file ({one_line(e)})") from e
 
 
 def _field(reader, key: str, default: Any = None) -> Any:
@@ -138,7 +133,7 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise GGUFError(f"{path.name}: {_first_line(e)}") from e
+        raise GGUFError(f"{path.name}: {one_line(e)}") from e
     split_digits_first(tokenizer, _field(_reader(path), "tokenizer.ggml.pre"))
     try:
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -246,7 +241,3 @@ def eos_ids(reader, config: Any, tokenizer: Any) -> set[int]:
         ids.add(int(tokenizer.eos_token_id))
     return ids
 
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip() or type(e).__name__
-    return text.splitlines()[0]

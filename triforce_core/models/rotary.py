@@ -1,0 +1,84 @@
+"""Rotary position embeddings (RoPE) of the supported checkpoints.
+
+Inverse frequencies come from transformers' rope utilities (every rope type `ModelSpec`
+accepts). The forward rotates queries and keys with `apply_rotary`; so does the small draft's
+StreamingLLM cache when it re-bases the positions of its keys (`triforce_core.kv.streaming`).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from .spec import ModelSpec
+
+TABLE_BLOCK = 256  # positions per block of precomputed rotary values
+
+
+class Rotary:
+    """Rotary position embeddings; inverse frequencies from transformers' rope utilities."""
+
+    def __init__(self, config: Any, spec: ModelSpec, device: torch.device):
+        self.config = config
+        self.spec = spec
+        self.device = device
+        self.rope_type = spec.rope_type
+        if spec.rope_type == "default":
+            base = config.rope_parameters["rope_theta"]
+            dim = spec.head_dim
+            inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
+            scaling = 1.0
+        else:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
+        self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
+        self.scaling = float(scaling)
+        self._table: tuple | None = None  # ((start, dtype), (cos, sin)) of one block of positions
+
+    def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
+        """Dynamic types depend on the sequence length seen by the forward (as in transformers)."""
+        original = self.spec.max_position_embeddings
+        seq_len = max_position + 1
+        if self.rope_type == "dynamic" and seq_len > original:
+            inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len)
+            return inv.to(self.device, torch.float), float(scaling)
+        return self.inv_freq, self.scaling
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: [S] int64 -> cos, sin: [S, head_dim] in `dtype`.
+
+        A decoding step's few positions are read from a block of `TABLE_BLOCK` consecutive
+        positions computed once (the block is fixed by the position, so a position's values do
+        not depend on the history): computing them costs ~8 operators a forward."""
+        n = positions.numel()
+        if scaled and 0 < n <= TABLE_BLOCK and self.rope_type != "dynamic" and positions.device.type == "cpu":
+            lo, hi = int(positions.min()), int(positions.max())
+            start = lo // TABLE_BLOCK * TABLE_BLOCK
+            if lo >= 0 and hi < start + TABLE_BLOCK:
+                if self._table is None or self._table[0] != (start, dtype):
+                    block = torch.arange(start, start + TABLE_BLOCK, device=positions.device)
+                    self._table = ((start, dtype), self._compute(block, dtype, True))
+                cos, sin = self._table[1]
+                at = positions - start
+                return cos[at], sin[at]
+        return self._compute(positions, dtype, scaled)
+
+    def _compute(self, positions: torch.Tensor, dtype: torch.dtype, scaled: bool) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, scaling = self.inv_freq, self.scaling
+        if self.rope_type == "dynamic":  # reading the largest position waits for the device: only here
+            inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
+        freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
+        emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
+        s = scaling if scaled else 1.0
+        return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [..., S, D]; cos/sin: [S, D]."""
+    return x * cos + rotate_half(x) * sin

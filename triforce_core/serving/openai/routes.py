@@ -1,0 +1,214 @@
+"""The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`.
+
+    api = ChatCompletionsAPI(engine, worker, SlotPool(engine), model_name="my-model")
+    app = FastAPI(); app.include_router(api.router)      # or create_app(api)
+
+Models: with `ServedModels`, `/v1/models` lists every model the server can switch to (the
+app's picker offers the same), each card with the extension fields `description`, `loaded`
+and, once loaded, `context_window`; a request's `model` picks one, loaded on first use (a 404
+`model_not_found` for an unknown id, a 500 `model_load_failed` with one line for a file that
+cannot be loaded). Requests on different models run side by side on the one worker.
+
+Each request borrows a cache slot matched by longest common token prefix (`SlotPool`), so a
+conversation resent whole each turn prefills only its new tokens; generations run on the one
+`EngineWorker` shared with every other caller, their prefill chunks interleaved with the
+others' rounds.
+"""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from dataclasses import replace
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.concurrency import run_in_threadpool
+
+from ...config import ConfigError, GenerationConfig, SamplingConfig, default_mode
+from ...engine import ContextLengthError, TriForceEngine
+from ...models.loading import ModelLoadError
+from ...prompting import render_prompt
+from ..registry import ServedModels, UnknownModel
+from ..slots import SlotPool
+from ..worker import EngineWorker
+from .schemas import MAX_BODY_BYTES, ApiError, CompletionRequest, parse_request
+from .streaming import Completion
+
+
+class ChatCompletionsAPI:
+    """The routes (`.router`) around one engine, its worker and a slot pool."""
+
+    def __init__(
+        self,
+        engine: TriForceEngine,
+        worker: EngineWorker,
+        slots: SlotPool,
+        *,
+        model_name: str,
+        base_config: GenerationConfig | None = None,
+        mode: str | None = None,
+        api_key: str | None = None,
+        models: ServedModels | None = None,
+    ):
+        if engine.tokenizer is None:
+            raise ValueError("the HTTP API needs a model with a tokenizer")
+        self.engine, self.worker, self.slots = engine, worker, slots  # the default model's
+        self.model_name = model_name
+        self.served_models = models  # None: `engine` is the only model
+        self.base = base_config or GenerationConfig()
+        self.mode = mode  # None: by prompt length (`default_mode`), the measured best
+        self.api_key = api_key or None
+        self.created = int(time.time())
+        self.served = 0
+        self.router = APIRouter()
+        self.router.add_api_route("/v1/models", self.models, methods=["GET"])
+        self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
+        self.router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
+        self.router.add_api_route("/v1/health", self.health, methods=["GET"])
+
+    # -- routes ------------------------------------------------------------------------------
+    async def models(self, request: Request):
+        if (denied := self._denied(request)) is not None:
+            return denied
+        if self.served_models is None:
+            return {"object": "list", "data": [self._model_card()]}
+        choices = await run_in_threadpool(self.served_models.choices)  # scans the model folders
+        return {"object": "list", "data": [self._choice_card(c.id, c.note) for c in choices]}
+
+    async def model(self, model_id: str, request: Request):
+        if (denied := self._denied(request)) is not None:
+            return denied
+        if self.served_models is not None:
+            try:
+                choice = await run_in_threadpool(self.served_models.find, model_id)
+            except UnknownModel:
+                return self._unknown_model(model_id).response()
+            return self._choice_card(choice.id, choice.note)
+        if model_id != self.model_name:
+            return self._unknown_model(model_id).response()
+        return self._model_card()
+
+    async def health(self):
+        return {"status": "ok", "model": self.model_name, "jobs": self.worker.jobs(),
+                "slots": self.slots.stats(), "requests_served": self.served}
+
+    async def chat_completions(self, request: Request):
+        if (denied := self._denied(request)) is not None:
+            return denied
+        try:
+            raw = await request.body()
+            if len(raw) > MAX_BODY_BYTES:
+                raise ApiError(413, f"the request body is {len(raw):,} bytes; the limit is {MAX_BODY_BYTES:,}")
+            try:
+                body = json.loads(raw)
+            except (json.JSONDecodeError, UnicodeDecodeError) as e:
+                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
+            req = parse_request(body)
+            engine, slots, name = await run_in_threadpool(self._served, body["model"])  # may load it
+            # On the worker, which owns the tokenizer as it owns the caches.
+            prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
+        except ApiError as e:
+            return e.response()
+        slot, _ = slots.take(prompt)
+        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
+        call = Completion(req, prompt, config, slots, slot, job, name, on_end=self._count)
+        if req.stream:
+            return StreamingResponse(call.sse(), media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        try:
+            return await call.complete()
+        except ApiError as e:
+            return e.response()
+
+    # -- helpers -----------------------------------------------------------------------------
+    def _count(self, ok: bool) -> None:
+        self.served += ok
+
+    def _denied(self, request: Request) -> JSONResponse | None:
+        if self.api_key is None:
+            return None
+        given = request.headers.get("authorization", "")
+        scheme, _, token = given.partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
+            return None
+        message = "missing API key: send 'Authorization: Bearer <key>'" if not given else "incorrect API key"
+        return ApiError(401, message, code="invalid_api_key").response()
+
+    def _unknown_model(self, name: str) -> ApiError:
+        served = "GET /v1/models lists the models" if self.served_models is not None else repr(self.model_name)
+        return ApiError(404, f"the model {name!r} does not exist; this server serves {served}",
+                        param="model", code="model_not_found")
+
+    def _served(self, name: str):
+        """(engine, slots, id) of the model a request names, loaded if need be; ApiError otherwise."""
+        if self.served_models is None:
+            if name != self.model_name:
+                raise self._unknown_model(name)
+            return self.engine, self.slots, self.model_name
+        try:
+            served = self.served_models.get(name)
+        except UnknownModel:
+            raise self._unknown_model(name) from None
+        except ModelLoadError as e:
+            raise ApiError(500, f"the model {name!r} could not be loaded: {e}", type="server_error", param="model",
+                           code="model_load_failed") from None
+        return served.engine, served.slots, served.id
+
+    def _choice_card(self, model_id: str, note: str) -> dict:
+        served = self.served_models.loaded(model_id) if self.served_models is not None else None
+        return {"id": model_id, "object": "model", "created": self.created, "owned_by": "triforce-studio",
+                "description": note, "loaded": served is not None,
+                "context_window": served.engine.context_window if served is not None else None}
+
+    def _model_card(self) -> dict:
+        return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "triforce-studio",
+                "context_window": self.engine.context_window}
+
+    def _prepare(self, req: CompletionRequest, engine: TriForceEngine) -> tuple[list[int], GenerationConfig]:
+        """Prompt ids and the generation settings on `engine`; a 400 for what cannot run."""
+        _, prompt = render_prompt(engine.tokenizer, req.messages)
+        spec = self.base.speculation
+        mode = self.mode or default_mode(len(prompt))
+        if engine.draft is None and mode == "triforce":
+            spec = replace(spec, small_draft=False)  # a model without a small draft: the levels it has
+        max_new = req.max_tokens or spec.max_new_tokens
+        try:
+            config = replace(
+                self.base,
+                sampling=SamplingConfig(
+                    temperature=req.temperature, top_p=req.top_p, seed=req.seed,
+                    frequency_penalty=req.frequency_penalty, presence_penalty=req.presence_penalty,
+                    repetition_penalty=(engine.default_sampling().repetition_penalty if req.repetition_penalty is None
+                                        else req.repetition_penalty),
+                ),
+                speculation=replace(spec, mode=mode, max_new_tokens=max_new,
+                                    ignore_eos=req.ignore_eos),
+            )
+            engine.check_prompt(prompt, config)
+        except ContextLengthError:
+            window = engine.context_window
+            raise ApiError(
+                400,
+                f"this conversation is {len(prompt)} tokens and max_tokens is {max_new}: {len(prompt) + max_new} "
+                f"tokens, but the model's context window is {window} tokens. Shorten the messages or lower max_tokens.",
+                param="messages", code="context_length_exceeded",
+            ) from None
+        except (ConfigError, ValueError) as e:
+            raise ApiError(400, str(e)) from None
+        return prompt, config
+
+
+def create_app(api: ChatCompletionsAPI) -> FastAPI:
+    """A FastAPI app serving only the HTTP API (the `serve` command); no docs pages."""
+    app = FastAPI(title="TriForce Studio API", docs_url=None, redoc_url=None, openapi_url=None)
+    app.include_router(api.router)
+    return app
+
+
+def run_server(app, host: str, port: int) -> None:
+    """Serve `app` with uvicorn until interrupted."""
+    import uvicorn
+
+    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
