@@ -270,7 +270,7 @@ def model_names(args) -> tuple[str, str | None]:
 
 
 def served_models(args, target: str, draft: str | None, slots: int):
-    """The models a server offers (`serving.models.ServedModels`), each loaded with the flags'
+    """The models a server offers (`serving.registry.ServedModels`), each loaded with the flags'
     device, dtype, K/V dtype and disk cache. Raises ValueError for a --models-dir that is no folder."""
     from ..engine import TriForceEngine
     from ..models.folders import ModelFolders

@@ -64,7 +64,7 @@ class Penalties:
         return penalize(logits, answer, list(extra), self.repetition, self.frequency, self.presence)
 
 
-NO_PENALTIES = Penalties(SamplingConfig())  # for proposers built without the decoder's processor
+NO_PENALTIES = Penalties(SamplingConfig())  # for proposers built without the loop's processor
 
 
 def penalize(logits: torch.Tensor, answer: list[int], extra: list[int], repetition: float = 1.0,

@@ -103,7 +103,7 @@ class Sampler:
         self.level = level
         self.sampling = sampling
         self.generator = generator
-        self.penalties = penalties or NO_PENALTIES  # the decoder's, shared by every level
+        self.penalties = penalties or NO_PENALTIES  # the loop's, shared by every level
         self.inspect = False
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:

@@ -121,7 +121,7 @@ class Layers:
         return out
 
     def layer_table(self, layers: list) -> LayerTable:
-        """The weights of `layers` (`model._Layer`s) as `decode_layers` reads them: built once per
+        """The weights of `layers` (`transformer._Layer`s) as `decode_layers` reads them: built once per
         model, the weights never move."""
         return LayerTable(layers)
 

@@ -8,7 +8,7 @@ tile for PyTorch. The dequantized values equal, bit for bit, those transformers 
 it loads the same file (it uses the `gguf` package's arithmetic, which the kernel follows).
 
 Hugging Face checkpoints keep their float32 weights, stored [inputs, outputs] (see
-`model._transposed`); one `Matrix` type carries either, so the forward has one path.
+`transformer._transposed`); one `Matrix` type carries either, so the forward has one path.
 """
 
 from __future__ import annotations

@@ -77,7 +77,7 @@ class TeachingHandlers:
 
     def on_pick(self, key, user: UserState | None):
         """The inspector for the clicked token."""
-        decode = self.ctx.engine_of(user).decode
+        decode = self.ctx.engine_of(user).detokenize
         picked = parse_pick(key)
         if user is None or picked is None:
             return inspector_html(None, decode), inspector_figure(None, decode)

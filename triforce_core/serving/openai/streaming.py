@@ -112,7 +112,7 @@ class Tally:
 
     def extension(self, mode: str) -> dict:
         s = self.finished
-        if s is not None:  # the decoder's own counts
+        if s is not None:  # the speculation loop's own counts
             decode_s, rounds, by_level = s.decode_s, s.rounds, dict(s.committed_by_level)
             acceptance, by_proposer, tps = dict(s.acceptance), dict(s.acceptance_by_proposer), s.tokens_per_s
         else:
