@@ -234,3 +234,46 @@ def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path
     assert len(list((xdg / "triforce-studio" / "kv").glob("*.kv"))) >= 4
     code, _, err = run_main(base + ["--kv-cache-max-gb", "0"])
     assert code == 2 and err.strip().splitlines() == ["error: --kv-cache-max-gb must be > 0, got 0.0"]
+
+
+def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path):
+    """K/V written with the native kernels is not what PyTorch's path computes (another order
+    of summation): with the kernels switched off, the same prompt finds none of the blocks, and
+    with them on again it finds them all."""
+    from triforce_core.models import native_attention, native_layers
+    from triforce_core.models.arithmetic import arithmetic_key
+
+    if native_layers.kernel() is None:
+        pytest.skip("no C compiler: one arithmetic only")
+    cfg = config("autoregressive")
+    prompt = new_engine(weights).encode(DOCUMENT)
+    native = arithmetic_key("cpu")
+    first = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
+    assert first.disk_tokens == 0 and len(block_files(tmp_path)) == 9
+    with native_layers._loader.switched(False), native_attention._loader.switched(False):
+        assert arithmetic_key("cpu") != native
+        other = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
+    assert other.disk_tokens == 0 and len(block_files(tmp_path)) == 18  # its own blocks, beside the others
+    again = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
+    assert again.disk_tokens == 9 * CHUNK and arithmetic_key("cpu") == native
+
+
+def test_a_large_model_is_keyed_by_its_files_content(tmp_path):
+    """Past `full_limit` the key is the content of the files the model came from, hashed once
+    (kept by the file's identity) and changed by any byte of the file."""
+    from gguf_files import write_gguf
+    from triforce_core.kv import disk
+
+    path = write_gguf(make_hf("llama_mha", seed=3), tmp_path / "m.gguf", {})
+    model = TriForceEngine.from_pretrained(str(path), device="cpu").target
+    digests = tmp_path / "digests"
+    key = model_fingerprint(model, full_limit=0, source=str(path))
+    assert key != model_fingerprint(model, full_limit=0)  # sampled, without a source
+    assert disk.file_digest(path, digests) == disk.file_digest(path, digests)
+    (kept,) = digests.iterdir()
+    kept.write_text("0" * 64)  # the kept digest is what a second start uses: no re-read
+    assert disk.file_digest(path, digests) == "0" * 64
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data))  # one byte of the file: a new identity, a new digest
+    assert disk.file_digest(path, digests) not in ("0" * 64, kept.read_text())

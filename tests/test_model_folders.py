@@ -182,3 +182,94 @@ def test_a_path_opens_a_file_under_the_folders_only(home, monkeypatch):
     assert models.open_path(str(home["mine"] / "nested/deeper/own.gguf")).id == "nested/deeper/own"
     with pytest.raises(PathRefused, match=REFUSED):
         models.open_path(str(home["secret"]))
+
+
+def test_a_fifo_or_a_folder_named_gguf_is_never_opened(home, monkeypatch):
+    """A FIFO waits forever on open: a scan that opened one would hang every request. Both it
+    and a folder named `.gguf` are skipped; the real files are still found. (Run in a thread
+    with a bound, so a regression fails the test instead of hanging it.)"""
+    mine = home["mine"]
+    os.mkfifo(mine / "pipe.gguf")
+    os.mkfifo(home["home"] / ".ollama/models/manifests/registry.ollama.ai/library/tiny/piped")
+    (mine / "folder.gguf").mkdir()
+    folders = folders_of(home, monkeypatch)
+    result: list = []
+    t = threading.Thread(target=lambda: result.append(folders.discover(wait_s=60)), daemon=True)
+    t.start()
+    t.join(120)
+    assert result, "the scan hung on a FIFO"
+    ids = {m.id for m in result[0]}
+    assert "own" not in ids and "nested/deeper/own" in ids and "ollama/tiny:latest" in ids
+    assert not {"pipe", "folder"} & ids
+    with pytest.raises(PathRefused):
+        folders.allowed(str(mine / "pipe.gguf"))
+
+
+def test_a_repeated_scan_reads_only_what_changed(home, monkeypatch):
+    """Each file's first bytes are read once while it is unchanged; a changed file is read again."""
+    import triforce_core.models.folders as module
+
+    opened: list[str] = []
+    sniff = module.is_gguf_file
+    monkeypatch.setattr(module, "is_gguf_file", lambda p: opened.append(str(p)) or sniff(p))
+    folders = folders_of(home, monkeypatch)
+    first = folders.discover(wait_s=60)
+    assert opened and len(opened) == len(set(opened))
+    opened.clear()
+    assert folders.discover(wait_s=60) == first and opened == []  # nothing read again
+    own = home["mine"] / "nested/deeper/own.gguf"
+    own.write_bytes(b"no longer a model")
+    again = {m.id for m in folders.discover(wait_s=60)}
+    assert opened == [str(own.resolve())] and "nested/deeper/own" not in again
+
+
+def test_a_slow_scan_does_not_block_the_caller(home, monkeypatch):
+    """A scan held up (a slow network mount, here an event that is not yet set) leaves the caller
+    with the last complete result after `wait_s`; the scan finishes in the background."""
+    import triforce_core.models.folders as module
+
+    folders = folders_of(home, monkeypatch)
+    first = folders.discover(wait_s=60)
+    release = threading.Event()
+    entries = module._Scanner.entries
+    monkeypatch.setattr(module._Scanner, "entries", lambda self, folder: release.wait() and entries(self, folder))
+    (home["mine"] / "new.gguf").write_bytes((home["mine"] / "nested/deeper/own.gguf").read_bytes())
+    assert folders.discover(wait_s=0.05) == first  # the held scan's caller gets the last result
+    release.set()
+    folders._scan.join(60)
+    assert "new" in {m.id for m in folders.discover(wait_s=60)}
+
+
+def test_loads_stay_within_the_limits(home, monkeypatch):
+    """At most `max_loaded` models in memory: a switch first lets go of a model only the registry
+    keeps, and when every loaded model is held by a caller, the load is refused in one line with
+    the numbers (nothing is loaded). The started model is never let go. A byte limit the
+    started model alone fills refuses any other model the same way."""
+    counts: dict = {}
+    own = home["mine"] / "nested/deeper/own.gguf"
+    models = ServedModels(loader(counts), folders_of(home, monkeypatch), started=(str(own), None), keep=1,
+                          max_loaded=2)
+    started = models.default()
+    models.get("ollama/tiny:latest")  # kept by the registry only (keep=1)
+    held = models.get("hf/org/Tiny-GGUF/tiny.Q8_0")  # lets go of ollama's: 2 loaded, both held
+    gc.collect()
+    assert models.loaded("ollama/tiny:latest") is None
+    assert set(models.memory()["models"]) == {"own", "hf/org/Tiny-GGUF/tiny.Q8_0"}
+    models._recent.clear()  # `held` is now held by its caller alone
+    with pytest.raises(ModelLoadError) as e:
+        models.get("lmstudio/someone/Tiny-GGUF/tiny-Q8_0")
+    line = str(e.value)
+    assert "\n" not in line and "2 models" in line and "--max-loaded-models" in line
+    assert "lmstudio/someone/Tiny-GGUF/tiny-Q8_0" not in counts  # refused before loading
+    del held
+    gc.collect()
+    assert models.get("lmstudio/someone/Tiny-GGUF/tiny-Q8_0").engine is not None  # room once it was let go
+    assert models.default() is started
+
+    tight = ServedModels(loader({}), folders_of(home, monkeypatch), started=(str(own), None),
+                         max_bytes=own.stat().st_size + 1)
+    tight.default()
+    with pytest.raises(ModelLoadError, match="--max-model-gb"):
+        tight.get("ollama/tiny:latest")
+    with pytest.raises(ValueError, match="--max-loaded-models"):
+        ServedModels(loader({}), folders_of(home, monkeypatch), started=(str(own), None), max_loaded=0)

@@ -71,12 +71,14 @@ class TriForceEngine:
         self.kv_dtype = kv_dtype
         self.instruct = instruct  # gets an instruct model's default sampling (`loading.is_instruct`)
         self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
+        self.source: str | None = None  # what the target was loaded from (`from_pretrained`'s name)
 
     def use_disk_cache(self, folder: str | None = None, max_bytes: int | None = None) -> DiskCache:
         """Keep prefilled K/V blocks in `folder` (default `config.default_kv_cache_folder()`) and read them
         back in later prefills, in this process or another (see `triforce_core.kv.disk`)."""
         kwargs = {} if max_bytes is None else {"max_bytes": max_bytes}
-        self.disk_cache = DiskCache(folder or default_kv_cache_folder(), model_fingerprint(self.target), **kwargs)
+        key = model_fingerprint(self.target, source=self.source)
+        self.disk_cache = DiskCache(folder or default_kv_cache_folder(), key, **kwargs)
         return self.disk_cache
 
     @classmethod
@@ -93,8 +95,10 @@ class TriForceEngine:
         d = None
         if draft is not None:
             d = load_draft(draft, t, dev, dt)
-        return cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype,
-                   instruct=is_instruct(target, t.tokenizer))
+        engine = cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype,
+                     instruct=is_instruct(target, t.tokenizer))
+        engine.source = target
+        return engine
 
     # -- text ------------------------------------------------------------------------------
     def encode(self, text: str) -> list[int]:

@@ -194,6 +194,13 @@ def add_models_dir_arg(parser) -> None:
         help="a folder of GGUF files to offer besides the started model (repeatable); the app's model picker and "
         "GET /v1/models also list those found where LM Studio, Ollama and the Hugging Face cache keep models. The "
         "browser may open files under these folders only")
+    parser.add_argument(
+        "--max-loaded-models", type=int, default=None, metavar="N",
+        help="models held in memory at once, the started one included (default: one per 4 GB of memory, at least "
+        "2); a switch that would pass it lets go of an unused model first, else is refused with the numbers")
+    parser.add_argument(
+        "--max-model-gb", type=float, default=None, metavar="GB",
+        help="weights of the loaded models at most, in GB (default: half the machine's memory)")
 
 
 def configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=None):
@@ -282,4 +289,7 @@ def served_models(args, target: str, draft: str | None, slots: int):
         apply_kv_cache_args(engine, args)
         return engine
 
-    return ServedModels(load, ModelFolders.default(args.models_dir), started=(target, draft), slots=slots)
+    max_gb = getattr(args, "max_model_gb", None)
+    return ServedModels(load, ModelFolders.default(args.models_dir), started=(target, draft), slots=slots,
+                        max_loaded=getattr(args, "max_loaded_models", None),
+                        max_bytes=None if max_gb is None else int(max_gb * GB))

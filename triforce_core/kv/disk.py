@@ -8,10 +8,13 @@
 A block is one prefill chunk (`CacheConfig.prefill_chunk`; the size is part of the key). Why
 blocks and not whole prompts: a document-chat prompt is template + document + question,
 so no two prompts are equal, but they share their beginning. Block j's key hashes the model's
-key, the K/V dtype and every token of blocks 0..j (a chain), so any prompt that starts with the
+key (its weights, or its file's content), the K/V dtype, the arithmetic the forward runs
+(`models.arithmetic`: native kernels or PyTorch's, the processor's vector instructions, the
+PyTorch release) and every token of blocks 0..j (a chain), so any prompt that starts with the
 same tokens finds the same blocks, whoever wrote them (the app, `chat`, the HTTP API, another
-process), and a cache of one K/V dtype never finds another's: a float16 prefill is not a
-float32 one rounded (each layer attended to rounded K/V), so neither could stand for the other.
+process), and a cache of one K/V dtype or one arithmetic never finds another's: a float16
+prefill is not a float32 one rounded (each layer attended to rounded K/V), and a kernel that
+sums in another order gives other bits, so neither could stand for the other.
 A file also names its dtype, and one whose dtype is not the cache's is refused (deleted).
 
 Exactness: a block is written only when it was computed by one prefill forward over exactly
@@ -40,7 +43,10 @@ from pathlib import Path
 
 import torch
 
-from ..config import GB, KV_CACHE_MAX_GB
+from ..config import GB, KV_CACHE_MAX_GB, cache_home
+from ..models.arithmetic import arithmetic_key
+from ..models.gguf_file import GGUFError, is_gguf
+from ..models.gguf_file import resolve as resolve_gguf
 from .full import FullCache
 from .store import kv_dtype_name
 
@@ -53,12 +59,61 @@ SUFFIX = ".kv"
 DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
 
 
-def model_fingerprint(model, full_limit: int = 1 << 30) -> str:
+WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
+
+
+def weight_files(source: str | os.PathLike | None) -> list[Path]:
+    """The files a model's weights were read from: a GGUF file (or `smollm2`), or a folder's
+    weight files; [] for a hub id or anything else."""
+    if source is None:
+        return []
+    if is_gguf(str(source)):
+        try:
+            return [resolve_gguf(str(source))]
+        except GGUFError:
+            return []
+    path = Path(os.path.expanduser(source))
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return []
+
+
+def file_digest(path: Path, folder: Path | None = None) -> str:
+    """SHA-256 of a file's content, kept under `folder` (default `config.cache_home()/digests`) by
+    the file's identity (path, device, inode, size, modification time): a large model file is read
+    whole once, not at every start."""
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_dev}|{st.st_ino}|{st.st_size}|{st.st_mtime_ns}"
+    folder = folder or cache_home() / "digests"
+    kept = folder / hashlib.sha256(ident.encode()).hexdigest()[:32]
+    try:
+        text = kept.read_text(encoding="ascii").strip()
+        if len(text) == 64:
+            return text
+    except OSError:
+        pass
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(16 << 20):
+            h.update(chunk)
+    digest = h.hexdigest()
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        tmp = kept.with_name(kept.name + f".tmp{os.getpid()}")
+        tmp.write_text(digest, encoding="ascii")
+        os.replace(tmp, kept)
+    except OSError:
+        pass  # a read-only cache folder: the next start hashes the file again
+    return digest
+
+
+def model_fingerprint(model, full_limit: int = 1 << 30, source: str | os.PathLike | None = None) -> str:
     """A key for a model's K/V: its architecture, rope parameters, dtype and weights.
 
-    Weights are hashed whole up to `full_limit` bytes in all; a larger model is hashed from each
-    tensor's shape, first and last megabyte and a strided sample (hashing 16 GB at every start
-    would cost minutes; a different checkpoint differs in all of these).
+    Weights are hashed whole up to `full_limit` bytes in all. A larger model is keyed by its
+    files' content (`source`: the GGUF file or folder it was loaded from, hashed once and kept,
+    `file_digest`); loaded from elsewhere (a hub id), by each tensor's shape, first and last
+    megabyte and a strided sample (hashing 16 GB at every start would cost minutes).
     """
     h = hashlib.sha256()
     config = model.config
@@ -68,6 +123,11 @@ def model_fingerprint(model, full_limit: int = 1 << 30) -> str:
     h.update(str(model.dtype).encode())
     tensors = model.weight_tensors()
     whole = sum(t.numel() * t.element_size() for t in tensors) <= full_limit
+    files = [] if whole else weight_files(source)
+    if files:
+        for f in files:
+            h.update(f"{f.name}:{file_digest(f)}".encode())
+        return h.hexdigest()
     for t in tensors:
         raw = t.detach().to("cpu").contiguous().view(-1).view(torch.uint8)
         h.update(str(tuple(t.shape)).encode())
@@ -105,12 +165,14 @@ class DiskCache:
         self.problems: list[str] = []  # one line per bad file met (also logged)
 
     # -- keys ------------------------------------------------------------------------------
-    def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype) -> list[Block]:
-        """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype`, each with its key."""
+    def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype,
+               device: torch.device | str = "cpu") -> list[Block]:
+        """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype` on `device`,
+        each with its key (which names the arithmetic the forward runs now: `arithmetic_key`)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         n, b = len(tokens), block_tokens
-        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}".encode())
+        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic_key(device)}".encode())
         out = []
         for j in range(n // b):
             part = tuple(int(t) for t in tokens[j * b : (j + 1) * b])

@@ -55,6 +55,12 @@ def _source_text(source: Path) -> bytes:
     return text
 
 
+def library_key(source: Path, flags: tuple[str, ...] = FLAGS) -> str:
+    """What a library's arithmetic follows from: its source, its flags and the processor
+    -march=native compiles for (its vector instructions decide the order of a sum)."""
+    return hashlib.sha256(_source_text(source) + " ".join(flags).encode() + _processor().encode()).hexdigest()[:16]
+
+
 def build(source: Path, flags: tuple[str, ...] = FLAGS, folder: Path | None = None) -> Path:
     """Compile `source` (once per source, flags and processor); the path of the library.
 
@@ -63,8 +69,7 @@ def build(source: Path, flags: tuple[str, ...] = FLAGS, folder: Path | None = No
     compiler = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
     if compiler is None:
         raise OSError("no C compiler (cc or gcc) on the PATH")
-    text = _source_text(source)
-    key = hashlib.sha256(text + " ".join(flags).encode() + _processor().encode()).hexdigest()[:16]
+    key = library_key(source, flags)
     folder = folder or cache_home() / "native"
     target = folder / f"{source.stem}-{key}.so"
     if target.exists():

@@ -14,11 +14,20 @@ model beyond those stays in memory only while something still holds its `ServedM
 user's session, a request) and is freed with the last of them. Two callers asking for a model
 being loaded wait for the one load. A load runs in the caller's thread, not on the engine's
 worker, so the other users' answers go on meanwhile (loading touches no cache).
+
+Loads stay within the machine: at most `max_loaded` models in memory at once and at most
+`max_bytes` of their weights (`--max-loaded-models`, `--max-model-gb`; by default from the
+machine's memory). A load that would pass either first lets go of the least recently used
+models only the registry holds (never the started one, never one a caller holds: an answer
+running on it is not disturbed), then, if still over, is refused in one line with the
+numbers. A model's size before it is loaded is its files' size (a GGUF file's weights stay
+as stored); once loaded, its weights' bytes count.
 """
 
 from __future__ import annotations
 
 import collections
+import gc
 import os
 import threading
 import weakref
@@ -26,6 +35,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable
 
+from ..config import GB
 from ..engine import TriForceEngine
 from ..models.gguf_file import SMOLLM2, GGUFError, smollm2_path
 from ..models.loading import DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name
@@ -33,6 +43,10 @@ from ..models.folders import ModelFolders
 from .slots import SlotPool
 
 DEMO_ID = "triforce-demo"
+# Of the machine's memory, what loaded models' weights may take by default: the rest is left to
+# the caches (a long document's K/V is gigabytes), the documents and the other programs.
+MEMORY_SHARE = 0.5
+WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt")
 TOOL_NOTES = {"lmstudio": "LM Studio", "ollama": "Ollama", "hf": "Hugging Face cache", "models-dir": "models folder",
               "file": "opened by path"}
 
@@ -44,6 +58,43 @@ def _real(target: str) -> str:
 
 class UnknownModel(ValueError):
     """No model of that id can be served (one line)."""
+
+
+def machine_memory() -> int | None:
+    """Bytes of physical memory, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def default_limits() -> tuple[int, int | None]:
+    """(models, bytes) loaded at most by default: half the memory for weights, and one model
+    per 4 GB of memory (at least 2: the started model and one switched to)."""
+    total = machine_memory()
+    if total is None:
+        return 2, None
+    return max(2, int(total // (4 * 2**30))), int(total * MEMORY_SHARE)
+
+
+def files_bytes(name: str | None) -> int:
+    """The size of a model's weight files on disk (0 for a hub id or what cannot be read)."""
+    if not name:
+        return 0
+    path = Path(os.path.expanduser(name))
+    try:
+        if path.is_file():
+            return path.stat().st_size
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.suffix in WEIGHT_FILES)
+    except OSError:
+        pass
+    return 0
+
+
+def engine_bytes(engine: TriForceEngine) -> int:
+    """The weights a loaded engine holds (target and draft)."""
+    return sum(m.weight_bytes() for m in (engine.target, engine.draft) if m is not None)
 
 
 @dataclass(frozen=True)
@@ -104,7 +155,15 @@ class ServedModels:
     ModelLoadError; `slots` is each model's `SlotPool` capacity."""
 
     def __init__(self, load: Callable[[ModelChoice], TriForceEngine], folders: ModelFolders,
-                 started: tuple[str, str | None], *, keep: int = 1, slots: int = 4):
+                 started: tuple[str, str | None], *, keep: int = 1, slots: int = 4,
+                 max_loaded: int | None = None, max_bytes: int | None = None):
+        models, nbytes = default_limits()
+        self.max_loaded = max_loaded if max_loaded is not None else models
+        self.max_bytes = max_bytes if max_bytes is not None else nbytes
+        if self.max_loaded < 1:
+            raise ValueError(f"--max-loaded-models must be at least 1, got {self.max_loaded}")
+        if self.max_bytes is not None and self.max_bytes <= 0:
+            raise ValueError(f"--max-model-gb must be above 0, got {self.max_bytes / GB:g}")
         self._load = load
         self.folders = folders
         self.keep = keep
@@ -115,6 +174,7 @@ class ServedModels:
         self._recent: collections.OrderedDict[str, ServedModel] = collections.OrderedDict()
         self._pinned: ServedModel | None = None
         self._loading: dict[str, threading.Lock] = {}
+        self._pending: dict[str, int] = {}  # models being loaded now: the bytes each was counted at
         self._lock = threading.Lock()
 
     # -- the catalogue ------------------------------------------------------------------------
@@ -177,14 +237,55 @@ class ServedModels:
                 if served is not None:
                     self._use(served)
                     return served
-            engine = self._load(choice)
-            if engine.tokenizer is None:
-                raise ModelLoadError(f"{choice.id} has no tokenizer: the app and the HTTP API need one")
-            served = ServedModel(choice, engine, SlotPool(engine, capacity=self.slots))
-            with self._lock:
-                self._alive[choice.id] = served
-                self._use(served)
+            self._make_room(choice)
+            try:
+                engine = self._load(choice)
+                if engine.tokenizer is None:
+                    raise ModelLoadError(f"{choice.id} has no tokenizer: the app and the HTTP API need one")
+                served = ServedModel(choice, engine, SlotPool(engine, capacity=self.slots))
+                with self._lock:
+                    self._alive[choice.id] = served
+                    self._use(served)
+            finally:
+                with self._lock:
+                    self._pending.pop(choice.id, None)
             return served
+
+    def memory(self) -> dict:
+        """The models in memory now and their weights' bytes, against the limits."""
+        with self._lock:
+            alive = list(self._alive.values())
+        return {"models": [m.id for m in alive], "bytes": sum(engine_bytes(m.engine) for m in alive),
+                "max_models": self.max_loaded, "max_bytes": self.max_bytes}
+
+    def _make_room(self, choice: ModelChoice) -> None:
+        """Let go of the least recently used models only the registry holds until `choice` fits
+        the limits; else ModelLoadError with the numbers."""
+        need = files_bytes(choice.target) + files_bytes(choice.draft)
+
+        def over() -> tuple[int, int] | None:
+            alive = list(self._alive.values())
+            count = len(alive) + len(self._pending)  # a model being loaded by another caller counts
+            held = sum(engine_bytes(m.engine) for m in alive) + sum(self._pending.values())
+            too_many = count + 1 > self.max_loaded
+            too_big = self.max_bytes is not None and held + need > self.max_bytes
+            return (count, held) if too_many or too_big else None
+
+        with self._lock:
+            while over() is not None and self._recent:
+                self._recent.popitem(last=False)  # the oldest of those kept for reuse
+                gc.collect()  # a let-go model's weights are freed before the next count
+            numbers = over()
+            if numbers is None:
+                self._pending[choice.id] = need
+                return
+            count, held = numbers
+            in_use = ", ".join(sorted([*self._alive.keys(), *self._pending]))
+        limit = f"{self.max_loaded} models" + (f" / {self.max_bytes / GB:.1f} GB" if self.max_bytes else "")
+        raise ModelLoadError(
+            f"{choice.id} is not loaded: {count} models ({held / GB:.1f} GB) are in memory and in use ({in_use}), "
+            f"and {choice.id} needs about {need / GB:.1f} GB more, over this server's limit of {limit} "
+            f"(--max-loaded-models, --max-model-gb)")
 
     def _use(self, served: ServedModel) -> None:
         """Most recently used; beyond `keep` (the started model aside), the oldest are let go."""

@@ -1,0 +1,38 @@
+"""Which arithmetic a forward runs: the key under which its results may be kept and reused.
+
+Two forwards of the same weights over the same tokens give the same bits only on the same
+path: a native kernel sums in another order than PyTorch's, AVX-512 in another than AVX2, and
+a new PyTorch release may pick another matrix-product kernel. The disk cache keys every block
+with this, so K/V computed on one path is never read back on another (`kv.disk`).
+
+The kernels' sums do not depend on the number of threads (each output is summed by one
+thread, in a fixed order), so the thread count is not part of the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+
+from . import native_attention, native_layers
+from .native_build import library_key
+
+# Raised when Python-side arithmetic of the forward changes the order of its operations (an
+# attention split, a fused norm): K/V kept under the old number is then never reused.
+ARITHMETIC_VERSION = 1
+
+
+def arithmetic_key(device: torch.device | str = "cpu") -> str:
+    """A short key naming the arithmetic of a forward on `device` as it runs now (with the
+    environment switches of the native kernels as they are set now)."""
+    device = torch.device(device)
+    parts = [f"arithmetic {ARITHMETIC_VERSION}", device.type, torch.__version__]
+    if device.type == "cpu":
+        attention = native_attention.kernel() is not None
+        layers = native_layers.kernel() is not None
+        parts.append(f"attention {library_key(native_attention.SOURCE) if attention else 'torch'}")
+        parts.append(f"layers {library_key(native_layers.SOURCE, native_layers.LAYER_FLAGS) if layers else 'torch'}")
+    else:
+        parts.append(torch.version.cuda or "")
+    return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
