@@ -12,11 +12,18 @@ Starts `python app.py` (the browser app and the HTTP API on one port) on a free 
    round after round for `--duration` seconds, streaming, and compare every answer with
    its reference (greedy decoding is deterministic, so they must be equal).
 
+With `--hostile` (the soak): after each conversation every client also sends one request a
+web page or a careless caller could send, in turn: a foreign Host (DNS rebinding), a foreign
+Origin as a text/plain "simple request" and as JSON, a body that is not JSON, a 20 MB body
+sent in chunks, an unknown model, a model file that lies about itself (a damaged GGUF file
+in a `--models-dir` made for the run), out-of-range sampling values. Each must be refused
+(4xx) and the server must keep serving; the good answers must still equal the quiet run's.
+
 Reported: requests served, errors, answers different from alone, time to first token (p50,
 p95, by turn: the first turn may prefill the whole document, the second reuses it), decode
-tokens/s from the responses' `triforce` statistics, and the server's resident memory (VmRSS)
-after the alone phase, each minute, at the end, and its peak (VmHWM). A timing run, not a
-test: nothing here asserts a speed.
+tokens/s from the responses' `triforce` statistics, hostile requests by kind and status, and
+the server's resident memory (VmRSS) after the alone phase, each minute, at the end, and its
+peak (VmHWM). A timing run, not a test: nothing here asserts a speed.
 """
 
 from __future__ import annotations
@@ -82,6 +89,48 @@ def start_server(port: int, extra: list[str]) -> subprocess.Popen:
     raise SystemExit("error: the app did not start within 300 s")
 
 
+HOSTILE = ("foreign-host", "foreign-origin-text", "foreign-origin-json", "not-json", "oversized", "unknown-model",
+           "lying-model-file", "bad-values")
+
+
+def hostile(kind: str, base: str, model: str) -> int:
+    """Send one hostile request of `kind`; its HTTP status (a refusal is 4xx)."""
+    import httpx
+
+    body = {"model": model, "messages": [{"role": "user", "content": "Hello"}], "max_tokens": 4, "temperature": 0}
+    url = base + "/chat/completions"
+    port = base.split(":")[2].split("/")[0]
+    json_type = {"Content-Type": "application/json"}
+    if kind == "foreign-host":
+        r = httpx.post(url, json=body, headers={"Host": f"rebind.example:{port}"}, timeout=60)
+    elif kind == "foreign-origin-text":
+        r = httpx.post(url, content=json.dumps(body), headers={"Origin": "http://evil.example",
+                                                               "Content-Type": "text/plain"}, timeout=60)
+    elif kind == "foreign-origin-json":
+        r = httpx.post(url, json=body, headers={"Origin": "http://evil.example"}, timeout=60)
+    elif kind == "not-json":
+        r = httpx.post(url, content=b"{not json", headers=json_type, timeout=60)
+    elif kind == "oversized":
+        def chunks():
+            yield b'{"model": "x", "messages": [{"role": "user", "content": "'
+            for _ in range(20):
+                yield b"a" * (1 << 20)
+            yield b'"}]}'
+        try:
+            r = httpx.post(url, content=chunks(), headers=json_type, timeout=60)
+        except httpx.HTTPError:  # the server may close the connection once it has refused
+            return 413
+    elif kind == "unknown-model":
+        r = httpx.post(url, json={**body, "model": "no-such-model"}, timeout=60)
+    elif kind == "lying-model-file":
+        r = httpx.post(url, json={**body, "model": "lying"}, timeout=300)
+    elif kind == "bad-values":
+        r = httpx.post(url, json={**body, "temperature": -1, "max_tokens": 10**12}, timeout=60)
+    else:
+        raise ValueError(kind)
+    return r.status_code
+
+
 class Load:
     """The clients' shared record of what happened."""
 
@@ -89,6 +138,7 @@ class Load:
         self.lock = threading.Lock()
         self.requests = 0
         self.errors: list[str] = []
+        self.hostile: dict[str, dict[int, int]] = {}  # kind -> status -> count
         self.mismatches = 0
         self.ttft: dict[int, list[float]] = {1: [], 2: []}
         self.decode_tps: list[float] = []
@@ -138,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--document", default=str(DOCUMENT), help="the document (default: the held-out sample)")
     p.add_argument("--seed", type=int, default=0, help="picks the quote questions (default 0)")
     p.add_argument("--app-args", default="", help="extra arguments for app.py, e.g. '--api-slots 8'")
+    p.add_argument("--hostile", action="store_true",
+                   help="the soak: each client also sends one hostile request after each conversation")
     p.add_argument("--json", metavar="OUT", help="write the report as JSON")
     args = p.parse_args(argv)
     if args.clients < 1 or args.duration <= 0 or args.conversations < 1 or args.max_tokens < 1:
@@ -153,7 +205,14 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()[0]  # > cores: the machine was shared during the run
     port = free_port()
     print(f"starting app.py on port {port} ...", file=sys.stderr)
-    proc = start_server(port, args.app_args.split())
+    extra = args.app_args.split()
+    if args.hostile:  # a models folder holding one file that lies about itself
+        import tempfile
+
+        models_dir = Path(tempfile.mkdtemp(prefix="soak-models-"))
+        (models_dir / "lying.gguf").write_bytes(b"GGUF" + os.urandom(4096))
+        extra += ["--models-dir", str(models_dir)]
+    proc = start_server(port, extra)
     base = f"http://127.0.0.1:{port}/v1"
     try:
         client = openai.OpenAI(base_url=base, api_key="unused", max_retries=0, timeout=900)
@@ -194,6 +253,19 @@ def main(argv: list[str] | None = None) -> int:
                         with load.lock:
                             load.errors.append(f"{type(e).__name__}: {e}")
                         break
+                if args.hostile:
+                    kind = HOSTILE[(k + c) % len(HOSTILE)]
+                    try:
+                        status = hostile(kind, base, model)
+                    except Exception as e:  # noqa: BLE001 - counted and reported
+                        status = -1
+                        with load.lock:
+                            load.errors.append(f"hostile {kind}: {type(e).__name__}: {e}")
+                    with load.lock:
+                        by_status = load.hostile.setdefault(kind, {})
+                        by_status[status] = by_status.get(status, 0) + 1
+                        if not 400 <= status < 500:
+                            load.errors.append(f"hostile {kind}: status {status}, not a refusal")
 
         threads = [threading.Thread(target=client_loop, args=(c,), daemon=True) for c in range(args.clients)]
         for t in threads:
@@ -238,6 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         "errors": len(load.errors),
         "error_examples": load.errors[:5],
         "different_from_alone": load.mismatches,
+        "hostile_by_kind_and_status": load.hostile,
         "ttft_ms": {f"turn{t}": {"p50": ms(percentile(v, 0.5)), "p95": ms(percentile(v, 0.95)), "n": len(v)}
                     for t, v in load.ttft.items()},
         "ttft_alone_ms": {f"turn{t}": {"p50": ms(percentile(v, 0.5))} for t, v in alone_ttft.items()},
