@@ -12,20 +12,21 @@ Nothing happens on import; the app is built and launched only under `__main__`.
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
     from triforce_core.cli.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
+    from triforce_core.cli.serve import add_access_args
 
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
         "level that proposed it.",
         epilog="The same port serves an OpenAI-compatible API: POST /v1/chat/completions, GET /v1/models. "
         "Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
-        "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir).",
+        "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir); "
+        "requests with a foreign Host or Origin are refused (docs/security.md).",
     )
     p.add_argument("--target", help="hub id, local folder, a .gguf file, or smollm2 (default: the embedded demo target)")
     p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the embedded demo draft)")
@@ -48,8 +49,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    help="memory the users' cached sessions may hold together; least recently used ones are freed "
                    "beyond it (default %(default)g; a 64K-token session of the demo pair holds about 0.3 GB with float16 K/V, "
                    "0.6 GB with float32)")
-    p.add_argument("--api-key", default=os.environ.get("TRIFORCE_API_KEY"),
-                   help="require 'Authorization: Bearer KEY' on the HTTP API (default: $TRIFORCE_API_KEY, else none)")
+    add_access_args(p)
     p.add_argument("--api-slots", type=int, default=4,
                    help="idle conversations whose caches the HTTP API and the chat endpoint keep, least recently "
                    "used evicted (default 4)")
@@ -62,12 +62,15 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError
     from triforce_core.config import GB, default_mode
-    from triforce_core.cli.flags import check_kv_cache_args, served_models
+    from triforce_core.cli.flags import UsageError, check_kv_cache_args, served_models
+    from triforce_core.cli.serve import access_policy
     from triforce_core.models.loading import default_model_names
     from ui.settings import Settings
     from ui.server import build_server, run_server
 
     try:
+        # everything but /v1 (whose bodies have the API's limit): an upload and the form around it
+        access = access_policy(args, max_body=(args.max_upload_mb + 1) * 1_000_000)
         check_kv_cache_args(args)
         if not args.max_cache_gb > 0:
             raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
@@ -81,16 +84,17 @@ def main(argv: list[str] | None = None) -> int:
         defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
         defaults = defaults.for_model(started.engine)  # an instruct model's repetition control
         defaults.config()
-        app = build_server(models=models, defaults=defaults, api_mode=args.mode, api_key=args.api_key,
+        app = build_server(models=models, defaults=defaults, api_mode=args.mode, access=access,
                            api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
                            max_cached_sessions=args.max_cached_sessions,
                            max_cache_bytes=int(args.max_cache_gb * GB))
-    except (ModelLoadError, ConfigError, ValueError) as e:
+    except (ModelLoadError, ConfigError, ValueError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     url = f"http://{args.host}:{args.port}"
     print(f"TriForce Studio on {url}/ ; OpenAI-compatible API at {url}/v1 (model {name!r}"
-          + (", API key required" if args.api_key else "") + ")", file=sys.stderr)
+          + (", API key required: open the page and enter it, or send 'Authorization: Bearer KEY'"
+             if args.api_key else "") + ")", file=sys.stderr)
     run_server(app, args.host, args.port)
     return 0
 

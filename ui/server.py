@@ -4,7 +4,9 @@
     app = build_server(models=ServedModels(load, folders, started=(target, draft)))  # with a model picker
     run_server(app, "127.0.0.1", 7860)
 
-Both halves share one `EngineWorker` (the scheduler every caller goes through) and, per model,
+Both halves sit behind one `Guard` (`triforce_core.serving.guard`: Host and Origin checks, the
+API key over the page, its Gradio API and /v1 alike, body limits; docs/security.md), and share
+one `EngineWorker` (the scheduler every caller goes through) and, per model,
 one `SlotPool` (the `chat` endpoint's and the HTTP API's prefix-matched caches); the app's users
 keep their own sessions, capped by `max_cached_sessions`. With `models`, the app's picker and
 the API's `/v1/models` offer the same models, and each user or request picks its own.
@@ -15,6 +17,7 @@ from __future__ import annotations
 from fastapi import FastAPI
 
 from triforce_core.engine import TriForceEngine
+from triforce_core.serving.guard import AccessPolicy, Guard
 from triforce_core.serving.registry import ServedModels
 from triforce_core.serving.openai import ChatCompletionsAPI, run_server
 from triforce_core.serving.worker import EngineWorker
@@ -30,13 +33,14 @@ __all__ = ["build_server", "mount_options", "run_server"]
 
 def mount_options(max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
     """Secure defaults for mounting the app: upload limit, no file access beyond uploads, no
-    monitoring endpoint (the bind address, 127.0.0.1 by default, is the server's)."""
+    monitoring endpoint, no tracebacks sent to browsers (a handler's `gr.Error` still shows its
+    one line); the bind address, 127.0.0.1 by default, and the `Guard` are the server's."""
     return dict(
         max_file_size=f"{max_upload_mb}mb",
         enable_monitoring=False,
         allowed_paths=[],
         ssr_mode=False,
-        show_error=True,
+        show_error=False,
         css_paths=[CSS_PATH] if CSS_PATH.exists() else None,
         head=f"<script>{APP_JS.read_text(encoding='utf-8')}</script>" if APP_JS.exists() else None,
         footer_links=["api"],
@@ -50,14 +54,16 @@ def build_server(
     models: ServedModels | None = None,
     defaults: Settings | None = None,
     api_mode: str | None = None,
-    api_key: str | None = None,
+    access: AccessPolicy | None = None,
     api_slots: int = 4,
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
     max_cache_bytes: int | None = None,
 ) -> FastAPI:
-    """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`. Either one
-    `engine` served as `model_name`, or `models` (their started model loaded here)."""
+    """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`, all behind the
+    `Guard` with `access` (default: loopback names only, no key, bodies outside /v1 up to the
+    upload limit). Either one `engine` served as `model_name`, or `models` (their started model
+    loaded here)."""
     import gradio as gr
 
     if models is not None:
@@ -74,9 +80,10 @@ def build_server(
     demo.queue(default_concurrency_limit=8)
     base = (defaults or Settings()).config()
     api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,
-                             api_key=api_key, models=models)
+                             models=models)
     app = FastAPI(title="TriForce Studio", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api.router)
     app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
+    app.add_middleware(Guard, policy=access or AccessPolicy(max_body=(max_upload_mb + 1) * 1_000_000))
     app.state.tf_api = api
     return app

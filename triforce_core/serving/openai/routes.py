@@ -1,13 +1,17 @@
 """The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`.
 
     api = ChatCompletionsAPI(engine, worker, SlotPool(engine), model_name="my-model")
-    app = FastAPI(); app.include_router(api.router)      # or create_app(api)
+    app = create_app(api, AccessPolicy(api_key="s3cret"))   # the routes behind the guard
 
 Models: with `ServedModels`, `/v1/models` lists every model the server can switch to (the
 app's picker offers the same), each card with the extension fields `description`, `loaded`
 and, once loaded, `context_window`; a request's `model` picks one, loaded on first use (a 404
-`model_not_found` for an unknown id, a 500 `model_load_failed` with one line for a file that
-cannot be loaded). Requests on different models run side by side on the one worker.
+`model_not_found` for an unknown id, a 400 `model_load_failed` with the load error's one line for
+a file that cannot be loaded). Requests on different models run side by side on the one worker.
+
+Who may call (Host, Origin, the API key, JSON bodies, the body limit) is the `Guard`'s concern
+(`triforce_core.serving.guard`), which `create_app` puts in front of the routes; the routes
+themselves read a body only up to `MAX_BODY_BYTES`.
 
 Each request borrows a cache slot matched by longest common token prefix (`SlotPool`), so a
 conversation resent whole each turn prefills only its new tokens; generations run on the one
@@ -17,24 +21,28 @@ others' rounds.
 
 from __future__ import annotations
 
-import hmac
 import json
 import time
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
+from starlette.requests import ClientDisconnect
 
-from ...config import ConfigError, GenerationConfig, SamplingConfig, default_mode
+from ...config import ConfigError, GenerationConfig, SamplingConfig, default_mode, one_line
 from ...engine import ContextLengthError, TriForceEngine
 from ...models.loading import ModelLoadError
 from ...prompting import render_prompt
 from ..registry import ServedModels, UnknownModel
 from ..slots import SlotPool
 from ..worker import EngineWorker
-from .schemas import MAX_BODY_BYTES, ApiError, CompletionRequest, parse_request
+from .schemas import ApiError, CompletionRequest, parse_request, read_body
 from .streaming import Completion
+
+if TYPE_CHECKING:
+    from ..guard import AccessPolicy
 
 
 class ChatCompletionsAPI:
@@ -49,7 +57,6 @@ class ChatCompletionsAPI:
         model_name: str,
         base_config: GenerationConfig | None = None,
         mode: str | None = None,
-        api_key: str | None = None,
         models: ServedModels | None = None,
     ):
         if engine.tokenizer is None:
@@ -59,7 +66,6 @@ class ChatCompletionsAPI:
         self.served_models = models  # None: `engine` is the only model
         self.base = base_config or GenerationConfig()
         self.mode = mode  # None: by prompt length (`default_mode`), the measured best
-        self.api_key = api_key or None
         self.created = int(time.time())
         self.served = 0
         self.router = APIRouter()
@@ -69,17 +75,13 @@ class ChatCompletionsAPI:
         self.router.add_api_route("/v1/health", self.health, methods=["GET"])
 
     # -- routes ------------------------------------------------------------------------------
-    async def models(self, request: Request):
-        if (denied := self._denied(request)) is not None:
-            return denied
+    async def models(self):
         if self.served_models is None:
             return {"object": "list", "data": [self._model_card()]}
         choices = await run_in_threadpool(self.served_models.choices)  # scans the model folders
         return {"object": "list", "data": [self._choice_card(c.id, c.note) for c in choices]}
 
-    async def model(self, model_id: str, request: Request):
-        if (denied := self._denied(request)) is not None:
-            return denied
+    async def model(self, model_id: str):
         if self.served_models is not None:
             try:
                 choice = await run_in_threadpool(self.served_models.find, model_id)
@@ -95,12 +97,8 @@ class ChatCompletionsAPI:
                 "slots": self.slots.stats(), "requests_served": self.served}
 
     async def chat_completions(self, request: Request):
-        if (denied := self._denied(request)) is not None:
-            return denied
         try:
-            raw = await request.body()
-            if len(raw) > MAX_BODY_BYTES:
-                raise ApiError(413, f"the request body is {len(raw):,} bytes; the limit is {MAX_BODY_BYTES:,}")
+            raw = await read_body(request)
             try:
                 body = json.loads(raw)
             except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -111,6 +109,8 @@ class ChatCompletionsAPI:
             prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
         except ApiError as e:
             return e.response()
+        except ClientDisconnect:  # gone before its body was read (or refused by the guard's limit)
+            return Response(status_code=400)
         slot, _ = slots.take(prompt)
         job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
         call = Completion(req, prompt, config, slots, slot, job, name, on_end=self._count)
@@ -125,16 +125,6 @@ class ChatCompletionsAPI:
     # -- helpers -----------------------------------------------------------------------------
     def _count(self, ok: bool) -> None:
         self.served += ok
-
-    def _denied(self, request: Request) -> JSONResponse | None:
-        if self.api_key is None:
-            return None
-        given = request.headers.get("authorization", "")
-        scheme, _, token = given.partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), self.api_key.encode()):
-            return None
-        message = "missing API key: send 'Authorization: Bearer <key>'" if not given else "incorrect API key"
-        return ApiError(401, message, code="invalid_api_key").response()
 
     def _unknown_model(self, name: str) -> ApiError:
         served = "GET /v1/models lists the models" if self.served_models is not None else repr(self.model_name)
@@ -151,8 +141,8 @@ class ChatCompletionsAPI:
             served = self.served_models.get(name)
         except UnknownModel:
             raise self._unknown_model(name) from None
-        except ModelLoadError as e:
-            raise ApiError(500, f"the model {name!r} could not be loaded: {e}", type="server_error", param="model",
+        except ModelLoadError as e:  # the request named a file that is no model: the caller's to fix
+            raise ApiError(400, f"the model {name!r} could not be loaded: {one_line(e)}", param="model",
                            code="model_load_failed") from None
         return served.engine, served.slots, served.id
 
@@ -200,10 +190,14 @@ class ChatCompletionsAPI:
         return prompt, config
 
 
-def create_app(api: ChatCompletionsAPI) -> FastAPI:
-    """A FastAPI app serving only the HTTP API (the `serve` command); no docs pages."""
+def create_app(api: ChatCompletionsAPI, access: AccessPolicy | None = None) -> FastAPI:
+    """A FastAPI app serving only the HTTP API (the `serve` command), behind the `Guard` with
+    `access` (default: loopback names only, no key); no docs pages."""
+    from ..guard import AccessPolicy, Guard  # here: the guard reads this package's error shape
+
     app = FastAPI(title="TriForce Studio API", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api.router)
+    app.add_middleware(Guard, policy=access or AccessPolicy())
     return app
 
 
