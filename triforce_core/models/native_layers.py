@@ -26,7 +26,7 @@ import torch
 
 from . import native_attention
 from .native_build import CSRC, FLAGS, Loader
-from .ggml_types import F32, IN_OUT, Part
+from .ggml_types import BLOCKS, F32, IN_OUT, Part
 
 
 
@@ -51,8 +51,11 @@ ROWS = 17
 
 
 class Layers:
-    """The loaded library; each method checks nothing the model does not guarantee (float32;
-    weights as `Transformer` stores them: [in, out] with contiguous rows, any row stride)."""
+    """The loaded library. Weights as `Transformer` stores them: [in, out] float32 with
+    contiguous rows, any row stride, or a `Matrix`. Each method checks, before the native call,
+    that every matrix and vector has the size the buffers it writes are allocated for (a few
+    integers a call: a matrix with more outputs than its buffer would be written past, as a
+    lying GGUF file once made the native code do); the contents are the caller's."""
 
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
@@ -87,11 +90,42 @@ class Layers:
         if failed:
             raise MemoryError("native layer: out of memory for its scratch buffer")
 
+    @staticmethod
+    def _dims(w: Stacked | torch.Tensor, rows_out: bool = False) -> tuple[int, int]:
+        """A matrix's (inputs, outputs) as the kernel reads it."""
+        if not isinstance(w, torch.Tensor):
+            return w.n_in, w.n_out
+        if w.dim() != 2 or w.dtype != torch.float32 or w.stride(1) != 1:
+            raise ValueError(f"native layer: a weight must be a 2-D float32 tensor with contiguous rows, not {w.dtype} "
+                             f"{tuple(w.shape)} strides {w.stride()}")
+        return (w.shape[1], w.shape[0]) if rows_out else (w.shape[0], w.shape[1])
+
+    @classmethod
+    def _matrix(cls, what: str, w: Stacked | torch.Tensor, n_in: int, n_out: int, rows_out: bool = False) -> None:
+        got = cls._dims(w, rows_out)
+        if got != (n_in, n_out):
+            raise ValueError(f"native layer: {what} has {got[1]} outputs x {got[0]} inputs where its buffers take "
+                             f"{n_out} x {n_in}")
+
+    @staticmethod
+    def _vector(what: str, t: torch.Tensor, *shape: int) -> None:
+        """`t` is float32, contiguous, of `shape` (the kernel reads exactly that many numbers)."""
+        if tuple(t.shape) != shape or t.dtype != torch.float32 or not t.is_contiguous():
+            raise ValueError(f"native layer: {what} is {t.dtype} {tuple(t.shape)}, expected contiguous float32 {shape}")
+
     def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
                  H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor):
         """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]."""
         S, E = x.shape
         D = cos.shape[1]
+        N = (H + 2 * Hkv) * D
+        self._vector("x", x, S, E)
+        self._vector("the norm", norm, E)
+        self._matrix("the q/k/v projection", w_qkv, E, N)
+        if bias is not None:
+            self._vector("the q/k/v bias", bias, N)
+        self._vector("cos", cos, S, D)
+        self._vector("sin", sin, S, D)
         q = torch.empty(H, S, D)
         k = torch.empty(Hkv, S, D)
         v = torch.empty(Hkv, S, D)
@@ -106,7 +140,13 @@ class Layers:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
-        intermediate = w_down.n_in if not isinstance(w_down, torch.Tensor) else w_down.shape[0]
+        intermediate = self._dims(w_down)[0]
+        self._vector("x", x, S, E)
+        self._vector("the attention output", attn, H, S, D)
+        self._matrix("the output projection", w_o, H * D, E)
+        self._vector("the MLP norm", norm, E)
+        self._matrix("the gate/up projection", w_gate_up, E, 2 * intermediate)
+        self._matrix("the down projection", w_down, intermediate, E)
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
             *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads()))
@@ -114,7 +154,12 @@ class Layers:
     def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
-        V = lm_head.n_out if not isinstance(lm_head, torch.Tensor) else lm_head.shape[0]
+        V = self._dims(lm_head, rows_out=True)[1]
+        self._vector("x", x, R, E)
+        self._vector("the final norm", norm, E)
+        self._matrix("the head", lm_head, E, V, rows_out=True)
+        if isinstance(lm_head, torch.Tensor) and lm_head.stride(0) != E:
+            raise ValueError("native layer: a float32 head's rows must lie back to back (the kernel steps E numbers a row)")
         out = torch.empty(R, V)
         self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
                                           V, out.data_ptr(), self._threads()))
@@ -144,6 +189,17 @@ class Layers:
         (rows ordered (g, s), as `attention.attention` returns them)."""
         S, E = x.shape
         L, T, R = len(table.array), length + S, H // Hkv * S
+        self._vector("x", x, S, E)
+        self._vector("cos", cos, S, D)
+        self._vector("sin", sin, S, D)
+        table.check(E, H, Hkv, D)
+        if (tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.dim() != 4 or tuple(k_cache.shape[:2]) != (L, Hkv)
+                or k_cache.shape[3] != D or k_cache.dtype != v_cache.dtype or k_cache.stride() != v_cache.stride()
+                or k_cache.stride(3) != 1 or k_cache.stride(2) != D):
+            raise ValueError(f"decode_layers: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} are not alike "
+                             f"[layers {L}, KV heads {Hkv}, capacity, head size {D}] with contiguous token rows")
+        if not 0 <= length <= k_cache.shape[2] - S:
+            raise ValueError(f"decode_layers: {S} new tokens after {length} do not fit a capacity of {k_cache.shape[2]}")
         block, attn_threads = attention.plan(Hkv, R, T, chunk)
         queries = torch.empty(L, S, H, D) if capture_queries else None
         chunk_sum = torch.empty(L, Hkv, R, T // chunk) if chunk > 0 else None
@@ -160,6 +216,10 @@ class Layers:
 
     def dequantize(self, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
         """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32."""
+        per_block, nbytes = BLOCKS.get(qtype, (0, 0))
+        if not per_block or cols % per_block or raw.dim() != 2 or raw.dtype != torch.uint8 \
+                or raw.shape[1] != cols // per_block * nbytes:
+            raise ValueError(f"dequantize: {tuple(raw.shape)} {raw.dtype} bytes are not rows of {cols} weights of GGML type {qtype}")
         raw = raw.contiguous()
         out = torch.empty(raw.shape[0], cols)
         if self.lib.dequantize_rows(raw.data_ptr(), raw.stride(0), qtype, cols, None, raw.shape[0], out.data_ptr(),
@@ -189,14 +249,41 @@ class LayerTable:
             return ctypes.addressof(array), n
 
         rows = []
+        sizes = set()
         for layer in layers:
             qkv, o, gu, down = parts(layer.wqkv), parts(layer.wo), parts(layer.w_gate_up), parts(layer.w_down)
             rows.append(LayerWeights(layer.attn_norm.data_ptr(), qkv[0], qkv[1],
                                      None if layer.bqkv is None else layer.bqkv.data_ptr(), o[0], o[1],
                                      layer.mlp_norm.data_ptr(), gu[0], gu[1], down[0], down[1]))
+            sizes.add(self._sizes(layer))
+        if len(sizes) > 1:  # the kernel takes one set of sizes for every layer
+            raise ValueError(f"decode_layers: the layers' weights differ in size ({len(sizes)} kinds)")
         self.array = (LayerWeights * len(rows))(*rows)
-        w_down = layers[0].w_down
-        self.intermediate = w_down.n_in if not isinstance(w_down, torch.Tensor) else w_down.shape[0]
+        (self.sizes,) = sizes
+        self.intermediate = Layers._dims(layers[0].w_down)[0]
+
+    @staticmethod
+    def _sizes(layer) -> tuple:
+        """(norms, q/k/v, bias, output, gate/up, down) sizes of a layer: matrices as (inputs, outputs)."""
+        for norm in (layer.attn_norm, layer.mlp_norm):
+            Layers._vector("a norm", norm, norm.numel())
+        if layer.bqkv is not None:
+            Layers._vector("the q/k/v bias", layer.bqkv, layer.bqkv.numel())
+        return (layer.attn_norm.numel(), layer.mlp_norm.numel(), Layers._dims(layer.wqkv),
+                None if layer.bqkv is None else layer.bqkv.numel(), Layers._dims(layer.wo),
+                Layers._dims(layer.w_gate_up), Layers._dims(layer.w_down))
+
+    def check(self, E: int, H: int, Hkv: int, D: int) -> None:
+        """The weights are the sizes the kernel's buffers for width E, H heads and Hkv KV heads of
+        size D take (ValueError naming the first that is not)."""
+        I, N = self.intermediate, (H + 2 * Hkv) * D
+        want = (E, E, (E, N), None if self.sizes[3] is None else N, (H * D, E), (E, 2 * I), (I, E))
+        if self.sizes != want:
+            names = ("the norm", "the MLP norm", "the q/k/v projection", "the q/k/v bias", "the output projection",
+                     "the gate/up projection", "the down projection")
+            what = next(n for n, got, w in zip(names, self.sizes, want) if got != w)
+            raise ValueError(f"decode_layers: {what} is {self.sizes[names.index(what)]} where the buffers take "
+                             f"{want[names.index(what)]} (width {E}, heads {H}/{Hkv} of {D}, MLP width {I})")
 
 
 _loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, ENV, Layers)

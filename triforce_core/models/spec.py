@@ -2,19 +2,53 @@
 
 Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
 window), and Qwen2 (q/k/v bias, tied embeddings); multi-head and grouped-query attention.
-`ModelSpec.from_config` refuses anything else with `UnsupportedModelError`.
+`ModelSpec.from_config` refuses anything else with `UnsupportedModelError`, and numbers that
+contradict one another or no real model has (a damaged or lying file) with
+`InconsistentModelError`: the native kernels size their buffers from these numbers.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+from numbers import Integral, Real
 from typing import Any
 
 SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 
+# Upper bounds on the settings. The largest model of the supported families, Llama 3.1 405B,
+# has width 16,384, MLP width 53,248, 126 layers, 128 heads (8 KV heads) of size 128, a
+# vocabulary of 128,256 and a context of 131,072; Qwen2's vocabulary is 152,064 and
+# Qwen2.5-1M's context 1,010,000. Each bound leaves 4x or more above those, so every real 1B-70B
+# (and 405B) checkpoint passes, and still stops a number no file of real weights could back.
+LIMITS = {"hidden_size": 1 << 16, "intermediate_size": 1 << 18, "vocab_size": 1 << 20, "num_layers": 1 << 10,
+          "num_heads": 1 << 10, "num_kv_heads": 1 << 10, "head_dim": 1 << 10, "max_position_embeddings": 1 << 24}
+# Each setting in the words of a message (the tensor check's too, `shapes`).
+WORDS = {"hidden_size": "width", "intermediate_size": "MLP width", "vocab_size": "vocabulary", "num_layers": "layers",
+         "num_heads": "heads", "num_kv_heads": "KV heads", "head_dim": "head size",
+         "max_position_embeddings": "context length"}
+
 
 class UnsupportedModelError(ValueError):
     """The checkpoint's architecture is outside what this decoder implements."""
+
+
+class InconsistentModelError(ValueError):
+    """The checkpoint contradicts itself: settings out of any real model's bounds or at odds with
+    one another, or a tensor whose shape the settings do not give (one line)."""
+
+
+def whole(value: Any) -> bool:
+    """An integer (a bool is not one: `True` layers is a damaged file, not 1)."""
+    return isinstance(value, Integral) and not isinstance(value, bool)
+
+
+def check_bound(words: str, value: Any, limit: int) -> None:
+    """`value` is a whole number in 1..limit, else InconsistentModelError saying so."""
+    if not whole(value):
+        raise InconsistentModelError(f"{words} is {value!r}, not a whole number")
+    if not 1 <= value <= limit:
+        raise InconsistentModelError(f"{words} is {value}, outside 1..{limit:,} (the bound over every real model)")
 
 
 @dataclass(frozen=True)
@@ -34,6 +68,26 @@ class ModelSpec:
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
     intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
 
+    def __post_init__(self) -> None:
+        for name, limit in LIMITS.items():
+            check_bound(f"{WORDS[name]} ({name})", getattr(self, name), limit)
+        H, Hkv, D, E = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden_size
+        if H % Hkv:
+            raise InconsistentModelError(f"heads {H} are not a multiple of KV heads {Hkv}: each KV head serves a whole group")
+        if D % 2:
+            raise InconsistentModelError(f"head size {D} is odd: the rotary embedding turns pairs of numbers")
+        # A head size other than width / heads is legal (Mistral Nemo: 32 heads of 128, width
+        # 5120), but heads that do not divide the width are a lie (transformers refuses them too).
+        if E % H and H * D != E:
+            raise InconsistentModelError(f"heads {H} do not divide width {E} (and heads {H} x head size {D} = {H * D} is not it)")
+        if not (isinstance(self.rms_norm_eps, Real) and math.isfinite(self.rms_norm_eps) and 0 < self.rms_norm_eps < 1):
+            raise InconsistentModelError(f"the norm's epsilon {self.rms_norm_eps!r} is not a small positive number")
+        if len(self.sliding_windows) != self.num_layers:
+            raise InconsistentModelError(f"{len(self.sliding_windows)} layer types for {self.num_layers} layers")
+        for w in self.sliding_windows:
+            if w is not None:
+                check_bound("the sliding window", w, LIMITS["max_position_embeddings"])
+
     def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
         """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size * tokens
@@ -51,8 +105,10 @@ class ModelSpec:
             raise UnsupportedModelError(f"unsupported activation {act!r}: only SwiGLU (silu) is implemented")
         num_heads = config.num_attention_heads
         num_kv = getattr(config, "num_key_value_heads", None) or num_heads
-        if num_heads % num_kv:
-            raise UnsupportedModelError(f"num_attention_heads {num_heads} is not a multiple of num_key_value_heads {num_kv}")
+        n_layers = config.num_hidden_layers
+        # before dividing by them or making a list per layer (__post_init__ checks the rest)
+        for name, value in (("num_heads", num_heads), ("hidden_size", config.hidden_size), ("num_layers", n_layers)):
+            check_bound(f"{WORDS[name]} ({name})", value, LIMITS[name])
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         rope = getattr(config, "rope_parameters", None) or {}
         rope_type = rope.get("rope_type", "default")
@@ -60,7 +116,6 @@ class ModelSpec:
             raise UnsupportedModelError(f"unsupported rope type {rope_type!r}")
         if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
             raise UnsupportedModelError("partial rotary embeddings are not supported")
-        n_layers = config.num_hidden_layers
         windows: list[int | None] = [None] * n_layers
         layer_types = getattr(config, "layer_types", None)
         sliding = getattr(config, "sliding_window", None)
