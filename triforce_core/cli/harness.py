@@ -62,7 +62,7 @@ WARMUP_TOKENS = 4
 
 
 @functools.cache
-def _hf_cache_name() -> str:
+def hf_cache_name() -> str:
     """The name of a Hugging Face model's KV cache, as an output field and a `generate` keyword:
     `cache` from transformers 5.24 on (where `past_key_values` is deprecated), before that
     `past_key_values`."""
@@ -185,7 +185,7 @@ class Bench:
         hf = self.hf_model("target")
         ids = torch.tensor([prompt[:-1]], device=hf.device)
         t0 = time.perf_counter()
-        cache = getattr(hf(input_ids=ids, use_cache=True), _hf_cache_name())
+        cache = getattr(hf(input_ids=ids, use_cache=True), hf_cache_name())
         sync_device(hf.device)
         return cache, time.perf_counter() - t0
 
@@ -204,7 +204,7 @@ class Bench:
             kwargs["assistant_model"] = self.hf_model("draft")
             prefix_cache, prefix_s = None, 0.0
         else:
-            kwargs[_hf_cache_name()] = copy.deepcopy(prefix_cache)
+            kwargs[hf_cache_name()] = copy.deepcopy(prefix_cache)
         ids = torch.tensor([prompt], device=hf.device)
         clock = _FirstTokenClock()
         counter = _CallCounter(hf)

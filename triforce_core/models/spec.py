@@ -21,8 +21,10 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # vocabulary of 128,256 and a context of 131,072; Qwen2's vocabulary is 152,064 and
 # Qwen2.5-1M's context 1,010,000. Each bound leaves 4x or more above those, so every real 1B-70B
 # (and 405B) checkpoint passes, and still stops a number no file of real weights could back.
+# The context length sizes no buffer (a generation's caches are sized by its own prompt and
+# answer, and an allocation that fails is one line), so its bound only refuses nonsense.
 LIMITS = {"hidden_size": 1 << 16, "intermediate_size": 1 << 18, "vocab_size": 1 << 20, "num_layers": 1 << 10,
-          "num_heads": 1 << 10, "num_kv_heads": 1 << 10, "head_dim": 1 << 10, "max_position_embeddings": 1 << 24}
+          "num_heads": 1 << 10, "num_kv_heads": 1 << 10, "head_dim": 1 << 10, "max_position_embeddings": 1 << 40}
 # Each setting in the words of a message (the tensor check's too, `shapes`).
 WORDS = {"hidden_size": "width", "intermediate_size": "MLP width", "vocab_size": "vocabulary", "num_layers": "layers",
          "num_heads": "heads", "num_kv_heads": "KV heads", "head_dim": "head size",
@@ -68,7 +70,10 @@ class ModelSpec:
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
     intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
 
-    def __post_init__(self) -> None:
+    def check(self) -> "ModelSpec":
+        """The settings against one another and against `LIMITS` (InconsistentModelError, one
+        line); itself. Every spec read from a config is checked (`from_config`); one made by
+        hand for arithmetic (an attention-only count, say) need not be."""
         for name, limit in LIMITS.items():
             check_bound(f"{WORDS[name]} ({name})", getattr(self, name), limit)
         H, Hkv, D, E = self.num_heads, self.num_kv_heads, self.head_dim, self.hidden_size
@@ -87,6 +92,7 @@ class ModelSpec:
         for w in self.sliding_windows:
             if w is not None:
                 check_bound("the sliding window", w, LIMITS["max_position_embeddings"])
+        return self
 
     def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
         """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
@@ -106,7 +112,7 @@ class ModelSpec:
         num_heads = config.num_attention_heads
         num_kv = getattr(config, "num_key_value_heads", None) or num_heads
         n_layers = config.num_hidden_layers
-        # before dividing by them or making a list per layer (__post_init__ checks the rest)
+        # before dividing by them or making a list per layer (`check` does the rest)
         for name, value in (("num_heads", num_heads), ("hidden_size", config.hidden_size), ("num_layers", n_layers)):
             check_bound(f"{WORDS[name]} ({name})", value, LIMITS[name])
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
@@ -137,4 +143,4 @@ class ModelSpec:
             rope_type=rope_type,
             sliding_windows=tuple(windows),
             intermediate_size=config.intermediate_size,
-        )
+        ).check()
