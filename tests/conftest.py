@@ -6,6 +6,7 @@ import contextlib
 import os
 import random
 import shutil
+import socket
 import subprocess
 import tempfile
 from pathlib import Path
@@ -222,6 +223,13 @@ def one_thread():
 
 
 @contextlib.contextmanager
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 free now (for a server a test starts)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 def running_server(cmd: list[str], log, probe, env: dict, what: str = "the server"):
     """Start `cmd` (output to `log`), wait until `probe()` answers (see wait_until_up), yield the
     process, and stop it however the block ends."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import socket
 import sys
 import threading
 import time
@@ -21,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import at_once, running_server
+from conftest import at_once, free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
@@ -34,12 +33,6 @@ OVER = WINDOW // 9000 + 1  # copies of the sample (about 9,400 tokens each) that
 # One server and one page for all these tests, in order, on one pytest worker (make test runs
 # with --dist loadgroup); session scope keeps them alive if the worker interleaves other modules.
 pytestmark = pytest.mark.xdist_group("app")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="session")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -18,16 +17,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (
-    CHAT_TEMPLATE,
-    at_once,
-    make_hf,
-    make_tokenizer,
-    perturbed,
-    running_server,
-    save_checkpoint,
-    words,
-)
+from conftest import (CHAT_TEMPLATE, at_once, free_port, make_hf, make_tokenizer, perturbed, running_server,
+                      save_checkpoint, words)
 from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
@@ -42,12 +33,6 @@ MODEL = "chat-target"
 # Small caches for the tiny models (context window 1024), as on the command line.
 CACHE = dict(budget=48, chunk_size=4, draft_window=24, draft_sinks=4)
 FLAGS = ["--budget", "48", "--chunk-size", "4", "--draft-window", "24", "--draft-sinks", "4", "--gamma2", "4"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import CHAT_TEMPLATE, SMALL_CACHE_FLAGS, make_hf, make_tokenizer, running_server, save_checkpoint
+from conftest import (CHAT_TEMPLATE, SMALL_CACHE_FLAGS, free_port, make_hf, make_tokenizer, running_server,
+                      save_checkpoint)
 
 openai = pytest.importorskip("openai")
 
@@ -38,12 +39,6 @@ LONG = {**ASK, "max_tokens": 400, "ignore_eos": True}  # what a refused request 
 
 # Both servers are started once for the module: its tests share one pytest worker (make test).
 pytestmark = pytest.mark.xdist_group("guard")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
