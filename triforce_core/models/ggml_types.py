@@ -1,5 +1,6 @@
-"""GGML's block types as the native kernels read them: type numbers, block sizes, and the
-struct that describes one stacked piece of a matrix to `csrc/quant_rows.c`.
+"""GGML's block types as the native kernels read them: type numbers, block sizes, the struct
+that describes one stacked piece of a matrix to `csrc/quant_rows.c`, and what a matrix of them
+offers the kernels (`Stacked`).
 
 Data only: `quantized` (the weights) and `native_layers` (the kernels' Python side) both read
 it, and neither has to import the other's module to agree on a type number.
@@ -8,6 +9,7 @@ it, and neither has to import the other's module to agree on a type number.
 from __future__ import annotations
 
 import ctypes
+from typing import Protocol
 
 # GGML's type numbers (the file's own), for the types the kernels read.
 F32, F16, Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K = 0, 1, 2, 3, 8, 12, 13, 14
@@ -23,3 +25,13 @@ class Part(ctypes.Structure):
     """One stacked piece of a matrix, as `struct part` in csrc/quant_rows.c."""
 
     _fields_ = [("data", ctypes.c_void_p), ("ld", ctypes.c_int64), ("type", ctypes.c_int32), ("rows", ctypes.c_int32)]
+
+
+class Stacked(Protocol):
+    """What the kernels read of a `quantized.Matrix`: the parts that describe it and its shape.
+    (A protocol, not an import: `quantized` imports the kernels' modules to dequantize.)"""
+
+    parts: ctypes.Array
+    n_parts: int
+    n_in: int
+    n_out: int

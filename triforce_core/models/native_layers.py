@@ -14,30 +14,20 @@ verification); prefill keeps PyTorch's matrix products, which are compute-bound 
 faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to float32 rounding:
 the elementwise arithmetic is the same, only the order of sums differs
 (tests/test_native_layers.py, greedy equality with Hugging Face across the model zoo).
+`TRIFORCE_INT8=1` (opt-in, `int8`) makes a GGUF model's quantized products integer ones over
+8-bit activations, as llama.cpp's.
 """
 
 from __future__ import annotations
 
 import ctypes
 from pathlib import Path
-from typing import Protocol
 
 import torch
 
-from . import native_attention
+from . import int8, native_attention
 from .native_build import CSRC, FLAGS, Loader
-from .ggml_types import BLOCKS, F32, IN_OUT, Part
-
-
-
-class Stacked(Protocol):
-    """What the kernels read of a `quantized.Matrix`: the parts that describe it and its shape.
-    (A protocol, not an import: `quantized` imports this module to dequantize.)"""
-
-    parts: ctypes.Array
-    n_parts: int
-    n_in: int
-    n_out: int
+from .ggml_types import BLOCKS, F32, IN_OUT, Part, Stacked
 
 SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
@@ -60,20 +50,26 @@ class Layers:
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, I, I, I, P, P, P, P, P, I]
-        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I]
-        lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I]
+        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, I, I, I, P, P, P, P, P, I, I]
+        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I]
+        lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
-        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I]
+        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I]
         lib.decode_layers_takes.argtypes = [I]
         for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows, lib.decode_layers,
                   lib.decode_layers_takes):
             f.restype = I
         self.lib = lib
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
+        self.int8 = int8.Int8(lib)  # the integer products on their own (tests, benchmarks)
 
     def _threads(self) -> int:
         return self.threads or torch.get_num_threads()
+
+    @staticmethod
+    def _int8() -> int:
+        """Whether this call's quantized products are integer ones (`TRIFORCE_INT8`, read per call)."""
+        return int(int8.enabled())
 
     @staticmethod
     def _parts(w: Stacked | torch.Tensor, rows_out: bool = False) -> tuple:
@@ -132,7 +128,8 @@ class Layers:
         self._check(self.lib.layer_in(
             x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
             None if bias is None else bias.data_ptr(),
-            H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads()))
+            H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads(),
+            self._int8()))
         return q, k, v
 
     def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
@@ -149,7 +146,7 @@ class Layers:
         self._matrix("the down projection", w_down, intermediate, E)
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
-            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads()))
+            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), self._int8()))
 
     def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
@@ -162,7 +159,7 @@ class Layers:
             raise ValueError("native layer: a float32 head's rows must lie back to back (the kernel steps E numbers a row)")
         out = torch.empty(R, V)
         self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
-                                          V, out.data_ptr(), self._threads()))
+                                          V, out.data_ptr(), self._threads(), self._int8()))
         return out
 
     def layer_table(self, layers: list) -> LayerTable:
@@ -208,7 +205,7 @@ class Layers:
             sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), native_attention.KINDS[k_cache.dtype],
             k_cache.stride(0), k_cache.stride(1), length, attention.address, block,
             None if queries is None else queries.data_ptr(), max(chunk, 0),
-            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads())
+            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), self._int8())
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
         self._check(failed)

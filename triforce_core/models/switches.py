@@ -1,4 +1,5 @@
-"""Environment switches ("NAME=0" turns a fast path off), set for the length of a block.
+"""Environment switches ("NAME=0" turns a fast path off, "NAME=1" an opt-in one on), set for the
+length of a block.
 
 The native kernels (`native_build.Loader`) and the huge pages (`huge_pages`) each read one; the
 benchmarks turn them on and off inside one process to compare both sides.
@@ -10,9 +11,10 @@ import os
 from contextlib import contextmanager
 
 
-def is_on(name: str) -> bool:
-    """Whether switch `name` is on (anything but "0"; on when unset)."""
-    return os.environ.get(name, "1") != "0"
+def is_on(name: str, default: bool = True) -> bool:
+    """Whether switch `name` is on (anything but "0"; `default` when unset)."""
+    value = os.environ.get(name)
+    return default if value is None else value != "0"
 
 
 @contextmanager

@@ -13,6 +13,8 @@
  * sums inside a norm or a matrix product differs, as it does between PyTorch's own kernels.
  * Weights are either float32 stored [in, out] (`x @ W`, the vocabulary projection [vocab,
  * hidden]), or as a GGUF file stores them (quant_rows.c): each matrix is passed as its parts.
+ * With `int8` (TRIFORCE_INT8=1, opt-in) the quantized parts are integer products over 8-bit
+ * activations instead (int8_rows.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -30,6 +32,7 @@
 #endif
 
 #include "quant_rows.c"
+#include "int8_rows.c"
 
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */
 #define SMALL_WORK (1 << 16) /* rows x in x out below which one thread runs a product */
@@ -120,13 +123,23 @@ static int threads_for(int threads, int64_t work) { return work < SMALL_WORK ? 1
 
 static void product(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, float *y, int threads);
 
-/* y [S, N] = x [S, K] times a matrix: float32 [in, out] (one part), or stacked GGUF parts. */
-static int weights_product(const float *x, int S, int K, const struct part *w, int nparts, int64_t N, float *y, int threads) {
+/* y [S, N] = x [S, K] times a matrix: float32 [in, out] (one part), or stacked GGUF parts; with
+ * `int8`, the quantized parts as integer products over 8-bit activations (int8_rows.c). */
+static int weights_product(const float *x, int S, int K, const struct part *w, int nparts, int64_t N, float *y, int threads,
+                           int int8) {
     if (w[0].type == T_F32_IN_OUT) {
         product(x, S, K, (const float *)w[0].data, w[0].ld, N, y, threads);
         return 0;
     }
-    return stacked_product(x, S, K, w, nparts, y, threads);
+    return int8 ? int8_stacked_product(x, S, K, w, nparts, y, threads) : stacked_product(x, S, K, w, nparts, y, threads);
+}
+
+/* y [S, N] = x [S, K] @ W^T over a matrix's parts ([N, K] in all; float32 [in, out] too), as the
+ * layers compute it: the benchmarks' and tests' way to one product. */
+int parts_product(const float *x, int S, int K, const struct part *w, int nparts, float *y, int threads, int int8) {
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += w[i].rows;
+    return weights_product(x, S, K, w, nparts, N, y, threads, int8);
 }
 
 /* y [S, N] = x [S, K] @ w [K, N], the column blocks split over the threads. */
@@ -144,13 +157,13 @@ static void product(const float *x, int S, int K, const float *w, int64_t ldw, i
  * NULL; cos, sin: [S, D]. Writes q [H, S, D] and k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
  * Returns non-zero when scratch memory could not be had. */
 int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const struct part *w_qkv, int n_qkv, const float *bias,
-             int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v, int threads) {
+             int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v, int threads, int int8) {
     int64_t N = (int64_t)(H + 2 * Hkv) * D;
     float *h = malloc(sizeof(float) * (size_t)S * (size_t)(E + N));
     if (!h) return -1;
     float *qkv = h + (int64_t)S * E;
     rms_norm(x, S, E, norm_w, eps, h);
-    if (weights_product(h, S, E, w_qkv, n_qkv, N, qkv, threads)) {
+    if (weights_product(h, S, E, w_qkv, n_qkv, N, qkv, threads, int8)) {
         free(h);
         return -1;
     }
@@ -178,7 +191,7 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
  *   x = x + o @ w_o;  x = x + (silu(g) * u) @ w_down, [g | u] = rms_norm(x) @ w_gate_up */
 int layer_out(float *x, int S, int E, const float *attn, int H, int D, const struct part *w_o, int n_o,
               const float *norm_w, float eps, const struct part *w_gate_up, int n_gu, const struct part *w_down, int n_down,
-              int I, int threads) {
+              int I, int threads, int int8) {
     int64_t HD = (int64_t)H * D;
     size_t floats = (size_t)S * (size_t)(HD + E + E + 2 * (int64_t)I + I);
     float *o = malloc(sizeof(float) * floats);
@@ -187,16 +200,16 @@ int layer_out(float *x, int S, int E, const float *attn, int H, int D, const str
     for (int hd = 0; hd < H; hd++)
         for (int s = 0; s < S; s++)
             memcpy(o + (int64_t)s * HD + (int64_t)hd * D, attn + ((int64_t)hd * S + s) * D, sizeof(float) * (size_t)D);
-    if (weights_product(o, S, (int)HD, w_o, n_o, E, t, threads)) goto failed;
+    if (weights_product(o, S, (int)HD, w_o, n_o, E, t, threads, int8)) goto failed;
     for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
     rms_norm(x, S, E, norm_w, eps, h);
-    if (weights_product(h, S, E, w_gate_up, n_gu, 2 * (int64_t)I, gu, threads)) goto failed;
+    if (weights_product(h, S, E, w_gate_up, n_gu, 2 * (int64_t)I, gu, threads, int8)) goto failed;
     for (int s = 0; s < S; s++) {
         const float *g = gu + (int64_t)s * 2 * I, *u = g + I;
         float *as = a + (int64_t)s * I;
         for (int i = 0; i < I; i++) as[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
     }
-    if (weights_product(a, S, I, w_down, n_down, E, t, threads)) goto failed;
+    if (weights_product(a, S, I, w_down, n_down, E, t, threads, int8)) goto failed;
     for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
     free(o);
     return 0;
@@ -207,12 +220,13 @@ failed:
 
 /* logits [R, V] = rms_norm(x) @ lm_head^T, x: [R, E], lm_head: [V, E] float32 rows or GGUF parts. */
 int final_logits(const float *x, int R, int E, const float *norm_w, float eps, const struct part *head, int n_head, int64_t V,
-                 float *logits, int threads) {
+                 float *logits, int threads, int int8) {
     float *h = malloc(sizeof(float) * (size_t)R * (size_t)E);
     if (!h) return -1;
     rms_norm(x, R, E, norm_w, eps, h);
     if (head[0].type != T_F32) {
-        int failed = stacked_product(h, R, E, head, n_head, logits, threads);
+        int failed = int8 ? int8_stacked_product(h, R, E, head, n_head, logits, threads)
+                          : stacked_product(h, R, E, head, n_head, logits, threads);
         free(h);
         return failed;
     }
@@ -297,7 +311,7 @@ int decode_layers_takes(int kind) {
 int decode_layers(float *x, int S, int E, const struct layer_weights *layers, int L, float eps, int H, int Hkv, int D,
                   int I, const float *cos, const float *sin, float scale, void *k_cache, void *v_cache, int kind,
                   int64_t layer_stride, int64_t head_stride, int64_t length, attention_fn attention, int block,
-                  float *queries, int chunk, float *chunk_sum, int attn_threads, int threads) {
+                  float *queries, int chunk, float *chunk_sum, int attn_threads, int threads, int int8) {
     if (!decode_layers_takes(kind)) return -2;
     int64_t T = length + S, nb = (T + block - 1) / block;
     int R = (H / Hkv) * S, es = kind == CACHE_F32 ? 4 : 2;
@@ -317,7 +331,7 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
     for (int i = 0; i < L && !failed; i++) {
         const struct layer_weights *w = &layers[i];
         /* 1. norm, q/k/v, rotary: q [H, S, D], k, v [Hkv, S, D] */
-        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, H, Hkv, D, cos, sin, q, k, v, threads);
+        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, H, Hkv, D, cos, sin, q, k, v, threads, int8);
         if (failed) break;
         /* 2. the new keys and values into the cache, after the `length` cached ones */
         char *kl = (char *)k_cache + i * layer_stride * es, *vl = (char *)v_cache + i * layer_stride * es;
@@ -337,7 +351,7 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
         if (failed) break;
         /* 4. output projection, MLP, residuals: result [Hkv, R, D] is [H, S, D] */
         failed = layer_out(x, S, E, result, H, D, w->w_o, w->n_o, w->mlp_norm, eps, w->w_gate_up, w->n_gu, w->w_down,
-                           w->n_down, I, threads);
+                           w->n_down, I, threads, int8);
     }
     free(q);
     free(limits);

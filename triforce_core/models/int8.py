@@ -1,0 +1,143 @@
+"""Integer products over a GGUF file's blocks, opt-in: `TRIFORCE_INT8=1` (`csrc/int8_rows.c`).
+
+On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are compute-bound:
+each weight is widened to a float and multiplied by a float. llama.cpp instead quantizes each
+activation row to 8 bits in blocks (32 for Q4_0/Q4_1/Q8_0, 256 with per-16 sums for the K types)
+and multiplies integers. With the switch on, the native layers do the same for the quantized
+matrices of a few-row forward (steps, verifications, the head); float32 weights keep their path.
+
+Off by default: an 8-bit activation is off by up to half a step (max|x| / 254 per block), which
+changes the model's numbers, and turning it on by default waits for a measurement of what that
+costs in agreement with the float model. What it keeps: each row is quantized on its own and
+every output's float arithmetic follows one order (the kernel's header), so a verification's
+rows equal a step's bit for bit, whatever the threads or the vector path (tests/test_int8_rows.py).
+
+Measured (`python -m bench.int8_rows`, one [2048 x 2048] matrix, one thread of an AMD EPYC (Zen 4)
+with AVX-512 VNNI, float time / integer time, one row and seven): Q4_K 2.4x and 2.0x, Q5_K 2.7x
+and 2.3x, Q6_K 2.8x and 2.2x; the 32-weight types less, Q8_0 1.0-1.2x and 1.5x, Q4_1 1.0x and
+1.6x, and a one-row Q4_0 product 0.85x (its float path is already cheap).
+
+Data and a thin wrapper only: `native_layers` loads the library and reads `enabled()`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from contextlib import contextmanager
+from typing import Iterator
+
+import torch
+
+from . import switches
+from .ggml_types import Stacked
+
+ENV = "TRIFORCE_INT8"
+# The kernel's vector paths (int8_set_path's numbers).
+SCALAR, AVX2, AVX512_VNNI = 0, 1, 2
+PATH_NAMES = {SCALAR: "scalar", AVX2: "avx2", AVX512_VNNI: "avx512-vnni"}
+# Activation layouts (int8_quantize_rows' kinds): struct block_q8_32x8 (eight 32-blocks, a row
+# of K inputs takes ceil(K / 256) of them, K a multiple of 32) and block_q8_k (K / 256 of them).
+Q8_32, Q8_K = 0, 1
+ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
+
+
+def act_bytes(K: int, kind: int) -> int:
+    """Bytes of one quantized row of K inputs."""
+    return -(-K // 256) * ACT_BLOCKS[kind][1]
+
+
+def enabled() -> bool:
+    """Whether the few-row products take the integer path (`TRIFORCE_INT8`, off when unset)."""
+    return switches.is_on(ENV, default=False)
+
+
+def switched(on: bool):
+    """The integer path on or off inside the block, as before after it."""
+    return switches.switched(ENV, on)
+
+
+class Int8:
+    """The integer products of the layers' library (`native_layers.Layers.int8`), for the tests
+    and benchmarks; the layers themselves call them from C."""
+
+    def __init__(self, lib: ctypes.CDLL):
+        P, I = ctypes.c_void_p, ctypes.c_int
+        lib.int8_path.argtypes = []
+        lib.int8_set_path.argtypes = [I]
+        lib.int8_quantize_rows.argtypes = [P, I, I, I, P]
+        lib.int8_product_q.argtypes = [P, P, P, I, I, P, I, P, I]
+        lib.parts_product.argtypes = [P, I, I, P, I, P, I, I]
+        for f in (lib.int8_path, lib.int8_set_path, lib.int8_quantize_rows, lib.int8_product_q, lib.parts_product):
+            f.restype = I
+        self.lib = lib
+
+    def path(self) -> int:
+        """The vector path the products take now."""
+        return self.lib.int8_path()
+
+    def paths(self) -> list[int]:
+        """The paths this processor runs, narrowest first (asked of the processor, not tried)."""
+        now, runs = self.path(), []
+        for p in PATH_NAMES:
+            if self.lib.int8_set_path(p) == p:
+                runs.append(p)
+        self.lib.int8_set_path(now)
+        return runs
+
+    @contextmanager
+    def forced(self, path: int) -> Iterator[None]:
+        """Every product inside the block takes `path` (ValueError where the processor cannot);
+        the widest path again after it. Not for concurrent products: the choice is the library's."""
+        if self.lib.int8_set_path(path) != path:
+            raise ValueError(f"this processor cannot run the {PATH_NAMES.get(path, path)} path")
+        try:
+            yield
+        finally:
+            self.lib.int8_set_path(-1)
+
+    def quantize(self, x: torch.Tensor, kind: int) -> torch.Tensor:
+        """x [S, K] float32 -> [S, act_bytes(K, kind)] uint8: block_q8_32x8 (Q8_32) or block_q8_k (Q8_K)."""
+        per = ACT_BLOCKS[kind][0]
+        if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] % per:
+            raise ValueError(f"int8: rows to quantize are float32 [S, K] with K a multiple of {per}, not "
+                             f"{x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], act_bytes(x.shape[1], kind), dtype=torch.uint8)
+        if self.lib.int8_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], kind, out.data_ptr()):
+            raise ValueError("int8: the rows could not be quantized")
+        return out
+
+    def product(self, x: torch.Tensor, w: Stacked, int8: bool = True, threads: int | None = None) -> torch.Tensor:
+        """y [S, N] = x [S, K] @ W^T for a `quantized.Matrix` W ([N, K]), as the layers compute it:
+        the integer path (`int8`) or the float one."""
+        S, K = x.shape
+        if (w.n_in, x.dtype) != (K, torch.float32):
+            raise ValueError(f"int8: x is {x.dtype} {tuple(x.shape)} for a matrix of {w.n_in} inputs")
+        x = x.contiguous()
+        y = torch.empty(S, w.n_out)
+        if self.lib.parts_product(x.data_ptr(), S, K, w.parts, w.n_parts, y.data_ptr(), threads or torch.get_num_threads(),
+                                  int(int8)):
+            raise MemoryError("int8: out of memory for the product's scratch")
+        return y
+
+    def product_quantized(self, w: Stacked, S: int, x32: torch.Tensor | None = None, xk: torch.Tensor | None = None,
+                          x: torch.Tensor | None = None, threads: int | None = None) -> torch.Tensor:
+        """y [S, N] from rows already quantized (`quantize`'s output for each layout W's parts
+        need; `x` float32 for its F32/F16 parts, if any)."""
+        K = w.n_in
+        for t, kind in ((x32, Q8_32), (xk, Q8_K)):
+            want = (S, act_bytes(K, kind))
+            if t is not None and (t.dtype != torch.uint8 or tuple(t.shape) != want or not t.is_contiguous()):
+                raise ValueError(f"int8: quantized rows are {t.dtype} {tuple(t.shape)}, expected contiguous uint8 {want}")
+        if x is not None and (x.dtype != torch.float32 or tuple(x.shape) != (S, K) or not x.is_contiguous()):
+            raise ValueError(f"int8: x is {x.dtype} {tuple(x.shape)}, expected contiguous float32 {(S, K)}")
+        ptr = lambda t: None if t is None else t.data_ptr()  # noqa: E731
+        y = torch.empty(S, w.n_out)
+        failed = self.lib.int8_product_q(ptr(x), ptr(x32), ptr(xk), S, K, w.parts, w.n_parts, y.data_ptr(),
+                                         threads or torch.get_num_threads())
+        if failed == -2:
+            raise ValueError("int8: a part's input (a quantized layout, or x for a float part) is missing")
+        if failed:
+            raise MemoryError("int8: out of memory for the product's scratch")
+        return y
+
