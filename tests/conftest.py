@@ -222,7 +222,6 @@ def one_thread():
     torch.set_num_threads(previous)
 
 
-@contextlib.contextmanager
 def free_port() -> int:
     """A TCP port on 127.0.0.1 free now (for a server a test starts)."""
     with socket.socket() as s:
@@ -230,6 +229,7 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+@contextlib.contextmanager
 def running_server(cmd: list[str], log, probe, env: dict, what: str = "the server"):
     """Start `cmd` (output to `log`), wait until `probe()` answers (see wait_until_up), yield the
     process, and stop it however the block ends."""
