@@ -83,15 +83,16 @@ def _first_difference(a: list[int], b: list[int]) -> int | None:
     return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), None if len(a) == len(b) else min(len(a), len(b)))
 
 
-def rows_against_steps(model: Transformer, ids: list[int], kv_dtype: torch.dtype | None = None) -> dict:
-    """Seven tokens after `ids` in one forward against seven one-token forwards (K/V in
+def rows_against_steps(model: Transformer, ids: list[int], kv_dtype: torch.dtype | None = None, rows: int = 7) -> dict:
+    """`rows` tokens after `ids` in one forward (7: a verification of six drafted tokens and the
+    bonus; 17: a 16-token lookup run and its bonus) against as many one-token forwards (K/V in
     `kv_dtype`; None: the model's dtype): the largest |difference| of their logits, whether they
     are equal bit for bit, and whether their argmaxes agree."""
     s, dev = model.spec, model.device
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, kv_dtype or model.dtype, dev)
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + rows + 16, kv_dtype or model.dtype, dev)
     model.forward(torch.tensor(ids, device=dev), cache.positions(0, len(ids)), cache, logits_rows=None)
-    new = [5, 9, 13, 2, 7, 11, 3]
-    together = model.forward(torch.tensor(new, device=dev), cache.positions(len(ids), 7), cache).logits
+    new = [(5, 9, 13, 2, 7, 11, 3)[i % 7] for i in range(rows)]
+    together = model.forward(torch.tensor(new, device=dev), cache.positions(len(ids), rows), cache).logits
     cache.truncate(len(ids))
     steps = torch.cat([model.forward(torch.tensor([t], device=dev), cache.positions(len(ids) + i, 1), cache).logits
                        for i, t in enumerate(new)])

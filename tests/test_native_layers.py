@@ -18,7 +18,7 @@ import itertools
 
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, built, needs_compiler
+from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler, to_ours
 from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 
@@ -186,6 +186,26 @@ def test_a_verification_row_equals_the_step_it_stands_for(monkeypatch, counted, 
     _, t, _, ids, _, _ = _setup(kind)
     assert_verification_rows_equal_steps(t, ids)
     assert 7 in counted and 1 in counted
+
+
+@pytest.mark.parametrize("past", [40, 1100], ids=["short-cache", "long-cache"])
+def test_a_lookup_run_on_four_query_heads_per_kv_head_equals_its_steps(monkeypatch, past):
+    """A 16-token lookup run and its bonus row on a model with 4 query heads per KV head (Llama 3's
+    shape) is 68 query rows: they must take the same attention path as a step, or the run's
+    logits are not the steps' and speculation is not lossless against autoregressive decoding.
+    Short and long caches (the per-layer kernel's threshold is 1,024 keys). Negative control:
+    with the native rows capped at 51, as before, the run leaves the step's path and differs."""
+    import triforce_core.models.attention as attention
+    import triforce_core.models.transformer as transformer
+
+    model = to_ours(make_hf("llama_gqa_llama3", seed=5, num_attention_heads=8, num_key_value_heads=2))
+    assert model.spec.num_heads // model.spec.num_kv_heads == 4
+    ids = [(7 * i) % 29 + 3 for i in range(past)]
+    assert_verification_rows_equal_steps(model, ids, rows=17)
+    for module in (attention, transformer):
+        monkeypatch.setattr(module, "NATIVE_QUERY_ROWS", 51)
+    with pytest.raises(AssertionError, match="differ from steps"):
+        assert_verification_rows_equal_steps(model, ids, rows=17)
 
 
 def test_negative_control_swapped_layers_break_greedy_equality(swapped):

@@ -36,8 +36,14 @@ PROBED_QUERY_ROWS = 64
 # 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
 # 64; and with SmolLM2's 3 query heads per KV head (30 layers of 3 KV heads of 64, 6,118 keys)
 # 0.71x at 21 rows, 0.75x at 33, 0.86x at 42 and 0.96x at 51: a default 16-token lookup run and
-# its bonus row.
-NATIVE_QUERY_ROWS = 51
+# its bonus row. Beyond the speed, the bound is an exactness one: a verification or lookup run
+# whose rows take another path than a step (PyTorch's kernels sum in an order that depends on
+# the rows) gives logits that are not the steps', and speculation is then not lossless against
+# our own autoregressive decoding. So every forward of up to 17 tokens (a 16-token lookup run
+# and its bonus row, `native_layers.ROWS`) takes the kernel for up to 8 query heads per KV head
+# (Llama 3 and Mistral have 4, Qwen2.5-7B 7): 136 rows, where 51 covered only SmolLM2's 3. The
+# speed past 51 rows was not measured against PyTorch's kernels.
+NATIVE_QUERY_ROWS = 8 * 17
 
 
 # Query rows (query heads x new tokens) up to which a 16-bit forward on a GPU takes
