@@ -250,6 +250,10 @@ def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path):
     native = arithmetic_key("cpu")
     first = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
     assert first.disk_tokens == 0 and len(block_files(tmp_path)) == 9
+    from triforce_core.models import int8
+
+    with int8.switched(True):
+        assert arithmetic_key("cpu") != native  # 8-bit activations are another arithmetic
     with native_layers._loader.switched(False), native_attention._loader.switched(False):
         assert arithmetic_key("cpu") != native
         other = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]

@@ -45,8 +45,7 @@ import torch
 
 from ..config import GB, KV_CACHE_MAX_GB, cache_home
 from ..models.arithmetic import arithmetic_key
-from ..models.gguf_file import GGUFError, is_gguf
-from ..models.gguf_file import resolve as resolve_gguf
+from ..models.loading import weight_files
 from .full import FullCache
 from .store import kv_dtype_name
 
@@ -57,25 +56,6 @@ VERSION = 1
 _FIXED = struct.Struct("<4sHIQI")  # magic, version, description length, body length, crc32(rest)
 SUFFIX = ".kv"
 DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
-
-
-WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
-
-
-def weight_files(source: str | os.PathLike | None) -> list[Path]:
-    """The files a model's weights were read from: a GGUF file (or `smollm2`), or a folder's
-    weight files; [] for a hub id or anything else."""
-    if source is None:
-        return []
-    if is_gguf(str(source)):
-        try:
-            return [resolve_gguf(str(source))]
-        except GGUFError:
-            return []
-    path = Path(os.path.expanduser(source))
-    if path.is_dir():
-        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
-    return []
 
 
 def file_digest(path: Path, folder: Path | None = None) -> str:

@@ -11,12 +11,17 @@ thread, in a fixed order), so the thread count is not part of the key.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 
 import torch
 
-from . import native_attention, native_layers
+from . import int8, native_attention, native_layers
 from .native_build import library_key
+
+# Every prefill with a disk cache asks for the key: the libraries' sources and the processor are
+# read and hashed once per process (the library loaded is the one built from them then).
+_library = functools.cache(library_key)
 
 # Raised when Python-side arithmetic of the forward changes the order of its operations (an
 # attention split, a fused norm): K/V kept under the old number is then never reused.
@@ -31,8 +36,10 @@ def arithmetic_key(device: torch.device | str = "cpu") -> str:
     if device.type == "cpu":
         attention = native_attention.kernel() is not None
         layers = native_layers.kernel() is not None
-        parts.append(f"attention {library_key(native_attention.SOURCE) if attention else 'torch'}")
-        parts.append(f"layers {library_key(native_layers.SOURCE, native_layers.LAYER_FLAGS) if layers else 'torch'}")
+        parts.append(f"attention {_library(native_attention.SOURCE) if attention else 'torch'}")
+        parts.append(f"layers {_library(native_layers.SOURCE, native_layers.LAYER_FLAGS) if layers else 'torch'}")
+        # 8-bit activations give other numbers; its three paths give the same bits (int8_rows.c)
+        parts.append(f"int8 {layers and int8.enabled()}")
     else:
         parts.append(torch.version.cuda or "")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -268,3 +268,22 @@ def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
         )
     if draft.model.device != target.model.device:
         raise ModelLoadError("draft and target must be on the same device")
+
+
+WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
+
+
+def weight_files(source: str | os.PathLike | None) -> list[Path]:
+    """The files a model's weights were read from: a GGUF file (or `smollm2`), or a folder's
+    weight files; [] for a hub id or anything else."""
+    if source is None:
+        return []
+    if is_gguf(str(source)):
+        try:
+            return [gguf_file.resolve(str(source))]
+        except GGUFError:
+            return []
+    path = Path(os.path.expanduser(source))
+    if path.is_dir():
+        return sorted(p for p in path.iterdir() if p.is_file() and p.suffix in WEIGHT_SUFFIXES)
+    return []

@@ -38,7 +38,8 @@ from typing import Callable
 from ..config import GB
 from ..engine import TriForceEngine
 from ..models.gguf_file import SMOLLM2, GGUFError, smollm2_path
-from ..models.loading import DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name
+from ..models.loading import (DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name,
+                              weight_files)
 from ..models.folders import ModelFolders
 from .slots import SlotPool
 
@@ -46,7 +47,6 @@ DEMO_ID = "triforce-demo"
 # Of the machine's memory, what loaded models' weights may take by default: the rest is left to
 # the caches (a long document's K/V is gigabytes), the documents and the other programs.
 MEMORY_SHARE = 0.5
-WEIGHT_FILES = (".safetensors", ".bin", ".gguf", ".pt")
 TOOL_NOTES = {"lmstudio": "LM Studio", "ollama": "Ollama", "hf": "Hugging Face cache", "models-dir": "models folder",
               "file": "opened by path"}
 
@@ -79,17 +79,10 @@ def default_limits() -> tuple[int, int | None]:
 
 def files_bytes(name: str | None) -> int:
     """The size of a model's weight files on disk (0 for a hub id or what cannot be read)."""
-    if not name:
-        return 0
-    path = Path(os.path.expanduser(name))
     try:
-        if path.is_file():
-            return path.stat().st_size
-        if path.is_dir():
-            return sum(f.stat().st_size for f in path.iterdir() if f.is_file() and f.suffix in WEIGHT_FILES)
+        return sum(f.stat().st_size for f in weight_files(name))
     except OSError:
-        pass
-    return 0
+        return 0
 
 
 def engine_bytes(engine: TriForceEngine) -> int:

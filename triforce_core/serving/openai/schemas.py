@@ -11,9 +11,9 @@ model's default: `TriForceEngine.default_sampling()`, 1 = off for the demo pair)
 penalties keep decoding exact (`triforce_core.decoding.penalties`).
 
 Parameters it does not support are a 400 naming them, never ignored silently. Errors have the
-protocol's shape: `{"error": {"message", "type", "param", "code"}}` (`ApiError`). A body is read
-as it arrives and refused (413) once it passes `MAX_BODY_BYTES` (`read_body`), or before it is
-read when its `Content-Length` says it would.
+protocol's shape: `{"error": {"message", "type", "param", "code"}}` (`ApiError`). A body's size
+is bounded before it reaches a route: the server's `Guard` refuses it (413) once it passes
+`MAX_BODY_BYTES`, or before it is read when its `Content-Length` says it would.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from fastapi import Request
 from fastapi.responses import JSONResponse
 
 MAX_BODY_BYTES = 16_000_000  # a long document is ~4 bytes a token: room for a 128K-token context
@@ -62,22 +61,6 @@ class ApiError(Exception):
     def response(self) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if self.status == 401 else None
         return JSONResponse(self.body(), status_code=self.status, headers=headers)
-
-
-async def read_body(request: Request, limit: int = MAX_BODY_BYTES) -> bytes:
-    """The request's body, read chunk by chunk: a 413 `ApiError` as soon as it passes `limit`
-    bytes, or before reading any when `Content-Length` says it will (the rest is never read)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise ApiError(413, f"the request body is {int(declared):,} bytes; the limit is {limit:,}",
-                       code="request_too_large")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise ApiError(413, f"the request body is over the limit of {limit:,} bytes", code="request_too_large")
-        chunks.append(chunk)
-    return b"".join(chunks)
 
 
 @dataclass(frozen=True)
