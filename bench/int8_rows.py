@@ -4,10 +4,12 @@ For each GGML type and row count (1 row: a decoding step; 7: a verification of s
 and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (scales of a trained model's
 order) through the native layers' own product (`parts_product`): float32 arithmetic
 (`csrc/quant_rows.c`, the default) and integer products over 8-bit activations
-(`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), calls alternated, medians (and the ratio of the fastest
+(`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), and the same over two levels of 8-bit activations (a row
+and its residual, about 15 bits: `int8.TWO_LEVELS`), calls alternated, medians (and the ratio of the fastest
 calls, which other work on a shared machine disturbs least). The header states the machine, the
 threads and the integer path's vector instructions; a ratio is float time / integer time, and
-"rel. diff" is |y_int8 - y_float| / |y_float| over the whole output (what 8-bit activations cost).
+"rel. diff" is |y_int8 - y_float| / |y_float| over the whole output (what 8-bit activations cost;
+"x2" columns: the two-level path's).
 
     python -m bench.int8_rows [--types Q4_K,Q6_K,Q8_0] [--rows 1,7] [--shape 2048x2048]
                               [--threads N] [--repeats 50] [--path avx512-vnni] [--json OUT]
@@ -72,27 +74,33 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
                "int8_path": int8.PATH_NAMES[kernels.path()]}
     say(f"# {machine['cpu']}; {threads} thread(s); integer path {machine['int8_path']}; [{n_out} x {n_in}]; "
         f"medians of {repeats}")
-    say(f"{'type':6} {'rows':>4} {'float us':>10} {'int8 us':>10} {'ratio':>7} {'best ratio':>10} {'rel. diff':>10}")
+    say(f"{'type':6} {'rows':>4} {'float us':>10} {'int8 us':>10} {'int8x2 us':>10} {'ratio':>7} {'x2 ratio':>8} "
+        f"{'best':>6} {'x2 best':>7} {'rel. diff':>9} {'x2 diff':>9}")
     results = []
+    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS)
     for name in types:
         w = random_matrix(name, n_out, n_in)
         for S in rows:
             x = torch.randn(S, n_in, generator=torch.Generator().manual_seed(S))
-            times: dict[bool, list[float]] = {False: [], True: []}
+            times: dict[int, list[float]] = {side: [] for side in sides}
             for i in range(repeats + 2):
-                for use_int8 in ((False, True) if i % 2 == 0 else (True, False)):
+                for side in (sides if i % 2 == 0 else sides[::-1]):
                     t0 = time.perf_counter()
-                    y = kernels.product(x, w, use_int8, threads)
+                    y = kernels.product(x, w, side, threads)
                     if i >= 2:  # two warm-up passes
-                        times[use_int8].append(time.perf_counter() - t0)
-            yf, yi = kernels.product(x, w, False, threads), kernels.product(x, w, True, threads)
-            diff = float((yi - yf).norm() / yf.norm())
-            f_us, i_us = (statistics.median(times[k]) * 1e6 for k in (False, True))
-            best = min(times[False]) / min(times[True])  # the fastest call of each: least disturbed by other work
-            say(f"{name:6} {S:4d} {f_us:10.1f} {i_us:10.1f} {f_us / i_us:6.2f}x {best:9.2f}x {diff:10.2e}")
+                        times[side].append(time.perf_counter() - t0)
+            yf, y1, y2 = (kernels.product(x, w, side, threads) for side in sides)
+            diff, diff2 = (float((y - yf).norm() / yf.norm()) for y in (y1, y2))
+            f_us, i_us, i2_us = (statistics.median(times[k]) * 1e6 for k in sides)
+            # the fastest call of each: least disturbed by other work
+            best, best2 = (min(times[0]) / min(times[k]) for k in sides[1:])
+            say(f"{name:6} {S:4d} {f_us:10.1f} {i_us:10.1f} {i2_us:10.1f} {f_us / i_us:6.2f}x {f_us / i2_us:7.2f}x "
+                f"{best:5.2f}x {best2:6.2f}x {diff:9.2e} {diff2:9.2e}")
             results.append({"type": name, "rows": S, "float_us": round(f_us, 1), "int8_us": round(i_us, 1),
-                            "ratio": round(f_us / i_us, 3), "best_ratio": round(best, 3), "relative_difference": diff,
-                            **machine})
+                            "int8x2_us": round(i2_us, 1), "ratio": round(f_us / i_us, 3),
+                            "ratio_two_levels": round(f_us / i2_us, 3), "best_ratio": round(best, 3),
+                            "best_ratio_two_levels": round(best2, 3), "relative_difference": diff,
+                            "relative_difference_two_levels": diff2, **machine})
             del y
     if path is not None:
         kernels.lib.int8_set_path(-1)

@@ -17,7 +17,8 @@ with AVX-512 VNNI, float time / integer time, one row and seven): Q4_K 2.4x and 
 and 2.3x, Q6_K 2.8x and 2.2x; the 32-weight types less, Q8_0 1.0-1.2x and 1.5x, Q4_1 1.0x and
 1.6x, and a one-row Q4_0 product 0.85x (its float path is already cheap).
 
-Data and a thin wrapper only: `native_layers` loads the library and reads `enabled()`.
+Data and a thin wrapper only: `native_layers` loads the library; each model says which path it takes
+(`Transformer.integer_products`, which the engine sets from `enabled()`).
 """
 
 from __future__ import annotations
@@ -38,6 +39,11 @@ PATH_NAMES = {SCALAR: "scalar", AVX2: "avx2", AVX512_VNNI: "avx512-vnni"}
 # Activation layouts (int8_quantize_rows' kinds): struct block_q8_32x8 (eight 32-blocks, a row
 # of K inputs takes ceil(K / 256) of them, K a multiple of 32) and block_q8_k (K / 256 of them).
 Q8_32, Q8_K = 0, 1
+# What a product's `int8` argument (the C side's too) asks for: 0 the float path; ONE_LEVEL each
+# row quantized once (llama.cpp's arithmetic); TWO_LEVELS each row quantized, then what that left
+# quantized again, both multiplied and added: about 15 bits of each input for twice the integer
+# work over the same unpacked weights (`csrc/int8_rows.c`, `quantize_two_levels`).
+ONE_LEVEL, TWO_LEVELS = 1, 2
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
 
 
@@ -46,9 +52,14 @@ def act_bytes(K: int, kind: int) -> int:
     return -(-K // 256) * ACT_BLOCKS[kind][1]
 
 
+# Whether a model's few-row products take the integer path where nothing says (`TRIFORCE_INT8`
+# unset, not `exact`): the engine gives each model this (`Transformer.integer_products`).
+FAST_PATH_DEFAULT = False
+
+
 def enabled() -> bool:
-    """Whether the few-row products take the integer path (`TRIFORCE_INT8`, off when unset)."""
-    return switches.is_on(ENV, default=False)
+    """Whether the few-row products take the integer path (`TRIFORCE_INT8`, FAST_PATH_DEFAULT when unset)."""
+    return switches.is_on(ENV, default=FAST_PATH_DEFAULT)
 
 
 def switched(on: bool):
@@ -107,9 +118,9 @@ class Int8:
             raise ValueError("int8: the rows could not be quantized")
         return out
 
-    def product(self, x: torch.Tensor, w: Stacked, int8: bool = True, threads: int | None = None) -> torch.Tensor:
+    def product(self, x: torch.Tensor, w: Stacked, int8: int = ONE_LEVEL, threads: int | None = None) -> torch.Tensor:
         """y [S, N] = x [S, K] @ W^T for a `quantized.Matrix` W ([N, K]), as the layers compute it:
-        the integer path (`int8`) or the float one."""
+        the integer path (`int8`: ONE_LEVEL or TWO_LEVELS; True is ONE_LEVEL) or the float one (0, False)."""
         S, K = x.shape
         if (w.n_in, x.dtype) != (K, torch.float32):
             raise ValueError(f"int8: x is {x.dtype} {tuple(x.shape)} for a matrix of {w.n_in} inputs")

@@ -723,24 +723,94 @@ int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K
     return failed ? -1 : 0;
 }
 
+/* The residual of rows quantized in `kind`'s layout: r = x - d q, per element, each row on its own. */
+static void q8_residual(const float *x, int S, int K, int kind, const void *q, float *r) {
+    for (int s = 0; s < S; s++) {
+        const float *xs = x + (int64_t)s * K;
+        float *rs = r + (int64_t)s * K;
+        for (int e = 0; e < K; e++) {
+            float d;
+            int8_t v;
+            if (kind == Q8_K) {
+                const struct block_q8_k *b = (const struct block_q8_k *)q + (int64_t)s * (K / 256) + e / 256;
+                d = b->d, v = b->qs[e % 256];
+            } else {
+                const struct block_q8_32x8 *g = (const struct block_q8_32x8 *)q + (int64_t)s * act_blocks(K, Q8_32) + e / 256;
+                d = g->d[(e % 256) / 32], v = g->qs[e % 256];
+            }
+            rs[e] = xs[e] - d * (float)v;
+        }
+    }
+}
+
+/* x's S rows as 2S quantized rows in `kind`'s layout, interleaved: row 2s the row quantized, row
+ * 2s + 1 what that left (its residual, quantized with its own scales). Together they carry about
+ * 15 bits of each input: the residual is at most half a step of the first, and is itself cut to
+ * 1/254 of that. */
+static int quantize_two_levels(const float *x, int S, int K, int kind, void *out) {
+    size_t bytes = kind == Q8_K ? sizeof(struct block_q8_k) : sizeof(struct block_q8_32x8);
+    int64_t per_row = act_blocks(K, kind);
+    uint8_t *q = malloc(bytes * (size_t)S * (size_t)per_row);
+    float *r = malloc(sizeof(float) * (size_t)S * (size_t)K);
+    int failed = !q || !r;
+    if (!failed) {
+        int8_quantize_rows(x, S, K, kind, q);
+        q8_residual(x, S, K, kind, q, r);
+        uint8_t *o = out;
+        for (int s = 0; s < S; s++) {
+            memcpy(o + bytes * (size_t)per_row * (size_t)(2 * s), q + bytes * (size_t)per_row * (size_t)s, bytes * (size_t)per_row);
+            int8_quantize_rows(r + (int64_t)s * K, 1, K, kind, o + bytes * (size_t)per_row * (size_t)(2 * s + 1));
+        }
+    }
+    free(q);
+    free(r);
+    return failed ? -1 : 0;
+}
+
 /* stacked_product with the int8 types' parts as integer products: x's rows quantized first,
- * to the layouts the parts need. */
-static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
-    int need32 = 0, needk = 0;
+ * to the layouts the parts need. With `levels` 2 each row is quantized twice (the row, then
+ * its residual: `quantize_two_levels`), both multiplied, and an output is the first product plus
+ * the second, in that order: one rounding more per output, the same for every row count. A
+ * part of float weights (F32, F16) sees the row and then a row of zeros, so its output is the
+ * float path's exactly. */
+static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
+                                int levels) {
+    int need32 = 0, needk = 0, floats = 0;
     for (int i = 0; i < nparts; i++) {
         need32 |= is_int8_type(parts[i].type) && !is_k_type(parts[i].type);
         needk |= is_k_type(parts[i].type);
+        floats |= !is_int8_type(parts[i].type);
     }
     if (!need32 && !needk) return stacked_product(x, S, K, parts, nparts, y, threads);
-    struct block_q8_32x8 *x32 = need32 ? malloc(sizeof(*x32) * (size_t)S * (size_t)act_blocks(K, Q8_32)) : NULL;
-    struct block_q8_k *xk = needk ? malloc(sizeof(*xk) * (size_t)S * (size_t)(K / 256)) : NULL;
+    int R = levels == 2 ? 2 * S : S;
+    int64_t N = 0;
+    for (int i = 0; i < nparts; i++) N += parts[i].rows;
+    struct block_q8_32x8 *x32 = need32 ? malloc(sizeof(*x32) * (size_t)R * (size_t)act_blocks(K, Q8_32)) : NULL;
+    struct block_q8_k *xk = needk ? malloc(sizeof(*xk) * (size_t)R * (size_t)(K / 256)) : NULL;
+    float *xr = levels == 2 && floats ? calloc((size_t)R * (size_t)K, sizeof(float)) : NULL;
+    float *yr = levels == 2 ? malloc(sizeof(float) * (size_t)R * (size_t)N) : NULL;
     int failed = -1;
-    if ((!need32 || x32) && (!needk || xk)) {
-        if (need32) int8_quantize_rows(x, S, K, Q8_32, x32);
-        if (needk) int8_quantize_rows(x, S, K, Q8_K, xk);
-        failed = int8_product_q(x, x32, xk, S, K, parts, nparts, y, threads);
+    if ((!need32 || x32) && (!needk || xk) && (levels != 2 || (yr && (!floats || xr)))) {
+        failed = 0;
+        if (levels == 2) {
+            if (need32) failed |= quantize_two_levels(x, S, K, Q8_32, x32);
+            if (needk) failed |= quantize_two_levels(x, S, K, Q8_K, xk);
+            if (xr)
+                for (int s = 0; s < S; s++) memcpy(xr + (int64_t)(2 * s) * K, x + (int64_t)s * K, sizeof(float) * (size_t)K);
+            if (!failed) failed = int8_product_q(xr, x32, xk, R, K, parts, nparts, yr, threads);
+            if (!failed)
+                for (int s = 0; s < S; s++)
+                    for (int64_t n = 0; n < N; n++)
+                        y[(int64_t)s * N + n] = yr[(int64_t)(2 * s) * N + n] + yr[(int64_t)(2 * s + 1) * N + n];
+        } else {
+            if (need32) int8_quantize_rows(x, S, K, Q8_32, x32);
+            if (needk) int8_quantize_rows(x, S, K, Q8_K, xk);
+            failed = int8_product_q(x, x32, xk, S, K, parts, nparts, y, threads);
+        }
     }
     free(x32);
     free(xk);
+    free(xr);
+    free(yr);
     return failed;
 }

@@ -131,7 +131,7 @@ static int weights_product(const float *x, int S, int K, const struct part *w, i
         product(x, S, K, (const float *)w[0].data, w[0].ld, N, y, threads);
         return 0;
     }
-    return int8 ? int8_stacked_product(x, S, K, w, nparts, y, threads) : stacked_product(x, S, K, w, nparts, y, threads);
+    return int8 ? int8_stacked_product(x, S, K, w, nparts, y, threads, int8) : stacked_product(x, S, K, w, nparts, y, threads);
 }
 
 /* y [S, N] = x [S, K] @ W^T over a matrix's parts ([N, K] in all; float32 [in, out] too), as the
@@ -225,7 +225,7 @@ int final_logits(const float *x, int R, int E, const float *norm_w, float eps, c
     if (!h) return -1;
     rms_norm(x, R, E, norm_w, eps, h);
     if (head[0].type != T_F32) {
-        int failed = int8 ? int8_stacked_product(h, R, E, head, n_head, logits, threads)
+        int failed = int8 ? int8_stacked_product(h, R, E, head, n_head, logits, threads, int8)
                           : stacked_product(h, R, E, head, n_head, logits, threads);
         free(h);
         return failed;
