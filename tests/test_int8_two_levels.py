@@ -143,3 +143,26 @@ def test_a_float16_part_keeps_the_float_path(kernels):
     y = kernels.product(x, Matrix(stored=(q4, f16)), TWO, threads=1)
     assert torch.equal(y[:, 20:], kernels.product(x, Matrix(stored=(f16,)), 0, threads=1))
     assert torch.equal(y[:, :20], kernels.product(x, Matrix(stored=(q4,)), TWO, threads=1))
+
+
+def test_the_fast_mode_takes_two_levels_for_k_types_and_floats_for_the_others(kernels):
+    """`int8.FAST`: a Q4_K or Q6_K part as two levels, a Q8_0 or Q4_1 part as the float path,
+    in one stack as alone; its rows equal its one-row calls."""
+    rng = np.random.default_rng(11)
+    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
+             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5))}
+    x = _rows(9, 512, seed=12)
+    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), int8.FAST, threads=2)
+    start = 0
+    for q, p in parts.items():
+        alone = Matrix(stored=(p,))
+        want = kernels.product(x, alone, TWO if q in K_TYPES else 0, threads=1)
+        assert torch.equal(stack[:, start:start + p.shape[0]], want), q.name
+        assert torch.equal(kernels.product(x, alone, int8.FAST, threads=1), want), q.name
+        start += p.shape[0]
+    for i in range(9):
+        assert torch.equal(kernels.product(x[i:i + 1], Matrix(stored=tuple(parts.values())), int8.FAST, threads=2)[0],
+                           stack[i]), f"row {i}"
+    # negative control: the modes differ where they should
+    m = Matrix(stored=(parts[Q.Q4_K],))
+    assert not torch.equal(kernels.product(x, m, int8.FAST, threads=1), kernels.product(x, m, 0, threads=1))

@@ -42,8 +42,11 @@ Q8_32, Q8_K = 0, 1
 # What a product's `int8` argument (the C side's too) asks for: 0 the float path; ONE_LEVEL each
 # row quantized once (llama.cpp's arithmetic); TWO_LEVELS each row quantized, then what that left
 # quantized again, both multiplied and added: about 15 bits of each input for twice the integer
-# work over the same unpacked weights (`csrc/int8_rows.c`, `quantize_two_levels`).
-ONE_LEVEL, TWO_LEVELS = 1, 2
+# work over the same unpacked weights (`csrc/int8_rows.c`, `quantize_two_levels`); FAST two levels
+# for the 256-weight types (Q4_K, Q5_K, Q6_K) and the float path for the 32-weight ones, where two
+# levels cost more than the float products (`python -m bench.int8_rows`).
+ONE_LEVEL, TWO_LEVELS, FAST = 1, 2, 3
+LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "int8x2 for K types"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
 
 

@@ -5,6 +5,12 @@
  * quantizing the activations changes the model's numbers (by up to half an 8-bit step an
  * input), which the float path of quant_rows.c does not.
  *
+ * Two levels (`int8.TWO_LEVELS`, and `int8.FAST` for the 256-weight types): each row quantized,
+ * then what that left (its residual) quantized with its own scales; both are multiplied by the
+ * same kernels as rows of their own and the two results added. About 15 bits of each input, so
+ * the model's numbers stay close to the float path's (bench/fidelity.py), for twice the integer
+ * work over the same unpacked weights.
+ *
  * Included by layers.c after quant_rows.c (one library; `native_build` keys it by both).
  *
  * One order of the float arithmetic. The integer sums are exact; what is rounded is their
@@ -54,6 +60,8 @@ _Static_assert(sizeof(struct block_q8_k) == 292, "block_q8_k is 292 bytes");
 
 enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_AVX512_VNNI = 2 };
 enum { Q8_32 = 0, Q8_K = 1 }; /* activation layouts (int8_quantize_rows' kind) */
+/* What a product's `int8` argument asks for (int8.py's names): 0 the float path. */
+enum { INT8_ONE_LEVEL = 1, INT8_TWO_LEVELS = 2, INT8_FAST = 3 };
 
 #define I8_ROWS 16 /* activation rows sharing each unpacked group of weights */
 
@@ -681,18 +689,18 @@ static void int8_outputs(const struct part *p, int64_t r0, int64_t r1, const str
     }
 }
 
-/* y [S, N] = x [S, K] @ W^T over the stacked parts, the int8 types' parts from the quantized
- * rows (x32: S x ceil(K/256) block_q8_32x8, xk: S x K/256 block_q8_k; each may be NULL where no part
- * needs it), the others (F32, F16) by the float path from x (NULL where there are none). Jobs
- * of OUT_JOB outputs over the threads, as stacked_product. Returns -1 without scratch memory,
- * -2 where an input a part needs is missing (or a part is not a GGUF tensor's). */
-int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
-                   float *y, int threads) {
+/* Whether a part of `type` takes the integer products: every int8 type, or with `k_only` the
+ * 256-weight ones (the 32-weight types then keep the float path). */
+static inline int integer_part(int type, int k_only) { return k_only ? is_k_type(type) : is_int8_type(type); }
+
+/* int8_product_q, with `k_only` as integer_part's. */
+static int product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
+                     float *y, int threads, int k_only) {
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) {
-        int t = parts[i].type;
+        int t = parts[i].type, integer = integer_part(t, k_only);
         if (!is_int8_type(t) && t != T_F32 && t != T_F16) return -2;  /* GGUF parts only */
-        if (!is_int8_type(t) ? !x : is_k_type(t) ? !xk : !x32) return -2;
+        if (!integer ? !x : is_k_type(t) ? !xk : !x32) return -2;
         if (K <= 0 || K % block_weights(t)) return -2;
         N += parts[i].rows;
     }
@@ -712,7 +720,7 @@ int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K
             for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
                 int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
                 if (lo >= hi) continue;
-                if (is_int8_type(parts[i].type))
+                if (integer_part(parts[i].type, k_only))
                     int8_outputs(&parts[i], lo, hi, x32, xk, S, K, y + base, N, path);
                 else if (w)
                     stacked_outputs(x, S, K, &parts[i], 1, lo, hi, y + base, N, w);
@@ -721,6 +729,16 @@ int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K
         free(w);
     }
     return failed ? -1 : 0;
+}
+
+/* y [S, N] = x [S, K] @ W^T over the stacked parts, the int8 types' parts from the quantized
+ * rows (x32: S x ceil(K/256) block_q8_32x8, xk: S x K/256 block_q8_k; each may be NULL where no part
+ * needs it), the others (F32, F16) by the float path from x (NULL where there are none). Jobs
+ * of OUT_JOB outputs over the threads, as stacked_product. Returns -1 without scratch memory,
+ * -2 where an input a part needs is missing (or a part is not a GGUF tensor's). */
+int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
+                   float *y, int threads) {
+    return product_q(x, x32, xk, S, K, parts, nparts, y, threads, 0);
 }
 
 /* The residual of rows quantized in `kind`'s layout: r = x - d q, per element, each row on its own. */
@@ -768,18 +786,21 @@ static int quantize_two_levels(const float *x, int S, int K, int kind, void *out
 }
 
 /* stacked_product with the int8 types' parts as integer products: x's rows quantized first,
- * to the layouts the parts need. With `levels` 2 each row is quantized twice (the row, then
- * its residual: `quantize_two_levels`), both multiplied, and an output is the first product plus
+ * to the layouts the parts need. `mode`: INT8_ONE_LEVEL, INT8_TWO_LEVELS, or INT8_FAST (two
+ * levels for the 256-weight types, the float path for the 32-weight ones, where two levels'
+ * doubled integer work costs more than the float products: bench.int8_rows). With two levels
+ * each row is quantized twice (the row, then its residual: `quantize_two_levels`), both multiplied, and an output is the first product plus
  * the second, in that order: one rounding more per output, the same for every row count. A
  * part of float weights (F32, F16) sees the row and then a row of zeros, so its output is the
  * float path's exactly. */
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
-                                int levels) {
+                                int mode) {
+    int k_only = mode == INT8_FAST, levels = mode == INT8_ONE_LEVEL ? 1 : 2;
     int need32 = 0, needk = 0, floats = 0;
     for (int i = 0; i < nparts; i++) {
-        need32 |= is_int8_type(parts[i].type) && !is_k_type(parts[i].type);
+        need32 |= integer_part(parts[i].type, k_only) && !is_k_type(parts[i].type);
         needk |= is_k_type(parts[i].type);
-        floats |= !is_int8_type(parts[i].type);
+        floats |= !integer_part(parts[i].type, k_only);
     }
     if (!need32 && !needk) return stacked_product(x, S, K, parts, nparts, y, threads);
     int R = levels == 2 ? 2 * S : S;
@@ -797,7 +818,7 @@ static int int8_stacked_product(const float *x, int S, int K, const struct part 
             if (needk) failed |= quantize_two_levels(x, S, K, Q8_K, xk);
             if (xr)
                 for (int s = 0; s < S; s++) memcpy(xr + (int64_t)(2 * s) * K, x + (int64_t)s * K, sizeof(float) * (size_t)K);
-            if (!failed) failed = int8_product_q(xr, x32, xk, R, K, parts, nparts, yr, threads);
+            if (!failed) failed = product_q(xr, x32, xk, R, K, parts, nparts, yr, threads, k_only);
             if (!failed)
                 for (int s = 0; s < S; s++)
                     for (int64_t n = 0; n < N; n++)
