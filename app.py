@@ -17,7 +17,7 @@ import sys
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
-    from triforce_core.cli.flags import add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
+    from triforce_core.cli.flags import add_exact_arg, add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
     from triforce_core.cli.serve import add_access_args
 
     p = argparse.ArgumentParser(
@@ -35,6 +35,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
     p.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto)")
     add_kv_dtype_arg(p)
+    add_exact_arg(p)
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
                    help="default decoding mode of the app and the HTTP API (default: lookup, the fastest measured on "
                    "document chat; the retrieval map shows a selection in triforce or retrieval mode)")
@@ -62,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from triforce_core import ConfigError, ModelLoadError
     from triforce_core.config import GB, default_mode
-    from triforce_core.cli.flags import UsageError, check_kv_cache_args, served_models
+    from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models
     from triforce_core.cli.serve import access_policy
     from triforce_core.models.loading import default_model_names
     from ui.settings import Settings
@@ -72,6 +73,7 @@ def main(argv: list[str] | None = None) -> int:
         # everything but /v1 (whose bodies have the API's limit): an upload and the form around it
         access = access_policy(args, max_body=(args.max_upload_mb + 1) * 1_000_000)
         check_kv_cache_args(args)
+        check_exact_args(args)
         if not args.max_cache_gb > 0:
             raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
         target, draft = default_model_names(args.target, args.draft)

@@ -300,11 +300,11 @@ def main(argv: list[str] | None = None) -> int:
         tally = Tally(n)
         first_chunk = None
         t0 = time.perf_counter()
-        with int8.switched(on):
-            for start, logits in teacher_forced(model, ids, kv_dtype, chunk, check_at):
-                tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
-                if first_chunk is None:
-                    first_chunk = logits.clone()
+        model.integer_products = on  # the model's own switch (`Transformer.integer_products`)
+        for start, logits in teacher_forced(model, ids, kv_dtype, chunk, check_at):
+            tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
+            if first_chunk is None:
+                first_chunk = logits.clone()
         seconds = time.perf_counter() - t0
         logits_of[name] = first_chunk
         argmaxes[name] = tally.top1

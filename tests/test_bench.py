@@ -61,6 +61,8 @@ def test_report_has_the_contract_keys(report):
     assert {"cpu", "cores", "torch", "device", "dtype", "threads"} <= set(rep["machine"])
     assert rep["machine"]["dtype"] == "float32" and rep["machine"]["device"] == "cpu"
     assert rep["context_tokens"] > 150
+    # a Hugging Face folder's default: float32 K/V, Hugging Face's arithmetic
+    assert rep["settings"]["kv_dtype"] == "float32" and rep["settings"]["arithmetic"] == "exact"
     assert {r["mode"] for r in rep["runs"]} == ALL_MODES
     for run in rep["runs"]:
         assert RUN_KEYS <= set(run), run["mode"]

@@ -4,13 +4,18 @@
   for every type kept as stored.
 - The quantized few-row products sum in one order whatever the rows beside: a 7-row forward
   (a verification) gives the logits of seven 1-token steps bit for bit.
-- Greedy output of every mode equals Hugging Face's on the same file (transformers dequantizes
-  it), on a Llama with the Q4_K_M mix of types (Q4_K, Q6_K, Q5_K beside Q4_0/Q4_1/Q8_0) and a
-  Qwen2 with biases, tied embeddings and F16/F32 matrices. Negative control: without undoing
-  llama.cpp's row order of q and k, the output differs.
+- With `exact` (float32 K/V and float products), greedy output of every mode equals Hugging
+  Face's on the same file (transformers dequantizes it), on a Llama with the Q4_K_M mix of types
+  (Q4_K, Q6_K, Q5_K beside Q4_0/Q4_1/Q8_0) and a Qwen2 with biases, tied embeddings and F16/F32
+  matrices; so do the logits (and, the control, not the default's, with float16 K/V). Negative
+  control: without undoing llama.cpp's row order of q and k, the output differs.
+- By default a GGUF file keeps K/V in float16 (a Hugging Face folder in float32); greedy output
+  of every mode on that path equals our own autoregressive decoding on it, token for token;
+  negative control: a verifier that accepts every proposal is caught.
 - Sampling from a quantized pair follows the target's law (chi-square), and a broken verifier
   is caught on it.
-- Bad files are refused in one line; the command line runs a GGUF file.
+- Bad files are refused in one line; the command line runs a GGUF file, `--exact` equal to
+  Hugging Face, and refuses `--exact` with 16-bit K/V or weights in one line.
 """
 
 from __future__ import annotations
@@ -47,6 +52,9 @@ QWEN_TYPES = {"attn_v.weight": Q.F16, "attn_output.weight": Q.F32}
 PROMPT_LEN, NEW = 120, 32
 TIE_GAP = 1e-4
 CACHE = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
+# (mode, the paper's method or lookup in front) of the greedy tests
+MODES = [("autoregressive", True), ("lookup", False), ("triforce", True), ("triforce", False), ("retrieval", True),
+         ("draft", True)]
 
 
 @pytest.fixture(scope="module")
@@ -135,11 +143,12 @@ def _same(got, ref, gaps) -> bool:
     return len(got) == len(ref)
 
 
-def _run(t, d, ids, mode: str, paper: bool):
+def _run(t, d, ids, mode: str, paper: bool, exact: bool = True):
+    """Greedy output of `mode` (`exact`: as Hugging Face computes; else the default's fast path)."""
     spec = dict(PAPER_METHOD) if paper else {"lookup": True}
     cfg = GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=NEW, ignore_eos=True, **spec),
                            cache=CACHE)
-    return TriForceEngine(t.model, d.model).run(ids, cfg).token_ids
+    return TriForceEngine(t.model, d.model, exact=exact).run(ids, cfg).token_ids
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -153,12 +162,89 @@ def test_weights_are_kept_as_stored(folder, kind):
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
-@pytest.mark.parametrize("mode,paper", [("autoregressive", True), ("lookup", False), ("triforce", True),
-                                        ("triforce", False), ("retrieval", True), ("draft", True)])
+@pytest.mark.parametrize("mode,paper", MODES)
 def test_greedy_equals_hf_on_the_same_file(folder, kind, mode, paper):
     t, d, ids, ref, gaps = _files(folder, kind)
-    got = _run(t, d, ids, mode, paper)
+    got = _run(t, d, ids, mode, paper, exact=True)
     assert _same(got, ref, gaps), f"{mode}: {got} != {ref}"
+
+
+def _teacher_forced(model, ids: list[int], kv_dtype: torch.dtype) -> torch.Tensor:
+    """Our logits [n, V] for `ids` in one forward over a fresh cache of `kv_dtype`."""
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids), kv_dtype, CPU)
+    return model.forward(torch.tensor(ids), torch.arange(len(ids)), cache).logits
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+def test_default_kv_is_float16_for_a_gguf_file_and_exact_keeps_float32(folder, kind, tiny_pair_dir):
+    """The default's K/V dtype: float16 for a GGUF file (as llama.cpp), float32 for a Hugging Face
+    folder; `exact` keeps float32, and its logits are Hugging Face's where the default's, with
+    float16 K/V, are not (the control: the setting really changes the arithmetic)."""
+    t, d, ids, _, _ = _files(folder, kind)
+    cfg = GenerationConfig()
+    fast, exact = TriForceEngine(t.model, d.model), TriForceEngine(t.model, d.model, exact=True)
+    assert fast.kv_dtype_for(cfg) == torch.float16 and fast.arithmetic_for(cfg) == "fast"
+    assert exact.kv_dtype_for(cfg) == torch.float32 and exact.arithmetic_for(cfg) == "exact"
+    hf_folder = TriForceEngine.from_pretrained(tiny_pair_dir["target"], tiny_pair_dir["draft"], device="cpu")
+    assert not hf_folder.target.quantized and hf_folder.kv_dtype_for(cfg) == torch.float32
+    assert hf_folder.arithmetic_for(cfg) == "exact"  # a folder's default is already Hugging Face's arithmetic
+    with torch.no_grad():
+        want = hf_from_gguf(folder / f"{kind}-target.gguf")(torch.tensor([ids])).logits[0]
+    torch.testing.assert_close(_teacher_forced(t.model, ids, exact.kv_dtype_for(cfg)), want, rtol=1e-4, atol=1e-4)
+    assert (_teacher_forced(t.model, ids, fast.kv_dtype_for(cfg)) - want).abs().max() > 1e-3
+
+
+def test_exact_and_the_kv_dtype_are_checked(folder):
+    t, d, _, _, _ = _files(folder, "qwen2")
+    from triforce_core import ConfigError
+
+    for kv in ("float16", "bfloat16"):
+        with pytest.raises(ConfigError, match=f"exact computes and keeps K/V in float32: it cannot take kv_dtype {kv}"):
+            TriForceEngine(t.model, d.model, kv_dtype=kv, exact=True)
+        with pytest.raises(ConfigError, match="exact"):  # before loading the weights
+            TriForceEngine.from_pretrained(str(folder / "qwen2-target.gguf"), device="cpu", kv_dtype=kv, exact=True)
+        engine = TriForceEngine(t.model, d.model, exact=True)
+        with pytest.raises(ConfigError, match="exact"):  # a generation's config cannot undo it either
+            engine.run([3, 4, 5], GenerationConfig(cache=CacheConfig(kv_dtype=kv)))
+    with pytest.raises(ConfigError, match="cannot take dtype bfloat16"):
+        TriForceEngine.from_pretrained(str(folder / "qwen2-target.gguf"), device="cpu", dtype="bfloat16", exact=True)
+    explicit = TriForceEngine(t.model, d.model, kv_dtype="float32")  # an explicit K/V dtype wins over the default
+    assert explicit.kv_dtype_for(GenerationConfig()) == torch.float32
+    assert TriForceEngine(t.model, d.model, exact=True).kv_dtype_for(GenerationConfig()) == torch.float32
+
+
+@pytest.fixture
+def row_by_row(monkeypatch):
+    """The few-row attention at any length, so that every forward's arithmetic is row by row and
+    a verification's rows equal the steps bit for bit (no tie tolerated)."""
+    import triforce_core.models.native_attention as native_attention
+
+    monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("mode,paper", MODES)
+def test_greedy_on_the_default_path_equals_its_autoregressive_decoding(folder, kind, mode, paper, row_by_row):
+    t, d, ids, _, _ = _files(folder, kind)
+    assert TriForceEngine(t.model, d.model).kv_dtype_for(GenerationConfig()) == torch.float16
+    reference = _run(t, d, ids, "autoregressive", True, exact=False)
+    assert _run(t, d, ids, mode, paper, exact=False) == reference, mode
+
+
+def test_negative_control_accepting_every_proposal_is_caught_on_the_default_path(folder, monkeypatch, row_by_row):
+    import triforce_core.decoding.loop as loop
+    from triforce_core.decoding.sampling import VerifyResult, row_argmax
+
+    def accept_all(draft_tokens, p_logits):
+        return VerifyResult(accepted=len(draft_tokens), token=row_argmax(p_logits)[-1], bonus=True)
+
+    t, d, ids, _, _ = _files(folder, "llama")
+    reference = _run(t, d, ids, "autoregressive", True, exact=False)
+    monkeypatch.setattr(loop, "verify_greedy", accept_all)
+    assert _run(t, d, ids, "draft", True, exact=False) != reference
 
 
 def test_negative_control_llama_row_order_not_undone(folder, monkeypatch):
@@ -201,7 +287,7 @@ def _counts(folder: Path) -> tuple[np.ndarray, np.ndarray]:
                                       **{k: v for k, v in PAPER_METHOD.items() if k != "lookup"}, lookup=False),
         cache=SMALL_CACHE,
     )
-    return first_two_counts(TriForceEngine(t.model, d.model), prompt, cfg, SAMPLES), joint
+    return first_two_counts(TriForceEngine(t.model, d.model, exact=True), prompt, cfg, SAMPLES), joint
 
 
 def test_sampling_from_a_quantized_pair_is_exact(folder):
@@ -243,6 +329,25 @@ def test_cli_generates_from_a_gguf_file(folder):
     bad = subprocess.run([*cmd[:5], str(folder / "absent.gguf"), *cmd[6:]], cwd=ROOT, capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and "absent.gguf" in bad.stderr
+
+
+def test_cli_exact_equals_hf_and_refuses_16_bit_kv_or_weights(folder, tmp_path):
+    from conftest import run_main
+
+    _, _, ids, ref, gaps = _files(folder, "qwen2")
+    prompt = tmp_path / "ids.json"
+    prompt.write_text(json.dumps(ids))
+    base = ["generate", "--target", str(folder / "qwen2-target.gguf"), "--prompt-ids-file", str(prompt), "--device", "cpu",
+            "--mode", "lookup", "--max-new-tokens", str(NEW), "--ignore-eos", "--repetition-penalty", "1", "--json"]
+    code, out, err = run_main(base + ["--exact"])
+    assert code == 0, err
+    got = json.loads(out)["samples"][0]["token_ids"]
+    assert _same(got, ref, gaps), f"{got} != {ref}"
+    for flag, value in (("--kv-dtype", "float16"), ("--kv-dtype", "bfloat16"), ("--dtype", "bfloat16")):
+        code, out, err = run_main(base + ["--exact", flag, value])
+        assert (code, out) == (2, "") and err == f"error: --exact computes and keeps K/V in float32: it cannot take {flag} {value}\n"
+    code, _, err = run_main(base + ["--exact", "--kv-dtype", "float32", "--max-new-tokens", "2"])
+    assert code == 0, err  # float32 named is what --exact keeps: no contradiction
 
 
 def test_pytorch_layers_give_the_native_layers_answer(folder, monkeypatch):

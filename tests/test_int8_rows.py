@@ -1,5 +1,5 @@
-"""Integer products over GGUF blocks (`TRIFORCE_INT8=1`, `csrc/int8_rows.c`) are the arithmetic
-they claim, one order per output.
+"""Integer products over GGUF blocks (`Transformer.integer_products`, `TRIFORCE_INT8=1`,
+`csrc/int8_rows.c`) are the arithmetic they claim, one order per output.
 
 - Every vector path the processor runs (AVX2, AVX-512 VNNI) gives the scalar reference's
   products bit for bit: every type, row counts 1-17, whole and partial groups of blocks, a
@@ -14,6 +14,9 @@ they claim, one order per output.
 - Through the model: with the switch on, greedy lookup and triforce speculation equal our own
   autoregressive decoding token for token, a verification's logits equal the steps' bit for
   bit, and the logits do differ from the float path's; the switch is off by default.
+- The switch is per model: two models of one file in one process, one with integer products and
+  one without, give different logits, each equal to itself across row counts and calls; an
+  engine gives its models `TRIFORCE_INT8` unless `exact`, and the disk cache keys each apart.
 """
 
 from __future__ import annotations
@@ -294,34 +297,78 @@ def rows(monkeypatch):
     return seen
 
 
-def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows):
+def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows, monkeypatch):
     assert engine.target.quantized
-    with int8.switched(True):
-        reference = _run(engine, "autoregressive")
-        for mode in ("lookup", "triforce"):
-            rows.clear()
-            assert _run(engine, mode) == reference, mode
-            assert max(rows) > 1, f"{mode}: no verification of several rows ran"
-        assert_verification_rows_equal_steps(engine.target, _prompt())
+    for model in (engine.target, engine.draft):
+        monkeypatch.setattr(model, "integer_products", True)
+    reference = _run(engine, "autoregressive")
+    for mode in ("lookup", "triforce"):
+        rows.clear()
+        assert _run(engine, mode) == reference, mode
+        assert max(rows) > 1, f"{mode}: no verification of several rows ran"
+    assert_verification_rows_equal_steps(engine.target, _prompt())
+
+
+def _logits(model, n: int = 9) -> torch.Tensor:
+    """The logits of the prompt's first n tokens in one forward over a fresh float32 cache."""
+    from triforce_core.kv import FullCache
+
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, 64, torch.float32, CPU)
+    return model.forward(torch.tensor(_prompt()[:n]), torch.arange(n), cache).logits
 
 
 def test_the_switch_is_off_by_default_and_changes_the_logits(engine, monkeypatch):
     monkeypatch.delenv(int8.ENV, raising=False)
-    assert not int8.enabled() and native_layers.Layers._int8() == 0
-    from triforce_core.kv import FullCache
-
+    assert not int8.enabled() and not int8.FAST_PATH_DEFAULT
     model = engine.target
-    s = model.spec
-
-    def logits() -> torch.Tensor:
-        cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, 64, torch.float32, CPU)
-        ids = torch.tensor(_prompt()[:9])
-        return model.forward(ids, torch.arange(9), cache).logits
-
-    default = logits()
-    with int8.switched(False):
-        assert torch.equal(logits(), default)
-    with int8.switched(True):
-        on = logits()
+    TriForceEngine(model, engine.draft)  # what an engine gives its models by default
+    assert not model.integer_products and not engine.draft.integer_products
+    default = _logits(model)
+    with int8.switched(True):  # the process's switch is read when an engine is made, not per forward
+        assert torch.equal(_logits(model), default)
+    monkeypatch.setattr(model, "integer_products", True)
+    on = _logits(model)
     assert not torch.equal(on, default)
     assert (on - default).abs().max() <= 0.05 * default.abs().max()
+
+
+def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):
+    """Two models of one file in one process: the one with integer products and the one without
+    give different logits, each the same at every call and across row counts (a verification's
+    rows equal the steps); `TRIFORCE_INT8=1` reaches a new engine's models unless `exact`; the
+    disk cache never gives one model's prefill to the other. Control: both without, the same
+    logits (the difference is the flag's)."""
+    from triforce_core.models.loading import load_model
+
+    path = engine.source
+    a = load_model(path, CPU, torch.float32).model
+    b = load_model(path, CPU, torch.float32).model
+    a.integer_products, b.integer_products = True, False
+    first_a, first_b = _logits(a), _logits(b)
+    assert not torch.equal(first_a, first_b)
+    assert torch.equal(_logits(a), first_a) and torch.equal(_logits(b), first_b)  # interleaved: no shared state
+    for model in (a, b):
+        assert_verification_rows_equal_steps(model, _prompt())
+    b.integer_products = True
+    assert torch.equal(_logits(b), first_a)
+    b.integer_products = False
+    a.integer_products = False
+    assert torch.equal(_logits(a), first_b)  # the control
+
+    monkeypatch.setenv(int8.ENV, "1")
+    assert TriForceEngine(a, exact=True).target.integer_products is False
+    assert TriForceEngine(b).target.integer_products is True
+    monkeypatch.setenv(int8.ENV, "0")
+    assert TriForceEngine(b).target.integer_products is False
+    monkeypatch.delenv(int8.ENV)
+
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=2, ignore_eos=True),
+                           cache=CacheConfig(prefill_chunk=32))
+    by_flag = {}
+    for on in (True, False, True):
+        engine_ = TriForceEngine(load_model(path, CPU, torch.float32).model)
+        engine_.target.integer_products = on
+        engine_.use_disk_cache(str(tmp_path))
+        by_flag.setdefault(on, []).append(engine_.run(_prompt(), cfg).stats.disk_tokens)
+    assert by_flag == {True: [0, 96], False: [0]}  # each finds only its own blocks

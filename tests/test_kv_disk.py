@@ -252,8 +252,9 @@ def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path):
     assert first.disk_tokens == 0 and len(block_files(tmp_path)) == 9
     from triforce_core.models import int8
 
-    with int8.switched(True):
-        assert arithmetic_key("cpu") != native  # 8-bit activations are another arithmetic
+    assert arithmetic_key("cpu", integer_products=True) != native  # 8-bit activations are another arithmetic
+    with int8.switched(True):  # the model's flag names it, not the process's switch
+        assert arithmetic_key("cpu") == native
     with native_layers._loader.switched(False), native_attention._loader.switched(False):
         assert arithmetic_key("cpu") != native
         other = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]

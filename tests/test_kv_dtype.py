@@ -28,7 +28,7 @@ from test_sampling_exactness import _models as chi_models
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import DEFAULT_KV_DTYPE, PAPER_METHOD
+from triforce_core.config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, PAPER_METHOD
 from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.kv import FullCache, resolve_kv_dtype
 from triforce_core.models.native_build import build as build_native
@@ -126,6 +126,9 @@ def test_kv_dtype_setting_is_validated_and_resolved():
     with pytest.raises(ConfigError, match="kv_dtype"):
         CacheConfig(kv_dtype="int8")
     assert resolve_kv_dtype(None, torch.float32, "cpu") == getattr(torch, DEFAULT_KV_DTYPE)
+    assert resolve_kv_dtype(None, torch.float32, "cpu", quantized=True) == getattr(torch, GGUF_KV_DTYPE) == torch.float16
+    assert resolve_kv_dtype("float32", torch.float32, "cpu", quantized=True) == torch.float32  # named: it wins
+    assert resolve_kv_dtype(None, torch.bfloat16, "cuda", quantized=True) == torch.bfloat16
     assert resolve_kv_dtype(None, torch.bfloat16, "cpu") == torch.bfloat16  # 16-bit weights: their own dtype
     assert resolve_kv_dtype(None, torch.float16, "cuda") == torch.float16
     assert resolve_kv_dtype("float32", torch.float32, "cpu") == torch.float32
@@ -339,17 +342,29 @@ def test_command_line_kv_dtype(tiny_pair_dir, tmp_path, capsys):
     assert code == 2 and err.startswith("error: ") and "--kv-dtype" in err and len(err.splitlines()) == 1
     from triforce_core.__main__ import main
 
-    for command in ("chat", "serve", "bench"):
+    for command in ("generate", "chat", "serve", "bench"):
         with pytest.raises(SystemExit):
             main([command, "--help"])
-        assert "--kv-dtype" in capsys.readouterr().out
+        help_text = capsys.readouterr().out
+        assert "--kv-dtype" in help_text and "--exact" in help_text, command
+        assert "equal to Hugging Face token for token" in " ".join(help_text.split()), command
+    # --exact keeps float32: a 16-bit --kv-dtype contradicts it (one line, exit 2, before loading)
+    for kv in ("bfloat16", "float16"):
+        code, out, err = run_main(base + ["--exact", "--kv-dtype", kv])
+        assert (code, out) == (2, "") and err == f"error: --exact computes and keeps K/V in float32: it cannot take --kv-dtype {kv}\n"
+    code, out, err = run_main(base + ["--exact", "--mode", "lookup"])
+    assert code == 0, err
+    assert json.loads(out)["samples"][0]["token_ids"] == outs["float32", "autoregressive"]  # a folder: float32 either way
 
 
-def test_app_takes_kv_dtype():
+def test_app_takes_kv_dtype_and_exact(capsys):
     import app
 
     assert app.parse_args(["--kv-dtype", "bfloat16"]).kv_dtype == "bfloat16"
     assert app.parse_args([]).kv_dtype is None
+    assert app.parse_args(["--exact"]).exact is True and app.parse_args([]).exact is False
+    assert app.main(["--exact", "--kv-dtype", "float16"]) == 2  # refused before any model is loaded
+    assert capsys.readouterr().err == "error: --exact computes and keeps K/V in float32: it cannot take --kv-dtype float16\n"
 
 
 # -- the document-chat bench ---------------------------------------------------------------------

@@ -273,3 +273,23 @@ def test_loads_stay_within_the_limits(home, monkeypatch):
         tight.get("ollama/tiny:latest")
     with pytest.raises(ValueError, match="--max-loaded-models"):
         ServedModels(loader({}), folders_of(home, monkeypatch), started=(str(own), None), max_loaded=0)
+
+
+@pytest.mark.parametrize("exact", [True, False])
+def test_served_models_carry_exact_to_every_engine_they_load(home, monkeypatch, exact):
+    """`--exact` reaches the started model and every one a request or the picker switches to:
+    float32 K/V; without it a GGUF file's K/V are float16 (the control)."""
+    import torch
+
+    import app
+    from triforce_core.cli.flags import served_models
+    from triforce_core.config import GenerationConfig
+
+    folders_of(home, monkeypatch)
+    args = app.parse_args(["--device", "cpu", "--no-kv-cache", "--models-dir", str(home["mine"]),
+                           *(["--exact"] if exact else [])])
+    models = served_models(args, str(home["mine"] / "nested/deeper/own.gguf"), None, slots=0)
+    for served in (models.default(), models.get("ollama/tiny:latest")):
+        engine = served.engine
+        assert engine.exact is exact and engine.target.quantized
+        assert engine.kv_dtype_for(GenerationConfig()) == (torch.float32 if exact else torch.float16)

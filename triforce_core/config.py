@@ -56,18 +56,39 @@ SELECT_BY = ("queries", "attention")
 # every path sees the same rounded K/V and greedy output stays equal to autoregressive decoding
 # with the same K/V dtype.
 KV_DTYPES = ("float32", "float16", "bfloat16")
-# The K/V dtype of a float32 model on the CPU when none is asked for (auto): float32, because
-# exactness is the product: greedy output must equal Hugging Face's, and 16-bit K/V changes the
-# model (on the shipped pair, greedy answers equal float32's on 18 of 20 questions with float16,
-# 12 of 20 with bfloat16; docs/benchmarks.md, "16-bit K/V"). float16 is one flag away and much
-# faster (a 2-core AVX2 EPYC: a step 0.60-0.67x float32's at 16K-64K, a 7-row verification
-# 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive, 1.43x with
-# lookup). Other models (CUDA, 16-bit weights) keep K/V in their own dtype.
+# The K/V dtype of a float32 Hugging Face model (a folder, a hub id, the demo pair) on the CPU when
+# none is asked for (auto): float32, so that greedy output equals Hugging Face's (on the shipped
+# pair, greedy answers equal float32's on 18 of 20 questions with float16, 12 of 20 with
+# bfloat16; docs/benchmarks.md, "16-bit K/V"). Other models (CUDA, 16-bit weights) keep K/V in
+# their own dtype.
 DEFAULT_KV_DTYPE = "float32"
+# A GGUF file's K/V dtype on the CPU (float32, the native kernels) when none is asked for: float16,
+# as llama.cpp keeps it. Its top-1 agreement with Hugging Face float32 over 4,096 teacher-forced
+# positions of SmolLM2 is 99.93 % (3 positions, mean KL 9e-7; bench/results/fidelity-smollm2.json,
+# `python -m bench.fidelity --target smollm2 --tokens 4096`), and 16-bit K/V is much faster (the
+# shipped pair on a 2-core AVX2 EPYC: a step 0.60-0.67x float32's at 16K-64K, a 7-row
+# verification 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive;
+# docs/benchmarks.md). `exact` (`--exact`) keeps float32.
+GGUF_KV_DTYPE = "float16"
+# What `exact` (`--exact`, `TriForceEngine(exact=True)`) computes and keeps K/V in: greedy output
+# equals Hugging Face's token for token.
+EXACT_DTYPE = "float32"
 
 
 class ConfigError(ValueError):
     """An invalid configuration value (the CLI reports it with exit code 2)."""
+
+
+def check_exact(exact: bool, kv_dtype: str | None = None, dtype: str | None = None,
+                names: tuple[str, str, str] = ("exact", "kv_dtype", "dtype")) -> None:
+    """ConfigError when `exact` meets a K/V dtype or a model dtype other than float32 (None and
+    "auto" are the defaults, which `exact` resolves to float32). `names`: how the message names
+    the three settings (the command line's flags)."""
+    if not exact:
+        return
+    for name, value in zip(names[1:], (kv_dtype, dtype)):
+        if value not in (None, "auto", EXACT_DTYPE):
+            raise ConfigError(f"{names[0]} computes and keeps K/V in {EXACT_DTYPE}: it cannot take {name} {value}")
 
 
 def one_line(e: BaseException, limit: int = 300) -> str:
@@ -156,9 +177,10 @@ class CacheConfig:
                    otherwise the queries rank) or "queries" (the target's latest query against
                    each chunk's mean key)
     kv_dtype       what every cache keeps keys and values in: "float32", "float16", "bfloat16", or
-                   None ("auto" is read as None): the engine's K/V dtype, by default
-                   DEFAULT_KV_DTYPE for a float32 model on the CPU and the model's own dtype
-                   elsewhere (`kv.resolve_kv_dtype`). Queries, outputs and the retrieval level's
+                   None ("auto" is read as None): the engine's K/V dtype, by default float32
+                   with `exact`, GGUF_KV_DTYPE for a GGUF file on the CPU, DEFAULT_KV_DTYPE for
+                   another float32 model on the CPU and the model's own dtype elsewhere
+                   (`kv.resolve_kv_dtype`). Queries, outputs and the retrieval level's
                    chunk means stay float32.
     """
 

@@ -16,9 +16,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Callable, Iterator, Sequence
 
 
-from .config import KV_DTYPES, GenerationConfig, SamplingConfig, default_kv_cache_folder, default_sampling
+import torch
+
+from .config import (EXACT_DTYPE, KV_DTYPES, GenerationConfig, SamplingConfig, check_exact, default_kv_cache_folder,
+                     default_sampling)
 from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
+from .models import int8
 from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
 from .models.transformer import Transformer
 from .decoding.loop import SpeculationLoop, make_generator
@@ -46,9 +50,16 @@ class GenerationResult:
 class TriForceEngine:
     """A target model, an optional small draft sharing its vocabulary, and the tokenizer.
 
-    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the default, exact against Hugging Face, see
-    `kv.resolve_kv_dtype`): what the caches keep keys and values in when a generation's
+    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the default, see
+    `kv.resolve_kv_dtype`: float16 for a GGUF file on the CPU, as llama.cpp, float32 for another
+    float32 model there): what the caches keep keys and values in when a generation's
     `CacheConfig.kv_dtype` names none (the app's `--kv-dtype` sets it here, for every user).
+
+    `exact` (`--exact`): float32 arithmetic and K/V, float products, so that greedy output equals
+    Hugging Face's token for token; slower on GGUF files. It takes float32 models, and a 16-bit
+    `kv_dtype` (here or in a generation's config) is refused (ConfigError). Without it a model's
+    products over GGUF blocks are integer ones when `TRIFORCE_INT8=1` (else `int8.FAST_PATH_DEFAULT`).
+    The engine sets its models' `integer_products` accordingly (two engines over one model share it).
     """
 
     def __init__(
@@ -59,16 +70,25 @@ class TriForceEngine:
         eos_token_ids: Sequence[int] = (),
         kv_dtype: str | None = None,
         instruct: bool = False,
+        exact: bool = False,
     ):
         if kv_dtype == "auto":
             kv_dtype = None
         if kv_dtype is not None and kv_dtype not in KV_DTYPES:
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {kv_dtype!r}")
+        check_exact(exact, kv_dtype)
+        models = [m for m in (target, draft) if m is not None]
+        if exact and any(m.dtype != torch.float32 for m in models):
+            raise ValueError(f"exact computes in {EXACT_DTYPE}: the models are "
+                             f"{', '.join(str(m.dtype).removeprefix('torch.') for m in models)}")
+        for model in models:  # per model: the disk cache's key reads it too
+            model.integer_products = not exact and int8.enabled()
+        self.exact = exact
         self.target = target
         self.draft = draft
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
-        self.kv_dtype = kv_dtype
+        self.kv_dtype = kv_dtype or (EXACT_DTYPE if exact else None)
         self.instruct = instruct  # gets an instruct model's default sampling (`loading.is_instruct`)
         self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
         self.source: str | None = None  # what the target was loaded from (`from_pretrained`'s name)
@@ -84,19 +104,21 @@ class TriForceEngine:
     @classmethod
     def from_pretrained(
         cls, target: str, draft: str | None = None, device: str = "auto", dtype: str = "auto",
-        kv_dtype: str | None = None,
+        kv_dtype: str | None = None, exact: bool = False,
     ) -> "TriForceEngine":
-        """Load from hub ids, local folders or GGUF files. Raises ModelLoadError for missing/incompatible models."""
+        """Load from hub ids, local folders or GGUF files (`exact`: in float32 on any device, see
+        the class). Raises ModelLoadError for missing/incompatible models."""
         if kv_dtype not in (None, "auto", *KV_DTYPES):  # before loading gigabytes
             raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {kv_dtype!r}")
+        check_exact(exact, kv_dtype, dtype)
         dev = resolve_device(device)
-        dt = resolve_dtype(dtype, dev)
+        dt = resolve_dtype(EXACT_DTYPE if exact else dtype, dev)
         t: LoadedModel = load_model(target, dev, dt)
         d = None
         if draft is not None:
             d = load_draft(draft, t, dev, dt)
         engine = cls(t.model, d.model if d else None, t.tokenizer, t.eos_token_ids, kv_dtype=kv_dtype,
-                     instruct=is_instruct(target, t.tokenizer))
+                     instruct=is_instruct(target, t.tokenizer), exact=exact)
         engine.source = target
         return engine
 
@@ -139,14 +161,26 @@ class TriForceEngine:
         if spec.uses_draft_model and self.draft is None:
             raise ValueError(f"mode {spec.mode!r} needs a small draft model (--draft)")
 
-    def kv_dtype_for(self, config: GenerationConfig):
+    def kv_dtype_for(self, config: GenerationConfig) -> torch.dtype:
         """The torch dtype the target's cache keeps K/V in under `config` (the config's
-        kv_dtype, else this engine's, else the default for the target)."""
-        return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, self.target.dtype, self.target.device)
+        kv_dtype, else this engine's, else the default for the target). ConfigError for a 16-bit
+        one on an `exact` engine."""
+        check_exact(self.exact, config.cache.kv_dtype)
+        t = self.target
+        return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, t.dtype, t.device, t.quantized)
+
+    def arithmetic_for(self, config: GenerationConfig) -> str:
+        """"exact" when a generation under `config` computes as `exact` does (float32 weights and
+        K/V, float products: greedy output equals Hugging Face's token for token), else "fast"."""
+        t = self.target
+        same = (t.dtype == torch.float32 and self.kv_dtype_for(config) == torch.float32
+                and not (t.quantized and t.integer_products))
+        return "exact" if self.exact or same else "fast"
 
     def make_loop(self, config: GenerationConfig, capacity: int, generator, **handover) -> SpeculationLoop:
         """A loop with caches for `capacity` tokens (`handover`: full_cache/history of an earlier
         one, not used when its K/V dtype is not this config's)."""
+        check_exact(self.exact, config.cache.kv_dtype)
         detok = self.detokenize if self.tokenizer is not None else None
         return SpeculationLoop(self.target, self.draft, config, capacity, self.eos_token_ids, generator, detok,
                        disk=self.disk_cache, kv_dtype=self.kv_dtype, **handover)

@@ -1,9 +1,9 @@
 """The command line's shared flags: their definitions (models, decoding, the disk cache), their
 checks, and what they build (the generation config, the engine, the served models).
 
-`python app.py` shares the K/V cache, K/V dtype and models-dir flags. A bad flag is reported as
-one line (`UsageError`), before any weights are loaded. Nothing here imports torch: `--help`
-stays fast.
+`python app.py` shares the K/V cache, K/V dtype, --exact and models-dir flags. A bad flag is
+reported as one line (`UsageError`), before any weights are loaded. Nothing here imports torch:
+`--help` stays fast.
 """
 
 from __future__ import annotations
@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..config import (DEFAULT_KV_DTYPE, GB, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig, ConfigError,
-                      GenerationConfig, SamplingConfig, SpeculationConfig, default_kv_cache_folder, default_mode,
-                      default_sampling)
+from ..config import (DEFAULT_KV_DTYPE, GB, GGUF_KV_DTYPE, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
+                      ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, check_exact,
+                      default_kv_cache_folder, default_mode, default_sampling)
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 _INSTRUCT = default_sampling(instruct=True)
@@ -32,7 +32,7 @@ class Parser(argparse.ArgumentParser):
 
 
 def add_model_args(g) -> None:
-    """--target, --draft, --device, --dtype, --kv-dtype (every command that loads a model)."""
+    """--target, --draft, --device, --dtype, --kv-dtype, --exact (every command that loads a model)."""
     models = g.add_argument_group("models")
     models.add_argument(
         "--target",
@@ -47,6 +47,7 @@ def add_model_args(g) -> None:
     models.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto: cuda when available)")
     models.add_argument("--dtype", default="auto", help="auto|float32|bfloat16|float16 (default auto: bf16 on cuda, fp32 on cpu)")
     add_kv_dtype_arg(models)
+    add_exact_arg(models)
 
 
 def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
@@ -154,10 +155,28 @@ def add_kv_dtype_arg(parser) -> None:
     """--kv-dtype (a parser or an argument group)."""
     parser.add_argument(
         "--kv-dtype", choices=[*KV_DTYPES, "auto"], default=None,
-        help=f"what the caches keep keys and values in (default auto: {DEFAULT_KV_DTYPE} for a float32 model on "
-        "the CPU, where greedy output equals Hugging Face's; else the model's dtype). float16 is much faster on the "
-        "CPU (about 0.6x float32's step at 16K-64K) and changes an answer now and then; greedy output equals "
-        "autoregressive decoding with the same K/V dtype")
+        help=f"what the caches keep keys and values in (default auto: {GGUF_KV_DTYPE} for a GGUF file on the CPU, as "
+        f"llama.cpp; {DEFAULT_KV_DTYPE} for another float32 model on the CPU, where greedy output equals Hugging "
+        f"Face's; else the model's dtype; --exact: {DEFAULT_KV_DTYPE}). float16 is much faster on the CPU (about 0.6x "
+        "float32's step at 16K-64K) and changes an answer now and then; greedy output equals autoregressive "
+        "decoding with the same K/V dtype")
+
+
+def add_exact_arg(parser) -> None:
+    """--exact (a parser or an argument group)."""
+    parser.add_argument(
+        "--exact", action="store_true",
+        help="float32 K/V and arithmetic: equal to Hugging Face token for token; slower (GGUF files otherwise keep "
+        f"K/V in {GGUF_KV_DTYPE}, top-1 agreement with Hugging Face 99.93%% on SmolLM2). Not with a 16-bit "
+        "--kv-dtype or --dtype")
+
+
+def check_exact_args(args) -> None:
+    """UsageError for --exact with a 16-bit --kv-dtype or --dtype (before any model is loaded)."""
+    try:
+        check_exact(getattr(args, "exact", False), args.kv_dtype, args.dtype, ("--exact", "--kv-dtype", "--dtype"))
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
 
 
 def add_kv_cache_args(parser) -> None:
@@ -244,6 +263,7 @@ def _paper_levels(args) -> dict:
 
 def check_flags(args) -> None:
     """Validate every decoding flag before loading gigabytes of weights."""
+    check_exact_args(args)
     try:
         configs(args, has_draft=True)
         if hasattr(args, "no_kv_cache"):
@@ -258,7 +278,8 @@ def load_engine(args, model_defaults: bool = True):
     from ..engine import TriForceEngine  # here: it imports torch
 
     target, draft = model_names(args)
-    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype)
+    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
+                                            exact=args.exact)
     try:
         return engine, configs(args, has_draft=engine.draft is not None, defaults=_defaults(engine, model_defaults))
     except ConfigError as e:
@@ -278,14 +299,15 @@ def model_names(args) -> tuple[str, str | None]:
 
 def served_models(args, target: str, draft: str | None, slots: int):
     """The models a server offers (`serving.registry.ServedModels`), each loaded with the flags'
-    device, dtype, K/V dtype and disk cache. Raises ValueError for a --models-dir that is no folder."""
+    device, dtype, K/V dtype, --exact and disk cache (the started model and every one a request or
+    the app's picker switches to). Raises ValueError for a --models-dir that is no folder."""
     from ..engine import TriForceEngine
     from ..models.folders import ModelFolders
     from ..serving.registry import ServedModels
 
     def load(choice):
         engine = TriForceEngine.from_pretrained(choice.target, choice.draft, device=args.device, dtype=args.dtype,
-                                                kv_dtype=args.kv_dtype)
+                                                kv_dtype=args.kv_dtype, exact=args.exact)
         apply_kv_cache_args(engine, args)
         return engine
 

@@ -332,7 +332,8 @@ class Bench:
             "max_new_tokens": max_new,
             "temperature": config.sampling.temperature,
             "repeats": repeats,
-            "settings": {**settings(config), "kv_dtype": kv_dtype_name(self.engine.kv_dtype_for(config))},
+            "settings": {**settings(config), "kv_dtype": kv_dtype_name(self.engine.kv_dtype_for(config)),
+                         "arithmetic": self.engine.arithmetic_for(config)},
             "runs": runs,
         }
         if measure_bandwidth:

@@ -92,7 +92,7 @@ class SpeculationLoop(Prefill):
         vocab = target.vocab_size
         margin = self.margin = spec.cache_margin
         kv_name = cc.kv_dtype or kv_dtype
-        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device)
+        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized)
         if full_cache is not None and full_cache.k.dtype != self.kv_dtype:
             full_cache, history = None, None
         if full_cache is None:
@@ -116,7 +116,7 @@ class SpeculationLoop(Prefill):
             ds = draft.spec
             scache = StreamingCache(
                 ds.num_layers, ds.num_kv_heads, ds.head_dim, cc.draft_sinks, cc.draft_window, margin,
-                draft.rotary, resolve_kv_dtype(kv_name, draft.dtype, draft.device), draft.device,
+                draft.rotary, resolve_kv_dtype(kv_name, draft.dtype, draft.device, draft.quantized), draft.device,
             )
             self.small = StreamingLane(draft, scache, vocab)
         sampling = config.sampling

@@ -60,7 +60,8 @@ class Prefill:
         need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
         cache = lane.cache
         cache.make_room(need)
-        blocks = self.disk.blocks(body, chunk, cache.k.dtype, cache.k.device) if self.disk is not None else []
+        blocks = (self.disk.blocks(body, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
+                  if self.disk is not None else [])
         disk_tokens = 0
         if blocks:
             reuse, disk_tokens = self._read_disk(blocks, reuse, len(body))

@@ -9,12 +9,13 @@ A block is one prefill chunk (`CacheConfig.prefill_chunk`; the size is part of t
 blocks and not whole prompts: a document-chat prompt is template + document + question,
 so no two prompts are equal, but they share their beginning. Block j's key hashes the model's
 key (its weights, or its file's content), the K/V dtype, the arithmetic the forward runs
-(`models.arithmetic`: native kernels or PyTorch's, the processor's vector instructions, the
-PyTorch release) and every token of blocks 0..j (a chain), so any prompt that starts with the
-same tokens finds the same blocks, whoever wrote them (the app, `chat`, the HTTP API, another
-process), and a cache of one K/V dtype or one arithmetic never finds another's: a float16
-prefill is not a float32 one rounded (each layer attended to rounded K/V), and a kernel that
-sums in another order gives other bits, so neither could stand for the other.
+(`models.arithmetic`: native kernels or PyTorch's, float or integer products, the processor's
+vector instructions, the PyTorch release) and every token of blocks 0..j (a chain), so any
+prompt that starts with the same tokens finds the same blocks, whoever wrote them (the app,
+`chat`, the HTTP API, another process), and a cache of one K/V dtype or one arithmetic never
+finds another's: a float16 prefill is not a float32 one rounded (each layer attended to rounded
+K/V), and a kernel that sums in another order gives other bits, so neither could stand for the
+other.
 A file also names its dtype, and one whose dtype is not the cache's is refused (deleted).
 
 Exactness: a block is written only when it was computed by one prefill forward over exactly
@@ -146,13 +147,15 @@ class DiskCache:
 
     # -- keys ------------------------------------------------------------------------------
     def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype,
-               device: torch.device | str = "cpu") -> list[Block]:
+               device: torch.device | str = "cpu", integer_products: bool = False) -> list[Block]:
         """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype` on `device`,
-        each with its key (which names the arithmetic the forward runs now: `arithmetic_key`)."""
+        each with its key (which names the arithmetic the forward runs now: `arithmetic_key`, for
+        a model with the given `integer_products`)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         n, b = len(tokens), block_tokens
-        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic_key(device)}".encode())
+        arithmetic = arithmetic_key(device, integer_products)
+        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}".encode())
         out = []
         for j in range(n // b):
             part = tuple(int(t) for t in tokens[j * b : (j + 1) * b])

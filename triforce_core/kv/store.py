@@ -15,23 +15,26 @@ from __future__ import annotations
 import torch
 
 from ..models import huge_pages
-from ..config import DEFAULT_KV_DTYPE, KV_DTYPES
+from ..config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, KV_DTYPES
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
 GROW_SLACK = 4096  # the most tokens `make_room` adds beyond what is needed
 
 
-def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str) -> torch.dtype:
+def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str,
+                     quantized: bool = False) -> torch.dtype:
     """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"), or for None /
-    "auto" `config.DEFAULT_KV_DTYPE` when the model computes in float32 on the CPU with the
-    native few-row attention kernel (where it was measured; PyTorch's few-row path would widen
-    the whole cache at every step), else the model's own dtype."""
+    "auto", when the model computes in float32 on the CPU with the native few-row attention
+    kernel (where it was measured; PyTorch's few-row path would widen the whole cache at every
+    step), `config.GGUF_KV_DTYPE` for a model whose weights are a GGUF file's (`quantized`,
+    `Transformer.quantized`) and `config.DEFAULT_KV_DTYPE` for any other; elsewhere the model's
+    own dtype. (`exact` engines name float32: `TriForceEngine`.)"""
     if name is None or name == "auto":
         if torch.device(device).type == "cpu" and model_dtype == torch.float32:
             from ..models import native_attention  # builds the kernel at the first call, as the first forward would
 
             if native_attention.kernel() is not None:
-                return _TORCH_DTYPES[DEFAULT_KV_DTYPE]
+                return _TORCH_DTYPES[GGUF_KV_DTYPE if quantized else DEFAULT_KV_DTYPE]
         return model_dtype
     if name not in _TORCH_DTYPES:
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {name!r}")

@@ -16,7 +16,7 @@ import hashlib
 
 import torch
 
-from . import int8, native_attention, native_layers
+from . import native_attention, native_layers
 from .native_build import library_key
 
 # Every prefill with a disk cache asks for the key: the libraries' sources and the processor are
@@ -28,9 +28,10 @@ _library = functools.cache(library_key)
 ARITHMETIC_VERSION = 1
 
 
-def arithmetic_key(device: torch.device | str = "cpu") -> str:
+def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | int = False) -> str:
     """A short key naming the arithmetic of a forward on `device` as it runs now (with the
-    environment switches of the native kernels as they are set now)."""
+    environment switches of the native kernels as they are set now), of a model whose
+    `integer_products` is as given (`Transformer.integer_products`)."""
     device = torch.device(device)
     parts = [f"arithmetic {ARITHMETIC_VERSION}", device.type, torch.__version__]
     if device.type == "cpu":
@@ -38,8 +39,9 @@ def arithmetic_key(device: torch.device | str = "cpu") -> str:
         layers = native_layers.kernel() is not None
         parts.append(f"attention {_library(native_attention.SOURCE) if attention else 'torch'}")
         parts.append(f"layers {_library(native_layers.SOURCE, native_layers.LAYER_FLAGS) if layers else 'torch'}")
-        # 8-bit activations give other numbers; its three paths give the same bits (int8_rows.c)
-        parts.append(f"int8 {layers and int8.enabled()}")
+        # 8-bit activations give other numbers, each level its own; its three vector paths give
+        # the same bits (int8_rows.c). True counts as 1 (one level).
+        parts.append(f"int8 {int(integer_products) if layers else 0}")
     else:
         parts.append(torch.version.cuda or "")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

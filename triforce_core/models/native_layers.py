@@ -14,8 +14,9 @@ verification); prefill keeps PyTorch's matrix products, which are compute-bound 
 faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to float32 rounding:
 the elementwise arithmetic is the same, only the order of sums differs
 (tests/test_native_layers.py, greedy equality with Hugging Face across the model zoo).
-`TRIFORCE_INT8=1` (opt-in, `int8`) makes a GGUF model's quantized products integer ones over
-8-bit activations, as llama.cpp's.
+A model's `integer_products` (`Transformer.integer_products`: `TRIFORCE_INT8=1`, opt-in, `int8`),
+passed to every call, makes its GGUF matrices' products integer ones over 8-bit activations, as
+llama.cpp's.
 """
 
 from __future__ import annotations
@@ -67,11 +68,6 @@ class Layers:
         return self.threads or torch.get_num_threads()
 
     @staticmethod
-    def _int8() -> int:
-        """Whether this call's quantized products are integer ones (`TRIFORCE_INT8`, read per call)."""
-        return int(int8.enabled())
-
-    @staticmethod
     def _parts(w: Stacked | torch.Tensor, rows_out: bool = False) -> tuple:
         """A matrix's parts for the kernel: a `Matrix`'s own, or one float32 tensor's ([in, out],
         or [out, in] rows when `rows_out`)."""
@@ -110,8 +106,10 @@ class Layers:
             raise ValueError(f"native layer: {what} is {t.dtype} {tuple(t.shape)}, expected contiguous float32 {shape}")
 
     def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
-                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor):
-        """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]."""
+                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, integer: bool = False):
+        """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]. `integer`: the quantized
+        matrices' products are integer ones (`int8`: True is one level, or an `int8` level number;
+        the model's `integer_products`; every method here takes it)."""
         S, E = x.shape
         D = cos.shape[1]
         N = (H + 2 * Hkv) * D
@@ -129,11 +127,11 @@ class Layers:
             x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
             None if bias is None else bias.data_ptr(),
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads(),
-            self._int8()))
+            int(integer)))
         return q, k, v
 
     def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
-                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor) -> None:
+                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, integer: bool = False) -> None:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
@@ -146,9 +144,10 @@ class Layers:
         self._matrix("the down projection", w_down, intermediate, E)
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
-            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), self._int8()))
+            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), int(integer)))
 
-    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor) -> torch.Tensor:
+    def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor,
+               integer: bool = False) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
         V = self._dims(lm_head, rows_out=True)[1]
@@ -159,7 +158,7 @@ class Layers:
             raise ValueError("native layer: a float32 head's rows must lie back to back (the kernel steps E numbers a row)")
         out = torch.empty(R, V)
         self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
-                                          V, out.data_ptr(), self._threads(), self._int8()))
+                                          V, out.data_ptr(), self._threads(), int(integer)))
         return out
 
     def layer_table(self, layers: list) -> LayerTable:
@@ -175,7 +174,7 @@ class Layers:
     def decode_layers(self, x: torch.Tensor, table: LayerTable, eps: float, H: int, Hkv: int, D: int, cos: torch.Tensor,
                       sin: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
                       attention: native_attention.Kernel, capture_queries: bool = False,
-                      chunk: int = 0) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                      chunk: int = 0, integer: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """x [S, E] through every layer in one call, in place; the S new tokens' keys and values
         are written into k_cache/v_cache ([L, Hkv, capacity, D], `length` cached) after the
         cached ones, and every row attends causally to all cached keys (no window). The same
@@ -205,7 +204,7 @@ class Layers:
             sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), native_attention.KINDS[k_cache.dtype],
             k_cache.stride(0), k_cache.stride(1), length, attention.address, block,
             None if queries is None else queries.data_ptr(), max(chunk, 0),
-            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), self._int8())
+            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(integer))
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
         self._check(failed)

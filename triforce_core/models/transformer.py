@@ -22,7 +22,7 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from . import native_attention, native_layers
+from . import int8, native_attention, native_layers
 from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
 from .ggml_types import LANES
 from .quantized import Matrix, StoredTensor
@@ -113,9 +113,15 @@ class Transformer:
     # an instance): a native call per side of each layer (benchmarks and tests compare both).
     one_call = True
 
+    integer_products: bool
+    """Whether this model's few-row products over GGUF blocks are integer ones over 8-bit
+    activations (`int8`; float32 weights keep their path). Per model, read at every forward: the
+    engine sets it (False when `exact`, else `int8.enabled()`); a model starts with `int8.enabled()`."""
+
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
+        self.integer_products = int8.enabled()
         self.device = device
         self.dtype = dtype
         s = self.spec
@@ -276,12 +282,14 @@ class Transformer:
                 self._layer_table = fused.layer_table(self.layers)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions else 0
             q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, cache.k,
-                                                  cache.v, cache.length, attention, capture_queries, chunk)
+                                                  cache.v, cache.length, attention, capture_queries, chunk,
+                                                  self.integer_products)
             if mass_all is not None:
                 key_mass.layers += [_cached_chunks(mass, cache.length // chunk, G, S) for mass in mass_all]
         for i, layer in enumerate(self.layers if attention is None else ()):
             if fused is not None:
-                q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin)
+                q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin,
+                                         self.integer_products)
             else:
                 q, k, v = self._layer_in(x, layer, cos, sin)  # [H, S, D], [Hkv, S, D], [Hkv, S, D]
             if queries is not None:
@@ -302,7 +310,8 @@ class Transformer:
                 key_mass.layers.append(_cached_chunks(mass, (T - S) // chunk, G, S))
             out = out.reshape(H, S, D)
             if fused is not None:
-                fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down)
+                fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down,
+                                self.integer_products)
             else:
                 x = self._layer_out(x, out, layer)
         cache.advance(S)
@@ -312,7 +321,8 @@ class Transformer:
             # vocabulary for a prefill's last row would cost more than the product.
             head_kernel = fused or (native_layers.kernel() if self.quantized else None)
             if head_kernel is not None:
-                logits = head_kernel.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head)
+                logits = head_kernel.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head,
+                                            self.integer_products)
             else:
                 xr = self._rms_norm(x[logits_rows], self.final_norm)
                 head = self.lm_head
