@@ -15,12 +15,14 @@ selects its chunks for the last token's real queries, as after a prefill.
 
 With `--kv-dtypes`, every cache is kept in each K/V dtype in turn (the same random K/V,
 rounded), a row per dtype, every dtype's forwards alternated with the others' (and with
-`--no-pytorch-layers`, the native layers only: half the forwards). With `--pages huge,small`,
+`--no-pytorch-layers`, the native layers only: half the forwards). With `--products 0,fast`, the native layers' products
+over GGUF blocks in each mode (`triforce_core.models.int8`: the float path, two levels of 8-bit
+activations for the K types, ...), alternated likewise. With `--pages huge,small`,
 likewise every cache on 2 MB pages (`triforce_core.models.huge_pages`, the default) and on ordinary
 4 KB ones.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
-                                [--pages huge,small] [--no-pytorch-layers] [--json OUT]
+                                [--pages huge,small] [--products 0,fast,int8] [--no-pytorch-layers] [--json OUT]
 """
 
 from __future__ import annotations
@@ -34,7 +36,7 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core.models import huge_pages, native_layers
+from triforce_core.models import huge_pages, int8, native_layers
 from bench.loading import load_bench
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.cli.harness import Bench
@@ -90,7 +92,7 @@ def forward_times(lane, rows: int) -> tuple[float, float]:
 
 
 def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtypes: tuple[str | None, ...] = (None,),
-            pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",)) -> dict:
+            pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",), products: tuple[str | None, ...] = (None,)) -> dict:
     if native_layers.kernel() is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
     results, bandwidths = [], []
@@ -111,28 +113,34 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             # measured beside each timing: on a shared machine it moves by half between minutes
             bandwidth = measure_bandwidth(torch.device("cpu"))
             bandwidths.append(bandwidth)
-            times = {(v, path): [] for v in decs for path in paths}
+            own = {v: lane.model.integer_products for v, lane in lanes.items()}
+            times = {(v, pr, path): [] for v in decs for pr in products for path in paths}
             for i in range(repeats + 2):
-                for v, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                for v, pr, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                    lanes[v].model.integer_products = own[v] if pr is None else int8.MODE_WORDS[pr]
                     with native_layers.switched(path == "native"):
                         t = step_seconds(lanes[v], rows)
                     if i >= 2:
-                        times[v, path].append(t)
+                        times[v, pr, path].append(t)
             for v, lane in lanes.items():
+                lane.model.integer_products = own[v]
+            for (v, pr), lane in ((k, lanes[k[0]]) for k in dict.fromkeys((v, pr) for v, pr, _ in times)):
                 pg = v[1]
                 model = lane.model
                 keys = lane.cache.length + rows
                 read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())
-                med = {path: sorted(times[v, path])[len(times[v, path]) // 2] * 1e3 for path in paths}
+                med = {path: sorted(times[v, pr, path])[len(times[v, pr, path]) // 2] * 1e3 for path in paths}
                 floor = read / (bandwidth * 1e9) * 1e3
                 kv = str(lane.cache.k.dtype).removeprefix("torch.")
+                mode = own[v] if pr is None else int8.MODE_WORDS[pr]
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
-                       "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
+                       "products": int8.LEVEL_NAMES[mode], "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
                 if pytorch_layers:
                     row["speedup"] = med["pytorch"] / med["native"]
                 results.append(row)
                 torch_part = f", pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x)" if pytorch_layers else ""
-                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V on {pg} pages ({read / 1e6:.1f} MB): "
+                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V on {pg} pages, "
+                    f"{int8.LEVEL_NAMES[mode]} products ({read / 1e6:.1f} MB): "
                     f"native {med['native']:.2f} ms{torch_part}; "
                     f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
         del decs
@@ -163,6 +171,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--pages", default="huge",
                    help="comma-separated page sizes for the caches, of huge (2 MB, the default) and small (4 KB), "
                    "measured alternately")
+    p.add_argument("--products", default=None,
+                   help="comma-separated modes of the native layers' products over GGUF blocks, measured alternately: "
+                   "0 (the float path), fast, int8, int8x2 (default: the engine's own alone; see triforce_core.models.int8)")
     p.add_argument("--no-pytorch-layers", action="store_true",
                    help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -182,13 +193,19 @@ def main(argv: list[str] | None = None) -> int:
     if not pages or any(pg not in ("huge", "small") for pg in pages) or len(set(pages)) != len(pages):
         print("error: --pages takes distinct names of huge, small", file=sys.stderr)
         return 2
+    products: tuple[str | None, ...] = (None,)
+    if a.products is not None:
+        products = tuple(x.strip().lower() for x in a.products.split(",") if x.strip())
+        if not products or any(x not in int8.MODE_WORDS for x in products) or len(set(products)) != len(products):
+            print("error: --products takes distinct names of 0, fast, int8, int8x2", file=sys.stderr)
+            return 2
     bench = load_bench(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
     report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers,
-                     pages=pages)
+                     pages=pages, products=products)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
     write_json(a.json, report)

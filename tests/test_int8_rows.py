@@ -357,10 +357,12 @@ def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):
     assert torch.equal(_logits(a), first_b)  # the control
 
     monkeypatch.setenv(int8.ENV, "1")
-    assert TriForceEngine(a, exact=True).target.integer_products is False
-    assert TriForceEngine(b).target.integer_products is True
+    assert TriForceEngine(a, exact=True).target.integer_products == 0
+    assert TriForceEngine(b).target.integer_products == int8.ONE_LEVEL
+    monkeypatch.setenv(int8.ENV, "fast")
+    assert TriForceEngine(b).target.integer_products == int8.FAST
     monkeypatch.setenv(int8.ENV, "0")
-    assert TriForceEngine(b).target.integer_products is False
+    assert TriForceEngine(b).target.integer_products == 0
     monkeypatch.delenv(int8.ENV)
 
     cfg = GenerationConfig(speculation=SpeculationConfig(mode="autoregressive", max_new_tokens=2, ignore_eos=True),

@@ -82,7 +82,7 @@ class TriForceEngine:
             raise ValueError(f"exact computes in {EXACT_DTYPE}: the models are "
                              f"{', '.join(str(m.dtype).removeprefix('torch.') for m in models)}")
         for model in models:  # per model: the disk cache's key reads it too
-            model.integer_products = not exact and int8.enabled()
+            model.integer_products = 0 if exact else int8.mode()
         self.exact = exact
         self.target = target
         self.draft = draft

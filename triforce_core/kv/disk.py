@@ -147,7 +147,7 @@ class DiskCache:
 
     # -- keys ------------------------------------------------------------------------------
     def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype,
-               device: torch.device | str = "cpu", integer_products: bool = False) -> list[Block]:
+               device: torch.device | str = "cpu", integer_products: int = 0) -> list[Block]:
         """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype` on `device`,
         each with its key (which names the arithmetic the forward runs now: `arithmetic_key`, for
         a model with the given `integer_products`)."""

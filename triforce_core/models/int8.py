@@ -24,6 +24,7 @@ Data and a thin wrapper only: `native_layers` loads the library; each model says
 from __future__ import annotations
 
 import ctypes
+import os
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -46,7 +47,7 @@ Q8_32, Q8_K = 0, 1
 # for the 256-weight types (Q4_K, Q5_K, Q6_K) and the float path for the 32-weight ones, where two
 # levels cost more than the float products (`python -m bench.int8_rows`).
 ONE_LEVEL, TWO_LEVELS, FAST = 1, 2, 3
-LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "int8x2 for K types"}
+LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
 
 
@@ -55,19 +56,32 @@ def act_bytes(K: int, kind: int) -> int:
     return -(-K // 256) * ACT_BLOCKS[kind][1]
 
 
-# Whether a model's few-row products take the integer path where nothing says (`TRIFORCE_INT8`
-# unset, not `exact`): the engine gives each model this (`Transformer.integer_products`).
-FAST_PATH_DEFAULT = False
+# A model's few-row products where nothing says (`TRIFORCE_INT8` unset, not `exact`): one of the
+# modes above, 0 the float path. The engine gives each model its mode (`Transformer.integer_products`).
+FAST_PATH_DEFAULT = 0
+# What TRIFORCE_INT8 may name: "0" the float path, "1" (or "int8") one level, "2" ("int8x2") two,
+# "3" ("fast") two levels for the K types and floats for the others.
+MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,
+              "3": FAST, "fast": FAST}
+
+
+def mode() -> int:
+    """The products' mode (`TRIFORCE_INT8`, FAST_PATH_DEFAULT when unset; anything else it cannot
+    read is one level, as any other switch reads as on)."""
+    value = os.environ.get(ENV)
+    if value is None:
+        return FAST_PATH_DEFAULT
+    return MODE_WORDS.get(value.strip().lower(), ONE_LEVEL)
 
 
 def enabled() -> bool:
-    """Whether the few-row products take the integer path (`TRIFORCE_INT8`, FAST_PATH_DEFAULT when unset)."""
-    return switches.is_on(ENV, default=FAST_PATH_DEFAULT)
+    """Whether the few-row products take an integer path at all (`mode`)."""
+    return mode() != 0
 
 
-def switched(on: bool):
-    """The integer path on or off inside the block, as before after it."""
-    return switches.switched(ENV, on)
+def switched(on: bool | int):
+    """The products' mode inside the block (True: one level, False: the float path), as before after it."""
+    return switches.switched(ENV, str(int(on)))
 
 
 class Int8:

@@ -18,10 +18,11 @@ def is_on(name: str, default: bool = True) -> bool:
 
 
 @contextmanager
-def switched(name: str, on: bool):
-    """Switch `name` on or off inside the block, as it was after it."""
+def switched(name: str, on: bool | str):
+    """Switch `name` on or off inside the block (or to a value a switch reads, as a string), as it
+    was after it."""
     before = os.environ.get(name)
-    os.environ[name] = "1" if on else "0"
+    os.environ[name] = on if isinstance(on, str) else "1" if on else "0"
     try:
         yield
     finally:

@@ -113,15 +113,16 @@ class Transformer:
     # an instance): a native call per side of each layer (benchmarks and tests compare both).
     one_call = True
 
-    integer_products: bool
-    """Whether this model's few-row products over GGUF blocks are integer ones over 8-bit
-    activations (`int8`; float32 weights keep their path). Per model, read at every forward: the
-    engine sets it (False when `exact`, else `int8.enabled()`); a model starts with `int8.enabled()`."""
+    integer_products: int
+    """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
+    `int8` mode (integer products over 8-bit activations: one level, two, or FAST; float32 weights
+    keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
+    `int8.mode()`); a model starts with `int8.mode()`."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
-        self.integer_products = int8.enabled()
+        self.integer_products = int8.mode()
         self.device = device
         self.dtype = dtype
         s = self.spec
