@@ -10,9 +10,13 @@ engine, and its tools measure it the way its users do:
   text itself, greedy: here the text matters, for acceptance.
 
 The tools come from the llama.cpp copy vendored in llama-cpp-python's sdist (a pinned version,
-fetched from PyPI by pip), built once with cmake (CPU only, native instructions, static) and
-cached under `cache_home()/llama.cpp/<version>`; `--llama-cpp-bin DIR` or `LLAMA_CPP_BIN`
-names a folder of ready binaries instead.
+fetched from PyPI by pip), built once with cmake (CPU only, static) and cached under
+`cache_home()/llama.cpp/<version>-<instruction sets>`; `--llama-cpp-bin DIR` or
+`LLAMA_CPP_BIN` names a folder of ready binaries instead. The build is not `-march=native`:
+it names each x86 instruction set that a probe found this processor executes
+(`bench.instruction_sets`), never AMX (ggml's AMX kernel died with SIGILL on machines that
+advertise it), and every report names the sets it was built with (`built_with`).
+`llama-quantize` is built too (`bench.desktop_models` quantizes with it).
 
     python -m bench.llama_cpp --build-only                      # find or build the tools
     python -m bench.llama_cpp --model M.gguf|smollm2 --prompt doc.txt [--chars 20600] [--new-tokens 64] \\
@@ -36,15 +40,18 @@ import tarfile
 import tempfile
 from pathlib import Path
 
+from bench import instruction_sets
 from bench.reports import write_json
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import cache_home
 from triforce_core.models.gguf_file import GGUFError, resolve
 
 LLAMA_CPP_PYTHON = "0.3.36"  # the llama-cpp-python sdist whose vendor/llama.cpp is built
-TOOLS = ("llama-bench", "llama-lookup", "llama-tokenize")
-CMAKE_OPTIONS = (
-    "-DCMAKE_BUILD_TYPE=Release", "-DGGML_NATIVE=ON", "-DBUILD_SHARED_LIBS=OFF",
+BENCH_TOOLS = ("llama-bench", "llama-lookup", "llama-tokenize")  # what a folder of ready binaries must hold
+TOOLS = (*BENCH_TOOLS, "llama-quantize")  # what a build makes
+BUILD_INFO = "build.json"  # beside the built tools: the instruction sets and cmake options
+CMAKE_OPTIONS = (  # the instruction sets' options are added by `build_plan`
+    "-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=OFF",
     "-DLLAMA_OPENSSL=OFF",  # no downloads from the tools (LLAMA_CURL is gone in this version)
     "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
     "-DLLAMA_BUILD_TOOLS=ON", "-DLLAMA_BUILD_EXAMPLES=ON", "-DGGML_CCACHE=OFF",
@@ -62,8 +69,24 @@ def say(message: str) -> None:
 
 # ---------------------------------------------------------------- finding or building the tools
 
-def build_folder() -> Path:
-    return cache_home() / "llama.cpp" / LLAMA_CPP_PYTHON
+def build_plan() -> dict:
+    """What a build of this machine's tools uses: {"cmake_options", "built_with", "executable_not_built"}.
+    On x86 the instruction sets the probe found executable (cached; `bench.instruction_sets`),
+    AMX always left out; elsewhere ggml's native detection ("native")."""
+    if not instruction_sets.is_x86():
+        return {"cmake_options": ["-DGGML_NATIVE=ON"], "built_with": ["native"], "executable_not_built": []}
+    try:
+        executable = instruction_sets.executable_sets()
+    except instruction_sets.ProbeError as e:
+        raise PeerError(str(e)) from None
+    options, built = instruction_sets.select(executable)
+    return {"cmake_options": options, "built_with": built,
+            "executable_not_built": [n for n, ok in executable.items() if ok and n not in built]}
+
+
+def build_folder(built_with: list[str]) -> Path:
+    """The cache folder of a build with these instruction sets (another set of them: another folder)."""
+    return cache_home() / "llama.cpp" / f"{LLAMA_CPP_PYTHON}-{instruction_sets.folder_key(built_with)}"
 
 
 def _where(folder: Path) -> str:
@@ -75,42 +98,60 @@ def _where(folder: Path) -> str:
         return folder.name
 
 
-def tools_in(folder: Path) -> dict[str, Path] | None:
-    """{tool: path} when `folder` holds every tool as an executable, else None."""
-    paths = {t: folder / t for t in TOOLS}
-    return paths if all(p.is_file() and os.access(p, os.X_OK) for p in paths.values()) else None
+def tools_in(folder: Path, needed: tuple[str, ...] = TOOLS) -> dict[str, Path] | None:
+    """{tool: path} for each of TOOLS that `folder` holds as an executable; None when one of
+    `needed` is missing."""
+    paths = {t: folder / t for t in TOOLS if (folder / t).is_file() and os.access(folder / t, os.X_OK)}
+    return paths if all(t in paths for t in needed) else None
+
+
+def build_info(tools: dict[str, Path]) -> dict:
+    """What the tools were built with (their folder's build.json); {"built_with": None} for ready
+    binaries without one."""
+    try:
+        return json.loads((tools["llama-bench"].parent / BUILD_INFO).read_text())
+    except (OSError, ValueError):
+        return {"built_with": None}
 
 
 def find_or_build(bin_dir: Path | None = None, say=say) -> dict[str, Path]:
-    """The tools from `bin_dir`, else `$LLAMA_CPP_BIN`, else the cached build, else a new build."""
+    """The tools from `bin_dir`, else `$LLAMA_CPP_BIN`, else the cached build for this machine's
+    instruction sets, else a new build."""
     given = bin_dir or (Path(os.environ["LLAMA_CPP_BIN"]) if os.environ.get("LLAMA_CPP_BIN") else None)
     if given is not None:
-        found = tools_in(given)
+        found = tools_in(given, BENCH_TOOLS)
         if found is None:
-            raise PeerError(f"{given} lacks one of {', '.join(TOOLS)}")
+            raise PeerError(f"{given} lacks one of {', '.join(BENCH_TOOLS)}")
         return found
-    return tools_in(build_folder() / "bin") or build(build_folder(), say)
+    plan = build_plan()
+    folder = build_folder(plan["built_with"])
+    return tools_in(folder / "bin") or build(folder, plan, say)
 
 
-def build(folder: Path, say=say) -> dict[str, Path]:
-    """Download the sdist, build the tools and copy them to `folder/bin` (the sources and build
-    tree are removed after a success, kept after a failure so that a retry resumes)."""
+def build(folder: Path, plan: dict, say=say) -> dict[str, Path]:
+    """Download the sdist, build the tools with `plan`'s options (`build_plan`) and copy them to
+    `folder/bin` with the plan as build.json (the sources and build tree are removed after a
+    success, kept after a failure so that a retry resumes)."""
     work, log = folder / "work", folder / "build.log"
     work.mkdir(parents=True, exist_ok=True)
     say(f"building llama.cpp (llama-cpp-python {LLAMA_CPP_PYTHON}'s copy) in {folder}; log: {log}")
+    say(f"instruction sets: {', '.join(plan['built_with']) or 'none beyond x86-64'}"
+        + (f" (executable but left out: {', '.join(plan['executable_not_built'])})" if plan["executable_not_built"] else ""))
     source = work / "llama.cpp"
     if not (source / "CMakeLists.txt").is_file():
         _fetch_source(work, source, log, say)
     say("configuring with cmake")
-    _logged([_cmake(), "-S", str(source), "-B", str(work / "build"), *CMAKE_OPTIONS], log, "cmake configure")
+    _logged([_cmake(), "-S", str(source), "-B", str(work / "build"), *CMAKE_OPTIONS, *plan["cmake_options"]], log,
+            "cmake configure")
     jobs = str(os.cpu_count() or 1)
-    say(f"compiling {', '.join(TOOLS)} with {jobs} jobs (about 13 minutes on 2 cores)")
+    say(f"compiling {', '.join(TOOLS)} with {jobs} jobs (about 9 minutes on 2 cores)")
     _logged([_cmake(), "--build", str(work / "build"), "--target", *TOOLS, "-j", jobs], log, "cmake build",
             progress=lambda pct: say(f"compiling: {pct}%"))
     bin_dir = folder / "bin"
     bin_dir.mkdir(exist_ok=True)
     for tool in TOOLS:
         shutil.copy2(work / "build" / "bin" / tool, bin_dir / tool)
+    (bin_dir / BUILD_INFO).write_text(json.dumps({"llama_cpp_python": LLAMA_CPP_PYTHON, **plan}, indent=1) + "\n")
     shutil.rmtree(work)
     say(f"built: {bin_dir}")
     return tools_in(bin_dir)
@@ -286,6 +327,7 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
         raise PeerError("give a prompt's text or a token count")
     threads = threads or os.cpu_count() or 1
     tools = find_or_build(bin_dir, say)
+    info = build_info(tools)
     load_before = _load()
     with tempfile.TemporaryDirectory() as tmp:
         prompt_file = Path(tmp) / "prompt.txt"
@@ -307,7 +349,8 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
                                   generation["best_flash_attn"], draft_max)
     return {
         "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON}'s vendor/llama.cpp",
-                      "build_commit": runs[0]["build_commit"], "tools": _where(tools["llama-bench"].parent)},
+                      "build_commit": runs[0]["build_commit"], "tools": _where(tools["llama-bench"].parent),
+                      "built_with": info.get("built_with"), "executable_not_built": info.get("executable_not_built")},
         "machine": {"cpu": cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "load_average_1min": [load_before, _load()]},
         "model": model.name,  # the file's name: a report names no folder of the machine it ran on
@@ -336,8 +379,10 @@ def format_table(report: dict) -> str:
     def rate(x):
         return f"{x:8.1f}" if x is not None else f"{'-':>8}"
 
-    lines = [f"llama.cpp ({report['llama_cpp']['source']}), {report['model_type']}, {report['threads']} threads, "
-             f"{report['machine']['cpu']}",
+    peer = report["llama_cpp"]
+    built = built_with_text(peer.get("built_with"), peer.get("executable_not_built"))
+    lines = [(f"llama.cpp ({peer['source']}), {report['model_type']}, {report['threads']} threads, "
+              f"{report['machine']['cpu']}; built with {built}"),
              f"{'tokens/s':<44}{'fa off':>8}{'fa on':>8}{'best':>8}"]
     for key, label in (("prompt_processing", f"prompt processing, {report['prompt_tokens']} tokens"),
                        ("generation", f"generation of {report['new_tokens']} at depth {report['depth_tokens']}")):
@@ -352,6 +397,14 @@ def format_table(report: dict) -> str:
                      f"({lk['accepted']}/{lk['drafted']}), {tpf} tokens per target forward; "
                      f"prompt {lk['prompt_tokens']} tokens in {lk['encode_s']:.2f}s ({lk['encode_tokens_per_s']:.1f} tok/s)")
     return "\n".join(lines)
+
+
+def built_with_text(built_with: list[str] | None, left_out: list[str] | None = None) -> str:
+    """The instruction sets as a table says them."""
+    if built_with is None:
+        return "unknown instruction sets (ready binaries)"
+    text = ", ".join(built_with) or "no instruction set beyond x86-64"
+    return text + (f" (executable, left out: {', '.join(left_out)})" if left_out else "")
 
 
 def main(argv=None) -> int:
@@ -371,7 +424,10 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     try:
         if a.build_only:
-            print(find_or_build(a.llama_cpp_bin)["llama-bench"].parent)
+            tools = find_or_build(a.llama_cpp_bin)
+            info = build_info(tools)
+            say(f"built with {built_with_text(info['built_with'], info.get('executable_not_built'))}")
+            print(tools["llama-bench"].parent)
             return 0
         if a.model is None or (a.prompt is None and a.tokens is None):
             raise PeerError("give --model and --prompt and/or --tokens (or --build-only)")
