@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from triforce_core.models import native_attention, native_layers
+from triforce_core.models import int8, native_attention, native_layers
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
@@ -93,6 +93,9 @@ PER_LAYER = "+per-layer"
 SUFFIXES = (INSPECT, PYTORCH_ATTENTION, PYTORCH_LAYERS, PER_LAYER)
 SETTING = re.compile(r"\+([a-z][a-z0-9_]*)-(\d+(?:\.\d+)?)$")
 KV_SETTING = re.compile(r"\+kv_dtype-([a-z0-9]+)$")
+# "NAME+products-MODE": the models' products over GGUF blocks in that `int8` mode (0, int8, int8x2,
+# fast; default: the engine's), set for that configuration's answers only.
+PRODUCTS_SETTING = re.compile(r"\+products-([a-z0-9]+)$")
 # (Not max_new_tokens, which --max-new-tokens sets for all, nor prefill_chunk: the configurations
 # share one prefilled conversation.)
 TUNABLE = {f.name: "cache" for f in fields(CacheConfig) if f.type in ("int", int) and f.name != "prefill_chunk"} | {
@@ -107,7 +110,7 @@ def split_name(name: str) -> tuple[str, set[str]]:
     flags = set()
     while True:
         suffix = next((s for s in SUFFIXES if name.endswith(s)), None)
-        if suffix is None and (m := SETTING.search(name) or KV_SETTING.search(name)):
+        if suffix is None and (m := SETTING.search(name) or KV_SETTING.search(name) or PRODUCTS_SETTING.search(name)):
             suffix = m.group(0)
         if suffix is None:
             return name, flags
@@ -119,6 +122,8 @@ def settings_of(flags: set[str]) -> dict[str, dict]:
     """The settings "+FIELD-N" and "+kv_dtype-NAME" flags ask for: {"cache": {...}, "speculation": {...}}."""
     out: dict[str, dict] = {"cache": {}, "speculation": {}}
     for f in flags:
+        if PRODUCTS_SETTING.search(f):
+            continue  # products_of
         if m := KV_SETTING.search(f):
             if "kv_dtype" in out["cache"]:
                 raise ChatBenchError("a configuration sets kv_dtype twice")
@@ -139,16 +144,33 @@ def settings_of(flags: set[str]) -> dict[str, dict]:
     return out
 
 
-def _answer_as(name: str, start) -> tuple[list[int], object]:
-    """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel)."""
+def products_of(flags: set[str]) -> int | None:
+    """The `int8` mode a "+products-MODE" flag asks for (None: the engine's own)."""
+    for f in flags:
+        if m := PRODUCTS_SETTING.search(f):
+            if m.group(1) not in int8.MODE_WORDS:
+                raise ChatBenchError(f"+products-MODE takes one of {', '.join(int8.MODE_WORDS)}, not {m.group(1)!r}")
+            return int8.MODE_WORDS[m.group(1)]
+    return None
+
+
+def _answer_as(name: str, start, models=()) -> tuple[list[int], object]:
+    """Run `start(inspect)` to its end as configuration `name` asks (inspection, the kernel, the
+    products of `models`)."""
     flags = split_name(name)[1]
     one_call = Transformer.one_call
     Transformer.one_call = PER_LAYER not in flags
+    own = [m.integer_products for m in models]
+    mode = products_of(flags)
     try:
+        for m in models:
+            m.integer_products = m.integer_products if mode is None else mode
         with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
             return _answer(start(INSPECT in flags))
     finally:
         Transformer.one_call = one_call
+        for m, before in zip(models, own):
+            m.integer_products = before
 
 
 class ChatBenchError(ValueError):
@@ -262,6 +284,9 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     kv = {n: engine.kv_dtype_for(configs[n]) for n in names}
     # named explicitly: the default depends on the native kernel, which "+pytorch-attention" turns off
     configs = {n: replace(c, cache=replace(c.cache, kv_dtype=str(kv[n]).removeprefix("torch."))) for n, c in configs.items()}
+    models = [m for m in (engine.target, engine.draft) if m is not None]
+    for n in names:
+        products_of(split_name(n)[1])  # a bad mode: one line before the prefill
     sessions = {}
     for n in names:
         sessions.setdefault(kv[n], ChatSession(engine, text))
@@ -281,7 +306,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     for i, n in enumerate(names):
         warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
         _answer_as(n, lambda inspect: ask_first(n, "Hello.", warm, inspect) if i == 0
-                   else sessions[kv[n]].rerun_last(warm, inspect=inspect))
+                   else sessions[kv[n]].rerun_last(warm, inspect=inspect), models)
     prefill_s = time.perf_counter() - t0
     say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
     prefilled = session.turns[0].stats  # the first warm-up turn prefilled the document
@@ -300,7 +325,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
             for j, n in enumerate(names[shift:] + names[:shift]):
                 first = rep == 0 and j == 0
                 ids, stats = _answer_as(n, lambda inspect: ask_first(n, question, configs[n], inspect) if first
-                                        else sessions[kv[n]].rerun_last(configs[n], inspect=inspect))
+                                        else sessions[kv[n]].rerun_last(configs[n], inspect=inspect), models)
                 if answers.setdefault(n, ids) != ids and sampling.greedy:
                     raise RuntimeError(f"{n} answered turn {k + 1} differently on a repeat")
                 for total in (totals[n], kinds.setdefault(kind, {}).setdefault(n, _empty()), per_turn[n]):
@@ -338,6 +363,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "one_call": PER_LAYER not in split_name(n)[1],
                         "budget": make_config(n, sampling, max_new_tokens).cache.budget,
                         "kv_dtype": str(kv[n]).removeprefix("torch."),
+                        "products": int8.LEVEL_NAMES[products_of(split_name(n)[1]) if products_of(split_name(n)[1])
+                                                     is not None else engine.target.integer_products],
                         "settings": settings_of(split_name(n)[1])} for n in names},
         "results": results,
         "temperature": sampling.temperature,
@@ -425,7 +452,8 @@ def main(argv=None) -> int:
                         f"not all in one call), +FIELD-N (an integer "
                         f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32, or a probability threshold, "
                         f"+draft_confidence-0.5), +kv_dtype-NAME (the caches' K/V "
-                        f"dtype: float32, float16 or bfloat16) "
+                        f"dtype: float32, float16 or bfloat16), +products-MODE (the products over GGUF blocks: "
+                        f"0, int8, int8x2 or fast) "
                         f"(default: {','.join(DEFAULT_CONFIGS)})")
     p.add_argument("--repeats", type=int, default=1,
                    help="answers per configuration and turn, order rotated each pass (default 1)")

@@ -18,8 +18,12 @@ verifications take, not the long-prefill path. The configurations:
 
     float/kv-float32   dequantize in registers, float32 products (quant_rows.c); K/V float32
     float/kv-float16   the same products; K/V float16 (today's default for GGUF files)
-    int8/kv-float16    TRIFORCE_INT8=1: 8-bit activation rows, integer products (int8_rows.c); K/V float16
+    int8/kv-float16    one level (`int8.ONE_LEVEL`, llama.cpp's arithmetic): 8-bit activation rows, integer products (int8_rows.c); K/V float16
     int8/kv-float32    the integer products; K/V float32
+    int8x2/kv-float16  two levels of 8-bit activations (a row, then its residual: ~15 bits), integer
+                       products for every type (`int8.TWO_LEVELS`); K/V float16
+    fast/kv-float16    two levels for the 256-weight types (Q4_K, Q5_K, Q6_K), the float path for
+                       the 32-weight ones (`int8.FAST`); K/V float16
 
 Per position, against HF: whether our top-1 token equals HF's; KL(HF || ours) of the two
 softmaxes (taken in float64); the largest |logit difference|; and the negative log-likelihood
@@ -71,12 +75,14 @@ from triforce_core.models.attention import NATIVE_QUERY_ROWS
 from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 from triforce_core.prompting import render_prompt
 
-# name: (integer products, K/V dtype)
+# name: (the products' mode, `int8`'s: 0 the float path; K/V dtype)
 CONFIGS = {
-    "float/kv-float32": (False, torch.float32),
-    "float/kv-float16": (False, torch.float16),
-    "int8/kv-float16": (True, torch.float16),
-    "int8/kv-float32": (True, torch.float32),
+    "float/kv-float32": (0, torch.float32),
+    "float/kv-float16": (0, torch.float16),
+    "int8/kv-float16": (int8.ONE_LEVEL, torch.float16),
+    "int8/kv-float32": (int8.ONE_LEVEL, torch.float32),
+    "int8x2/kv-float16": (int8.TWO_LEVELS, torch.float16),
+    "fast/kv-float16": (int8.FAST, torch.float16),
 }
 
 
@@ -313,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         for lo, hi in bins:
             f = figures(tally, hf_top1, near_tie, slice(lo, hi))
             r["by_depth"].append({"from": lo, "to": hi, **{k: f[k] for k in BY_DEPTH}})
-        r["integer_products"] = on
+        r["integer_products"] = int8.LEVEL_NAMES[on]
         r["kv_dtype"] = str(kv_dtype).removeprefix("torch.")
         r["rows_equal_steps"] = {"chunk_from": check_at, "rows": len(ids[check_at:check_at + chunk]), "bit_equal": True}
         r["seconds"] = seconds
@@ -325,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
     # The integer path must change the numbers; the float configurations give the reference for it.
     for name in names:
         on, kv_dtype = CONFIGS[name]
-        twin = next((m for m in names if CONFIGS[m] == (not on, kv_dtype)), None)
+        twin = next((m for m in names if CONFIGS[m] == (0, kv_dtype)), None)
         if on and twin is not None:
             differs = not torch.equal(logits_of[name], logits_of[twin])
             results[name]["logits_differ_from_float_path"] = differs
