@@ -297,10 +297,11 @@ def rows(monkeypatch):
     return seen
 
 
-def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows, monkeypatch):
+@pytest.mark.parametrize("mode", [int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST], ids=lambda m: int8.LEVEL_NAMES[m])
+def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows, monkeypatch, mode):
     assert engine.target.quantized
     for model in (engine.target, engine.draft):
-        monkeypatch.setattr(model, "integer_products", True)
+        monkeypatch.setattr(model, "integer_products", mode)
     reference = _run(engine, "autoregressive")
     for mode in ("lookup", "triforce"):
         rows.clear()
@@ -318,19 +319,22 @@ def _logits(model, n: int = 9) -> torch.Tensor:
     return model.forward(torch.tensor(_prompt()[:n]), torch.arange(n), cache).logits
 
 
-def test_the_switch_is_off_by_default_and_changes_the_logits(engine, monkeypatch):
+def test_an_engine_gives_its_models_the_default_mode_and_integer_products_change_the_logits(engine, monkeypatch):
     monkeypatch.delenv(int8.ENV, raising=False)
-    assert not int8.enabled() and not int8.FAST_PATH_DEFAULT
+    assert int8.mode() == int8.FAST_PATH_DEFAULT
     model = engine.target
     TriForceEngine(model, engine.draft)  # what an engine gives its models by default
-    assert not model.integer_products and not engine.draft.integer_products
-    default = _logits(model)
+    assert model.integer_products == engine.draft.integer_products == int8.FAST_PATH_DEFAULT
+    TriForceEngine(model, engine.draft, exact=True)
+    assert model.integer_products == engine.draft.integer_products == 0
+    floats = _logits(model)
     with int8.switched(True):  # the process's switch is read when an engine is made, not per forward
-        assert torch.equal(_logits(model), default)
-    monkeypatch.setattr(model, "integer_products", True)
-    on = _logits(model)
-    assert not torch.equal(on, default)
-    assert (on - default).abs().max() <= 0.05 * default.abs().max()
+        assert torch.equal(_logits(model), floats)
+    for mode in (int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST):  # the target mixes K and 32-weight types
+        monkeypatch.setattr(model, "integer_products", mode)
+        on = _logits(model)
+        assert not torch.equal(on, floats), int8.LEVEL_NAMES[mode]
+        assert (on - floats).abs().max() <= 0.05 * floats.abs().max()
 
 
 def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):

@@ -58,7 +58,7 @@ class TriForceEngine:
     `exact` (`--exact`): float32 arithmetic and K/V, float products, so that greedy output equals
     Hugging Face's token for token; slower on GGUF files. It takes float32 models, and a 16-bit
     `kv_dtype` (here or in a generation's config) is refused (ConfigError). Without it a model's
-    products over GGUF blocks are integer ones when `TRIFORCE_INT8=1` (else `int8.FAST_PATH_DEFAULT`).
+    products over GGUF blocks take the `int8` mode `TRIFORCE_INT8` names (else `int8.FAST_PATH_DEFAULT`).
     The engine sets its models' `integer_products` accordingly (two engines over one model share it).
     """
 
