@@ -209,11 +209,14 @@ def figures(t: Tally, hf_top1: torch.Tensor, near_tie: torch.Tensor, sl: slice =
 
 def llama_cpp_note() -> dict:
     """Whether llama.cpp's tools are at hand (never built here), and why its logits are not compared."""
-    from bench.llama_cpp import LLAMA_CPP_PYTHON, build_folder, tools_in
+    from bench.llama_cpp import LLAMA_CPP_PYTHON, tools_in
+    from triforce_core.config import cache_home
 
     given = os.environ.get("LLAMA_CPP_BIN")
-    found = tools_in(Path(given)) if given else tools_in(build_folder() / "bin")
-    where = "$LLAMA_CPP_BIN" if given else f"<cache>/llama.cpp/{LLAMA_CPP_PYTHON}/bin"
+    # any cached build (one folder per set of instruction sets it was built with)
+    folders = [Path(given)] if given else sorted((cache_home() / "llama.cpp").glob(f"{LLAMA_CPP_PYTHON}-*/bin"))
+    found = next((f for f in map(tools_in, folders) if f is not None), None)
+    where = "$LLAMA_CPP_BIN" if given else f"<cache>/llama.cpp/{LLAMA_CPP_PYTHON}-*/bin"
     if found is None:
         why = f"no llama.cpp build at {where} (this benchmark does not build one): its logits are skipped"
     else:
