@@ -4,8 +4,15 @@ and weights kept as the file stores them.
 The file is read by maintained readers, never parsed here: transformers turns its metadata into
 a config and its vocabulary into a tokenizer with the file's chat template (both saved in the
 cache folder, keyed by the file, so a second start reads them in a fraction of a second instead
-of parsing 50,000 token strings again); ggml's own `gguf` package maps the tensors, whose
-bytes are then copied as they are: 4 to 8 bits a weight (`quantized.StoredTensor`).
+of parsing 50,000 token strings again); ggml's own `gguf` package reads the header and says
+where each tensor lies (`tensor_table`), and the weights are then read from the file as they are
+stored, 4 to 8 bits a weight (`quantized.StoredTensor`), once the reader is gone.
+
+Memory: each tensor's bytes are read straight into the buffer that keeps them (one copy, no map
+of the file: a map's pages count as the process's memory while a copy is made of them), and the
+reader's parse of the header (some 160 MB of numpy objects for a 49,152-token vocabulary) is
+freed before the first weight is read. Loading a 669 MB Q4_K_M file peaks at the weights plus
+what a process holds without them (docs/results.md, Memory).
 
 llama.cpp's converter reorders the rows of Llama's q and k projections for its rotary layout;
 the reverse order is applied to the stored rows here (a row's blocks are untouched), as
@@ -19,6 +26,9 @@ import importlib.util
 import logging
 import os
 import re
+import shutil
+import sys
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -145,8 +155,9 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
         config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
         os.replace(tmp, folder)
-    except OSError:
-        pass  # a read-only cache only costs the next start the same parse
+    except OSError:  # a read-only cache only costs the next start the same parse; another
+        # process that wrote the entry first leaves ours unused
+        shutil.rmtree(tmp, ignore_errors=True)
     return config, tokenizer
 
 
@@ -177,6 +188,9 @@ def open_checked(path: Path):
     """The file's reader; refuses, in one line and before anything is loaded, what the decoder
     does not implement."""
     reader = _reader(path)
+    if reader.byte_order == "S":  # the blocks' scales would be read in the other byte order
+        raise GGUFError(f"{path.name}: the file is stored {'big' if sys.byteorder == 'little' else 'little'}-endian, "
+                        f"this machine is {sys.byteorder}-endian: convert it with llama.cpp's gguf tools")
     arch = _field(reader, "general.architecture")
     if arch not in ARCHITECTURES:
         raise GGUFError(f"{path.name}: unsupported architecture {arch!r}: supported are {', '.join(ARCHITECTURES)}")
@@ -230,20 +244,55 @@ def _unpermute_rows(rows: int, heads: int) -> np.ndarray:
     return np.arange(rows).reshape(heads, half, 2).swapaxes(1, 2).reshape(rows)
 
 
-def _tensor(t) -> torch.Tensor | StoredTensor:
-    """A reader's tensor -> a float32 vector, or a 2-D StoredTensor (bytes copied as stored)."""
-    data = np.asarray(t.data)
-    qtype = int(t.tensor_type)
-    if len(t.shape) == 1:
-        if qtype == BF16:
-            return torch.from_numpy((data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).copy())
-        return torch.from_numpy(data.astype(np.float32))
-    cols, rows = int(t.shape[0]), int(t.shape[1])
-    if qtype == BF16:  # widened once: float32 rows
-        data, qtype = (data.view(np.uint16).astype(np.uint32) << 16).view(np.float32).reshape(rows, cols), F32
+@dataclass(frozen=True)
+class TensorRecord:
+    """Where one tensor lies in the file, as the header declares it: all `read_weights` needs
+    once the reader (and its parse of the header) is gone."""
+
+    name: str  # Hugging Face's
+    type: int  # GGML's type number
+    shape: tuple[int, ...]  # [outputs, inputs] for a matrix (GGUF lists the inputs first), or [n]
+    offset: int  # of the first byte, from the file's start
+    nbytes: int
+    rotary_order: bool = False  # a Llama q or k projection: rows in llama.cpp's rotary order
+
+
+def _read_into(f, out: np.ndarray, record: TensorRecord, path: Path) -> None:
+    """Fill `out` (contiguous, `record.nbytes` bytes) with the tensor's bytes from the file."""
+    view = memoryview(out.reshape(-1).view(np.uint8))
+    assert view.nbytes == record.nbytes, (record.name, view.nbytes, record.nbytes)
+    f.seek(record.offset)
+    done = 0
+    while done < record.nbytes:
+        n = f.readinto(view[done:])
+        if not n:  # the reader checked the file's length: it changed since
+            raise GGUFError(f"{path.name}: tensor {gguf_name(record.name)} ends past the file's end")
+        done += n
+
+
+def _widened(bf16: np.ndarray) -> np.ndarray:
+    """bfloat16 bits (uint16) -> the float32 values they stand for."""
+    return (bf16.astype(np.uint32) << 16).view(np.float32)
+
+
+def _read_tensor(f, record: TensorRecord, path: Path) -> torch.Tensor | StoredTensor:
+    """A tensor from the file -> a float32 vector, or a 2-D StoredTensor (its bytes as stored)."""
+    if len(record.shape) == 1:
+        data = np.empty(record.nbytes, np.uint8)
+        _read_into(f, data, record, path)
+        if record.type == BF16:
+            return torch.from_numpy(_widened(data.view(np.uint16)))
+        return torch.from_numpy(data.view(np.float16).astype(np.float32) if record.type == F16 else data.view(np.float32))
+    rows, cols = record.shape
+    if record.type == BF16:  # widened once: float32 rows
+        data = np.empty(record.nbytes, np.uint8)
+        _read_into(f, data, record, path)
+        raw = huge_pages.copy(_widened(data.view(np.uint16)).view(np.uint8).reshape(rows, -1))
+        return StoredTensor(type=F32, raw=raw, shape=(rows, cols))
     # the head's 30 MB (SmolLM2) is read at every step: on 2 MB pages like the caches
-    raw = huge_pages.copy(np.ascontiguousarray(data).view(np.uint8).reshape(rows, -1))
-    return StoredTensor(type=qtype, raw=raw, shape=(rows, cols))
+    raw = huge_pages.zeros((rows, record.nbytes // rows), torch.uint8)
+    _read_into(f, raw.numpy(), record, path)
+    return StoredTensor(type=record.type, raw=raw, shape=(rows, cols))
 
 
 def _hf_name(reader, path: Path, gguf_name: str) -> str | None:
@@ -266,46 +315,58 @@ def gguf_name(hf_name: str) -> str:
     return next((g for g, h in _TOP.items() if h == hf_name), hf_name)
 
 
-def tensor_shapes(reader, path: Path) -> dict[str, tuple[int, ...]]:
-    """Every tensor's shape as the header declares it, [outputs, inputs] (GGUF lists the inputs
-    first), by its Hugging Face name: what `shapes.check` reads before any weight is copied."""
-    shapes = {}
+def tensor_table(reader, path: Path) -> list[TensorRecord]:
+    """Every tensor the decoder reads, by its Hugging Face name, with its declared shape and
+    where its bytes lie (the reader has checked that they lie inside the file)."""
+    llama = _field(reader, "general.architecture") == "llama"
+    table = []
     for t in reader.tensors:
         name = _hf_name(reader, path, t.name)  # one to one: the reader refuses a name twice
         if name is not None:
-            shapes[name] = tuple(int(n) for n in reversed(t.shape.tolist()))
-    return shapes
+            table.append(TensorRecord(name=name, type=int(t.tensor_type), offset=int(t.data_offset),
+                                      shape=tuple(int(n) for n in reversed(t.shape.tolist())), nbytes=int(t.n_bytes),
+                                      rotary_order=llama and name.endswith(("q_proj.weight", "k_proj.weight"))))
+    return table
 
 
-def read_weights(reader, path: Path, config: Any) -> dict[str, torch.Tensor | StoredTensor]:
-    """Every tensor, named as in a Hugging Face checkpoint (copied: the reader may then go).
-    Their shapes must have been checked (`shapes.check`): q and k rows are regrouped by head."""
-    arch = _field(reader, "general.architecture")
+def tensor_shapes(table: list[TensorRecord]) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape as the header declares it, [outputs, inputs], by its Hugging Face
+    name: what `shapes.check` reads before any weight is read."""
+    return {r.name: r.shape for r in table}
+
+
+def read_weights(path: Path, table: list[TensorRecord], config: Any) -> dict[str, torch.Tensor | StoredTensor]:
+    """Every tensor of `table`, named as in a Hugging Face checkpoint, read from the file into
+    memory of its own. Their shapes must have been checked (`shapes.check`): q and k rows are
+    regrouped by head (in place: `config`'s head counts divide their rows)."""
     heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
     state: dict[str, torch.Tensor | StoredTensor] = {}
-    for t in reader.tensors:
-        name = _hf_name(reader, path, t.name)
-        if name is None:
-            continue
-        w = _tensor(t)
-        if arch == "llama" and isinstance(w, StoredTensor) and name.endswith(("q_proj.weight", "k_proj.weight")):
-            order = torch.from_numpy(_unpermute_rows(w.shape[0], heads if "q_proj" in name else kv_heads))
-            w = StoredTensor(w.type, w.raw[order].contiguous(), w.shape)
-        state[name] = w
+    with open(path, "rb", buffering=0) as f:
+        for record in table:
+            w = _read_tensor(f, record, path)
+            if record.rotary_order and isinstance(w, StoredTensor):
+                order = torch.from_numpy(_unpermute_rows(w.shape[0], heads if "q_proj" in record.name else kv_heads))
+                w.raw.copy_(w.raw[order])  # a temporary of one matrix; the buffer (on 2 MB pages) stays
+            state[record.name] = w
     return state
 
 
-def eos_ids(reader, config: Any, tokenizer: Any) -> set[int]:
-    """End-of-sequence ids: the config's, the tokenizer's, and the file's end-of-turn tokens."""
+def header_eos_ids(reader) -> set[int]:
+    """The file's own end-of-sequence, end-of-turn and end-of-message token ids."""
     ids: set[int] = set()
     for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
         value = _field(reader, key)
         if value is not None:
             ids.add(int(value))
+    return ids
+
+
+def eos_ids(header_ids: set[int], config: Any, tokenizer: Any) -> set[int]:
+    """End-of-sequence ids: the file's (`header_eos_ids`), the config's and the tokenizer's."""
+    ids = set(header_ids)
     cfg = getattr(config, "eos_token_id", None)
     if cfg is not None:
         ids.update([cfg] if isinstance(cfg, int) else cfg)
     if tokenizer is not None and tokenizer.eos_token_id is not None:
         ids.add(int(tokenizer.eos_token_id))
     return ids
-

@@ -225,12 +225,17 @@ def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     every tensor's declared shape are checked before a byte of weights is copied."""
     path = gguf_file.resolve(name)
     reader = gguf_file.open_checked(path)  # readable, the architecture, types, settings in bounds
+    table = gguf_file.tensor_table(reader, path)  # where each tensor lies: the weights are read without the reader
+    header_eos = gguf_file.header_eos_ids(reader)
+    # The reader's parse of the header (~160 MB for a 49,152-token vocabulary) goes before the
+    # tokenizer is built and the weights are read: it would add to the load's peak, and the
+    # tokenizer's memory, allocated after it, would keep its freed pages from the system.
+    del reader
     config, tokenizer = gguf_file.config_and_tokenizer(path)
     spec = ModelSpec.from_config(config)
-    shapes.check(spec, gguf_file.tensor_shapes(reader, path), label=gguf_file.gguf_name)
-    state = gguf_file.read_weights(reader, path, config)
-    eos = gguf_file.eos_ids(reader, config, tokenizer)
-    del reader  # unmaps the file: the state holds copies
+    shapes.check(spec, gguf_file.tensor_shapes(table), label=gguf_file.gguf_name)
+    state = gguf_file.read_weights(path, table, config)  # one copy of each tensor, read from the file
+    eos = gguf_file.eos_ids(header_eos, config, tokenizer)
     model = Transformer(config, state, device, dtype)
     return LoadedModel(model=model, tokenizer=tokenizer, eos_token_ids=frozenset(eos), name=name)
 

@@ -210,14 +210,18 @@ class Layers:
         self._check(failed)
         return queries, chunk_sum
 
-    def dequantize(self, raw: torch.Tensor, qtype: int, cols: int) -> torch.Tensor:
-        """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32."""
+    def dequantize(self, raw: torch.Tensor, qtype: int, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+        """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32 (into `out`, a
+        contiguous [n, cols] float32 tensor, where given)."""
         per_block, nbytes = BLOCKS.get(qtype, (0, 0))
         if not per_block or cols % per_block or raw.dim() != 2 or raw.dtype != torch.uint8 \
                 or raw.shape[1] != cols // per_block * nbytes:
             raise ValueError(f"dequantize: {tuple(raw.shape)} {raw.dtype} bytes are not rows of {cols} weights of GGML type {qtype}")
         raw = raw.contiguous()
-        out = torch.empty(raw.shape[0], cols)
+        if out is None:
+            out = torch.empty(raw.shape[0], cols)
+        elif tuple(out.shape) != (raw.shape[0], cols) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"dequantize: out must be contiguous float32 {(raw.shape[0], cols)}, got {tuple(out.shape)} {out.dtype}")
         if self.lib.dequantize_rows(raw.data_ptr(), raw.stride(0), qtype, cols, None, raw.shape[0], out.data_ptr(),
                                     self._threads()):
             raise ValueError(f"GGML type {qtype} with {cols} columns cannot be dequantized")

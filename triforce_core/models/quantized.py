@@ -37,19 +37,22 @@ class StoredTensor:
         if cols % per_block or tuple(self.raw.shape) != (rows, cols // per_block * nbytes):
             raise ValueError(f"a {TYPE_NAMES[self.type]} tensor of shape {self.shape} cannot be {tuple(self.raw.shape)} bytes")
 
-    def dequantized(self, rows: torch.Tensor | None = None) -> torch.Tensor:
-        """[n, cols] float32 of the given rows (all by default)."""
+    def dequantized(self, rows: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
+        """[n, cols] float32 of the given rows (all by default), written into `out` (contiguous
+        [n, cols] float32) where given: a stacked matrix's parts go into one buffer, no copy."""
         raw = self.raw if rows is None else self.raw[rows]
         kernel = native_layers.kernel()
         if kernel is not None and self.shape[1] % LANES == 0:
-            return kernel.dequantize(raw, self.type, self.shape[1])
+            return kernel.dequantize(raw, self.type, self.shape[1], out)
         from gguf import GGMLQuantizationType, dequantize
 
         if self.type == F32:
-            return raw.contiguous().view(torch.float32).clone()
-        if self.type == F16:
-            return raw.contiguous().view(torch.float16).float()
-        return torch.from_numpy(np.ascontiguousarray(dequantize(raw.numpy(), GGMLQuantizationType(self.type))))
+            values = raw.contiguous().view(torch.float32).clone()
+        elif self.type == F16:
+            values = raw.contiguous().view(torch.float16).float()
+        else:
+            values = torch.from_numpy(np.ascontiguousarray(dequantize(raw.numpy(), GGMLQuantizationType(self.type))))
+        return values if out is None else out.copy_(values)
 
 
 class Matrix:
@@ -83,7 +86,14 @@ class Matrix:
         """[inputs, outputs] float32: the stored weights, or a fresh dequantized copy."""
         if self._dense_t is not None:
             return self._dense_t
-        return torch.cat([t.dequantized() for t in self.stored]).t()
+        # each part dequantized into its rows of one buffer (no parts and their concatenation
+        # alive at once: 256 MB, not 128, for Llama-3.2-1B's gate and up)
+        out = torch.empty(self.n_out, self.n_in)
+        start = 0
+        for t in self.stored:
+            t.dequantized(out=out[start : start + t.shape[0]])
+            start += t.shape[0]
+        return out.t()
 
     def rows(self, ids: torch.Tensor) -> torch.Tensor:
         """Rows `ids` of a one-tensor stored matrix as float32 [n, inputs] (a GGUF embedding's lookup)."""
