@@ -105,7 +105,7 @@ def test_only_whole_aligned_chunks_are_written(weights, tmp_path):
     list(slot.generate(ids[:200], cfg))  # memory holds 99 (+ the answer): resumes at 99, unaligned
     assert len(block_files(tmp_path)) == 3
     full = slot.loop.full.cache
-    blocks = engine.disk_cache.blocks(ids[:200], CHUNK, full.k.dtype)
+    blocks = engine.disk_cache.blocks(ids[:200], CHUNK, full.k.dtype, integer_products=engine.target.integer_products)
     with pytest.raises(ValueError, match="not canonical"):
         engine.disk_cache.save(full, blocks[4])
 
@@ -130,7 +130,7 @@ def test_a_bad_file_is_reported_rebuilt_and_never_used(weights, tmp_path, caplog
     reference, _, _ = two_turns(new_engine(weights, tmp_path), cfg)
     engine = new_engine(weights, tmp_path)
     body = ChatSession(engine, DOCUMENT, config=cfg).prompt_ids(Q1)[:-1]
-    blocks = engine.disk_cache.blocks(body, CHUNK, engine.kv_dtype_for(cfg))
+    blocks = engine.disk_cache.blocks(body, CHUNK, engine.kv_dtype_for(cfg), integer_products=engine.target.integer_products)
     bad = engine.disk_cache.path(blocks[4])
     damage(bad)
     with caplog.at_level(logging.WARNING, logger="triforce_core.kv.disk"):
@@ -168,7 +168,8 @@ def test_the_folder_is_capped_least_recently_used_first(weights, tmp_path):
     engine.disk_cache.max_bytes = 4 * block_bytes
     (a0,) = block_files(tmp_path)
     list(Slot(engine).generate(ids[64:200], cfg))  # text B: 4 whole blocks, A's is evicted
-    b = [engine.disk_cache.path(block) for block in engine.disk_cache.blocks(ids[64:199], CHUNK, engine.kv_dtype_for(cfg))]
+    b = [engine.disk_cache.path(block) for block in engine.disk_cache.blocks(ids[64:199], CHUNK, engine.kv_dtype_for(cfg),
+                                                                            integer_products=engine.target.integer_products)]
     assert set(block_files(tmp_path)) == set(b) and a0 not in b
     assert sum(p.stat().st_size for p in b) <= engine.disk_cache.max_bytes
     # Blocks written in one prefill may share a modification time (the file system's clock is

@@ -308,7 +308,7 @@ def test_disk_cache_round_trip_in_float16_and_no_mixing(weights, tmp_path, caplo
     # A float16 file read into a float32 cache (as if the keys collided) is refused, not converted.
     engine = new_engine(weights, tmp_path)
     body = ChatSession(engine, DOCUMENT, config=f16).prompt_ids(words(6, 12))[:-1]
-    block = engine.disk_cache.blocks(body, CHUNK, torch.float16)[0]
+    block = engine.disk_cache.blocks(body, CHUNK, torch.float16, integer_products=engine.target.integer_products)[0]
     s = engine.target.spec
     wide = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, 64, torch.float32, CPU)
     with caplog.at_level(logging.WARNING, logger="triforce_core.kv.disk"):

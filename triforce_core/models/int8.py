@@ -1,24 +1,33 @@
-"""Integer products over a GGUF file's blocks, opt-in: `TRIFORCE_INT8=1` (`csrc/int8_rows.c`).
+"""Integer products over a GGUF file's blocks (`csrc/int8_rows.c`), in one of three modes.
 
 On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are compute-bound:
 each weight is widened to a float and multiplied by a float. llama.cpp instead quantizes each
 activation row to 8 bits in blocks (32 for Q4_0/Q4_1/Q8_0, 256 with per-16 sums for the K types)
-and multiplies integers. With the switch on, the native layers do the same for the quantized
-matrices of a few-row forward (steps, verifications, the head); float32 weights keep their path.
+and multiplies integers. The native layers can do the same for the quantized matrices of a
+few-row forward (steps, verifications, the head); float32 weights keep their path.
 
-Off by default: an 8-bit activation is off by up to half a step (max|x| / 254 per block), which
-changes the model's numbers, and turning it on by default waits for a measurement of what that
-costs in agreement with the float model. What it keeps: each row is quantized on its own and
-every output's float arithmetic follows one order (the kernel's header), so a verification's
-rows equal a step's bit for bit, whatever the threads or the vector path (tests/test_int8_rows.py).
+- ONE_LEVEL (`TRIFORCE_INT8=1`, opt-in): llama.cpp's arithmetic. An 8-bit activation is off by
+  up to half a step (max|x| / 254 per block): on SmolLM2 the top token then agrees with HF
+  float32 at 97.9 % of positions, below the 98 % a default must keep.
+- TWO_LEVELS: the row, then what that left, each quantized to 8 bits: about 15 bits of each
+  input (99.90 %, as the float path's 99.93 %), for twice the integer work.
+- FAST (the default on the fast path; `exact` takes the float path): two levels for the
+  256-weight types, where they beat the float products (Q4_K 1.9x at one row), the float path
+  for the 32-weight ones, where two levels lose to it.
 
-Measured (`python -m bench.int8_rows`, one [2048 x 2048] matrix, one thread of an AMD EPYC (Zen 4)
-with AVX-512 VNNI, float time / integer time, one row and seven): Q4_K 2.4x and 2.0x, Q5_K 2.7x
-and 2.3x, Q6_K 2.8x and 2.2x; the 32-weight types less, Q8_0 1.0-1.2x and 1.5x, Q4_1 1.0x and
-1.6x, and a one-row Q4_0 product 0.85x (its float path is already cheap).
+What every mode keeps: each row is quantized on its own and every output's float arithmetic
+follows one order (the kernel's header), so a verification's rows equal a step's bit for bit,
+whatever the threads or the vector path (tests/test_int8_rows.py, tests/test_int8_two_levels.py).
 
-Data and a thin wrapper only: `native_layers` loads the library; each model says which path it takes
-(`Transformer.integer_products`, which the engine sets from `enabled()`).
+Measured (`python -m bench.int8_rows`, one [2048 x 2048] matrix, one thread, float time / integer
+time, one row and seven): on an AMD EPYC (Zen 4, AVX-512 VNNI), one level: Q4_K 2.4x and 2.0x,
+Q5_K 2.7x and 2.3x, Q6_K 2.8x and 2.2x, Q8_0 1.0-1.2x and 1.5x, Q4_1 1.0x and 1.6x, a one-row
+Q4_0 0.85x; on a Xeon (Sapphire Rapids class), one level Q4_K 2.7x and 2.2x, Q6_K 3.6x and
+2.7x, two levels Q4_K 1.9x and 1.15x, Q6_K 2.6x and 1.5x, Q8_0 0.8x and 0.6x, Q4_1 0.85x and 0.5x
+(bench/results/int8-rows-xeon-amx-host.json).
+
+Data and a thin wrapper only: `native_layers` loads the library; each model says which mode it
+takes (`Transformer.integer_products`, which the engine sets from `mode()`).
 """
 
 from __future__ import annotations
@@ -56,9 +65,14 @@ def act_bytes(K: int, kind: int) -> int:
     return -(-K // 256) * ACT_BLOCKS[kind][1]
 
 
-# A model's few-row products where nothing says (`TRIFORCE_INT8` unset, not `exact`): one of the
-# modes above, 0 the float path. The engine gives each model its mode (`Transformer.integer_products`).
-FAST_PATH_DEFAULT = 0
+# A model's few-row products where nothing says (`TRIFORCE_INT8` unset, not `exact`): FAST, the
+# fastest mode whose agreement with the float model was measured at the float path's. Two levels
+# agree with HF float32 on 99.90 % of SmolLM2's positions (mean KL 9.3e-7; float path 99.93 %,
+# 9.0e-7), one level on 97.90 % (2.4e-3): `python -m bench.fidelity --target smollm2`. On a
+# Llama-3.2-1B-shape Q4_K_M file at 32K tokens a step took 0.89x the float path's time and the
+# retrieval level 0.71x (`python -m bench.level_steps --products 0,fast,int8`, docs/results.md).
+# The engine gives each model its mode (`Transformer.integer_products`).
+FAST_PATH_DEFAULT = FAST
 # What TRIFORCE_INT8 may name: "0" the float path, "1" (or "int8") one level, "2" ("int8x2") two,
 # "3" ("fast") two levels for the K types and floats for the others.
 MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,

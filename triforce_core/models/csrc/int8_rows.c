@@ -1,9 +1,9 @@
 /* Integer products over the stored blocks, as llama.cpp computes them: each activation row is
  * quantized to 8 bits in blocks (struct block_q8_32x8, eight blocks of 32, for the 32-weight
  * types Q4_0, Q4_1, Q8_0; struct block_q8_k for the 256-weight types Q4_K, Q5_K, Q6_K), and a
- * weight block times an activation block is a sum of small integers. Opt-in (`TRIFORCE_INT8=1`):
- * quantizing the activations changes the model's numbers (by up to half an 8-bit step an
- * input), which the float path of quant_rows.c does not.
+ * weight block times an activation block is a sum of small integers. One level (opt-in,
+ * `TRIFORCE_INT8=1`) changes the model's numbers by up to half an 8-bit step an input; two
+ * levels (below; the default for the 256-weight types) by about 1/254 of that.
  *
  * Two levels (`int8.TWO_LEVELS`, and `int8.FAST` for the 256-weight types): each row quantized,
  * then what that left (its residual) quantized with its own scales; both are multiplied by the
