@@ -1,4 +1,4 @@
-"""Asking a whole book (issue 34's targets): quote questions spread over a book beyond the window,
+"""Asking a whole book: quote questions spread over a book beyond the window,
 each read with `--sections auto`'s picking, and follow-ups that should reuse the cached read.
 
     python -m bench.book BOOK.html [--questions 6] [--budget 16384] [--json OUT]

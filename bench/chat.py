@@ -495,7 +495,7 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     peer = partial(peer_figures, peer_model, new_tokens=a.max_new_tokens, threads=torch.get_num_threads(),
-                   bin_dir=a.llama_cpp_bin) if peer_model is not None else None
+                   bin_dir=a.llama_cpp_bin, repeat_penalty=a.repetition_penalty) if peer_model is not None else None
     t, d = default_model_names(a.target, a.draft)
     engine = TriForceEngine.from_pretrained(t, d)
     load = load_average()

@@ -254,13 +254,16 @@ def parse_bench_json(text: str) -> list[dict]:
 
 
 def llama_lookup(tools: dict, model: Path, prompt_file: Path, prompt_tokens: int, new_tokens: int, threads: int,
-                 flash_attn: bool, draft_max: int | None) -> dict:
-    """llama-lookup on the prompt, greedy, `new_tokens` new tokens, parsed."""
+                 flash_attn: bool, draft_max: int | None, repeat_penalty: float = 1.0) -> dict:
+    """llama-lookup on the prompt, greedy, `new_tokens` new tokens, parsed; with `repeat_penalty`
+    over every token before (prompt included, as Hugging Face's repetition penalty and ours)."""
     ctx = prompt_tokens + new_tokens + 64  # and the prompt goes in as one batch
     cmd = [tools["llama-lookup"], "-m", model, "-f", prompt_file, "-n", new_tokens, "-t", threads, "-c", ctx,
            "-b", ctx, "--temp", 0, "-fa", "on" if flash_attn else "off"]
     if draft_max is not None:
         cmd += ["--spec-draft-n-max", draft_max]
+    if repeat_penalty != 1.0:
+        cmd += ["--repeat-penalty", repeat_penalty, "--repeat-last-n", -1]  # -1: the whole context
     proc = _run(cmd, "llama-lookup")
     return {**parse_lookup_log(proc.stdout + proc.stderr), "flash_attn": flash_attn}
 
@@ -315,7 +318,8 @@ def best_of(runs: list[dict], kind: str) -> dict | None:
 
 def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens: int | None = None,
                  new_tokens: int = 64, threads: int | None = None, repetitions: int = 3,
-                 draft_max: int | None = None, bin_dir: Path | None = None, say=say) -> dict:
+                 draft_max: int | None = None, bin_dir: Path | None = None, say=say,
+                 repeat_penalty: float = 1.0) -> dict:
     """llama.cpp's figures for one GGUF model: prompt processing over the prompt, generation at
     `depth_tokens` (default: the prompt's length as llama.cpp tokenizes it) and, given the
     prompt's text, llama-lookup on it (with the flash-attention setting that generated faster).
@@ -346,7 +350,7 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
         if prompt_text is not None:
             say(f"llama-lookup: {new_tokens} new tokens after the {prompt_tokens}-token prompt")
             lookup = llama_lookup(tools, model, prompt_file, prompt_tokens, new_tokens, threads,
-                                  generation["best_flash_attn"], draft_max)
+                                  generation["best_flash_attn"], draft_max, repeat_penalty)
     return {
         "llama_cpp": {"source": f"llama-cpp-python {LLAMA_CPP_PYTHON}'s vendor/llama.cpp",
                       "build_commit": runs[0]["build_commit"], "tools": _where(tools["llama-bench"].parent),
@@ -358,6 +362,7 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
         "threads": threads,
         "prompt_tokens": size,
         "depth_tokens": depth,
+        "lookup_repeat_penalty": repeat_penalty,
         "new_tokens": new_tokens,
         "repetitions": repetitions,
         "prompt_processing": best_of(runs, "pp"),
