@@ -468,6 +468,8 @@ def main(argv=None) -> int:
     p.add_argument("--llama-cpp", action="store_true",
                    help="then run llama.cpp on the same GGUF target (a .gguf file or smollm2) and the first turn's "
                         "prompt, and compare (bench/llama_cpp.py; builds llama.cpp once, about 13 minutes on 2 cores)")
+    p.add_argument("--llama-cpp-repetitions", type=int, default=3,
+                   help="llama-bench's repetitions of each measurement (default 3; 1 for a large model's long prompt)")
     p.add_argument("--llama-cpp-bin", type=Path, help="a folder with ready llama.cpp binaries (or env LLAMA_CPP_BIN)")
     a = p.parse_args(argv)
     try:
@@ -478,8 +480,8 @@ def main(argv=None) -> int:
             raise ChatBenchError("--configs is empty or names a configuration twice")
         if not 0 <= a.open <= len(OPEN_QUESTIONS) or a.quotes < 0 or a.quotes + a.open == 0:
             raise ChatBenchError(f"--quotes >= 0 and 0 <= --open <= {len(OPEN_QUESTIONS)}, not both 0")
-        if a.repeats < 1:
-            raise ChatBenchError("--repeats must be >= 1")
+        if a.repeats < 1 or a.llama_cpp_repetitions < 1:
+            raise ChatBenchError("--repeats and --llama-cpp-repetitions must be >= 1")
         if not a.document.is_file():
             raise ChatBenchError(f"no such document: {a.document}")
         text = a.document.read_text(encoding="utf-8", errors="replace")
@@ -495,7 +497,8 @@ def main(argv=None) -> int:
     if a.threads:
         torch.set_num_threads(a.threads)
     peer = partial(peer_figures, peer_model, new_tokens=a.max_new_tokens, threads=torch.get_num_threads(),
-                   bin_dir=a.llama_cpp_bin, repeat_penalty=a.repetition_penalty) if peer_model is not None else None
+                   bin_dir=a.llama_cpp_bin, repeat_penalty=a.repetition_penalty,
+                   repetitions=a.llama_cpp_repetitions) if peer_model is not None else None
     t, d = default_model_names(a.target, a.draft)
     engine = TriForceEngine.from_pretrained(t, d)
     load = load_average()
