@@ -20,6 +20,7 @@ from ui.handlers.teaching import TeachingHandlers
 from ui.narration import round_sentence
 from ui.settings import SETTING_NAMES, Settings
 from ui.state import AppContext, SessionPool
+from ui.views import doc_info
 
 
 @pytest.fixture
@@ -157,6 +158,27 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     small = Document(words(50, 1), "md", "s.md", (Section(0, "section: S", "S", 1, 10),))
     user, *_rest, box, toc = documents.set_document(user, small, 32)
     assert user.document is small and box["visible"] is True and len(toc["choices"]) == 1
+
+
+def test_a_book_over_the_window_shows_its_size_not_zero(chat_engine: TriForceEngine, worker):
+    """The document line and the gauge of a book read by relevance give its real size in tokens
+    (the status line's figure), before any question and after one."""
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    user, info, gauge, status, *_ = documents.set_document(None, _book(), 32)
+    size = user.session.book_tokens
+    assert size > ctx.window and len(chat_engine.encode(_book().text)) - size in (0, 1)  # at most a BOS apart
+    assert f"is {size:,} tokens" in status
+    assert f"{size:,} tokens, over the context window" in info and " 0 tokens" not in info
+    assert "no document yet" not in gauge and f"read of its <b>{size:,}</b>" in gauge
+    assert "each question reads the parts of the document most relevant to it" in gauge
+    gamma = _book().text[_book().sections[3].start : _book().sections[3].end].split()
+    updates = list(answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values()))
+    read = user.session.document_tokens  # what this question read
+    assert 0 < read < ctx.window
+    assert f"document <b>{read:,}</b> read of its <b>{size:,}</b>" in updates[-1][8]  # the gauge
+    assert f"{size:,} tokens, over the context window" in doc_info(user)  # the book, not the part read
 
 
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):

@@ -13,6 +13,7 @@ from typing import Callable
 import gradio as gr
 
 from triforce_core.documents.picking import top_level
+from triforce_core.serving.book import BookSession
 
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .inspector import inspector_figure, inspector_html
@@ -45,11 +46,13 @@ def toc_update(user: UserState | None, window: int) -> tuple:
 def doc_info(user: UserState | None) -> str:
     if user is None or user.document is None:
         return '<div class="tf-docinfo">No document loaded.</div>'
-    d = user.document
+    d, tokens, over = user.document, user.session.document_tokens, ""
+    if isinstance(user.session, BookSession):  # over the window: each question reads a part of it
+        d, tokens, over = user.session.book, user.session.book_tokens, ", over the context window"
     pages = f" · {d.pages} pages" if d.pages else ""
     return (
         f'<div class="tf-docinfo"><b>{html.escape(d.name or "document")}</b> · {d.format}{pages} · '
-        f"{d.chars:,} characters · {user.session.document_tokens:,} tokens</div>"
+        f"{d.chars:,} characters · {tokens:,} tokens{over}</div>"
     )
 
 
@@ -58,9 +61,11 @@ def gauge(user: UserState | None, budget, window: int) -> str:
     if user is None:
         return context_gauge_html(0, 0, window, int(budget))
     doc = user.session.document_tokens if user.document is not None else 0
+    book = user.session.book_tokens if isinstance(user.session, BookSession) else 0
     # Until the first question the cache may still hold an earlier document's prompt.
     total = (len(user.session.cached_tokens()) or doc) if user.session.turns else doc
-    return context_gauge_html(doc, max(0, total - doc), window, int(budget), user.session.cache_bytes())
+    return context_gauge_html(doc, max(0, total - doc), window, int(budget), user.session.cache_bytes(),
+                              book_tokens=book)
 
 
 def chunk_labeler(user: UserState) -> Callable[[int, int], tuple[str, str]]:

@@ -62,7 +62,8 @@ class DocumentHandlers:
         if tokens > window:  # a book: each question reads what is most relevant to it
             self._read_book(user, doc)
             what = "sections" if doc.sections else "parts"
-            message = (f"{doc.name} is {tokens:,} tokens, over the context window of {window:,}: each question reads "
+            size = user.session.book_tokens  # the count the document line and the gauge show
+            message = (f"{doc.name} is {size:,} tokens, over the context window of {window:,}: each question reads "
                        f"the {what} most relevant to it, up to {user.session.reading_budget:,} tokens"
                        + (" (ticked in the table of contents after each answer; or tick sections yourself and "
                           "read those)." if doc.sections else "."))
