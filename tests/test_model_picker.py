@@ -79,6 +79,13 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     page.set_input_files("#tf-upload input[type=file]", str(shelf["book"]))
     wait_status(page, "Loaded book.md")
     assert "demo pair" in page.inner_text("#tf-model-info")
+    # the default mode, lookup, has no retrieval level: the gauge says so, and follows the mode
+    assert "no retrieval level in this mode" in page.inner_text("#tf-gauge")
+    assert "retrieval level reads" not in page.inner_text("#tf-gauge")
+    for mode, shown in (("retrieval", "retrieval budget"), ("lookup", "no retrieval level")):
+        page.click("#tf-mode input")
+        page.locator("ul[role='listbox'] li", has_text=re.compile(f"^\\s*{mode}\\s*$")).first.click()
+        page.wait_for_selector(f"#tf-gauge:has-text('{shown}')")
 
     pick(page, "tiny")
     switched = wait_status(page, "Switched to", "Could not")

@@ -181,6 +181,26 @@ def test_a_book_over_the_window_shows_its_size_not_zero(chat_engine: TriForceEng
     assert f"{size:,} tokens, over the context window" in doc_info(user)  # the book, not the part read
 
 
+def test_the_gauge_follows_the_mode(chat_engine: TriForceEngine, worker):
+    """Loading a document, clearing, answering and changing the budget or the mode: the gauge
+    speaks of the retrieval level only in a mode that has one."""
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(mode="lookup"), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    reads = "the retrieval level reads"
+    user, _info, gauge, *_ = documents.set_document(None, doc, 32, "lookup")
+    assert reads not in gauge and "no retrieval level in this mode" in gauge
+    assert reads in documents.set_document(user, doc, 32, "triforce")[2]
+    assert reads not in documents.set_document(user, doc, 32)[2]  # no mode given: the app's default, lookup
+    assert reads in answers.on_budget(user, 32, "retrieval") and reads not in answers.on_budget(user, 32, "draft")
+    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="lookup")))
+    assert "tf-ok" in updates[-1][2] and reads not in updates[-1][8]  # the gauge
+    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="triforce")))
+    assert reads in updates[-1][8]
+    assert reads not in answers.on_clear(user, 32, "autoregressive")[8]
+
+
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):
     """Step mode: the generation waits after the prefill and after each round; three Steps show
     three rounds, then it runs on. The teaching view records the rule's values: a rejected

@@ -167,6 +167,19 @@ def test_context_gauge():
     assert "caches in memory <b>551 MB</b>" in held
 
 
+def test_the_gauge_of_a_mode_without_a_retrieval_level_names_no_budget():
+    """Mode lookup (the default), draft or autoregressive reads the whole context each step: the
+    gauge must not say the retrieval level reads a share of it, nor draw its budget."""
+    from ui.settings import retrieval_budget
+
+    assert [retrieval_budget(4096, m) for m in ("triforce", "retrieval", "draft", "lookup", "autoregressive")] == [
+        4096, 4096, None, None, None]
+    none = context_gauge_html(16000, 1000, 65536, retrieval_budget(4096, "lookup"))
+    assert "no retrieval level in this mode" in none and "16,000" in none
+    assert "retrieval level reads" not in none and "retrieval budget" not in none and "tf-gauge-budget" not in none
+    assert "reads 24%" in context_gauge_html(16000, 1000, 65536, retrieval_budget(4096, "triforce"))
+
+
 def test_settings_are_validated_with_clear_messages():
     from ui.settings import Settings, settings_from
 

@@ -31,7 +31,7 @@ from .handlers.teaching import TeachingHandlers
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
-from .settings import SETTING_NAMES, SETTING_ROWS, Settings, setting_control
+from .settings import SETTING_NAMES, SETTING_ROWS, Settings, retrieval_budget, setting_control
 from .state import AppContext, SessionPool
 from .views import DOCUMENT_OUTPUTS, STREAMED, doc_info, gauge, stats_rows, transcript
 
@@ -86,7 +86,8 @@ def build_app(
                                      elem_id="tf-upload", scale=3)
                     sample_btn = gr.Button("Use the sample document", elem_id="tf-sample", scale=1)
                 page["docinfo"] = gr.HTML(doc_info(None), elem_id="tf-docinfo")
-                page["gauge"] = gr.HTML(gauge(None, defaults.budget, ctx.window), elem_id="tf-gauge")
+                page["gauge"] = gr.HTML(gauge(None, retrieval_budget(defaults.budget, defaults.mode), ctx.window),
+                                        elem_id="tf-gauge")
                 with gr.Column(visible=False, elem_id="tf-toc") as page["toc"]:
                     page["toc_list"] = gr.CheckboxGroup(choices=[], type="value", label="Table of contents",
                                                         elem_id="tf-toc-list")
@@ -150,15 +151,15 @@ def build_app(
             api_btn = gr.Button("chat")
 
         # -- wiring ----------------------------------------------------------------------------
-        user, budget = page["user"], controls["budget"]
+        user, budget, mode = page["user"], controls["budget"], controls["mode"]
         settings_inputs = [controls[name] for name in SETTING_NAMES]
         streamed = [page[name] for name in STREAMED]
         doc_outputs = [page[name] for name in DOCUMENT_OUTPUTS]
         private = dict(api_visibility="private")
 
-        upload.upload(documents.on_upload, [upload, user, budget], doc_outputs, **private)
-        sample_btn.click(documents.on_sample, [user, budget], doc_outputs, **private)
-        read_btn.click(documents.on_sections, [page["toc_list"], user, budget, controls["max_new_tokens"]],
+        upload.upload(documents.on_upload, [upload, user, budget, mode], doc_outputs, **private)
+        sample_btn.click(documents.on_sample, [user, budget, mode], doc_outputs, **private)
+        read_btn.click(documents.on_sections, [page["toc_list"], user, budget, controls["max_new_tokens"], mode],
                        doc_outputs, **private)
         # The box empties the moment a question is sent (what it held moves to `asked`), never
         # when the answer ends: a next question typed meanwhile is kept.
@@ -175,16 +176,17 @@ def build_app(
                         concurrency_limit=None, **private).then(**tick)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
                           concurrency_limit=None, **private)
-        clear_btn.click(answers.on_clear, [user, budget], streamed, **private)
+        clear_btn.click(answers.on_clear, [user, budget, mode], streamed, **private)
         teaching.change(answers.on_teaching, [user, teaching], [page["chat"], legend], **private)
         pick.change(teach.on_pick, [pick, user], [page["inspector"], page["inspector_plot"]], queue=False, **private)
         step_btn.click(teach.on_step, [user], None, queue=False, **private)
         stepmode.change(teach.on_step_mode, [user, stepmode], None, queue=False, **private)
         lesson_controls = [teaching, stepmode, controls["mode"], controls["temperature"], controls["seed"],
                            controls["lookup"], asked, lesson]
-        lesson_btn.click(documents.on_sample, [user, budget], doc_outputs, **private).then(
+        lesson_btn.click(documents.on_sample, [user, budget, mode], doc_outputs, **private).then(
             teach.lesson_setup, [user], lesson_controls, **private).success(**ask)
-        budget.change(answers.on_budget, [user, budget], page["gauge"], **private)
+        for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
+            control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
         api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
         if models is not None:
             page["mode"] = controls["mode"]

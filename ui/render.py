@@ -102,36 +102,43 @@ def transcript_html(turns: Sequence[tuple], empty: str = "") -> str:
 
 
 def context_gauge_html(
-    document_tokens: int, conversation_tokens: int, window: int, budget: int, cache_bytes: int = 0,
+    document_tokens: int, conversation_tokens: int, window: int, budget: int | None, cache_bytes: int = 0,
     *, book_tokens: int = 0,
 ) -> str:
     """A bar: document and conversation tokens against the context window, with the retrieval
-    budget, and the memory this conversation's caches hold. `book_tokens`: the whole document,
-    when it is over the window and each question reads a part of it (`document_tokens`)."""
+    budget (None: the mode has no retrieval level), and the memory this conversation's caches
+    hold. `book_tokens`: the whole document, when it is over the window and each question reads
+    a part of it (`document_tokens`)."""
     window = max(window, 1)
     used = document_tokens + conversation_tokens
     doc_pct = min(100.0, 100.0 * document_tokens / window)
     conv_pct = min(100.0 - doc_pct, 100.0 * conversation_tokens / window)
-    budget_pct = min(100.0, 100.0 * budget / window)
     over = used > window
     if document_tokens == 0 and book_tokens:
-        reads = "each question reads the parts of the document most relevant to it"
+        reads = " · each question reads the parts of the document most relevant to it"
     elif document_tokens == 0:
-        reads = "no document yet"
+        reads = " · no document yet"
+    elif budget is None:
+        reads = ""
     elif budget >= used:
-        reads = "the whole context fits the retrieval budget (retrieval is exact here: no speedup from it)"
+        reads = " · the whole context fits the retrieval budget (retrieval is exact here: no speedup from it)"
     else:
-        reads = f"the retrieval level reads {100.0 * budget / used:.0f}% of the context per step"
+        reads = f" · the retrieval level reads {100.0 * budget / used:.0f}% of the context per step"
+    if budget is None:  # lookup, the small draft alone, autoregressive: every step reads the whole context
+        retrieval, marker = "no retrieval level in this mode (every step reads the whole context)", ""
+    else:
+        retrieval = f"retrieval budget <b>{budget:,}</b>"
+        marker = (f'<div class="tf-gauge-budget" style="left:{min(100.0, 100.0 * budget / window):.2f}%" '
+                  'title="retrieval budget"></div>')
     document = f"document <b>{document_tokens:,}</b>" + (f" read of its <b>{book_tokens:,}</b>" if book_tokens else "")
     return (
         f'<div class="tf-gauge{" tf-over" if over else ""}">'
         f'<div class="tf-gauge-bar">'
         f'<div class="tf-gauge-doc" style="width:{doc_pct:.2f}%"></div>'
         f'<div class="tf-gauge-conv" style="width:{conv_pct:.2f}%"></div>'
-        f'<div class="tf-gauge-budget" style="left:{budget_pct:.2f}%" title="retrieval budget"></div>'
-        f"</div>"
+        f"{marker}</div>"
         f'<div class="tf-gauge-text">{document} + conversation <b>{conversation_tokens:,}</b> '
-        f"of <b>{window:,}</b> tokens · retrieval budget <b>{budget:,}</b> · {reads}"
+        f"of <b>{window:,}</b> tokens · {retrieval}{reads}"
         + (f" · caches in memory <b>{cache_bytes / 1e6:,.0f} MB</b>" if cache_bytes else "")
         + (" · <b>does not fit the context window</b>" if over else "")
         + "</div></div>"

@@ -99,6 +99,12 @@ def setting_control(name: str, value, modes: list[str]):
     return gr.Slider(low, high, value=value, step=step, label=label, elem_id=elem_id)
 
 
+def retrieval_budget(budget, mode: str) -> int | None:
+    """The retrieval budget `mode` reads within, for the context gauge: None in a mode without a
+    retrieval level (lookup, draft, autoregressive), where every step reads the whole context."""
+    return int(budget) if SpeculationConfig(mode=mode).uses_retrieval else None
+
+
 def settings_from(values: dict) -> Settings:
     """Settings from the accordion's values; raises ConfigError with a clear message."""
     s = Settings(**{k: v for k, v in values.items() if k in Settings.__dataclass_fields__})

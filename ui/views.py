@@ -57,14 +57,16 @@ def doc_info(user: UserState | None) -> str:
 
 
 def gauge(user: UserState | None, budget, window: int) -> str:
-    """The context gauge: the user's document and conversation against `window` and the budget."""
+    """The context gauge: the user's document and conversation against `window` and the
+    retrieval budget (None in a mode without a retrieval level: `settings.retrieval_budget`)."""
+    budget = None if budget is None else int(budget)
     if user is None:
-        return context_gauge_html(0, 0, window, int(budget))
+        return context_gauge_html(0, 0, window, budget)
     doc = user.session.document_tokens if user.document is not None else 0
     book = user.session.book_tokens if isinstance(user.session, BookSession) else 0
     # Until the first question the cache may still hold an earlier document's prompt.
     total = (len(user.session.cached_tokens()) or doc) if user.session.turns else doc
-    return context_gauge_html(doc, max(0, total - doc), window, int(budget), user.session.cache_bytes(),
+    return context_gauge_html(doc, max(0, total - doc), window, budget, user.session.cache_bytes(),
                               book_tokens=book)
 
 

@@ -18,7 +18,7 @@ from triforce_core.decoding.events import ChunksSelected, PrefillProgress
 from triforce_core.serving.worker import Job
 
 from ..render import legend_block, status_html
-from ..settings import SETTING_NAMES, Settings, settings_from
+from ..settings import SETTING_NAMES, Settings, retrieval_budget, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
 from ..views import answer_footer, answer_updates, empty_panels, gauge, prefill_progress_text, transcript
@@ -84,7 +84,8 @@ class AnswerHandlers:
 
     def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str,
                  config: GenerationConfig | None = None, stepping: bool = False):
-        """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates.
+        """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates;
+        `budget`: the gauge's retrieval budget (`settings.retrieval_budget`, None without that level).
 
         With the teaching view on, the generation was started with inspect=True (`start` does
         that); with `config`, it can be stepped round by round (paused while `stepping`)."""
@@ -162,7 +163,8 @@ class AnswerHandlers:
             user.spans, user.doc_first = user.session.token_char_spans(message)
             return events
 
-        yield from self.run_turn(user, start, teaching, settings.budget, "Answering", config, bool(stepping))
+        budget = retrieval_budget(settings.budget, settings.mode)
+        yield from self.run_turn(user, start, teaching, budget, "Answering", config, bool(stepping))
 
     def on_regenerate(self, user, teaching, stepping, system, *setting_values):
         user, settings = self.prepare(user, setting_values)
@@ -179,7 +181,8 @@ class AnswerHandlers:
             user.spans, user.doc_first = user.session.token_char_spans(question)
             return events
 
-        yield from self.run_turn(user, start, teaching, settings.budget, "Regenerating", config, bool(stepping))
+        budget = retrieval_budget(settings.budget, settings.mode)
+        yield from self.run_turn(user, start, teaching, budget, "Regenerating", config, bool(stepping))
 
     def on_compare(self, user, teaching, *setting_values):
         """Re-run the last answer autoregressively; report the speed ratio and whether the
@@ -199,8 +202,8 @@ class AnswerHandlers:
                 baseline.push(item, time.perf_counter())
 
         def page(message: str, kind: str) -> tuple:
-            return answer_updates(user, answer, status_html(message, kind), teaching, settings.budget, window, False,
-                                  engine.detokenize)
+            return answer_updates(user, answer, status_html(message, kind), teaching,
+                                  retrieval_budget(settings.budget, settings.mode), window, False, engine.detokenize)
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
@@ -228,17 +231,19 @@ class AnswerHandlers:
         if user is not None and user.job is not None:
             user.job.cancel()
 
-    def on_clear(self, user, budget):
+    def on_clear(self, user, budget, mode=None):
         if user is not None:
             if user.busy:
                 raise gr.Error("Stop the answer before clearing.")
             user.session.clear()
             user.answers = []
         status = status_html("Conversation cleared (the document stays loaded).", "info")
+        budget = retrieval_budget(budget, mode or self.ctx.defaults.mode)
         return empty_panels(user, status, budget, self.ctx.window_of(user))
 
     def on_teaching(self, user, teaching):
         return transcript(user, teaching), legend_block(teaching)
 
-    def on_budget(self, user, budget):
-        return gauge(user, budget, self.ctx.window_of(user))
+    def on_budget(self, user, budget, mode=None):
+        """The gauge after a change of the budget or the mode (`mode` None: the app's default)."""
+        return gauge(user, retrieval_budget(budget, mode or self.ctx.defaults.mode), self.ctx.window_of(user))

@@ -20,6 +20,7 @@ from triforce_core.serving.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html
+from ..settings import retrieval_budget
 from ..state import AppContext, UserState
 from ..views import doc_info, gauge, toc_update, transcript
 
@@ -46,12 +47,14 @@ class DocumentHandlers:
         self.ctx.worker.call(old.release)
         user.document, user.answers, user.spans = doc, [], []
 
-    def _outputs(self, user: UserState, budget, status: str) -> tuple:
+    def _outputs(self, user: UserState, budget, mode: str | None, status: str) -> tuple:
+        """`mode`: the settings' (None: the app's default), for the gauge's retrieval budget."""
         w = self.ctx.window_of(user)  # the user's model's
+        budget = retrieval_budget(budget, mode or self.ctx.defaults.mode)
         return (user, doc_info(user), gauge(user, budget, w), status, transcript(user, False),
                 retrieval_map_figure(None), *toc_update(user, w))
 
-    def set_document(self, user: UserState | None, doc: Document, budget) -> tuple:
+    def set_document(self, user: UserState | None, doc: Document, budget, mode: str | None = None) -> tuple:
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is being generated; stop it before changing the document.")
@@ -67,12 +70,12 @@ class DocumentHandlers:
                        f"the {what} most relevant to it, up to {user.session.reading_budget:,} tokens"
                        + (" (ticked in the table of contents after each answer; or tick sections yourself and "
                           "read those)." if doc.sections else "."))
-            return self._outputs(user, budget, status_html(message, "info"))
+            return self._outputs(user, budget, mode, status_html(message, "info"))
         self._read(user, doc)
-        return self._outputs(user, budget, status_html(
+        return self._outputs(user, budget, mode, status_html(
             f"Loaded {doc.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
 
-    def on_sections(self, picked, user: UserState | None, budget, max_new_tokens):
+    def on_sections(self, picked, user: UserState | None, budget, max_new_tokens, mode=None):
         """Read only the ticked sections of the book (indices into its sections)."""
         if user is None or user.book is None:
             raise gr.Error("Load a document with sections first.")
@@ -95,7 +98,7 @@ class DocumentHandlers:
                     gr.skip(), gr.skip(), gr.skip(), gr.skip())
         names = ", ".join(str(names[0] + 1) for _a, _b, names in merged_spans(book.sections, picked))
         self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
-        out = self._outputs(user, budget, status_html(
+        out = self._outputs(user, budget, mode, status_html(
             f"Reading sections {names} of {book.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
         return out[:-1] + (gr.update(value=picked),)
 
@@ -106,7 +109,7 @@ class DocumentHandlers:
         read = user.session.turns[-1].sections_read or []
         return gr.update(value=sorted({s["number"] - 1 for s in read if s["number"] is not None}))
 
-    def on_upload(self, file, user, budget):
+    def on_upload(self, file, user, budget, mode=None):
         if file is None:
             return (gr.skip(),) * 8
         path = Path(file if isinstance(file, str) else file.name)
@@ -116,11 +119,11 @@ class DocumentHandlers:
             message = f"Could not read {path.name}: {e}"
             gr.Warning(message)
             return (user, gr.skip(), gr.skip(), status_html(message, "error"), *(gr.skip(),) * 4)
-        return self.set_document(user, doc, budget)
+        return self.set_document(user, doc, budget, mode)
 
-    def on_sample(self, user, budget):
+    def on_sample(self, user, budget, mode=None):
         doc = load_document(SAMPLE_DOCUMENT, max_bytes=self.ctx.max_bytes)
-        return self.set_document(user, doc, budget)
+        return self.set_document(user, doc, budget, mode)
 
 
 def read_document(session: BookSession) -> Document:

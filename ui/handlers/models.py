@@ -27,6 +27,7 @@ from triforce_core.serving.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html
+from ..settings import retrieval_budget
 from ..state import AppContext, UserState
 from ..views import DOCUMENT_OUTPUTS, doc_info, gauge, toc_update, transcript
 from .documents import DocumentHandlers
@@ -121,8 +122,10 @@ class ModelHandlers:
         window = served.engine.context_window
         head = f"Switched to {served.id} in {seconds:.1f} s (window {window:,} tokens)"
         doc = user.book or (old.book if isinstance(old, BookSession) else user.document)
+        modes = modes_for(served.engine)
+        return_mode = mode if mode in modes else "lookup"
         if doc is not None:
-            out = self.documents.set_document(user, doc, budget)  # re-tokenized; the gauge and contents follow
+            out = self.documents.set_document(user, doc, budget, return_mode)  # re-tokenized; the gauge and contents follow
             if isinstance(user.session, BookSession):  # a book over the new window: read by relevance
                 line = status_html(f"{head}: {doc.name} is over its window; each question reads the sections "
                                    "most relevant to it.", "info")
@@ -131,10 +134,9 @@ class ModelHandlers:
                                    "tokens; the conversation starts afresh.", "ok")
             out = (*out[:3], line, *out[4:])
         else:
-            out = (user, doc_info(user), gauge(user, budget, window), status_html(head + ".", "ok"),
+            out = (user, doc_info(user), gauge(user, retrieval_budget(budget, return_mode), window),
+                   status_html(head + ".", "ok"),
                    transcript(user, False), retrieval_map_figure(None), *toc_update(user, window))
-        modes = modes_for(served.engine)
-        return_mode = mode if mode in modes else "lookup"
         yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
                model_info(served.id, served.choice.note, served.engine),
                gr.update(value=served.engine.default_sampling().repetition_penalty))  # an instruct model's own
