@@ -70,6 +70,24 @@ def test_a_long_section_and_plain_text_are_cut_at_paragraphs():
     assert r.describe([1])[0]["number"] is None and r.describe([1])[0]["title"] == "Part 2 of 4"
 
 
+def test_what_was_read_is_named_once_under_the_answer_and_on_the_command_line():
+    """A part of plain text has no section number and its title is already 'Part 2 of 4': the
+    sources under an answer read "Part 2 of 4", not "None. Part 2 of 4 (part 2 of 4)"."""
+    from triforce_core.cli.chat import _read_line
+    from ui.render import sources_html
+
+    plain = Document("\n\n".join(vocab_words(30, 7, 97, i) for i in range(10)) + "\n", "txt", "notes.txt")
+    long_section = book([("Intro", 40, 7, 20, []), ("Long", 400, 20, 97, [])])
+    read = reader(plain, max_part=100).describe([1]) + reader(long_section, max_part=100).describe([2])
+    piece = read[1]["part"]
+    assert read[1]["number"] == 2 and piece.startswith("2 of ")  # a section cut in pieces keeps its label
+    shown = sources_html(read, [])
+    assert "<li>Part 2 of 4</li>" in shown and f"<li>2. Long (part {piece})</li>" in shown
+    assert "None" not in shown and shown.count("2 of 4") == 1
+    line = _read_line(read)
+    assert line.endswith(f": Part 2 of 4; 2 Long (part {piece})]") and "None" not in line, line
+
+
 def test_pick_reads_whole_parts_best_first_within_the_budget_in_document_order():
     r = reader()
     q = "what follows " + vocab_words(4, 60, 97, 60)  # words of the last chapter ...

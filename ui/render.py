@@ -68,9 +68,7 @@ def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict])
         summary.append(f"{len(passages)} {what} passage{'s' if len(passages) != 1 else ''}")
     body = []
     if sections_read:
-        names = "".join(f"<li>{html.escape(str(s.get('number', '')))}. {html.escape(str(s.get('title', '')))}"
-                        + (f" (part {html.escape(str(s['part']))})" if s.get("part") else "") + "</li>"
-                        for s in sections_read)
+        names = "".join(f"<li>{html.escape(read_name(s))}</li>" for s in sections_read)
         body.append(f"<b>Read</b><ul>{names}</ul>")
     if passages:
         items = "".join(
@@ -81,6 +79,15 @@ def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict])
         body.append(f"<b>{'Quoted in the answer' if quoted else 'Most read while answering'}</b><ol>{items}</ol>")
     return (f'<details class="tf-sources"><summary>Sources: {" · ".join(summary)}</summary>'
             f'{"".join(body)}</details>')
+
+
+def read_name(section: dict) -> str:
+    """One entry of `BookReader.describe`: '16. What is Ownership? (part 2 of 3)'. Text outside
+    any section has no number, and its title is already the part's name ('Part 3 of 9')."""
+    if section.get("number") is None:
+        return str(section.get("title", ""))
+    part = f" (part {section['part']})" if section.get("part") else ""
+    return f"{section['number']}. {section.get('title', '')}{part}"
 
 
 def transcript_html(turns: Sequence[tuple], empty: str = "") -> str:

@@ -170,7 +170,8 @@ def _passages_line(passages: list[dict]) -> str:
 
 def _read_line(sections: list[dict]) -> str:
     """'[read 3 sections, 15,872 tokens: 15 Understanding Ownership, 16 What is Ownership? (part 2 of 2), ...]'."""
-    names = [(f"{s['number']} " if s["number"] is not None else "") + s["title"]
+    # text outside any section has no number, and its title already names the part ("Part 3 of 9")
+    names = [s["title"] if s["number"] is None else f"{s['number']} {s['title']}"
              + (f" (part {s['part']})" if s["part"] else "") for s in sections]
     total = sum(s["tokens"] for s in sections)
     return f"[read {len(sections)} section{'s' if len(sections) != 1 else ''}, about {total:,} tokens: " + "; ".join(names) + "]"
