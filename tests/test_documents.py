@@ -233,6 +233,24 @@ def test_html_visible_text_only(tmp_path):
     assert doc.locate(doc.text.index("Bye")) == "section: Part Two"
 
 
+def test_html_headings_lose_their_permalink_signs():
+    """Sphinx, MkDocs and docutils end each heading with an in-page link showing "¶" (or "§",
+    "#"): it is no part of the text, nor of the section titles a citation names. In-page links
+    with words (a table of contents, a footnote, mdBook's heading links) and a "¶" in prose stay."""
+    from triforce_core.documents.html import read_html
+
+    page = ('<html><body><h1><a class="header" href="#intro">Intro</a></h1><p>See <a href="#fn1">1</a> ¶ here.</p>'
+            '<h2 id="inst">Installation<a class="headerlink" href="#inst" title="Link to this heading">¶</a></h2>'
+            '<p>Modules go in <b>dist-packages</b>.</p>'
+            '<h2 id="deps">Dependencies <a href="#deps">§</a></h2><p>Depends on <a href="#inst">Installation</a>.</p>'
+            '<h3 id="x">Extra<a class="anchor" href="#x"> # </a></h3><p>Last.</p></body></html>')
+    doc = read_html(page)
+    assert [s.title for s in doc.sections] == ["Intro", "Installation", "Dependencies", "Extra"]
+    assert doc.text.split("\n") == ["Intro", "See 1 ¶ here.", "Installation", "Modules go in dist-packages.",
+                                     "Dependencies", "Depends on Installation.", "Extra", "Last."]
+    assert doc.text[doc.sections[1].start:].startswith("Installation\nModules go in")
+
+
 @pytest.mark.parametrize(
     "encoding, text",
     [

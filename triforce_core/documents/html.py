@@ -16,6 +16,9 @@ _BLOCK = {"p", "div", "br", "li", "ul", "ol", "tr", "table", "section", "article
           "figcaption", "nav", "aside", "main", "td", "th", "title"}
 _HIDDEN = {"script", "style", "noscript", "template", "head", "svg", "math", "iframe", "object"}
 _HEADINGS = {"h1", "h2", "h3"}
+# What a heading's permalink shows (Sphinx and MkDocs "¶", docutils "§", others "#" or a link
+# sign): an in-page link with only this for text is the page's furniture, not its text.
+_PERMALINKS = {"¶", "§", "#", "🔗"}
 
 
 class _TextParser(HTMLParser):
@@ -33,12 +36,27 @@ class _TextParser(HTMLParser):
         self.title: list[str] | None = None
         self.title_text = ""
         self.toc = TocLinks()  # every nested list's links: the page's own table of contents, if it has one
+        self.link: list[str] | None = None  # the text so far of an in-page link, held until it ends
 
     def _emit(self, text: str) -> None:
         self.parts.append(text)
         self.length += len(text)
 
+    def _text(self, data: str) -> None:
+        """Visible text: in the document, and in the heading being read."""
+        self._emit(data)
+        if self.heading is not None:
+            self.heading.append(data)
+
+    def _end_link(self, drop: bool) -> None:
+        """An in-page link's text, held back: dropped when it is only a permalink sign."""
+        held, self.link = "".join(self.link or ()), None
+        if held and not (drop and held.strip() in _PERMALINKS):
+            self._text(held)
+
     def handle_starttag(self, tag, attrs):
+        if self.link is not None:  # an element inside the link: its text so far is text
+            self._end_link(drop=False)
         self.toc.start(tag, attrs)
         if tag == "title":
             self.title = []
@@ -57,12 +75,18 @@ class _TextParser(HTMLParser):
             alt = dict(attrs).get("alt")
             if alt:
                 self._emit(f" {alt} ")
+        if tag == "a" and not self.hidden and (dict(attrs).get("href") or "").startswith("#"):
+            self.link = []
 
     def handle_startendtag(self, tag, attrs):
+        if self.link is not None:
+            self._end_link(drop=False)
         if tag in ("br", "hr"):
             self._emit("\n")
 
     def handle_endtag(self, tag):
+        if self.link is not None:
+            self._end_link(drop=tag == "a")
         self.toc.end(tag)
         if tag == "title" and self.title is not None:
             self.title_text = " ".join("".join(self.title).split())
@@ -87,9 +111,15 @@ class _TextParser(HTMLParser):
             return
         if not self.pre:
             data = re.sub(r"\s+", " ", data)
-        self._emit(data)
-        if self.heading is not None:
-            self.heading.append(data)
+        if self.link is not None:
+            self.link.append(data)
+        else:
+            self._text(data)
+
+    def close(self):
+        super().close()
+        if self.link is not None:  # a link left open at the end of the page
+            self._end_link(drop=False)
 
 
 def read_html(source: str, toc_source: str | None = None) -> Document:
