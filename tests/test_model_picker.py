@@ -130,3 +130,22 @@ def test_a_corrupt_file_or_a_path_outside_is_one_line_and_the_model_stays(page, 
         page.fill("#tf-model-path textarea", "")
     done = ask_and_finish(page, "What follows «Part 1»?")
     assert "tok/s" in done, done
+
+
+def test_the_app_doc_names_every_mode_and_smollm2s_draft():
+    """docs/app.md says what the app offers: the settings' modes (`triforce_core.config.MODES`,
+    every one with a small draft, as `modes_for` gives) and SmolLM2 with its own draft."""
+    from triforce_core.config import MODES
+    from triforce_core.models.loading import SMOLLM2_DRAFT
+    from ui.handlers.models import modes_for
+
+    class WithDraft:
+        draft = object()
+
+    text = " ".join((ROOT / "docs" / "app.md").read_text(encoding="utf-8").split())
+    assert "no small draft yet" not in text
+    settings = text[text.index("a settings accordion: mode (") :]
+    settings = settings[: settings.index("), temperature")]
+    assert modes_for(WithDraft()) == list(MODES) and all(f"`{m}`" in settings for m in MODES), settings
+    if SMOLLM2_DRAFT.is_dir():  # the built-in choice takes it (registry.builtin_choices)
+        assert f"`assets/models/{SMOLLM2_DRAFT.name}`" in text and "offers every mode" in text
