@@ -105,6 +105,7 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     assert "book.md read again" in back and "starts afresh" in back, back
     assert f"of {WINDOW:,} tokens" in page.inner_text("#tf-gauge") and "book.md" in page.inner_text("#tf-docinfo")
     assert "tf-tok" not in page.inner_html("#tf-chat")  # the conversation started afresh
+    assert "no answer yet" in page.inner_text("#tf-stats")  # and the tiny model's answer's figures are gone
     done = ask_and_finish(page, "What follows «Part 2»?")
     assert "tok/s" in done, done
 

@@ -122,7 +122,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, info, _gauge, status, _chat, _map, box, toc = documents.set_document(None, _book(), 32)
+    user, info, _gauge, status, *_panels, box, toc = documents.set_document(None, _book(), 32)
     # Not refused, not cut: each question reads the sections most relevant to it ...
     assert "over the context window of 1,024" in status and "each question reads the sections" in status
     assert isinstance(user.session, BookSession) and user.session.document_tokens == 0
@@ -199,6 +199,29 @@ def test_the_gauge_follows_the_mode(chat_engine: TriForceEngine, worker):
     updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="triforce")))
     assert reads in updates[-1][8]
     assert reads not in answers.on_clear(user, 32, "autoregressive")[8]
+
+
+def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: TriForceEngine, worker):
+    """The charts, the figures, the round narration and the inspector describe an answer; once
+    the document (or, through the same handler, the model) changes, that answer is gone, and so
+    are they."""
+    from ui.views import DOCUMENT_OUTPUTS, STREAMED, cleared_panels
+
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user, *_ = documents.set_document(None, doc, 32)
+    answered = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, True, False, "", *_values()))[-1]))
+    cleared = cleared_panels()
+    assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]  # the answer's panels, shown
+    assert answered["stats"] != cleared["stats"] and answered["narration"] != cleared["narration"]
+    out = dict(zip(DOCUMENT_OUTPUTS, documents.set_document(user, doc, 32)))
+    for name in ("passages", "stats", "narration", "inspector"):
+        assert out[name] == cleared[name], name
+    for name in ("acceptance", "speed", "inspector_plot"):
+        assert out[name].to_json() == cleared[name].to_json(), name
+    assert "no answer yet" in out["stats"]
 
 
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):

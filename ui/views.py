@@ -2,7 +2,8 @@
 the transcript, the statistics table, and the tuples of updates the handlers yield.
 
 Handlers return their updates in the order of `STREAMED` (answers, clearing) or
-`DOCUMENT_OUTPUTS` (loading a document); the layout binds those names to its components.
+`DOCUMENT_OUTPUTS` (loading a document, switching the model); the layout binds those names to
+its components. A new document or model clears the `PANELS` of the answers before it.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from .trace import AnswerTrace
 
 STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge", "narration",
             "inspector", "inspector_plot")
-DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", "toc", "toc_list")
+PANELS = ("passages", "acceptance", "speed", "stats", "narration", "inspector", "inspector_plot")
+DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", *PANELS, "toc", "toc_list")
 
 
 def toc_update(user: UserState | None, window: int) -> tuple:
@@ -207,10 +209,15 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
     ) + extra
 
 
+def cleared_panels() -> dict:
+    """The `PANELS` as they start, by name: what a page with no answer shows."""
+    return {"passages": passages_html([]), "acceptance": acceptance_figure([]), "speed": speed_figure([]),
+            "stats": stats_html(stats_rows(None)), "narration": narration_html(None),
+            "inspector": inspector_html(None, str), "inspector_plot": inspector_figure(None, str)}
+
+
 def empty_panels(user: UserState | None, status: str, budget, window: int) -> tuple:
     """The `STREAMED` updates of a page with no answer shown: the panels as they start."""
-    return (
-        user, transcript(user, False), status, retrieval_map_figure(None), passages_html([]),
-        acceptance_figure([]), speed_figure([]), stats_html(stats_rows(None)), gauge(user, budget, window),
-        narration_html(None), inspector_html(None, str), inspector_figure(None, str),
-    )
+    shown = {"user": user, "chat": transcript(user, False), "status": status, "map": retrieval_map_figure(None),
+             "gauge": gauge(user, budget, window), **cleared_panels()}
+    return tuple(shown[name] for name in STREAMED)

@@ -22,7 +22,9 @@ from ..figures import retrieval_map_figure
 from ..render import status_html
 from ..settings import retrieval_budget
 from ..state import AppContext, UserState
-from ..views import doc_info, gauge, toc_update, transcript
+from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
+
+SKIP = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
 
 
 class DocumentHandlers:
@@ -51,8 +53,9 @@ class DocumentHandlers:
         """`mode`: the settings' (None: the app's default), for the gauge's retrieval budget."""
         w = self.ctx.window_of(user)  # the user's model's
         budget = retrieval_budget(budget, mode or self.ctx.defaults.mode)
+        panels = cleared_panels()  # the answers they showed belong to the document (or model) before
         return (user, doc_info(user), gauge(user, budget, w), status, transcript(user, False),
-                retrieval_map_figure(None), *toc_update(user, w))
+                retrieval_map_figure(None), *(panels[name] for name in PANELS), *toc_update(user, w))
 
     def set_document(self, user: UserState | None, doc: Document, budget, mode: str | None = None) -> tuple:
         user = user or self.ctx.new_user()
@@ -94,8 +97,7 @@ class DocumentHandlers:
             numbers = ", ".join(str(i + 1) for i in picked)
             message = over_window(f"The selection (sections {numbers})", tokens, window, room)
             gr.Warning(message)
-            return (user, gr.skip(), gr.skip(), status_html(message + ". Pick fewer.", "error"),
-                    gr.skip(), gr.skip(), gr.skip(), gr.skip())
+            return (user, *SKIP[1:3], status_html(message + ". Pick fewer.", "error"), *SKIP[4:])
         names = ", ".join(str(names[0] + 1) for _a, _b, names in merged_spans(book.sections, picked))
         self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
         out = self._outputs(user, budget, mode, status_html(
@@ -111,14 +113,14 @@ class DocumentHandlers:
 
     def on_upload(self, file, user, budget, mode=None):
         if file is None:
-            return (gr.skip(),) * 8
+            return SKIP
         path = Path(file if isinstance(file, str) else file.name)
         try:
             doc = load_document(path, max_bytes=self.ctx.max_bytes, name=path.name)
         except DocumentError as e:
             message = f"Could not read {path.name}: {e}"
             gr.Warning(message)
-            return (user, gr.skip(), gr.skip(), status_html(message, "error"), *(gr.skip(),) * 4)
+            return (user, *SKIP[1:3], status_html(message, "error"), *SKIP[4:])
         return self.set_document(user, doc, budget, mode)
 
     def on_sample(self, user, budget, mode=None):

@@ -29,7 +29,7 @@ from ..figures import retrieval_map_figure
 from ..render import status_html
 from ..settings import retrieval_budget
 from ..state import AppContext, UserState
-from ..views import DOCUMENT_OUTPUTS, doc_info, gauge, toc_update, transcript
+from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
 from .documents import DocumentHandlers
 
 MODEL_OUTPUTS = ("mode", "model", "model_info", "repetition_penalty")  # the last: the new model's default
@@ -125,7 +125,8 @@ class ModelHandlers:
         modes = modes_for(served.engine)
         return_mode = mode if mode in modes else "lookup"
         if doc is not None:
-            out = self.documents.set_document(user, doc, budget, return_mode)  # re-tokenized; the gauge and contents follow
+            # re-tokenized: the gauge and the contents follow; the panels of the old model's answers are cleared
+            out = self.documents.set_document(user, doc, budget, return_mode)
             if isinstance(user.session, BookSession):  # a book over the new window: read by relevance
                 line = status_html(f"{head}: {doc.name} is over its window; each question reads the sections "
                                    "most relevant to it.", "info")
@@ -134,9 +135,10 @@ class ModelHandlers:
                                    "tokens; the conversation starts afresh.", "ok")
             out = (*out[:3], line, *out[4:])
         else:
+            panels = cleared_panels()
             out = (user, doc_info(user), gauge(user, retrieval_budget(budget, return_mode), window),
-                   status_html(head + ".", "ok"),
-                   transcript(user, False), retrieval_map_figure(None), *toc_update(user, window))
+                   status_html(head + ".", "ok"), transcript(user, False), retrieval_map_figure(None),
+                   *(panels[name] for name in PANELS), *toc_update(user, window))
         yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
                model_info(served.id, served.choice.note, served.engine),
                gr.update(value=served.engine.default_sampling().repetition_penalty))  # an instruct model's own
