@@ -216,6 +216,7 @@ def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: Tri
     cleared = cleared_panels()
     assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]  # the answer's panels, shown
     assert answered["stats"] != cleared["stats"] and answered["narration"] != cleared["narration"]
+    assert "<th>mode</th><td>triforce</td>" in answered["stats"]  # after a change of the mode: which one they show
     out = dict(zip(DOCUMENT_OUTPUTS, documents.set_document(user, doc, 32)))
     for name in ("passages", "stats", "narration", "inspector"):
         assert out[name] == cleared[name], name

@@ -142,7 +142,9 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
     if answer is None:
         return [("status", "no answer yet")]
     t = answer.trace
-    rows = [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}"),
+    # the mode the figures come from: the settings may have changed since
+    rows = [("mode", t.stats.mode)] if t.stats is not None else []
+    rows += [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}"),
             ("mean accepted length", f"{t.mean_accepted():.2f} tokens per target forward")]
     for level, value in t.acceptance().items():
         name = "lookup / small draft → retrieval" if level == "retrieval" else "proposals → target"
