@@ -24,7 +24,11 @@ from ..settings import retrieval_budget
 from ..state import AppContext, UserState
 from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
 
-SKIP = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
+
+
+def _skipped() -> tuple:
+    """Every output left as it is (a fresh update each call: Gradio may change what it is handed)."""
+    return (gr.skip(),) * len(DOCUMENT_OUTPUTS)
 
 
 class DocumentHandlers:
@@ -97,7 +101,8 @@ class DocumentHandlers:
             numbers = ", ".join(str(i + 1) for i in picked)
             message = over_window(f"The selection (sections {numbers})", tokens, window, room)
             gr.Warning(message)
-            return (user, *SKIP[1:3], status_html(message + ". Pick fewer.", "error"), *SKIP[4:])
+            skip = _skipped()
+            return (user, *skip[1:3], status_html(message + ". Pick fewer.", "error"), *skip[4:])
         names = ", ".join(str(names[0] + 1) for _a, _b, names in merged_spans(book.sections, picked))
         self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
         out = self._outputs(user, budget, mode, status_html(
@@ -113,14 +118,15 @@ class DocumentHandlers:
 
     def on_upload(self, file, user, budget, mode=None):
         if file is None:
-            return SKIP
+            return _skipped()
         path = Path(file if isinstance(file, str) else file.name)
         try:
             doc = load_document(path, max_bytes=self.ctx.max_bytes, name=path.name)
         except DocumentError as e:
             message = f"Could not read {path.name}: {e}"
             gr.Warning(message)
-            return (user, *SKIP[1:3], status_html(message, "error"), *SKIP[4:])
+            skip = _skipped()
+            return (user, *skip[1:3], status_html(message, "error"), *skip[4:])
         return self.set_document(user, doc, budget, mode)
 
     def on_sample(self, user, budget, mode=None):
