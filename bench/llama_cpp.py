@@ -263,7 +263,7 @@ def llama_lookup(tools: dict, model: Path, prompt_file: Path, prompt_tokens: int
     if draft_max is not None:
         cmd += ["--spec-draft-n-max", draft_max]
     if repeat_penalty != 1.0:
-        cmd += ["--repeat-penalty", repeat_penalty, "--repeat-last-n", -1]  # -1: the whole context
+        cmd += ["--repeat-penalty", repeat_penalty, "--repeat-last-n", ctx]  # the whole context
     proc = _run(cmd, "llama-lookup")
     return {**parse_lookup_log(proc.stdout + proc.stderr), "flash_attn": flash_attn}
 
