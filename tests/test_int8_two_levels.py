@@ -19,6 +19,7 @@ import torch
 from conftest import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks
+from test_int8_rows import _rows  # normal rows, a tiny one, a dominant input, zeros
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
@@ -39,19 +40,6 @@ def _matrix(qtype, rows: int, cols: int, seed: int) -> tuple[Matrix, torch.Tenso
     raw = random_blocks(qtype, rows, cols, np.random.default_rng(seed))
     t = StoredTensor(int(qtype), torch.from_numpy(raw), (rows, cols))
     return Matrix(stored=(t,)), t.dequantized()
-
-
-def _rows(S: int, K: int, seed: int) -> torch.Tensor:
-    """Normal rows, one a thousand times smaller, one with a dominant input, one of zeros."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(S, K, generator=g)
-    if S > 1:
-        x[1] *= 1e-3
-    if S > 2:
-        x[2, 5] = 40.0
-    if S > 3:
-        x[3] = 0.0
-    return x
 
 
 def _per(qtype) -> int:
