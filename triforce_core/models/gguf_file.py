@@ -260,7 +260,9 @@ class TensorRecord:
 def _read_into(f, out: np.ndarray, record: TensorRecord, path: Path) -> None:
     """Fill `out` (contiguous, `record.nbytes` bytes) with the tensor's bytes from the file."""
     view = memoryview(out.reshape(-1).view(np.uint8))
-    assert view.nbytes == record.nbytes, (record.name, view.nbytes, record.nbytes)
+    if view.nbytes != record.nbytes:  # a size the header's shape and type do not make
+        raise GGUFError(f"{path.name}: tensor {gguf_name(record.name)} declares {record.nbytes} bytes for "
+                        f"{view.nbytes} bytes of its shape")
     f.seek(record.offset)
     done = 0
     while done < record.nbytes:
