@@ -25,7 +25,6 @@ from ..state import AppContext, UserState
 from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
 
 
-
 def _skipped() -> tuple:
     """Every output left as it is (a fresh update each call: Gradio may change what it is handed)."""
     return (gr.skip(),) * len(DOCUMENT_OUTPUTS)
