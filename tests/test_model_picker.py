@@ -84,7 +84,7 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     assert "retrieval level reads" not in page.inner_text("#tf-gauge")
     for mode, shown in (("retrieval", "retrieval budget"), ("lookup", "no retrieval level")):
         page.click("#tf-mode input")
-        page.locator("ul[role='listbox'] li", has_text=re.compile(f"^\\s*{mode}\\s*$")).first.click()
+        page.locator("ul[role='listbox'] li", has_text=re.compile(rf"\b{mode}\s*$")).first.click()  # after a "✓"
         page.wait_for_selector(f"#tf-gauge:has-text('{shown}')")
 
     pick(page, "tiny")
