@@ -363,8 +363,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "one_call": PER_LAYER not in split_name(n)[1],
                         "budget": make_config(n, sampling, max_new_tokens).cache.budget,
                         "kv_dtype": str(kv[n]).removeprefix("torch."),
-                        "products": int8.LEVEL_NAMES[products_of(split_name(n)[1]) if products_of(split_name(n)[1])
-                                                     is not None else engine.target.integer_products],
+                        "products": int8.LEVEL_NAMES[next(m for m in (products_of(split_name(n)[1]),
+                                                                      engine.target.integer_products) if m is not None)],
                         "settings": settings_of(split_name(n)[1])} for n in names},
         "results": results,
         "temperature": sampling.temperature,

@@ -124,8 +124,8 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                         times[v, pr, path].append(t)
             for v, lane in lanes.items():
                 lane.model.integer_products = own[v]
-            for (v, pr), lane in ((k, lanes[k[0]]) for k in dict.fromkeys((v, pr) for v, pr, _ in times)):
-                pg = v[1]
+            for v, pr in dict.fromkeys((v, pr) for v, pr, _ in times):
+                lane, pg = lanes[v], v[1]
                 model = lane.model
                 keys = lane.cache.length + rows
                 read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())

@@ -766,31 +766,26 @@ static void q8_residual(const float *x, int S, int K, int kind, const void *q, f
  * 15 bits of each input: the residual is at most half a step of the first, and is itself cut to
  * 1/254 of that. */
 static int quantize_two_levels(const float *x, int S, int K, int kind, void *out) {
-    size_t bytes = kind == Q8_K ? sizeof(struct block_q8_k) : sizeof(struct block_q8_32x8);
-    int64_t per_row = act_blocks(K, kind);
-    uint8_t *q = malloc(bytes * (size_t)S * (size_t)per_row);
-    float *r = malloc(sizeof(float) * (size_t)S * (size_t)K);
-    int failed = !q || !r;
-    if (!failed) {
-        int8_quantize_rows(x, S, K, kind, q);
-        q8_residual(x, S, K, kind, q, r);
-        uint8_t *o = out;
-        for (int s = 0; s < S; s++) {
-            memcpy(o + bytes * (size_t)per_row * (size_t)(2 * s), q + bytes * (size_t)per_row * (size_t)s, bytes * (size_t)per_row);
-            int8_quantize_rows(r + (int64_t)s * K, 1, K, kind, o + bytes * (size_t)per_row * (size_t)(2 * s + 1));
-        }
+    size_t row_bytes = (kind == Q8_K ? sizeof(struct block_q8_k) : sizeof(struct block_q8_32x8)) * (size_t)act_blocks(K, kind);
+    float *r = malloc(sizeof(float) * (size_t)K);
+    if (!r) return -1;
+    for (int s = 0; s < S; s++) {  /* each row straight into its slot, its residual into the next */
+        const float *xs = x + (int64_t)s * K;
+        uint8_t *first = (uint8_t *)out + row_bytes * (size_t)(2 * s);
+        int8_quantize_rows(xs, 1, K, kind, first);
+        q8_residual(xs, 1, K, kind, first, r);
+        int8_quantize_rows(r, 1, K, kind, first + row_bytes);
     }
-    free(q);
     free(r);
-    return failed ? -1 : 0;
+    return 0;
 }
 
 /* stacked_product with the int8 types' parts as integer products: x's rows quantized first,
  * to the layouts the parts need. `mode`: INT8_ONE_LEVEL, INT8_TWO_LEVELS, or INT8_FAST (two
  * levels for the 256-weight types, the float path for the 32-weight ones, where two levels'
  * doubled integer work costs more than the float products: bench.int8_rows). With two levels
- * each row is quantized twice (the row, then its residual: `quantize_two_levels`), both multiplied, and an output is the first product plus
- * the second, in that order: one rounding more per output, the same for every row count. A
+ * each row is quantized twice (the row, then its residual: `quantize_two_levels`), both
+ * multiplied, and an output is the first product plus the second, in that order: one rounding more per output, the same for every row count. A
  * part of float weights (F32, F16) sees the row and then a row of zeros, so its output is the
  * float path's exactly. */
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
