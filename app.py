@@ -1,6 +1,7 @@
 """TriForce Studio: chat with a long document in the browser and watch speculative decoding work.
 
-    python app.py                                   # the embedded demo pair, http://127.0.0.1:7860
+    python app.py                                   # SmolLM2 with its small draft, http://127.0.0.1:7860
+    python app.py --target demo                     # the embedded demo pair (a 64K-window copier)
     python app.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
 
 The same port serves an OpenAI-compatible API at /v1 (chat completions, models); `python -m
@@ -28,8 +29,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir); "
         "requests with a foreign Host or Origin are refused (docs/security.md).",
     )
-    p.add_argument("--target", help="hub id, local folder, a .gguf file, or smollm2 (default: the embedded demo target)")
-    p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the embedded demo draft)")
+    p.add_argument("--target", help="hub id, local folder, a .gguf file, smollm2, or demo (the embedded demo pair, "
+                   "a 64K-window copier for demonstrations) (default: smollm2, SmolLM2-135M-Instruct)")
+    p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the "
+                   "draft shipped with smollm2 or the demo pair, none for other targets)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
     p.add_argument("--port", type=int, default=7860, help="port (default 7860)")
     p.add_argument("--device", default="auto", help="auto|cpu|cuda (default auto)")
@@ -65,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     from triforce_core.config import GB, default_mode
     from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models
     from triforce_core.cli.serve import access_policy
-    from triforce_core.models.loading import default_model_names
+    from triforce_core.serving.registry import app_model_names
     from ui.settings import Settings
     from ui.server import build_server, run_server
 
@@ -76,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
         check_exact_args(args)
         if not args.max_cache_gb > 0:
             raise ValueError(f"--max-cache-gb must be > 0, got {args.max_cache_gb}")
-        target, draft = default_model_names(args.target, args.draft)
+        target, draft = app_model_names(args.target, args.draft)
         if args.api_slots < 0:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
         models = served_models(args, target, draft, slots=args.api_slots)

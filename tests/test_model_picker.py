@@ -1,4 +1,4 @@
-"""The app's model picker, for real: `python app.py --models-dir SHELF` in headless Chromium.
+"""The app's model picker, for real: `python app.py --target demo --models-dir SHELF` in headless Chromium.
 
 The shelf holds a tiny GGUF model (window 1,024 tokens, a tokenizer of single letters, so a
 short book is over its window) and a corrupt GGUF file. Switching from the demo pair to the
@@ -49,7 +49,7 @@ def page(shelf):
     env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
                HOME=str(shelf["home"]))  # no LM Studio, Ollama or Hugging Face models of this machine's
-    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--max-new-tokens", "12",
+    cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", "12",
            "--models-dir", str(shelf["shelf"])]
     with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
         with sync_api.sync_playwright() as p:
@@ -78,7 +78,7 @@ def ask_and_finish(page, question: str) -> str:
 def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, shelf):
     page.set_input_files("#tf-upload input[type=file]", str(shelf["book"]))
     wait_status(page, "Loaded book.md")
-    assert "demo pair" in page.inner_text("#tf-model-info")
+    assert "a 64K-window copier for demonstrations" in page.inner_text("#tf-model-info")
     # the default mode, lookup, has no retrieval level: the gauge says so, and follows the mode
     assert "no retrieval level in this mode" in page.inner_text("#tf-gauge")
     assert "retrieval level reads" not in page.inner_text("#tf-gauge")

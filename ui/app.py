@@ -52,11 +52,13 @@ def build_app(
     worker: EngineWorker | None = None,
     slots: SlotPool | None = None,
     models: ServedModels | None = None,
+    model_name: str | None = None,
 ) -> gr.Blocks:
     """The app around one engine (created once, here), run by `worker` (the one scheduler; a new
     one by default), its `chat` endpoint lending caches from `slots`. With `models` (whose
     started model `engine_factory` gives), the settings offer a model picker: each user may
-    switch to any of them (`ui.handlers.models`). Served by `ui.server`."""
+    switch to any of them (`ui.handlers.models`). The header names the model (`model_name`
+    without `models`) and its window. Served by `ui.server`."""
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
@@ -79,6 +81,11 @@ def build_app(
             "over a long document. Every token is coloured by the level that proposed it; the panels show "
             "where the retrieval level looked and how often each level was right.</p></div>"
         )
+        # The loaded model and its window, always in sight (a switch in the settings updates it).
+        started = models.started if models is not None else None
+        page["model_info"] = gr.HTML(
+            model_info(started.id if started else model_name, started.note if started else None, engine),
+            elem_id="tf-model-info")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
                 with gr.Row():
@@ -116,7 +123,6 @@ def build_app(
                 with gr.Accordion("Settings", open=False, elem_id="tf-settings"):
                     if models is not None:
                         switcher = ModelHandlers(ctx, documents)
-                        started = models.started
                         with gr.Row():
                             page["model"] = gr.Dropdown(switcher.choices(), value=started.id, label="Model",
                                                         elem_id="tf-model", scale=3)
@@ -124,8 +130,6 @@ def build_app(
                                                     placeholder="/path/to/model.gguf", elem_id="tf-model-path",
                                                     scale=3)
                             open_btn = gr.Button("Open", elem_id="tf-model-open", scale=1, size="sm")
-                        page["model_info"] = gr.HTML(model_info(started.id, started.note, engine),
-                                                     elem_id="tf-model-info")
                     system = gr.Textbox(label="System prompt", lines=2, placeholder="optional")
                     controls = {}
                     for row in SETTING_ROWS:

@@ -76,7 +76,7 @@ def build_server(
     worker = EngineWorker()
     demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
                      max_cached_sessions=max_cached_sessions, max_cache_bytes=max_cache_bytes,
-                     worker=worker, slots=slots, models=models)
+                     worker=worker, slots=slots, models=models, model_name=model_name)
     demo.queue(default_concurrency_limit=8)
     base = (defaults or Settings()).config()
     api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,

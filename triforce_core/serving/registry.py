@@ -1,7 +1,7 @@
 """The models a server can switch to, and the ones it holds loaded.
 
     models = ServedModels(load, ModelFolders.default(["/data/models"]), started=("smollm2", None))
-    models.choices()            # ModelChoice: the demo pair, SmolLM2, the started model, GGUF files found
+    models.choices()            # ModelChoice: the started model, SmolLM2, the demo pair, GGUF files found
     served = models.get("smollm2")   # ServedModel(choice, engine, slots), loaded once
 
 The app's model picker and the HTTP API's `/v1/models` list the same `choices()`; a user's pick
@@ -115,21 +115,42 @@ class ServedModel:
         return self.choice.id
 
 
+DEMO_NOTE = "a 64K-window copier for demonstrations"
+SMOLLM2_NOTE = "SmolLM2-135M-Instruct: real language"
+DEMO_NAMES = ("demo", DEMO_ID)  # what `python app.py --target` takes for the embedded demo pair
+
+
 def builtin_choices() -> list[ModelChoice]:
-    """The embedded demo pair and SmolLM2, where installed."""
+    """SmolLM2 (where installed), then the embedded demo pair."""
     out = []
-    if DEMO_TARGET.is_dir():
-        out.append(ModelChoice(DEMO_ID, "embedded demo pair: quotes from book-length documents; not a language model",
-                               str(DEMO_TARGET), str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None))
     try:
         smollm2_path()
     except GGUFError:
         pass  # not installed: not offered
     else:
-        # Its draft, once one ships, comes by the same rule as on the command line.
-        out.append(ModelChoice(SMOLLM2, "SmolLM2-135M-Instruct: real language, 8K window", SMOLLM2,
-                               default_model_names(SMOLLM2, None)[1]))
+        # its small draft by the same rule as on the command line
+        out.append(ModelChoice(SMOLLM2, SMOLLM2_NOTE, SMOLLM2, default_model_names(SMOLLM2, None)[1]))
+    if DEMO_TARGET.is_dir():
+        out.append(ModelChoice(DEMO_ID, DEMO_NOTE, str(DEMO_TARGET), str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None))
     return out
+
+
+def app_model_names(target: str | None, draft: str | None) -> tuple[str, str | None]:
+    """The models the app starts with: no `--target`, SmolLM2 with its small draft (the app opens
+    on real language); `demo` (or `triforce-demo`), the embedded demo pair; anything else as the
+    command line takes it. The command line's own default stays the demo pair
+    (`loading.default_model_names`). Raises ModelLoadError, saying what to do, where SmolLM2
+    is not installed and no target was named."""
+    if target in DEMO_NAMES:
+        return default_model_names(None, draft)
+    if target is None:
+        try:
+            smollm2_path()
+        except GGUFError as e:
+            raise ModelLoadError(f"the app opens on SmolLM2 by default, but {e}; or start the demo pair: "
+                                 "python app.py --target demo") from None
+        target = SMOLLM2
+    return default_model_names(target, draft)
 
 
 def started_choice(target: str, draft: str | None) -> ModelChoice:

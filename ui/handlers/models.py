@@ -41,11 +41,13 @@ def modes_for(engine) -> list[str]:
     return [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
 
 
-def model_info(served_id: str, note: str, engine) -> str:
-    """One line on the user's model: what it is, its window, its draft."""
+def model_info(served_id: str | None, note: str | None, engine) -> str:
+    """One line on the user's model: its name, what it is, its context window, its draft."""
     draft = "with its small draft" if engine.draft is not None else "no small draft (modes without one)"
-    return (f'<div class="tf-model-info">Model: <b>{html.escape(served_id)}</b> · {html.escape(note)} · '
-            f"window {engine.context_window:,} tokens · {draft}</div>")
+    name = f"<b>{html.escape(served_id)}</b>" if served_id else "<b>the model</b>"
+    what = f" ({html.escape(note)})" if note else ""
+    return (f'<div class="tf-model-info">Model: {name}{what} · context window '
+            f"<b>{engine.context_window:,}</b> tokens · {draft}</div>")
 
 
 class ModelHandlers:
