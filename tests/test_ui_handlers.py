@@ -225,6 +225,38 @@ def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: Tri
     assert "no answer yet" in out["stats"]
 
 
+def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: TriForceEngine, worker):
+    """The user picks another mode: the map, charts, figures, narration and inspector of the
+    answers before are cleared (they describe the mode those answers ran in); the conversation
+    stays. With no answer, or during one, nothing is touched."""
+    from ui.figures import retrieval_map_figure
+    from ui.views import PANELS, STREAMED, cleared_panels
+
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user, *_ = documents.set_document(None, doc, 32)
+    assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "lookup"))  # no answer yet
+    answered = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, True, False, "", *_values()))[-1]))
+    assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]
+    out = dict(zip(("status", "map", *PANELS), answers.on_mode(user, 32, "lookup")))
+    cleared = cleared_panels()
+    assert "Mode lookup" in out["status"] and "cleared" in out["status"]
+    for name in ("passages", "stats", "narration", "inspector"):
+        assert out[name] == cleared[name], name
+    for name in ("acceptance", "speed", "inspector_plot"):
+        assert out[name].to_json() == cleared[name].to_json(), name
+    assert out["map"].to_json() == retrieval_map_figure(None).to_json()
+    assert len(user.answers) == len(user.session.turns) == 1  # the conversation stays
+
+    class Busy:
+        finished = threading.Event()  # never set: an answer is running
+
+    user.job = Busy()
+    assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "draft"))
+
+
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):
     """Step mode: the generation waits after the prefill and after each round; three Steps show
     three rounds, then it runs on. The teaching view records the rule's values: a rejected

@@ -33,7 +33,7 @@ from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
 from .settings import SETTING_NAMES, SETTING_ROWS, Settings, retrieval_budget, setting_control
 from .state import AppContext, SessionPool
-from .views import DOCUMENT_OUTPUTS, STREAMED, doc_info, gauge, stats_rows, transcript
+from .views import DOCUMENT_OUTPUTS, PANELS, STREAMED, doc_info, gauge, stats_rows, transcript
 
 __all__ = ["CSS_PATH", "MAX_UPLOAD_MB", "Settings", "build_app"]
 
@@ -191,6 +191,10 @@ def build_app(
             teach.lesson_setup, [user], lesson_controls, **private).success(**ask)
         for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
             control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
+        # the user's own pick of a mode (not the lesson's or a model switch's): the panels of the
+        # answers before describe another mode
+        mode.input(answers.on_mode, [user, budget, mode], [page["status"], page["map"], *(page[n] for n in PANELS)],
+                   **private)
         api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
         if models is not None:
             page["mode"] = controls["mode"]

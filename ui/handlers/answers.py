@@ -17,11 +17,13 @@ from triforce_core.config import ConfigError, GenerationConfig
 from triforce_core.decoding.events import ChunksSelected, PrefillProgress
 from triforce_core.serving.worker import Job
 
+from ..figures import retrieval_map_figure
 from ..render import legend_block, status_html
 from ..settings import SETTING_NAMES, Settings, retrieval_budget, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
-from ..views import answer_footer, answer_updates, empty_panels, gauge, prefill_progress_text, transcript
+from ..views import (PANELS, answer_footer, answer_updates, cleared_panels, empty_panels, gauge,
+                     prefill_progress_text, transcript)
 from .documents import read_document
 from .teaching import round_pauses
 
@@ -243,6 +245,19 @@ class AnswerHandlers:
 
     def on_teaching(self, user, teaching):
         return transcript(user, teaching), legend_block(teaching)
+
+    def on_mode(self, user, budget, mode):
+        """The user picked another mode: the earlier answers' panels (retrieval map, passages,
+        charts, figures, round narration, inspector) describe the mode they ran in, so they are
+        cleared; the conversation stays. Outputs: the status line, the map, `ui.views.PANELS`.
+        During an answer nothing changes (its panels are the running answer's)."""
+        skip = (gr.skip(),) * (2 + len(PANELS))
+        if user is None or user.busy or not user.answers:
+            return skip
+        panels = cleared_panels()
+        status = status_html(f"Mode {mode}: the next answer runs in it; the panels of the answers before are "
+                             "cleared (the conversation stays).", "info")
+        return (status, retrieval_map_figure(None), *(panels[name] for name in PANELS))
 
     def on_budget(self, user, budget, mode=None):
         """The gauge after a change of the budget or the mode (`mode` None: the app's default)."""
