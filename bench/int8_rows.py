@@ -4,12 +4,13 @@ For each GGML type and row count (1 row: a decoding step; 7: a verification of s
 and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (scales of a trained model's
 order) through the native layers' own product (`parts_product`): float32 arithmetic
 (`csrc/quant_rows.c`, the default) and integer products over 8-bit activations
-(`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), and the same over two levels of 8-bit activations (a row
-and its residual, about 15 bits: `int8.TWO_LEVELS`), calls alternated, medians (and the ratio of the fastest
-calls, which other work on a shared machine disturbs least). The header states the machine, the
-threads and the integer path's vector instructions; a ratio is float time / integer time, and
-"rel. diff" is |y_int8 - y_float| / |y_float| over the whole output (what 8-bit activations cost;
-"x2" columns: the two-level path's).
+(`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), the same over two levels of 8-bit activations (a row
+and its residual, about 15 bits: `int8.TWO_LEVELS`), and, for the 256-weight types, over 16-bit
+activations (`csrc/int16_rows.c`, `int8.WIDE`), calls alternated, medians (and the ratio of the
+fastest calls, which other work on a shared machine disturbs least). The header states the
+machine, the threads and the integer paths' vector instructions; a ratio is float time / integer
+time, and "diff" is |y_int - y_float| / |y_float| over the whole output (what the rounded
+activations cost).
 
     python -m bench.int8_rows [--types Q4_K,Q6_K,Q8_0] [--rows 1,7] [--shape 2048x2048]
                               [--threads N] [--repeats 50] [--path avx512-vnni] [--json OUT]
@@ -74,34 +75,41 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
                "int8_path": int8.PATH_NAMES[kernels.path()]}
     say(f"# {machine['cpu']}; {threads} thread(s); integer path {machine['int8_path']}; [{n_out} x {n_in}]; "
         f"medians of {repeats}")
-    say(f"{'type':6} {'rows':>4} {'float us':>10} {'int8 us':>10} {'int8x2 us':>10} {'ratio':>7} {'x2 ratio':>8} "
-        f"{'best':>6} {'x2 best':>7} {'rel. diff':>9} {'x2 diff':>9}")
+    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS, int8.WIDE)
+    key = {int8.ONE_LEVEL: "int8", int8.TWO_LEVELS: "int8x2", int8.WIDE: "int16"}
+    suffix = {int8.ONE_LEVEL: "", int8.TWO_LEVELS: "_two_levels", int8.WIDE: "_int16"}
+    say(f"{'type':6} {'rows':>4} {'float us':>9} " + " ".join(f"{key[k] + ' us':>10}" for k in sides[1:])
+        + " " + " ".join(f"{key[k]:>7}" for k in sides[1:]) + " " + " ".join(f"{key[k] + ' diff':>11}" for k in sides[1:]))
     results = []
-    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS)
     for name in types:
         w = random_matrix(name, n_out, n_in)
+        # 16-bit activations are for the 256-weight types; the others would time the float path again
+        timed = sides if name in K_TYPES else sides[:3]
         for S in rows:
             x = torch.randn(S, n_in, generator=torch.Generator().manual_seed(S))
-            times: dict[int, list[float]] = {side: [] for side in sides}
+            times: dict[int, list[float]] = {side: [] for side in timed}
             for i in range(repeats + 2):
-                for side in (sides if i % 2 == 0 else sides[::-1]):
+                for side in (timed if i % 2 == 0 else timed[::-1]):
                     t0 = time.perf_counter()
                     y = kernels.product(x, w, side, threads)
                     if i >= 2:  # two warm-up passes
                         times[side].append(time.perf_counter() - t0)
-            yf, y1, y2 = (kernels.product(x, w, side, threads) for side in sides)
-            diff, diff2 = (float((y - yf).norm() / yf.norm()) for y in (y1, y2))
-            f_us, i_us, i2_us = (statistics.median(times[k]) * 1e6 for k in sides)
-            # the fastest call of each: least disturbed by other work
-            best, best2 = (min(times[0]) / min(times[k]) for k in sides[1:])
-            say(f"{name:6} {S:4d} {f_us:10.1f} {i_us:10.1f} {i2_us:10.1f} {f_us / i_us:6.2f}x {f_us / i2_us:7.2f}x "
-                f"{best:5.2f}x {best2:6.2f}x {diff:9.2e} {diff2:9.2e}")
-            results.append({"type": name, "rows": S, "float_us": round(f_us, 1), "int8_us": round(i_us, 1),
-                            "int8x2_us": round(i2_us, 1), "ratio": round(f_us / i_us, 3),
-                            "ratio_two_levels": round(f_us / i2_us, 3), "best_ratio": round(best, 3),
-                            "best_ratio_two_levels": round(best2, 3), "relative_difference": diff,
-                            "relative_difference_two_levels": diff2, **machine})
-            del y
+            yf = kernels.product(x, w, 0, threads)
+            us = {k: statistics.median(times[k]) * 1e6 for k in timed}
+            row = {"type": name, "rows": S, "float_us": round(us[0], 1)}
+            for k in timed[1:]:
+                y = kernels.product(x, w, k, threads)
+                row[f"{key[k]}_us"] = round(us[k], 1)
+                row[f"ratio{suffix[k]}"] = round(us[0] / us[k], 3)
+                # the fastest call of each: least disturbed by other work
+                row[f"best_ratio{suffix[k]}"] = round(min(times[0]) / min(times[k]), 3)
+                row[f"relative_difference{suffix[k]}"] = float((y - yf).norm() / yf.norm())
+            cell = lambda k, f: f(k) if k in timed else "-"  # noqa: E731
+            say(f"{name:6} {S:4d} {us[0]:9.1f} " + " ".join(f"{cell(k, lambda k: f'{us[k]:.1f}'):>10}" for k in sides[1:])
+                + " " + " ".join(f"{cell(k, lambda k: f'{us[0] / us[k]:.2f}x'):>7}" for k in sides[1:])
+                + " " + " ".join(f"{cell(k, lambda k: format(row[f'relative_difference{suffix[k]}'], '.2e')):>11}"
+                                 for k in sides[1:]))
+            results.append({**row, **machine})
     if path is not None:
         kernels.lib.int8_set_path(-1)
     return {"machine": machine, "shape": [n_out, n_in], "repeats": repeats, "results": results}

@@ -55,9 +55,13 @@ Q8_32, Q8_K = 0, 1
 # work over the same unpacked weights (`csrc/int8_rows.c`, `quantize_two_levels`); FAST two levels
 # for the 256-weight types (Q4_K, Q5_K, Q6_K) and the float path for the 32-weight ones, where two
 # levels cost more than the float products (`python -m bench.int8_rows`).
-ONE_LEVEL, TWO_LEVELS, FAST = 1, 2, 3
-LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast"}
+# WIDE: the 256-weight types' products over 16-bit activations (`csrc/int16_rows.c`: each row
+# quantized once to 16 bits, the weights times their scales widened to 16 bits, one vpdpwssd per
+# 32 of them), the float path for the 32-weight ones.
+ONE_LEVEL, TWO_LEVELS, FAST, WIDE = 1, 2, 3, 4
+LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
+Q16_BLOCK = (256, 576)  # struct block_q16_k: 256 inputs as int16, their scale and sums per 32
 
 
 def act_bytes(K: int, kind: int) -> int:
@@ -76,7 +80,7 @@ FAST_PATH_DEFAULT = FAST
 # What TRIFORCE_INT8 may name: "0" the float path, "1" (or "int8") one level, "2" ("int8x2") two,
 # "3" ("fast") two levels for the K types and floats for the others.
 MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,
-              "3": FAST, "fast": FAST}
+              "3": FAST, "fast": FAST, "4": WIDE, "int16": WIDE}
 
 
 def mode() -> int:
@@ -107,9 +111,11 @@ class Int8:
         lib.int8_path.argtypes = []
         lib.int8_set_path.argtypes = [I]
         lib.int8_quantize_rows.argtypes = [P, I, I, I, P]
+        lib.int16_quantize_rows.argtypes = [P, I, I, P]
         lib.int8_product_q.argtypes = [P, P, P, I, I, P, I, P, I]
         lib.parts_product.argtypes = [P, I, I, P, I, P, I, I]
-        for f in (lib.int8_path, lib.int8_set_path, lib.int8_quantize_rows, lib.int8_product_q, lib.parts_product):
+        for f in (lib.int8_path, lib.int8_set_path, lib.int8_quantize_rows, lib.int16_quantize_rows, lib.int8_product_q,
+                  lib.parts_product):
             f.restype = I
         self.lib = lib
 
@@ -149,9 +155,20 @@ class Int8:
             raise ValueError("int8: the rows could not be quantized")
         return out
 
+    def quantize16(self, x: torch.Tensor) -> torch.Tensor:
+        """x [S, K] float32 (K a multiple of 256) -> [S, K / 256, 576] uint8: struct block_q16_k."""
+        if x.dim() != 2 or x.dtype != torch.float32 or x.shape[1] % Q16_BLOCK[0]:
+            raise ValueError(f"int16: rows to quantize are float32 [S, K] with K a multiple of {Q16_BLOCK[0]}, not "
+                             f"{x.dtype} {tuple(x.shape)}")
+        x = x.contiguous()
+        out = torch.empty(x.shape[0], x.shape[1] // Q16_BLOCK[0], Q16_BLOCK[1], dtype=torch.uint8)
+        if self.lib.int16_quantize_rows(x.data_ptr(), x.shape[0], x.shape[1], out.data_ptr()):
+            raise ValueError("int16: the rows could not be quantized")
+        return out
+
     def product(self, x: torch.Tensor, w: Stacked, int8: int = ONE_LEVEL, threads: int | None = None) -> torch.Tensor:
         """y [S, N] = x [S, K] @ W^T for a `quantized.Matrix` W ([N, K]), as the layers compute it:
-        the integer path (`int8`: ONE_LEVEL or TWO_LEVELS; True is ONE_LEVEL) or the float one (0, False)."""
+        the integer path (`int8`: a mode, ONE_LEVEL .. WIDE; True is ONE_LEVEL) or the float one (0, False)."""
         S, K = x.shape
         if (w.n_in, x.dtype) != (K, torch.float32):
             raise ValueError(f"int8: x is {x.dtype} {tuple(x.shape)} for a matrix of {w.n_in} inputs")

@@ -33,6 +33,8 @@
 
 #include "quant_rows.c"
 #include "int8_rows.c"
+#include "int16_rows.c"
+#include "integer_products.c"
 
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */
 #define SMALL_WORK (1 << 16) /* rows x in x out below which one thread runs a product */

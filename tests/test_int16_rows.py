@@ -1,0 +1,159 @@
+"""Integer products over 16-bit activations (`int8.WIDE`, `csrc/int16_rows.c`) for the 256-weight
+types, the float path for the others. What they claim, one order per output:
+
+- Activations are quantized as defined: d = max|x| / 32767 per 256, q = round(x / d) half away
+  from zero, and the sums of q per 32.
+- Every vector path gives the scalar reference's products bit for bit (1-17 rows, one thread and
+  two), and a row's result does not depend on the rows beside it: a verification equals its steps.
+- The products are those of the 16-bit inputs times the weights, to float32 rounding; the
+  two-level inputs' products (a negative control) are not.
+- They are closer to the float path than two levels of 8 bits, and a float16 or 32-weight part
+  in the stack keeps the float path's products exactly.
+- Speculation over a model in this mode equals its autoregressive decoding token for token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_verification_rows_equal_steps, built, needs_compiler
+from gguf import GGMLQuantizationType as Q
+from gguf_files import random_blocks
+from test_int8_rows import _prompt, _rows, _run, engine, rows  # noqa: F401
+from test_int8_two_levels import _two_levels
+
+import triforce_core.models.native_layers as native_layers
+from triforce_core.models import int8
+from triforce_core.models.quantized import Matrix, StoredTensor
+
+pytestmark = needs_compiler
+K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
+WIDE = int8.WIDE
+Q16_DTYPE = np.dtype([("qs", "<i2", 256), ("d", "<f4"), ("bsums", "<i4", 8), ("pad", "<i4", 7)])
+
+
+@pytest.fixture(scope="module")
+def kernels() -> int8.Int8:
+    return built(native_layers).int8
+
+
+def _matrix(qtype, rows: int, cols: int, seed: int) -> tuple[Matrix, torch.Tensor]:
+    raw = random_blocks(qtype, rows, cols, np.random.default_rng(seed))
+    t = StoredTensor(int(qtype), torch.from_numpy(raw), (rows, cols))
+    return Matrix(stored=(t,)), t.dequantized()
+
+
+def _sixteen_bits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(d, q) per input as defined: d = max|x| / 32767 per 256 (float32), q = round(x / d) half
+    away from zero (x times the float32 inverse of d), clamped to +-32767."""
+    S, K = x.shape
+    blocks = x.astype(np.float32).reshape(S, K // 256, 256)
+    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(32767)).astype(np.float32)
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), np.float32(0)).astype(np.float32)
+    v = (blocks * inv).astype(np.float64)
+    q = np.clip(np.trunc(v + np.copysign(0.5, v)), -32767, 32767)
+    return np.broadcast_to(d, blocks.shape).reshape(S, K), q.reshape(S, K)
+
+
+def test_activations_are_quantized_as_defined(kernels):
+    x = _rows(5, 768, seed=1)
+    raw = kernels.quantize16(x).numpy().view(Q16_DTYPE).reshape(5, 3)
+    d, q = _sixteen_bits(x.numpy())
+    assert np.array_equal(np.repeat(raw["d"], 256, axis=1), d)
+    assert np.array_equal(raw["qs"].reshape(5, -1), q)
+    assert np.array_equal(raw["bsums"].reshape(5, -1), q.reshape(5, -1, 32).sum(axis=2))
+    assert raw["qs"].max() == 32767 and raw["qs"][3].max() == 0  # a block's largest input; the row of zeros
+    with pytest.raises(ValueError, match="multiple of 256"):
+        kernels.quantize16(torch.zeros(2, 300))
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
+    m, _ = _matrix(qtype, 37, 768, seed=int(qtype))
+    x = _rows(17, 768, seed=2)
+    for S in (1, 3, 7, 17):
+        with kernels.forced(int8.SCALAR):
+            want = kernels.product(x[:S], m, WIDE, threads=1)
+        for path in kernels.paths():
+            with kernels.forced(path):
+                for threads in (1, 2):
+                    got = kernels.product(x[:S], m, WIDE, threads=threads)
+                    assert torch.equal(got, want), f"{int8.PATH_NAMES[path]}, {S} rows, {threads} threads"
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
+    m, _ = _matrix(qtype, 64, 1024, seed=8)
+    x = _rows(17, 1024, seed=9)
+    for path in kernels.paths():
+        with kernels.forced(path):
+            alone = [kernels.product(x[i : i + 1], m, WIDE, threads=2)[0] for i in range(17)]
+            for S in (2, 7, 16, 17):  # 17 rows: two groups of the kernel's 16
+                together = kernels.product(x[:S], m, WIDE, threads=2)
+                for i in range(S):
+                    assert torch.equal(together[i], alone[i]), f"{int8.PATH_NAMES[path]}: row {i} of {S}"
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
+    """Within float32 rounding (1e-6 of sum |w x|) of the 16-bit inputs times the weights; the
+    two levels' inputs, which carry about one bit less, are not."""
+    m, w = _matrix(qtype, 31, 768, seed=6)
+    x = _rows(5, 768, seed=7)
+    y = kernels.product(x, m, WIDE, threads=1).double()
+    wd = w.double()
+    slack = 1e-6 * (x.double().abs() @ wd.abs().t()) + 1e-30
+    d, q = _sixteen_bits(x.numpy())
+    want = torch.from_numpy(d.astype(np.float64) * q) @ wd.t()
+    assert ((y - want).abs() <= slack).all()
+    two = torch.from_numpy(_two_levels(x.numpy(), 256)) @ wd.t()
+    assert not ((y - two).abs() <= slack).all()
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_16_bits_are_closer_to_the_float_path_than_two_levels_of_8(kernels, qtype):
+    m, _ = _matrix(qtype, 64, 768, seed=3)
+    x = torch.randn(7, 768, generator=torch.Generator().manual_seed(4))
+    y_float = kernels.product(x, m, 0, threads=1)
+    err = {mode: float((kernels.product(x, m, mode, threads=1) - y_float).norm() / y_float.norm())
+           for mode in (int8.ONE_LEVEL, int8.TWO_LEVELS, WIDE)}
+    assert 0 < err[WIDE] < err[int8.TWO_LEVELS] * 1.5 and err[WIDE] < err[int8.ONE_LEVEL] / 100, err
+
+
+def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
+    rng = np.random.default_rng(11)
+    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
+             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5), (Q.Q5_K, 3))}
+    f16 = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)), (6, 512))
+    parts[Q.F16] = f16
+    x = _rows(9, 512, seed=12)
+    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), WIDE, threads=2)
+    start = 0
+    for q, p in parts.items():
+        alone = Matrix(stored=(p,))
+        want = kernels.product(x, alone, WIDE if q in K_TYPES else 0, threads=1)
+        assert torch.equal(stack[:, start:start + p.shape[0]], want), q.name
+        start += p.shape[0]
+    # negative control: the K parts did not take the float path
+    m = Matrix(stored=(parts[Q.Q4_K],))
+    assert not torch.equal(kernels.product(x, m, WIDE, threads=1), kernels.product(x, m, 0, threads=1))
+
+
+def test_the_mode_is_named_in_the_switch(monkeypatch):
+    for word in ("4", "int16", " INT16 "):
+        monkeypatch.setenv(int8.ENV, word)
+        assert int8.mode() == WIDE
+    assert int8.LEVEL_NAMES[WIDE] == "int16"
+
+
+def test_speculation_equals_autoregressive_decoding_with_16_bit_activations(engine, rows, monkeypatch):  # noqa: F811
+    assert engine.target.quantized
+    for model in (engine.target, engine.draft):
+        monkeypatch.setattr(model, "integer_products", WIDE)
+    reference = _run(engine, "autoregressive")
+    for mode in ("lookup", "triforce"):
+        rows.clear()
+        assert _run(engine, mode) == reference, mode
+        assert max(rows) > 1, f"{mode}: no verification of several rows ran"
+    assert_verification_rows_equal_steps(engine.target, _prompt())

@@ -1,0 +1,271 @@
+/* Integer products over 16-bit activations for the 256-weight types (Q4_K, Q5_K, Q6_K):
+ * `int8.WIDE`, the fast path's default.
+ *
+ * Why 16 bits: 8-bit activations (int8_rows.c, llama.cpp's arithmetic) move the model's
+ * numbers by up to half an 8-bit step an input, enough to change SmolLM2's top token at 2 % of
+ * positions. Two levels of 8 bits (the row, then its residual) keep about 15 bits, but pay two
+ * integer products a row. A 16-bit activation keeps about 16 bits for one: the weight, times
+ * its sub-block's integer scale, fits 16 bits too (Q4_K 63 x 15, Q5_K 63 x 31, Q6_K 128 x 32
+ * with Q6_K's bias of 32 inside the weight), so one vpdpwssd multiplies 32 of them by 32
+ * activations and adds the pairs. The weights are unpacked and scaled once a super-block for
+ * all rows; a further row then costs 8 vpdpwssd a super-block, as one level of 8 bits.
+ *
+ * An activation block (struct block_q16_k) is 256 inputs: x ~ d q with d = max|x| / 32767 and
+ * q = round(x / d) (roundf: half away from zero), and the sums of q per 32 (the Q4_K and Q5_K
+ * minimums). Each row is quantized on its own.
+ *
+ * One order of the float arithmetic, written once in the scalar reference (`ref16_block`) and
+ * followed by every vector path. Per output and row, the 16 lanes and 8 offset lanes of
+ * int8_rows.c's struct i8acc (its lanes 16-31 stay zero) and its i8_result:
+ *   - super-block b adds to lane l < 16 V_l = sum of W_e q_e over e with (e % 32) / 2 = l,
+ *     W_e = sc(e) w_e (Q6_K: sc(e) (w_e - 32)):  lane = fmaf((float)V_l, d d_x, lane);
+ *   - Q4_K, Q5_K: offset lane j < 8 gets M_j = m_j bsum_j:  lane = fmaf((float)M_j, dmin d_x, lane).
+ * The integer sums are exact and bounded: |V_l| <= 16 x 4096 x 32767 < 2^31 (Q6_K, the largest);
+ * a conversion to float rounds the same on every path. Nothing depends on the rows beside, the
+ * thread or the vector path: a verification's row equals a step's bit for bit (tested).
+ *
+ * Included by layers.c after int8_rows.c (its paths, its probe and its accumulators).
+ */
+
+/* 256 inputs as 16-bit integers (576 bytes: a multiple of 64). */
+struct block_q16_k {
+    int16_t qs[256];  /* x ~ d qs */
+    float d;
+    int32_t bsums[8]; /* sum of qs per 32 */
+    int32_t pad[7];
+};
+_Static_assert(sizeof(struct block_q16_k) == 576, "block_q16_k is 576 bytes");
+
+#define Q16_MAX 32767.0f
+
+static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
+    for (int b = 0; b < K / 256; b++) {
+        const float *xb = x + 256 * b;
+        struct block_q16_k *o = &y[b];
+        float amax = 0.0f;
+        int nan = 0;
+        for (int e = 0; e < 256; e++) {
+            float a = fabsf(xb[e]);
+            nan |= a != a;
+            amax = a > amax ? a : amax;
+        }
+        /* A NaN or infinity makes d NaN or infinite, so the products are too, as the float path's. */
+        float d = nan ? NAN : amax / Q16_MAX, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int e = 0; e < 256; e++) {
+            float v = roundf(xb[e] * id);
+            o->qs[e] = v != v ? 0 : v >= Q16_MAX ? 32767 : v <= -Q16_MAX ? -32767 : (int16_t)v;
+        }
+        for (int j = 0; j < 8; j++) {
+            int32_t s = 0;
+            for (int e = 0; e < 32; e++) s += o->qs[32 * j + e];
+            o->bsums[j] = s;
+        }
+        o->d = d;
+        memset(o->pad, 0, sizeof(o->pad));
+    }
+}
+
+/* x [S, K] -> S rows of K / 256 block_q16_k. Returns -1 where K is not a whole number of blocks. */
+int int16_quantize_rows(const float *x, int S, int K, void *out) {
+    if (K <= 0 || K % 256) return -1;
+    for (int s = 0; s < S; s++) quantize_q16_k(x + (int64_t)s * K, K, (struct block_q16_k *)out + (int64_t)s * (K / 256));
+    return 0;
+}
+
+/* ---- the scalar reference ---------------------------------------------------------------- */
+
+/* Weight e of a super-block as the 16-bit integer the products take. */
+static inline int ref16_weight(int type, const uint8_t *blk, int e) {
+    int sc, q = ref_wk(type, blk, e, &sc);
+    return type == T_Q6_K ? sc * (q - 32) : sc * q;
+}
+
+static void ref16_block(int type, const uint8_t *blk, const struct block_q16_k *x, struct i8acc *A) {
+    int32_t V[16] = {0};
+    for (int e = 0; e < 256; e++) V[(e % 32) / 2] += ref16_weight(type, blk, e) * x->qs[e];
+    float dd = (type == T_Q6_K ? half_at(blk + 208) : half_at(blk)) * x->d;
+    for (int l = 0; l < 16; l++) A->a[l] = fmaf((float)V[l], dd, A->a[l]);
+    if (type == T_Q6_K) return;
+    float dm = half_at(blk + 2) * x->d;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        A->m[j] = fmaf((float)(m * x->bsums[j]), dm, A->m[j]);
+    }
+}
+
+static void ref16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S, struct i8acc *A) {
+    int bb = block_bytes(type);
+    for (int s = 0; s < S; s++)
+        for (int b = 0; b < nb; b++) ref16_block(type, row + (int64_t)b * bb, x + s * ldx + b, &A[s]);
+}
+
+#ifdef I8_X86
+/* A super-block's eight minimums as int32 lanes (Q4_K, Q5_K). */
+static INLINE AVX2_TARGET __m256i k4_mins(const uint8_t *blk) {
+    uint64_t scb, mnb;
+    k4_scales(blk + 4, &scb, &mnb);
+    return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
+}
+
+/* -- AVX2: a super-block's scaled weights into a buffer once for all rows, then per row 16
+ *    vpmaddwd into lanes 0-7 (the first 16 weights of each 32) and 8-15 (the second 16). */
+static INLINE AVX2_TARGET void avx2_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
+                                        int S, struct i8acc *A) {
+    struct unpackedk u;
+    int16_t W[256] __attribute__((aligned(32)));
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (int64_t)b * block_bytes(type);
+        float d, f;
+        unpackk(type, blk, &u, &d, &f);
+        for (int c = 0; c < 16; c++) {  /* weights 16c .. 16c + 15 */
+            __m128i q = _mm_load_si128((const __m128i *)(u.q + 16 * c));
+            __m256i w;
+            int sc;
+            if (type == T_Q6_K) {
+                w = _mm256_cvtepi8_epi16(_mm_sub_epi8(q, _mm_set1_epi8(32)));
+                sc = ((const int8_t *)blk)[192 + c];
+            } else {
+                int m;
+                w = _mm256_cvtepu8_epi16(q);
+                scale_min_k4(c / 2, blk + 4, &sc, &m);
+            }
+            _mm256_store_si256((__m256i *)(W + 16 * c), _mm256_mullo_epi16(w, _mm256_set1_epi16((short)sc)));
+        }
+        __m256i mins = type == T_Q6_K ? _mm256_setzero_si256() : k4_mins(blk);
+        for (int s = 0; s < S; s++) {
+            const struct block_q16_k *xs = x + s * ldx + b;
+            __m256i vlo = _mm256_setzero_si256(), vhi = vlo;
+            for (int c = 0; c < 8; c++) {
+                vlo = _mm256_add_epi32(vlo, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(W + 32 * c)),
+                                                              _mm256_loadu_si256((const __m256i *)(xs->qs + 32 * c))));
+                vhi = _mm256_add_epi32(vhi, _mm256_madd_epi16(_mm256_load_si256((const __m256i *)(W + 32 * c + 16)),
+                                                              _mm256_loadu_si256((const __m256i *)(xs->qs + 32 * c + 16))));
+            }
+            __m256 dd = _mm256_set1_ps(d * xs->d);
+            _mm256_store_ps(A[s].a, _mm256_fmadd_ps(_mm256_cvtepi32_ps(vlo), dd, _mm256_load_ps(A[s].a)));
+            _mm256_store_ps(A[s].a + 8, _mm256_fmadd_ps(_mm256_cvtepi32_ps(vhi), dd, _mm256_load_ps(A[s].a + 8)));
+            if (type != T_Q6_K) {
+                __m256i M = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i *)xs->bsums));
+                _mm256_store_ps(A[s].m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(f * xs->d), _mm256_load_ps(A[s].m)));
+            }
+        }
+    }
+}
+
+static AVX2_TARGET void avx2_16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
+                                    struct i8acc *A) {
+    switch (type) {
+    case T_Q4_K: avx2_16k(T_Q4_K, row, x, ldx, nb, S, A); break;
+    case T_Q5_K: avx2_16k(T_Q5_K, row, x, ldx, nb, S, A); break;
+    case T_Q6_K: avx2_16k(T_Q6_K, row, x, ldx, nb, S, A); break;
+    }
+}
+
+/* -- AVX-512 with VNNI: a super-block's 256 scaled weights in eight registers (32 a register,
+ *    widened from vnni_k's bytes and multiplied by their scales), then per row eight vpdpwssd
+ *    into two chains (even and odd 32s), added: lane l of a register is the reference's V_l. */
+static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
+                                        int S, struct i8acc *A) {
+    const int bb = block_bytes(type);
+    const __m512i fifteen = _mm512_set1_epi8(15);
+    const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
+                                          8, 7, 6, 5, 4, 3, 2, 1, 0);
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *blk = row + (int64_t)b * bb;
+        __m512i q[4], W[8], s16;
+        __m256i mins = _mm256_setzero_si256();
+        float d, f = 0.0f;
+        if (type == T_Q6_K) {
+            __m512i three = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
+            __m512i sh0 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* shifts 0 | 2 */
+            __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));                           /* shifts 4 | 6 */
+            for (int h = 0; h < 2; h++) {
+                __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));
+                __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+                q[2 * h] = _mm512_or_si512(_mm512_and_si512(L, fifteen),
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh0), three), 4));
+                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), fifteen),
+                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh1), three), 4));
+                q[2 * h] = _mm512_sub_epi8(q[2 * h], bias);
+                q[2 * h + 1] = _mm512_sub_epi8(q[2 * h + 1], bias);
+            }
+            s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+            d = half_at(blk + 208);
+        } else {
+            const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
+            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))), one = _mm512_set1_epi8(1);
+            for (int p = 0; p < 4; p++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+                q[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), fifteen);
+                if (type == T_Q5_K) {  /* bit 2p of qh for the low 32, 2p + 1 for the high */
+                    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
+                    q[p] = _mm512_or_si512(q[p], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh), one), 4));
+                }
+            }
+            uint64_t scb, mnb;
+            k4_scales(blk + 4, &scb, &mnb);
+            s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scb)));
+            mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
+            d = half_at(blk);
+            f = half_at(blk + 2);
+        }
+        for (int c = 0; c < 8; c++) {  /* weights 32c .. 32c + 31: scale c (per 32), or 2c, 2c + 1 (Q6_K, per 16) */
+            __m256i bytes = c % 2 ? _mm512_extracti64x4_epi64(q[c / 2], 1) : _mm512_castsi512_si256(q[c / 2]);
+            __m512i w = type == T_Q6_K ? _mm512_cvtepi8_epi16(bytes) : _mm512_cvtepu8_epi16(bytes);
+            __m512i idx = type == T_Q6_K ? _mm512_add_epi16(_mm512_set1_epi16((short)(2 * c)), _mm512_srli_epi16(iota, 4))
+                                         : _mm512_set1_epi16((short)c);
+            W[c] = _mm512_mullo_epi16(w, _mm512_permutexvar_epi16(idx, s16));
+        }
+        for (int s = 0; s < S; s++) {
+            const struct block_q16_k *xs = x + s * ldx + b;
+            __m512i V0 = _mm512_setzero_si512(), V1 = V0;
+            for (int c = 0; c < 8; c += 2) {
+                V0 = _mm512_dpwssd_epi32(V0, W[c], _mm512_loadu_si512((const void *)(xs->qs + 32 * c)));
+                V1 = _mm512_dpwssd_epi32(V1, W[c + 1], _mm512_loadu_si512((const void *)(xs->qs + 32 * c + 32)));
+            }
+            __m512i V = _mm512_add_epi32(V0, V1);
+            _mm512_store_ps(A[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * xs->d), _mm512_load_ps(A[s].a)));
+            if (type != T_Q6_K) {
+                __m256i M = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i *)xs->bsums));
+                _mm256_store_ps(A[s].m, _mm256_fmadd_ps(_mm256_cvtepi32_ps(M), _mm256_set1_ps(f * xs->d), _mm256_load_ps(A[s].m)));
+            }
+        }
+    }
+}
+
+static VNNI_TARGET void vnni_16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
+                                    struct i8acc *A) {
+    switch (type) {
+    case T_Q4_K: vnni_16k(T_Q4_K, row, x, ldx, nb, S, A); break;
+    case T_Q5_K: vnni_16k(T_Q5_K, row, x, ldx, nb, S, A); break;
+    case T_Q6_K: vnni_16k(T_Q6_K, row, x, ldx, nb, S, A); break;
+    }
+}
+#endif
+
+/* Outputs [r0, r1) of one part (a 256-weight type) against all S rows: y[s * ldy + r]. */
+static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *xw, int S, int K, float *y,
+                          int64_t ldy, int path) {
+    int nb = K / 256;
+    int64_t ldx = nb;
+    struct i8acc A[I8_ROWS];
+    for (int64_t r = r0; r < r1; r++) {
+        const uint8_t *row = (const uint8_t *)p->data + r * p->ld;
+        if (r + PREFETCH_ROWS < p->rows)
+            for (int64_t b = 0; b < p->ld; b += 64) __builtin_prefetch(row + PREFETCH_ROWS * p->ld + b, 0, 3);
+        for (int s0 = 0; s0 < S; s0 += I8_ROWS) {
+            int g = S - s0 < I8_ROWS ? S - s0 : I8_ROWS;
+            const struct block_q16_k *xs = xw + s0 * ldx;
+            memset(A, 0, sizeof(A[0]) * (size_t)g);
+            switch (path) {
+#ifdef I8_X86
+            case INT8_AVX512_VNNI: vnni_16_row(p->type, row, xs, ldx, nb, g, A); break;
+            case INT8_AVX2: avx2_16_row(p->type, row, xs, ldx, nb, g, A); break;
+#endif
+            default: ref16_row(p->type, row, xs, ldx, nb, g, A); break;
+            }
+            for (int s = 0; s < g; s++) y[(int64_t)(s0 + s) * ldy + r] = i8_result(&A[s]);
+        }
+    }
+}
