@@ -4,6 +4,7 @@ and a conversation through the answer and document handlers (ask, compare, clear
 from __future__ import annotations
 
 import threading
+import time
 
 import gradio as gr
 import pytest
@@ -255,6 +256,48 @@ def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: T
 
     user.job = Busy()
     assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "draft"))
+
+
+def test_a_stepped_answers_speed_leaves_out_the_waits_for_step(chat_engine: TriForceEngine, worker):
+    """The engine's decode clock runs on while a stepped generation waits for Step; the speeds
+    shown (footer, figures, speed chart) are its tokens over its decoding time less those waits,
+    and say so. The wait after the prefill is no decoding time and is not subtracted."""
+    from ui.views import STREAMED, answer_footer, stats_rows
+
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
+    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    pause, waits = 0.4, 0
+    for out in answers.on_ask("w9 w10", user, False, True, "", *_values(max_new_tokens=20)):
+        if "Step mode" in out[2]:
+            time.sleep(pause)  # the user reads the round before pressing Step
+            waits += 1
+            if waits < 4:
+                teaching.on_step(user)
+            else:
+                teaching.on_step_mode(user, False)
+    trace = user.answers[0].trace
+    s = trace.stats
+    assert waits == 4 and s is not None
+    assert len(user.job.waits) == 4 and user.job.waited_s >= 4 * pause
+    assert 3 * pause <= trace.waited_s < user.job.waited_s  # the three waits after a round, not the prefill's
+    assert s.decode_s - trace.waited_s == pytest.approx(trace.decode_s()) and trace.decode_s() > 0
+    shown = s.new_tokens / (s.decode_s - trace.waited_s)
+    assert trace.tokens_per_s() == pytest.approx(shown) and shown > s.tokens_per_s
+    footer = answer_footer(trace, False)
+    assert f"{s.new_tokens} tokens at {shown:.1f} tok/s (not counting {trace.waited_s:.1f} s waiting for Step)" \
+        in footer
+    assert footer in out[2] and dict(stats_rows(user.answers[0]))["tokens/s"].startswith(f"{shown:.1f} (not counting")
+    speed = dict(zip(STREAMED, out))["speed"]
+    assert speed.data[0].x[0] == pytest.approx(shown) and "waits for Step left out" in speed.layout.title.text
+    # the round clock leaves the waits out too: the last round ends within the decoding time less them
+    assert trace.rounds[-1].at_s <= trace.decode_s() + 0.05
+    # an answer not stepped: the engine's own figure, nothing subtracted
+    list(answers.on_ask("w11", user, False, False, "", *_values(max_new_tokens=20)))
+    plain = user.answers[1].trace
+    assert plain.waited_s == 0 and plain.tokens_per_s() == plain.stats.tokens_per_s
+    assert "waiting for Step" not in answer_footer(plain, False)
 
 
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):

@@ -174,9 +174,10 @@ def acceptance_figure(rounds: Sequence[RoundStats], smooth: int = 8) -> go.Figur
     return fig
 
 
-def speed_figure(runs: Sequence[tuple[str, float]]) -> go.Figure:
-    """Decode speed (tokens/s) of this answer and, once measured, the autoregressive baseline."""
-    title = "Decode speed"
+def speed_figure(runs: Sequence[tuple[str, float]], note: str = "") -> go.Figure:
+    """Decode speed (tokens/s) of this answer and, once measured, the autoregressive baseline;
+    `note` qualifies the title (e.g. a stepped answer's waits for Step left out)."""
+    title = "Decode speed" + (f" ({note})" if note else "")
     if not runs:
         return empty_figure(title, "Speed appears here when an answer finishes.")
     colours = [LEVEL_STYLE["target"][1] if "autoregressive" in name else "#7fb3e6" for name, _ in runs]

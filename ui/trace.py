@@ -6,7 +6,9 @@
   tokens and round boundaries) marked so a renderer can show or hide them;
 - `rounds`: per target forward, how many tokens were proposed and accepted at each level;
 - `selections`: every retrieval selection (`ChunksSelected`), the latest last;
-- `prefill` and `stats` (the `Prefilled` and `Finished` payloads).
+- `prefill` and `stats` (the `Prefilled` and `Finished` payloads);
+- `waited_s`: seconds of decoding spent waiting for Step (set by the app from its job; the
+  engine's decode clock runs on while a stepped generation waits), left out of `tokens_per_s`.
 
 How rejected tokens are placed. In one round the retrieval level builds a speculation
 out of the lower levels' proposals (`Drafted("lookup")` or `Drafted("draft")`, then
@@ -86,6 +88,7 @@ class AnswerTrace:
         self.text = ""
         self._t0: float | None = None
         self._last_t: float = 0.0
+        self.waited_s = 0.0  # decoding's waits for Step (the caller's clock for `push` leaves them out too)
         self._reset_round()
 
     # -- folding events --------------------------------------------------------------------
@@ -194,10 +197,20 @@ class AnswerTrace:
     def new_tokens(self) -> int:
         return len(self.token_ids)
 
+    def decode_s(self) -> float | None:
+        """The engine's decoding time less the waits for Step (None before the end)."""
+        if self.stats is None:
+            return None
+        return self.stats.decode_s - self.waited_s
+
     def tokens_per_s(self) -> float:
-        """Final decode speed when finished, else a running estimate."""
+        """Final decode speed when finished (the engine's, or with waits for Step its tokens over
+        its decoding time less those waits), else a running estimate."""
         if self.stats is not None:
-            return self.stats.tokens_per_s
+            decode = self.decode_s()
+            if self.waited_s <= 0:
+                return self.stats.tokens_per_s
+            return self.stats.new_tokens / decode if decode > 0 else 0.0
         if len(self.rounds) < 2 or self._last_t <= 0:
             return 0.0
         return (self.new_tokens - self.rounds[0].committed) / self._last_t

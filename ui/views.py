@@ -123,6 +123,11 @@ def _duration(seconds: float) -> str:
     return f"about {seconds / 60:.0f} min" if seconds < 5400 else f"about {seconds / 3600:.1f} h"
 
 
+def waits_note(trace: AnswerTrace) -> str:
+    """' (not counting 12.3 s waiting for Step)' for a stepped answer, else ''."""
+    return f" (not counting {trace.waited_s:.1f} s waiting for Step)" if trace.waited_s > 0 else ""
+
+
 def answer_footer(trace: AnswerTrace, stopped: bool) -> str:
     s = trace.stats
     if s is None:
@@ -133,7 +138,7 @@ def answer_footer(trace: AnswerTrace, stopped: bool) -> str:
     prefill = trace.prefill
     pre = f"prefill {prefill.tokens:,} tokens in {prefill.seconds:.1f}s{reused} · " if prefill is not None else ""
     return (
-        f"{s.mode} · {s.new_tokens} tokens at {s.tokens_per_s:.1f} tok/s · {pre}"
+        f"{s.mode} · {s.new_tokens} tokens at {trace.tokens_per_s():.1f} tok/s{waits_note(trace)} · {pre}"
         f"mean accepted {s.mean_accepted:.2f}" + (f" · acceptance {acc}" if acc else "")
     )
 
@@ -144,7 +149,7 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
     t = answer.trace
     # the mode the figures come from: the settings may have changed since
     rows = [("mode", t.stats.mode)] if t.stats is not None else []
-    rows += [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}"),
+    rows += [("tokens", f"{t.new_tokens}"), ("tokens/s", f"{t.tokens_per_s():.1f}{waits_note(t)}"),
             ("mean accepted length", f"{t.mean_accepted():.2f} tokens per target forward")]
     for level, value in t.acceptance().items():
         name = "lookup / small draft → retrieval" if level == "retrieval" else "proposals → target"
@@ -157,7 +162,7 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
     if b is not None:
         rows.append(("autoregressive", f"{b['tokens_per_s']:.1f} tok/s"))
         if b["tokens_per_s"] > 0 and t.stats is not None:
-            rows.append(("speed-up", f"{t.stats.tokens_per_s / b['tokens_per_s']:.2f}×"))
+            rows.append(("speed-up", f"{t.tokens_per_s() / b['tokens_per_s']:.2f}×"))
         rows.append(("outputs identical", b["identical"]))
     return rows
 
@@ -207,7 +212,7 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
         speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
     return (
         user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
-        speed_figure(speed if t.new_tokens else []), stats_html(stats_rows(answer)), gauge(user, budget, window),
+        speed_figure(speed if t.new_tokens else [], "waits for Step left out" if t.waited_s > 0 else ""), stats_html(stats_rows(answer)), gauge(user, budget, window),
     ) + extra
 
 

@@ -16,7 +16,9 @@ caller does not freeze the others' streams.
 Stepping (the app's step mode): a job submitted with `pause_after` (a test on each item, e.g.
 "this ends a speculation round") and `stepping` on waits after every such item until `step()`
 is called, without holding up the other jobs; `set_stepping(False)` lets it run on, and
-`cancel()` stops it whether it waits or not.
+`cancel()` stops it whether it waits or not. `job.waits` records each wait: the item it
+followed and the seconds it lasted (a generation's own clock runs on while it waits, so a
+consumer leaves these out of its speeds).
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from __future__ import annotations
 import collections
 import queue
 import threading
+import time
 from typing import Callable, Iterator
 
 
@@ -48,6 +51,9 @@ class Job:
         self._held = False  # the last item was a pause point
         self._wake: threading.Condition | None = None  # the worker's, set when submitted
         self.steps_taken = 0
+        self._held_item: object = None  # the item the job pauses after
+        self._wait_from: float | None = None  # when its current wait for step() began
+        self.waits: list[tuple[object, float]] = []  # (item paused after, seconds waited), in order
 
     def cancel(self) -> None:
         self._cancelled.set()
@@ -61,7 +67,10 @@ class Job:
 
     def set_stepping(self, on: bool) -> None:
         """Turn stepping on (pause at the next pause point) or off (run on)."""
-        self.stepping = bool(on) and self._pause_after is not None
+        with self._lock:
+            self.stepping = bool(on) and self._pause_after is not None
+            if self.stepping and self._held and self._wait_from is None:  # paused from now on
+                self._wait_from = time.perf_counter()
         self._nudge()
 
     @property
@@ -75,6 +84,11 @@ class Job:
         if self._wake is not None:
             with self._wake:
                 self._wake.notify()
+
+    @property
+    def waited_s(self) -> float:
+        """Seconds spent waiting for `step()` so far (waits that have ended)."""
+        return sum(seconds for _item, seconds in list(self.waits))
 
     @property
     def cancelled(self) -> bool:
@@ -123,6 +137,7 @@ class Job:
         try:
             if self._cancelled.is_set():
                 self.stopped = True
+                self._end_wait()
                 if self._gen is not None:
                     self._gen.close()  # the engine stops between rounds
                 return self._end()
@@ -134,17 +149,26 @@ class Job:
                         self._steps -= 1
                         self.steps_taken += 1
                     self._held = False
+                self._end_wait()
             if self._gen is None:
                 self._gen = self._start()
             item = next(self._gen)
             self._items.put(item)
             self._held = self._pause_after is not None and bool(self._pause_after(item))
+            self._held_item = item if self._held else None
+            if self._held and self.stepping:  # its wait for step() begins now
+                self._wait_from = time.perf_counter()
             return True
         except StopIteration:
             return self._end()
         except BaseException as e:  # reported to the consumer, the worker lives on
             self._items.put(e)
             return self._end()
+
+    def _end_wait(self) -> None:
+        if self._wait_from is not None:
+            self.waits.append((self._held_item, time.perf_counter() - self._wait_from))
+            self._wait_from = None
 
     def _end(self) -> bool:
         self._items.put(_END)

@@ -14,7 +14,7 @@ import gradio as gr
 
 from triforce_core.serving.book import BookSession
 from triforce_core.config import ConfigError, GenerationConfig
-from triforce_core.decoding.events import ChunksSelected, PrefillProgress
+from triforce_core.decoding.events import ChunksSelected, Committed, PrefillProgress
 from triforce_core.serving.worker import Job
 
 from ..figures import retrieval_map_figure
@@ -57,8 +57,8 @@ class _Turn:
     """One streaming answer: its trace, the status line, whether a new chunk selection awaits
     the retrieval map, and whether the answer has taken its place beside its turn yet."""
 
-    def __init__(self, user: UserState, answer: Answer, label: str, spec):
-        self.user, self.answer, self.label, self.spec = user, answer, label, spec
+    def __init__(self, user: UserState, answer: Answer, label: str, spec, job: Job):
+        self.user, self.answer, self.label, self.spec, self.job = user, answer, label, spec, job
         self.t0 = time.perf_counter()  # the job is submitted right after: the prefill's clock
         self.status = status_html(f"{label}: waiting for the model…", "busy")
         self.new_map = False
@@ -74,7 +74,11 @@ class _Turn:
             self.user.answers.append(self.answer)
             self.shown = True
         trace = self.answer.trace
-        trace.push(item, time.perf_counter())
+        # A stepped answer's waits for Step are no decoding time: its clock leaves them out, and
+        # so does its final speed (the waits after rounds; the one after the prefill precedes it).
+        waits = list(self.job.waits)
+        trace.waited_s = sum(seconds for after, seconds in waits if isinstance(after, Committed))
+        trace.push(item, time.perf_counter() - sum(seconds for _after, seconds in waits))
         self.new_map = self.new_map or isinstance(item, ChunksSelected)
         if trace.new_tokens:
             self.status = status_html(f"{self.label}: {trace.new_tokens} tokens", "busy")
@@ -97,7 +101,7 @@ class AnswerHandlers:
         pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
-        turn = _Turn(user, answer, label, engine.target.spec)
+        turn = _Turn(user, answer, label, engine.target.spec, job)
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
         try:
             for _ in follow(job, turn.take, lambda: interval):
@@ -222,10 +226,11 @@ class AnswerHandlers:
         greedy = settings.temperature == 0
         identical = ("yes" if same else "NO") if greedy else ("yes" if same else "no (sampling: expected to differ)")
         answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical}
-        ratio = answer.trace.stats.tokens_per_s / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
+        speed = answer.trace.tokens_per_s()  # without a stepped answer's waits for Step
+        ratio = speed / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
         yield page(
             f"Autoregressive: {baseline.stats.tokens_per_s:.1f} tok/s; this answer "
-            f"{answer.trace.stats.tokens_per_s:.1f} tok/s ({ratio:.2f}×); identical output: {identical}.",
+            f"{speed:.1f} tok/s ({ratio:.2f}×); identical output: {identical}.",
             "ok" if same or not greedy else "error",
         )
 
