@@ -24,6 +24,8 @@ verifications take, not the long-prefill path. The configurations:
                        products for every type (`int8.TWO_LEVELS`); K/V float16
     fast/kv-float16    two levels for the 256-weight types (Q4_K, Q5_K, Q6_K), the float path for
                        the 32-weight ones (`int8.FAST`); K/V float16
+    int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
+                       path for the others (`int8.WIDE`); K/V float16
 
 Per position, against HF: whether our top-1 token equals HF's; KL(HF || ours) of the two
 softmaxes (taken in float64); the largest |logit difference|; and the negative log-likelihood
@@ -83,6 +85,7 @@ CONFIGS = {
     "int8/kv-float32": (int8.ONE_LEVEL, torch.float32),
     "int8x2/kv-float16": (int8.TWO_LEVELS, torch.float16),
     "fast/kv-float16": (int8.FAST, torch.float16),
+    "int16/kv-float16": (int8.WIDE, torch.float16),
 }
 
 

@@ -2,7 +2,7 @@
 types, the float path for the others. What they claim, one order per output:
 
 - Activations are quantized as defined: d = max|x| / 32767 per 256, q = round(x / d) half away
-  from zero, and the sums of q per 32.
+  from zero, stored of each 64 inputs the even ones first, and the sums of q per 32.
 - Every vector path gives the scalar reference's products bit for bit (1-17 rows, one thread and
   two), and a row's result does not depend on the rows beside it: a verification equals its steps.
 - The products are those of the 16-bit inputs times the weights, to float32 rounding; the
@@ -61,7 +61,8 @@ def test_activations_are_quantized_as_defined(kernels):
     raw = kernels.quantize16(x).numpy().view(Q16_DTYPE).reshape(5, 3)
     d, q = _sixteen_bits(x.numpy())
     assert np.array_equal(np.repeat(raw["d"], 256, axis=1), d)
-    assert np.array_equal(raw["qs"].reshape(5, -1), q)
+    stored = q.reshape(5, -1, 32, 2).transpose(0, 1, 3, 2).reshape(5, -1)  # of each 64: evens, then odds
+    assert np.array_equal(raw["qs"].reshape(5, -1), stored)
     assert np.array_equal(raw["bsums"].reshape(5, -1), q.reshape(5, -1, 32).sum(axis=2))
     assert raw["qs"].max() == 32767 and raw["qs"][3].max() == 0  # a block's largest input; the row of zeros
     with pytest.raises(ValueError, match="multiple of 256"):

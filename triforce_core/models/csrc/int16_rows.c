@@ -4,21 +4,25 @@
  * Why 16 bits: 8-bit activations (int8_rows.c, llama.cpp's arithmetic) move the model's
  * numbers by up to half an 8-bit step an input, enough to change SmolLM2's top token at 2 % of
  * positions. Two levels of 8 bits (the row, then its residual) keep about 15 bits, but pay two
- * integer products a row. A 16-bit activation keeps about 16 bits for one: the weight, times
- * its sub-block's integer scale, fits 16 bits too (Q4_K 63 x 15, Q5_K 63 x 31, Q6_K 128 x 32
- * with Q6_K's bias of 32 inside the weight), so one vpdpwssd multiplies 32 of them by 32
- * activations and adds the pairs. The weights are unpacked and scaled once a super-block for
- * all rows; a further row then costs 8 vpdpwssd a super-block, as one level of 8 bits.
+ * integer products a row. A 16-bit activation keeps about 16 bits for one: the weight times its
+ * sub-block's integer scale fits 16 bits too (Q4_K 63 x 15, Q5_K 63 x 31, Q6_K 128 x 32 with
+ * Q6_K's bias of 32 inside the weight), so one vpdpwssd multiplies 32 of them by 32 activations
+ * and adds the pairs. A super-block's weights are scaled and widened once for all rows, by
+ * vpmaddubsw against their scales at every other byte (the other bytes zero: one product a
+ * pair, so no saturation): 64 weights give their even and their odd ones as two registers. A
+ * further row then costs 8 vpdpwssd a super-block, as one level of 8 bits.
  *
  * An activation block (struct block_q16_k) is 256 inputs: x ~ d q with d = max|x| / 32767 and
  * q = round(x / d) (roundf: half away from zero), and the sums of q per 32 (the Q4_K and Q5_K
- * minimums). Each row is quantized on its own.
+ * minimums). Each row is quantized on its own. The q are stored in the weights' order above:
+ * of each 64 inputs, the 32 even ones, then the 32 odd ones (`q16_at`).
  *
  * One order of the float arithmetic, written once in the scalar reference (`ref16_block`) and
  * followed by every vector path. Per output and row, the 16 lanes and 8 offset lanes of
  * int8_rows.c's struct i8acc (its lanes 16-31 stay zero) and its i8_result:
- *   - super-block b adds to lane l < 16 V_l = sum of W_e q_e over e with (e % 32) / 2 = l,
- *     W_e = sc(e) w_e (Q6_K: sc(e) (w_e - 32)):  lane = fmaf((float)V_l, d d_x, lane);
+ *   - super-block b adds to lane l < 16 V_l = sum of W_e q_e over e = 64 p + 4 l + t, p < 4,
+ *     t < 4 (the lanes of int8_rows.c's K types), W_e = sc(e) w_e (Q6_K: sc(e) (w_e - 32)):
+ *     lane = fmaf((float)V_l, d d_x, lane);
  *   - Q4_K, Q5_K: offset lane j < 8 gets M_j = m_j bsum_j:  lane = fmaf((float)M_j, dmin d_x, lane).
  * The integer sums are exact and bounded: |V_l| <= 16 x 4096 x 32767 < 2^31 (Q6_K, the largest);
  * a conversion to float rounds the same on every path. Nothing depends on the rows beside, the
@@ -29,14 +33,18 @@
 
 /* 256 inputs as 16-bit integers (576 bytes: a multiple of 64). */
 struct block_q16_k {
-    int16_t qs[256];  /* x ~ d qs */
+    int16_t qs[256];  /* x ~ d q, of each 64 the even inputs first (`q16_at`) */
     float d;
-    int32_t bsums[8]; /* sum of qs per 32 */
+    int32_t bsums[8]; /* sum of q per 32 inputs */
     int32_t pad[7];
 };
 _Static_assert(sizeof(struct block_q16_k) == 576, "block_q16_k is 576 bytes");
 
 #define Q16_MAX 32767.0f
+
+/* Where input e (0..255) of a block is stored: of its 64, the even ones first. */
+static inline int q16_slot(int e) { return (e & ~63) + ((e & 1) << 5) + ((e & 63) >> 1); }
+static inline int q16_at(const struct block_q16_k *x, int e) { return x->qs[q16_slot(e)]; }
 
 static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
     for (int b = 0; b < K / 256; b++) {
@@ -51,14 +59,12 @@ static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
         }
         /* A NaN or infinity makes d NaN or infinite, so the products are too, as the float path's. */
         float d = nan ? NAN : amax / Q16_MAX, id = d > 0.0f ? 1.0f / d : 0.0f;
+        for (int j = 0; j < 8; j++) o->bsums[j] = 0;
         for (int e = 0; e < 256; e++) {
             float v = roundf(xb[e] * id);
-            o->qs[e] = v != v ? 0 : v >= Q16_MAX ? 32767 : v <= -Q16_MAX ? -32767 : (int16_t)v;
-        }
-        for (int j = 0; j < 8; j++) {
-            int32_t s = 0;
-            for (int e = 0; e < 32; e++) s += o->qs[32 * j + e];
-            o->bsums[j] = s;
+            int16_t q = v != v ? 0 : v >= Q16_MAX ? 32767 : v <= -Q16_MAX ? -32767 : (int16_t)v;
+            o->qs[q16_slot(e)] = q;
+            o->bsums[e / 32] += q;
         }
         o->d = d;
         memset(o->pad, 0, sizeof(o->pad));
@@ -82,7 +88,7 @@ static inline int ref16_weight(int type, const uint8_t *blk, int e) {
 
 static void ref16_block(int type, const uint8_t *blk, const struct block_q16_k *x, struct i8acc *A) {
     int32_t V[16] = {0};
-    for (int e = 0; e < 256; e++) V[(e % 32) / 2] += ref16_weight(type, blk, e) * x->qs[e];
+    for (int e = 0; e < 256; e++) V[(e % 64) / 4] += ref16_weight(type, blk, e) * q16_at(x, e);
     float dd = (type == T_Q6_K ? half_at(blk + 208) : half_at(blk)) * x->d;
     for (int l = 0; l < 16; l++) A->a[l] = fmaf((float)V[l], dd, A->a[l]);
     if (type == T_Q6_K) return;
@@ -101,38 +107,45 @@ static void ref16_row(int type, const uint8_t *row, const struct block_q16_k *x,
 }
 
 #ifdef I8_X86
-/* A super-block's eight minimums as int32 lanes (Q4_K, Q5_K). */
-static INLINE AVX2_TARGET __m256i k4_mins(const uint8_t *blk) {
-    uint64_t scb, mnb;
-    k4_scales(blk + 4, &scb, &mnb);
-    return _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
-}
-
-/* -- AVX2: a super-block's scaled weights into a buffer once for all rows, then per row 16
- *    vpmaddwd into lanes 0-7 (the first 16 weights of each 32) and 8-15 (the second 16). */
+/* -- AVX2: a super-block's scaled weights into a buffer once for all rows, in the activations'
+ *    order (of each 64, the even ones, then the odd), then per row 16 vpmaddwd: the first 16 of
+ *    each 32 into lanes 0-7, the second 16 into lanes 8-15. */
 static INLINE AVX2_TARGET void avx2_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     struct unpackedk u;
     int16_t W[256] __attribute__((aligned(32)));
+    const __m256i lo_byte = _mm256_set1_epi16(0x00ff), thirty_two = _mm256_set1_epi8(32);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + (int64_t)b * block_bytes(type);
         float d, f;
         unpackk(type, blk, &u, &d, &f);
-        for (int c = 0; c < 16; c++) {  /* weights 16c .. 16c + 15 */
-            __m128i q = _mm_load_si128((const __m128i *)(u.q + 16 * c));
-            __m256i w;
-            int sc;
-            if (type == T_Q6_K) {
-                w = _mm256_cvtepi8_epi16(_mm_sub_epi8(q, _mm_set1_epi8(32)));
-                sc = ((const int8_t *)blk)[192 + c];
-            } else {
-                int m;
-                w = _mm256_cvtepu8_epi16(q);
-                scale_min_k4(c / 2, blk + 4, &sc, &m);
-            }
-            _mm256_store_si256((__m256i *)(W + 16 * c), _mm256_mullo_epi16(w, _mm256_set1_epi16((short)sc)));
+        __m256i mins = _mm256_setzero_si256();
+        if (type != T_Q6_K) {
+            uint64_t scb, mnb;
+            k4_scales(blk + 4, &scb, &mnb);
+            mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
         }
-        __m256i mins = type == T_Q6_K ? _mm256_setzero_si256() : k4_mins(blk);
+        for (int h = 0; h < 8; h++) {  /* weights 32h .. 32h + 31 */
+            __m256i S;  /* each weight's scale as bytes */
+            if (type == T_Q6_K) {
+                const int8_t *sc = (const int8_t *)blk + 192 + 2 * h;
+                S = _mm256_set_m128i(_mm_set1_epi8(sc[1]), _mm_set1_epi8(sc[0]));
+            } else {
+                int sc, m;
+                scale_min_k4(h, blk + 4, &sc, &m);
+                S = _mm256_set1_epi8((char)sc);
+            }
+            __m256i Se = _mm256_and_si256(S, lo_byte), So = _mm256_andnot_si256(lo_byte, S);
+            __m256i q = _mm256_load_si256((const __m256i *)(u.q + 32 * h));
+            __m256i we = _mm256_maddubs_epi16(q, Se), wo = _mm256_maddubs_epi16(q, So);
+            if (type == T_Q6_K) {
+                we = _mm256_sub_epi16(we, _mm256_maddubs_epi16(thirty_two, Se));
+                wo = _mm256_sub_epi16(wo, _mm256_maddubs_epi16(thirty_two, So));
+            }
+            int16_t *at = W + 64 * (h / 2) + 16 * (h % 2);  /* even ones at 0 / 16, odd ones 32 further */
+            _mm256_store_si256((__m256i *)at, we);
+            _mm256_store_si256((__m256i *)(at + 32), wo);
+        }
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
             __m256i vlo = _mm256_setzero_si256(), vhi = vlo;
@@ -162,22 +175,40 @@ static AVX2_TARGET void avx2_16_row(int type, const uint8_t *row, const struct b
     }
 }
 
-/* -- AVX-512 with VNNI: a super-block's 256 scaled weights in eight registers (32 a register,
- *    widened from vnni_k's bytes and multiplied by their scales), then per row eight vpdpwssd
- *    into two chains (even and odd 32s), added: lane l of a register is the reference's V_l. */
+/* -- AVX-512 with VNNI: a super-block's 256 scaled weights in eight registers. Of the bytes of
+ *    64 weights (vnni_k's registers), vpmaddubsw against their scales at the even bytes gives
+ *    the even weights as 32 words, against the odd bytes the odd ones; the scales are put at
+ *    every other byte by one vpshufb of the block's scales (an index with its top bit set gives
+ *    a zero). Per row, eight vpdpwssd into two chains (even and odd), added: lane l is the
+ *    reference's V_l. */
+
+/* vpshufb indices for 64 weights p (bytes b = 0..63 of q[p]): byte b takes scale 4p + b / 16
+ * (Q6_K, per 16) or 2p + b / 32 (per 32) where b's parity is `odd`, else a zero. */
+static INLINE VNNI_TARGET __m512i scale_bytes_index(int per16, int p, int odd) {
+    const __m512i iota = _mm512_set_epi8(63, 62, 61, 60, 59, 58, 57, 56, 55, 54, 53, 52, 51, 50, 49, 48, 47, 46, 45, 44, 43, 42,
+                                         41, 40, 39, 38, 37, 36, 35, 34, 33, 32, 31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20,
+                                         19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+    __m512i idx = per16 ? _mm512_add_epi8(_mm512_set1_epi8((char)(4 * p)), _mm512_and_si512(_mm512_srli_epi16(iota, 4), _mm512_set1_epi8(3)))
+                        : _mm512_add_epi8(_mm512_set1_epi8((char)(2 * p)), _mm512_and_si512(_mm512_srli_epi16(iota, 5), _mm512_set1_epi8(1)));
+    __mmask64 other = _mm512_test_epi8_mask(iota, _mm512_set1_epi8(1));  /* the odd bytes */
+    if (odd) other = ~other;
+    return _mm512_mask_mov_epi8(idx, other, _mm512_set1_epi8((char)0x80));
+}
+
 static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     const int bb = block_bytes(type);
-    const __m512i fifteen = _mm512_set1_epi8(15);
-    const __m512i iota = _mm512_set_epi16(31, 30, 29, 28, 27, 26, 25, 24, 23, 22, 21, 20, 19, 18, 17, 16, 15, 14, 13, 12, 11, 10, 9,
-                                          8, 7, 6, 5, 4, 3, 2, 1, 0);
+    const __m512i fifteen = _mm512_set1_epi8(15), thirty_two = _mm512_set1_epi8(32);
+    __m512i index[8];
+    for (int p = 0; p < 4; p++)
+        for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + (int64_t)b * bb;
-        __m512i q[4], W[8], s16;
+        __m512i q[4], W[8], scales;
         __m256i mins = _mm256_setzero_si256();
         float d, f = 0.0f;
         if (type == T_Q6_K) {
-            __m512i three = _mm512_set1_epi8(3), bias = _mm512_set1_epi8(32);
+            __m512i three = _mm512_set1_epi8(3);
             __m512i sh0 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* shifts 0 | 2 */
             __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));                           /* shifts 4 | 6 */
             for (int h = 0; h < 2; h++) {
@@ -187,10 +218,8 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
                                            _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh0), three), 4));
                 q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), fifteen),
                                                _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh1), three), 4));
-                q[2 * h] = _mm512_sub_epi8(q[2 * h], bias);
-                q[2 * h + 1] = _mm512_sub_epi8(q[2 * h + 1], bias);
             }
-            s16 = _mm512_castsi256_si512(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192))));
+            scales = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
             d = half_at(blk + 208);
         } else {
             const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
@@ -205,17 +234,15 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
             }
             uint64_t scb, mnb;
             k4_scales(blk + 4, &scb, &mnb);
-            s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scb)));
+            scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));
             mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
             d = half_at(blk);
             f = half_at(blk + 2);
         }
-        for (int c = 0; c < 8; c++) {  /* weights 32c .. 32c + 31: scale c (per 32), or 2c, 2c + 1 (Q6_K, per 16) */
-            __m256i bytes = c % 2 ? _mm512_extracti64x4_epi64(q[c / 2], 1) : _mm512_castsi512_si256(q[c / 2]);
-            __m512i w = type == T_Q6_K ? _mm512_cvtepi8_epi16(bytes) : _mm512_cvtepu8_epi16(bytes);
-            __m512i idx = type == T_Q6_K ? _mm512_add_epi16(_mm512_set1_epi16((short)(2 * c)), _mm512_srli_epi16(iota, 4))
-                                         : _mm512_set1_epi16((short)c);
-            W[c] = _mm512_mullo_epi16(w, _mm512_permutexvar_epi16(idx, s16));
+        for (int c = 0; c < 8; c++) {  /* c = 2p + odd */
+            __m512i sb = _mm512_shuffle_epi8(scales, index[c]);
+            W[c] = _mm512_maddubs_epi16(q[c / 2], sb);
+            if (type == T_Q6_K) W[c] = _mm512_sub_epi16(W[c], _mm512_maddubs_epi16(thirty_two, sb));
         }
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
