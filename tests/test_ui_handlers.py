@@ -300,6 +300,31 @@ def test_a_stepped_answers_speed_leaves_out_the_waits_for_step(chat_engine: TriF
     assert "waiting for Step" not in answer_footer(plain, False)
 
 
+def test_the_last_update_of_an_answer_opens_the_inspector_on_its_first_rejection(chat_engine, worker, monkeypatch):
+    """The lesson opens the inspector on an answer's first checked rejection. When the answer
+    ends before the page refreshes again (here: refreshes held off after the first), only the
+    final update sees that rejection, and it must open the inspector, with the model's decode."""
+    import ui.handlers.answers as answers_module
+    from ui.views import STREAMED
+
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    monkeypatch.setattr(answers_module, "UPDATE_EVERY_S", 1e9)  # no refresh after the first until the end
+    user.auto_inspect = True
+    values = _values(temperature=0.8, seed=2, max_new_tokens=30, lookup=False)
+    updates = [dict(zip(STREAMED, out)) for out in answers.on_ask("w9 w10", user, True, False, "", *values)]
+    trace = user.answers[0].trace
+    first = next(seg for seg in trace.segments if seg.kind == "rejected" and seg.checks)
+    skip = type(gr.skip())
+    assert all(isinstance(u["inspector"], skip) for u in updates[:-1])  # the refreshes before saw no rejection
+    final = updates[-1]["inspector"]
+    assert not isinstance(final, skip) and "rejected</b>" in final and "u = " in final
+    assert f"«{chat_engine.detokenize([first.token_id])}»" in final  # decoded by the model's tokenizer
+    assert user.auto_inspect is False  # opened once
+
+
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):
     """Step mode: the generation waits after the prefill and after each round; three Steps show
     three rounds, then it runs on. The teaching view records the rule's values: a rejected

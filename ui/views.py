@@ -192,7 +192,8 @@ def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, wa
 
 
 def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool, budget, window: int,
-                   new_map: bool, panels: bool = True, decode=None, waiting: bool = False) -> tuple:
+                   new_map: bool, *, panels: bool = True, decode: Callable[[list[int]], str] | None = None,
+                   waiting: bool = False) -> tuple:
     """The `STREAMED` updates while `answer` streams: with `panels` the figures and tables too
     (re-drawn only now and then: plots are the browser's heaviest work), with `new_map` also the
     retrieval map and its passages (after a new chunk selection). `waiting`: a stepped

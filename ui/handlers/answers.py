@@ -116,8 +116,8 @@ class AnswerHandlers:
                     status = status_html(
                         f"Step mode: {'round ' + str(rounds) if rounds else 'the prefill'} done. Press Step for "
                         f"round {rounds + 1} (untick Step mode to run on).", "info")
-                out = answer_updates(user, answer, status, teaching, budget, window,
-                                     turn.new_map and panels, panels, engine.detokenize, waiting)
+                out = answer_updates(user, answer, status, teaching, budget, window, new_map=turn.new_map and panels,
+                                     panels=panels, decode=engine.detokenize, waiting=waiting)
                 # The page re-renders the whole transcript on each update: send long ones less
                 # often, so a slow browser never falls behind (and a Stop shows at once).
                 interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
@@ -136,7 +136,8 @@ class AnswerHandlers:
             status = status_html(f"Stopped after {answer.trace.new_tokens} tokens.", "info")
         else:
             status = status_html(answer.footer or "Done.", "ok")
-        yield answer_updates(user, answer, status, teaching, budget, window, True, engine.detokenize)
+        yield answer_updates(user, answer, status, teaching, budget, window, new_map=True, panels=True,
+                             decode=engine.detokenize)
 
     def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
         """The user (new if none yet) and the settings, or a clear error."""
@@ -209,7 +210,8 @@ class AnswerHandlers:
 
         def page(message: str, kind: str) -> tuple:
             return answer_updates(user, answer, status_html(message, kind), teaching,
-                                  retrieval_budget(settings.budget, settings.mode), window, False, engine.detokenize)
+                                  retrieval_budget(settings.budget, settings.mode), window, new_map=False,
+                                  decode=engine.detokenize)
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
