@@ -265,6 +265,23 @@ def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 1
         time.sleep(0.3)
 
 
+def scrape_metrics(base: str, model: str, headers: dict | None = None) -> dict[tuple, float]:
+    """A server's `GET /metrics`, parsed: {(sample name, sorted labels but model_name): value}
+    of the samples of `model`."""
+    import httpx
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = httpx.get(base + "/metrics", headers=headers or {}, timeout=60)
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain; version="), r.text
+    out = {}
+    for family in text_string_to_metric_families(r.text):
+        for s in family.samples:
+            if s.labels.get("model_name") == model:
+                labels = tuple(sorted((k, v) for k, v in s.labels.items() if k != "model_name"))
+                out[(s.name, labels)] = s.value
+    return out
+
+
 def run_main(argv):
     """The command line's main(argv) in-process -> (exit code, stdout, stderr)."""
     import io

@@ -18,7 +18,7 @@ import httpx
 import pytest
 
 from conftest import (CHAT_TEMPLATE, at_once, free_port, make_hf, make_tokenizer, perturbed, running_server,
-                      save_checkpoint, words)
+                      save_checkpoint, scrape_metrics, words)
 from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
@@ -115,7 +115,7 @@ def stream_text(client, messages, **kw):
 def test_models_lists_the_served_model_and_the_key_is_required(server, client):
     models = client.models.list()
     ids = [m.id for m in models.data]
-    builtin = ["triforce-demo"] + (["smollm2"] if SMOLLM2 else [])
+    builtin = (["smollm2"] if SMOLLM2 else []) + ["triforce-demo"]  # the app opens on SmolLM2
     assert ids == [MODEL, *builtin, "corrupt", "tiny"]  # started, built in, then the models folder's
     assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve("tiny").id == "tiny"
     wrong = openai.OpenAI(base_url=server["base"] + "/v1", api_key="wrong", max_retries=0)
@@ -331,3 +331,69 @@ def test_a_requests_model_picks_one_of_the_listed_models(server, client, models)
     assert "\n" not in e.value.body["message"]
     again = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=4)
     assert again.model == MODEL and again.choices[0].message.content is not None
+
+
+# -- metrics ---------------------------------------------------------------------------------------
+
+def scrape(server) -> dict[tuple, float]:
+    return scrape_metrics(server["base"], MODEL, AUTH)
+
+
+def test_metrics_count_what_the_answers_said_of_themselves(server, client):
+    """Counters under vLLM's names rise by exactly the sums of the answers' own `usage` and
+    `triforce` statistics (non-streamed and streamed), and the per-level speculation counts agree
+    with each answer's acceptance, which the engine computes apart."""
+    before = scrape(server)
+    answers = []
+    for i, stream in enumerate([False, True, False]):
+        messages = conversation(70 + i, 150)
+        if stream:
+            chunks = list(client.chat.completions.create(model=MODEL, messages=messages, stream=True, temperature=0,
+                                                         max_tokens=30, stream_options={"include_usage": True}))
+            final = [c for c in chunks if c.choices and c.choices[0].finish_reason][0]
+            answers.append((final.choices[0].finish_reason, chunks[-1].usage.model_dump(),
+                            final.model_extra["triforce"]))
+        else:
+            r = client.chat.completions.create(model=MODEL, messages=messages, temperature=0, max_tokens=30)
+            answers.append((r.choices[0].finish_reason, r.usage.model_dump(), r.model_extra["triforce"]))
+    after = scrape(server)
+
+    def rise(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    for reason in {a[0] for a in answers}:
+        assert rise("triforce:request_success_total", finished_reason=reason) == sum(a[0] == reason for a in answers)
+    assert rise("triforce:prompt_tokens_total") == sum(u["prompt_tokens"] for _, u, _ in answers)
+    assert rise("triforce:generation_tokens_total") == sum(u["completion_tokens"] for _, u, _ in answers)
+    assert rise("triforce:prompt_tokens_reused_total") == sum(s["reused_tokens"] for *_, s in answers)
+    assert rise("triforce:time_to_first_token_seconds_count") == len(answers)
+    assert rise("triforce:time_to_first_token_seconds_sum") == pytest.approx(
+        sum(s["time_to_first_token_s"] for *_, s in answers))
+    assert rise("triforce:e2e_request_latency_seconds_count") == len(answers)
+    assert after[("triforce:num_requests_running", ())] == 0
+    levels = {level for *_, s in answers for level in s["spec_decode"]}
+    assert levels == {"retrieval", "target"}  # triforce mode with the small draft: both verify
+    for level in levels:
+        counts = []
+        for *_, s in answers:
+            if level not in s["spec_decode"]:
+                continue
+            c = s["spec_decode"][level]
+            counts.append(c)
+            assert c["accepted_tokens"] == pytest.approx(s["acceptance"][level] * c["draft_tokens"])
+            assert sum(c["accepted_per_position"]) == c["accepted_tokens"] and c["drafts"] > 0
+            assert c["accepted_per_position"] == sorted(c["accepted_per_position"], reverse=True)  # prefixes
+        for field in ("drafts", "draft_tokens", "accepted_tokens"):
+            assert rise(f"triforce:spec_decode_num_{field}_total", level=level) == sum(c[field] for c in counts)
+        for pos in range(max(len(c["accepted_per_position"]) for c in counts)):
+            expected = sum(c["accepted_per_position"][pos] for c in counts if pos < len(c["accepted_per_position"]))
+            assert rise("triforce:spec_decode_num_accepted_tokens_per_pos_total", level=level,
+                        position=str(pos)) == expected
+    for level in {lv for *_, s in answers for lv in s["tokens_by_level"]}:
+        assert rise("triforce:generation_tokens_by_level_total", level=level) == sum(
+            s["tokens_by_level"].get(level, 0) for *_, s in answers)
+
+
+def test_metrics_need_the_key(server):
+    assert httpx.get(server["base"] + "/metrics", timeout=10).status_code == 401

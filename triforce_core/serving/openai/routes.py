@@ -1,4 +1,4 @@
-"""The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`.
+"""The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`, `GET /metrics`.
 
     api = ChatCompletionsAPI(engine, worker, SlotPool(engine), model_name="my-model")
     app = create_app(api, AccessPolicy(api_key="s3cret"))   # the routes behind the guard
@@ -17,6 +17,10 @@ Each request borrows a cache slot matched by longest common token prefix (`SlotP
 conversation resent whole each turn prefills only its new tokens; generations run on the one
 `EngineWorker` shared with every other caller, their prefill chunks interleaved with the
 others' rounds.
+
+`/metrics` is Prometheus' text format: requests, tokens, time to first token and vLLM's
+speculative-decoding counters, each the sum of the answers' own statistics
+(`triforce_core.serving.metrics`).
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ from ...config import ConfigError, GenerationConfig, SamplingConfig, default_mod
 from ...engine import ContextLengthError, TriForceEngine
 from ...models.loading import ModelLoadError
 from ...prompting import render_prompt
+from ..metrics import ServingMetrics
 from ..registry import ServedModels, UnknownModel
 from ..slots import SlotPool
 from ..worker import EngineWorker
@@ -43,6 +48,17 @@ from .streaming import Completion
 
 if TYPE_CHECKING:
     from ..guard import AccessPolicy
+
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def parse_json(raw: bytes):
+    """A request body's JSON (ApiError 400 when it is not)."""
+    try:
+        return json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ApiError(400, f"the request body is not valid JSON: {e}") from None
 
 
 class ChatCompletionsAPI:
@@ -58,6 +74,7 @@ class ChatCompletionsAPI:
         base_config: GenerationConfig | None = None,
         mode: str | None = None,
         models: ServedModels | None = None,
+        metrics: ServingMetrics | None = None,
     ):
         if engine.tokenizer is None:
             raise ValueError("the HTTP API needs a model with a tokenizer")
@@ -68,63 +85,95 @@ class ChatCompletionsAPI:
         self.mode = mode  # None: by prompt length (`default_mode`), the measured best
         self.created = int(time.time())
         self.served = 0
+        self.metrics = metrics or ServingMetrics()
         self.router = APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
         self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
         self.router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         self.router.add_api_route("/v1/health", self.health, methods=["GET"])
+        self.router.add_api_route("/metrics", self.scrape, methods=["GET"])
 
     # -- routes ------------------------------------------------------------------------------
     async def models(self):
-        if self.served_models is None:
-            return {"object": "list", "data": [self._model_card()]}
-        choices = await run_in_threadpool(self.served_models.choices)  # scans the model folders
-        return {"object": "list", "data": [self._choice_card(c.id, c.note) for c in choices]}
+        return await self.model_list()
 
     async def model(self, model_id: str):
-        if self.served_models is not None:
-            try:
-                choice = await run_in_threadpool(self.served_models.find, model_id)
-            except UnknownModel:
-                return self._unknown_model(model_id).response()
-            return self._choice_card(choice.id, choice.note)
-        if model_id != self.model_name:
-            return self._unknown_model(model_id).response()
-        return self._model_card()
+        try:
+            return await self.model_card(model_id)
+        except ApiError as e:
+            return e.response()
 
     async def health(self):
         return {"status": "ok", "model": self.model_name, "jobs": self.worker.jobs(),
                 "slots": self.slots.stats(), "requests_served": self.served}
 
+    async def scrape(self):
+        body, content_type = self.metrics.exposition()
+        return Response(body, media_type=content_type)
+
     async def chat_completions(self, request: Request):
+        received = time.perf_counter()
         try:
             raw = await request.body()  # bounded by the Guard every server puts in front
-            try:
-                body = json.loads(raw)
-            except (json.JSONDecodeError, UnicodeDecodeError) as e:
-                raise ApiError(400, f"the request body is not valid JSON: {e}") from None
-            req = parse_request(body)
-            engine, slots, name = await run_in_threadpool(self._served, body["model"])  # may load it
-            # On the worker, which owns the tokenizer as it owns the caches.
-            prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
+            call = await self.start(parse_json(raw), received)
         except ApiError as e:
             return e.response()
         except ClientDisconnect:  # gone before its body was read (or refused by the guard's limit)
             return Response(status_code=400)
-        slot, _ = slots.take(prompt)
-        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
-        call = Completion(req, prompt, config, slots, slot, job, name, on_end=self._count)
-        if req.stream:
-            return StreamingResponse(call.sse(), media_type="text/event-stream",
-                                     headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        if call.req.stream:
+            return StreamingResponse(call.sse(), media_type="text/event-stream", headers=SSE_HEADERS)
         try:
             return await call.complete()
         except ApiError as e:
             return e.response()
 
+    # -- the same, without HTTP (a server that relays requests, e.g. a Ray replica) ------------
+    async def model_list(self) -> dict:
+        """`GET /v1/models`'s body."""
+        if self.served_models is None:
+            return {"object": "list", "data": [self._model_card()]}
+        choices = await run_in_threadpool(self.served_models.choices)  # scans the model folders
+        return {"object": "list", "data": [self._choice_card(c.id, c.note) for c in choices]}
+
+    async def model_card(self, model_id: str) -> dict:
+        """`GET /v1/models/{model_id}`'s body; ApiError 404 for a model not served."""
+        if self.served_models is not None:
+            try:
+                choice = await run_in_threadpool(self.served_models.find, model_id)
+            except UnknownModel:
+                raise self._unknown_model(model_id) from None
+            return self._choice_card(choice.id, choice.note)
+        if model_id != self.model_name:
+            raise self._unknown_model(model_id)
+        return self._model_card()
+
+    async def start(self, body, received: float | None = None) -> Completion:
+        """A chat-completions request body's generation, started on the worker (ApiError for a
+        request that cannot run): `await call.complete()` or iterate `call.sse()`."""
+        received = time.perf_counter() if received is None else received
+        req = parse_request(body)
+        engine, slots, name = await run_in_threadpool(self._served, body["model"])  # may load it
+        # On the worker, which owns the tokenizer as it owns the caches.
+        prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
+        slot, _ = slots.take(prompt)
+        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
+        self.metrics.started(name)
+        return Completion(req, prompt, config, slots, slot, job, name,
+                          on_end=lambda call, ok: self._ended(call, ok, received))
+
+    async def tokenizer(self, model_id: str):
+        """The tokenizer of a served model, loaded if need be (ApiError as for a request naming it)."""
+        engine, _, _ = await run_in_threadpool(self._served, model_id)
+        return engine.tokenizer
+
     # -- helpers -----------------------------------------------------------------------------
-    def _count(self, ok: bool) -> None:
+    def _ended(self, call: Completion, ok: bool, received: float) -> None:
         self.served += ok
+        if ok:
+            self.metrics.answered(call.model_name, call.finish_reason, call.usage, call.stats,
+                                  time.perf_counter() - received)
+        else:
+            self.metrics.abandoned_request(call.model_name)
 
     def _unknown_model(self, name: str) -> ApiError:
         served = "GET /v1/models lists the models" if self.served_models is not None else repr(self.model_name)

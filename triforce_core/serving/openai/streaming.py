@@ -7,7 +7,8 @@ caches are freed.
 Extension: every completion (and the final streamed chunk, the one with `finish_reason`)
 carries `triforce`, the speculation statistics of that response (`Tally`): mode, tokens per
 target forward, acceptance per level, tokens by level, decode tokens/s, prefill and reused
-tokens, and `passages`: the prompt's passages the answer's retrieval selections read most, each
+tokens, `spec_decode` (per verifying level, the counts behind vLLM's speculative-decoding
+counters, which `/metrics` sums: `triforce_core.serving.metrics`), and `passages`: the prompt's passages the answer's retrieval selections read most, each
 with its token span, share of heads, the "[Section N: title]" it lies under, its text and
 `kind` "read"; in modes without a retrieval level, the passages the answer quotes verbatim (8
 tokens or more), `kind` "quoted", `share` the part of the answer quoted from it
@@ -85,6 +86,8 @@ class Tally:
         self.by_level: dict[str, int] = {}
         self.proposed: dict[str, int] = {}
         self.accepted: dict[str, int] = {}
+        self.drafts: dict[str, int] = {}  # verifications that checked at least one proposed token
+        self.accepted_at: dict[str, list[int]] = {}  # accepted tokens by their position in the draft
         self.t_start = time.perf_counter()
         self.t_decode: float | None = None
         self.t_first: float | None = None
@@ -99,6 +102,12 @@ class Tally:
         elif isinstance(ev, Verified):
             self.proposed[ev.level] = self.proposed.get(ev.level, 0) + ev.proposed
             self.accepted[ev.level] = self.accepted.get(ev.level, 0) + ev.accepted
+            if ev.proposed:
+                self.drafts[ev.level] = self.drafts.get(ev.level, 0) + 1
+                at = self.accepted_at.setdefault(ev.level, [])
+                at.extend([0] * (ev.proposed - len(at)))
+                for i in range(ev.accepted):  # the accepted tokens are a prefix of the draft
+                    at[i] += 1
         elif isinstance(ev, Committed):
             self.t_first = self.t_first or now
             self.tokens += len(ev.token_ids)
@@ -135,10 +144,19 @@ class Tally:
             "disk_tokens": p.disk_tokens if p else 0,
             "prefill_s": p.seconds if p else 0.0,
             "time_to_first_token_s": (self.t_first - self.t_start) if self.t_first else None,
+            "spec_decode": self.spec_decode(),
             "passages": (answer_passages(self.selections, self.prompt, self.answer_ids, self.decode,
                                          question_tokens=self.question_tokens)
                          if self.prompt is not None and self.decode is not None else []),
         }
+
+    def spec_decode(self) -> dict:
+        """Per verifying level, vLLM's speculative-decoding counts: verifications of a draft,
+        tokens proposed, tokens accepted, and accepted tokens by position in their draft."""
+        return {level: {"drafts": n, "draft_tokens": self.proposed.get(level, 0),
+                        "accepted_tokens": self.accepted.get(level, 0),
+                        "accepted_per_position": list(self.accepted_at.get(level, []))}
+                for level, n in sorted(self.drafts.items())}
 
     def usage(self) -> dict:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.tokens,
@@ -165,12 +183,14 @@ def _last_paragraph(messages: list[dict]) -> str:
 class Completion:
     """One request's generation: its events turned into a completion or a stream of chunks.
 
-    `on_end(ok)` runs once, when the answer was sent (`ok`) or abandoned or failed; the slot
-    is back in `slots` by then.
+    `on_end(completion, ok)` runs once, when the answer was sent (`ok`; its `finish_reason`,
+    `usage` and `stats`, the `triforce` extension sent, are set) or abandoned or failed; the
+    slot is back in `slots` by then.
     """
 
     def __init__(self, req: CompletionRequest, prompt: list[int], config: GenerationConfig, slots: SlotPool,
-                 slot, job: Job, model_name: str, on_end: Callable[[bool], None] = lambda ok: None):
+                 slot, job: Job, model_name: str,
+                 on_end: Callable[["Completion", bool], None] = lambda call, ok: None):
         self.req, self.slots, self.slot, self.job = req, slots, slot, job
         self.model_name, self.on_end = model_name, on_end
         self.mode = config.speculation.mode
@@ -179,6 +199,8 @@ class Completion:
         self.tally = Tally(len(prompt), prompt, slot.engine.detokenize, question_tokens(slot.engine.tokenizer, _last_paragraph(req.messages)))
         self.stops = StopSequences(req.stop)
         self.finish_reason: str | None = None
+        self.usage: dict | None = None  # as sent, once the answer ended
+        self.stats: dict | None = None  # the `triforce` extension as sent
 
     def _fold(self, item) -> str:
         """Fold one event; the text that can be sent now."""
@@ -209,12 +231,19 @@ class Completion:
             self.slots.give_back(self.slot)
         else:  # abandoned or failed: its caches are not worth keeping
             self.slots.discard(self.slot)
-        self.on_end(ok)
+        self.on_end(self, ok)
+
+    def _final(self) -> tuple[dict, dict]:
+        """The answer's usage and statistics, kept as sent."""
+        self.finish_reason = self.finish_reason or "stop"
+        self.usage, self.stats = self.tally.usage(), self.tally.extension(self.mode)
+        return self.usage, self.stats
 
     async def complete(self) -> dict:
         ok = False
         try:
             text = await run_in_threadpool(lambda: "".join(self._events()))
+            usage, stats = self._final()
             ok = True
         except Exception as e:  # noqa: BLE001 - e.g. out of memory: the server goes on
             raise ApiError(500, f"the generation failed: {e}", type="server_error") from None
@@ -223,9 +252,9 @@ class Completion:
         return {
             "id": self.id, "object": "chat.completion", "created": self.created, "model": self.model_name,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
-                         "finish_reason": self.finish_reason or "stop", "logprobs": None}],
-            "usage": self.tally.usage(),
-            "triforce": self.tally.extension(self.mode),
+                         "finish_reason": self.finish_reason, "logprobs": None}],
+            "usage": usage,
+            "triforce": stats,
         }
 
     def _chunk(self, delta: dict, finish_reason: str | None = None, **extra) -> str:
@@ -256,11 +285,12 @@ class Completion:
                     self.job.cancel()
                     self.finish_reason = "stop"
                     break
-            yield self._chunk({}, self.finish_reason or "stop", triforce=self.tally.extension(self.mode))
+            usage, stats = self._final()
+            yield self._chunk({}, self.finish_reason, triforce=stats)
             if self.req.include_usage:
-                usage = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
-                         "model": self.model_name, "choices": [], "usage": self.tally.usage()}
-                yield f"data: {json.dumps(usage)}\n\n"
+                chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
+                         "model": self.model_name, "choices": [], "usage": usage}
+                yield f"data: {json.dumps(chunk)}\n\n"
             yield "data: [DONE]\n\n"
             ok = True
         except Exception as e:  # noqa: BLE001 - after the headers: reported in the stream
