@@ -391,13 +391,32 @@ def test_stop_ends_the_generation_mid_answer(page):
     set_number(page, "#tf-max-new", MAX_NEW)
 
 
-def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents):
+def test_malformed_pdf_gives_a_clear_error_and_the_app_keeps_working(page, documents, tmp_path):
     ensure_sample(page)
     upload(page, documents["bad"])
     err = wait_status(page, "Could not read")
     assert "broken.pdf" in err and page.locator("#tf-status .tf-error").count() == 1
+    assert "Could not read broken.pdf" in page.inner_text("#tf-upload-note")  # under the upload box too
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")  # the document is kept
     shot(page, "07-malformed-pdf")
+    # A renamed file (a web page saved as report.pdf): said under the upload box, in sight
+    # without scrolling, and the box lets go of it
+    renamed = tmp_path / "report.pdf"
+    renamed.write_text("<!DOCTYPE html><html><body><h1>Report</h1><p>Quarterly figures.</p></body></html>",
+                       encoding="utf-8")
+    upload(page, renamed)
+    note = page.locator("#tf-upload-note .tf-error", has_text="report.pdf")
+    note.wait_for()
+    assert "Could not read report.pdf: not a PDF file" in note.inner_text()
+    box = note.bounding_box()
+    assert 0 <= box["y"] and box["y"] + box["height"] <= page.viewport_size["height"]  # above the fold
+    upload_box = page.locator("#tf-upload").bounding_box()
+    assert box["y"] - (upload_box["y"] + upload_box["height"]) < 80  # right under the box
+    page.locator("#tf-upload input[type=file]").wait_for(state="attached")  # empty, ready for another file
+    assert "report.pdf" not in page.inner_text("#tf-upload")
+    assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
+    page.click("#tf-sample")  # the next document loaded: the line goes
+    page.wait_for_function("!document.querySelector('#tf-upload-note .tf-error')")
     ask(page, "What is inheritance?")
     done = wait_status(page, "tok/s", "rror")
     assert "tok/s" in done, done
@@ -471,28 +490,79 @@ def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     assert "tok/s" in done, done
 
 
-def test_the_lesson_steps_round_by_round_and_the_inspector_shows_a_rejection(page):
-    """The guided lesson: the sample, a fixed question, sampled, in step mode. Three Steps show
-    three rounds (narrated); the inspector opens on the first rejection, and a click on any
-    rejected token shows its p, q, u and the residual's bars."""
+def test_the_table_of_contents_shows_the_nesting(page, tmp_path):
+    """A document's sections as a tree: one per line, each subsection further in than its parent."""
+    text = SAMPLE.read_text(encoding="utf-8")
+    nested = tmp_path / "nested.md"
+    heads = ("# Chapter one", "## Scopes", "### Names", "## Classes", "# Chapter two")
+    nested.write_text("".join(f"{h}\n\n{text[i * 400:(i + 1) * 400]}\n\n" for i, h in enumerate(heads)),
+                      encoding="utf-8")
+    upload(page, nested)
+    wait_status(page, "Loaded nested.md")
+    labels = page.locator("#tf-toc-list label")
+    labels.nth(len(heads) - 1).wait_for()
+    assert labels.count() == len(heads)
+    boxes = [labels.nth(i).bounding_box() for i in range(len(heads))]
+    assert all(b["y"] >= a["y"] + a["height"] - 1 for a, b in zip(boxes, boxes[1:]))  # one per line, in order
+    # where each title begins on screen: further in for each level down
+    starts = page.evaluate("""() => [...document.querySelectorAll('#tf-toc-list label')].map(label => {
+        const walker = document.createTreeWalker(label, NodeFilter.SHOW_TEXT);
+        let node;
+        while ((node = walker.nextNode())) {
+            const at = node.data.search(/[0-9]/);
+            if (at >= 0) { const r = document.createRange(); r.setStart(node, at); r.setEnd(node, at + 1);
+                           return r.getBoundingClientRect().left; }
+        }
+        return null; })""")
+    one, scopes, names, classes, two = starts
+    assert one == two and scopes == classes and one < scopes < names, starts
+    shot(page, "12-contents-tree")
+
+
+def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back(page):
+    """The guided lesson: the sample, a fixed question, sampled, a budget of about a quarter of
+    the context. It runs by itself, a round a second (narrated), each of the three levels
+    proposes tokens and the retrieval level checks some; the inspector opens on the first
+    rejection and names the token drawn in its place; at the end the settings it changed are the
+    user's again, and a click on any rejected token shows its p, q, u and the residual's bars."""
+    page.reload()  # a fresh session with the server's settings
+    page.wait_for_selector("#tf-send")
+    page.click("#tf-settings button")  # open the settings: what the lesson changes is visible
+    settings = ("#tf-lookup input[type=checkbox]", "#tf-stepmode input[type=checkbox]")
+    page.wait_for_selector(settings[0])
+    assert page.is_checked(settings[0]) and not page.is_checked(settings[1])
+    budget_box = page.locator("#tf-budget input[type=number]")
+    before = budget_box.input_value()
     page.click("#tf-lesson-start")
-    wait_status(page, "Step mode: the prefill done", "rror")
-    assert page.is_checked("#tf-teaching input[type=checkbox]") and page.is_checked("#tf-stepmode input[type=checkbox]")
+    wait_status(page, "Lesson: the prefill done", "Lesson: round", "rror")
+    assert page.is_checked("#tf-teaching input[type=checkbox]") and page.is_checked(settings[1])
+    assert not page.is_checked(settings[0])  # the paper's three levels: no context lookup
     assert "What is a class?" in page.locator(".tf-user").last.inner_text()
-    for k in (1, 2, 3):
-        page.click("#tf-step")
-        wait_status(page, f"Step mode: round {k} done", "rror")
-        assert f"Round {k}:" in page.inner_text("#tf-narration")
-    assert page.locator(".tf-assistant").last.locator(".tf-round").count() == 3
-    shot(page, "10-lesson-stepped")
-    while "Round" in page.inner_text("#tf-narration") and "residual" not in page.inner_text("#tf-inspector"):
-        page.click("#tf-step")  # until the first rejection has opened the inspector
-        time.sleep(0.3)
-        if "tok/s" in status(page):
-            break
-    page.uncheck("#tf-stepmode input[type=checkbox]")  # run on to the end
-    wait_status(page, "tok/s", "rror")
-    assert "residual" in page.inner_text("#tf-inspector")  # opened by the lesson itself
+    intro = page.inner_text("#tf-lesson")
+    budget = int(re.search(r"The retrieval budget is ([\d,]+) tokens", intro).group(1).replace(",", ""))
+    context = int(re.search(r"about a quarter of the context \(([\d,]+) tokens\)", intro).group(1).replace(",", ""))
+    assert budget < context / 2 and budget_box.input_value() == str(budget)
+    assert "the retrieval level reads" in page.inner_text("#tf-gauge")  # a real selection, not the whole context
+    # it runs by itself: three rounds go by without a click
+    wait_status(page, "Lesson: round 3 done", "tok/s", "rror", timeout=120)
+    assert "Round 3:" in page.inner_text("#tf-narration") or "tok/s" in status(page)
+    shot(page, "10-lesson-running")
+    if "tok/s" not in status(page):
+        page.click("#tf-step")  # Step is there: the next round at once (then on by itself, to the end)
+    done = wait_status(page, "tok/s", "rror")
+    assert "not counting" in done and "waiting for Step" in done, done  # its speed leaves the pauses out
+    levels = set(last_answer_tokens(page).evaluate_all("els => els.map(e => e.className)"))
+    assert {"tf-tok tf-draft", "tf-tok tf-retrieval", "tf-tok tf-target"} <= levels, levels
+    figures = page.inner_text("#tf-stats")
+    assert re.search(r"acceptance, lookup / small draft → retrieval\s+[01]\.\d\d", figures), figures
+    inspector = page.inner_text("#tf-inspector")  # opened by the lesson itself
+    assert "residual" in inspector and re.search(r"the replacement «.+» was drawn from the residual", inspector), inspector
+    # the settings the lesson changed are the user's again (the teaching view stays on)
+    page.wait_for_function("document.querySelector('#tf-lesson').innerText.includes('your settings are back')")
+    expect = pytest.importorskip("playwright.sync_api").expect
+    expect(budget_box).to_have_value(before)
+    assert page.is_checked(settings[0]) and not page.is_checked(settings[1])
+    assert page.is_checked("#tf-teaching input[type=checkbox]")
     rejected = page.locator(".tf-assistant").last.locator("s.tf-rej[title*='rejected: u']")
     assert rejected.count() > 0
     rejected.last.click()

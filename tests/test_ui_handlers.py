@@ -123,7 +123,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, info, _gauge, status, *_panels, box, toc = documents.set_document(None, _book(), 32)
+    user, info, _gauge, status, *_panels, box, toc, _upload, _note = documents.set_document(None, _book(), 32)
     # Not refused, not cut: each question reads the sections most relevant to it ...
     assert "over the context window of 1,024" in status and "each question reads the sections" in status
     assert isinstance(user.session, BookSession) and user.session.document_tokens == 0
@@ -136,7 +136,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     assert documents.on_answered(user)["value"] == sorted({s["number"] - 1 for s in read})  # ticked
     # ... until the user ticks sections and reads those: a plain conversation over them
     labels = [label for label, _ in toc["choices"]]
-    assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u20033. Beta detail · 320 tokens"
+    assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u2003└ 3. Beta detail · 320 tokens"
     assert labels[1] == "2. Beta · 620 tokens"  # a section includes its subsection
     assert "4 sections, about 1,270 tokens" in toc["label"] and "window of 1,024" in toc["label"]
 
@@ -148,7 +148,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     assert isinstance(user.session, BookSession)  # nothing changed
     out = documents.on_sections([0, 2, 3], user, 32, 12)  # Alpha, Beta detail, Gamma
     assert not isinstance(user.session, BookSession)
-    assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-1]["value"] == [0, 2, 3]
+    assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-3]["value"] == [0, 2, 3]
     assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
     assert 970 < user.session.document_tokens < 1000
     updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values()))
@@ -157,7 +157,7 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
         documents.on_sections([], user, 32, 12)
     # A document that fits loads as before, its table of contents offered too.
     small = Document(words(50, 1), "md", "s.md", (Section(0, "section: S", "S", 1, 10),))
-    user, *_rest, box, toc = documents.set_document(user, small, 32)
+    user, *_rest, box, toc, _upload, _note = documents.set_document(user, small, 32)
     assert user.document is small and box["visible"] is True and len(toc["choices"]) == 1
 
 
@@ -224,6 +224,35 @@ def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: Tri
     for name in ("acceptance", "speed", "inspector_plot"):
         assert out[name].to_json() == cleared[name].to_json(), name
     assert "no answer yet" in out["stats"]
+
+
+def test_a_refused_file_is_said_under_the_upload_box_which_lets_go_of_it(chat_engine: TriForceEngine, worker,
+                                                                          tmp_path):
+    """A renamed file (a web page saved as report.pdf): the reason shows on the line under the
+    upload box and in the status line, the box is emptied, the document loaded before stays.
+    The next document loaded empties that line; the sample also empties the box."""
+    from ui.views import DOCUMENT_OUTPUTS
+
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents = DocumentHandlers(ctx)
+    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    renamed = tmp_path / "report.pdf"
+    renamed.write_text("<!DOCTYPE html><html><body><h1>Report</h1><p>w1 w2 w3</p></body></html>", encoding="utf-8")
+    with pytest.warns(UserWarning, match="report.pdf"):  # gr.Warning: a toast as well
+        out = dict(zip(DOCUMENT_OUTPUTS, documents.on_upload(str(renamed), user, 32)))
+    assert 'class="tf-upload-note tf-error"' in out["upload_note"] and "Could not read report.pdf" in out["upload_note"]
+    assert "not a PDF file" in out["upload_note"] and "renamed?" in out["upload_note"]  # the reader's own words
+    assert "Could not read report.pdf" in out["status"] and "tf-error" in out["status"]
+    assert out["upload"]["value"] is None and "__type__" in out["upload"]  # the box lets go of the refused file
+    assert out["user"] is user and user.document.name == "d.txt"  # the document before stays
+    assert all(isinstance(out[name], type(gr.skip())) for name in ("docinfo", "gauge", "chat", "toc", "toc_list"))
+    good = tmp_path / "notes.md"
+    good.write_text("# Notes\n\n" + words(100, 5), encoding="utf-8")
+    out = dict(zip(DOCUMENT_OUTPUTS, documents.on_upload(str(good), user, 32)))
+    assert "tf-error" not in out["upload_note"] and isinstance(out["upload"], type(gr.skip()))  # it shows notes.md
+    out = dict(zip(DOCUMENT_OUTPUTS, documents.on_sample(user, 32)))
+    assert out["upload"]["value"] is None and user.document.name == "python-tutorial-classes.txt"
 
 
 def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: TriForceEngine, worker):
@@ -323,6 +352,58 @@ def test_the_last_update_of_an_answer_opens_the_inspector_on_its_first_rejection
     assert not isinstance(final, skip) and "rejected</b>" in final and "u = " in final
     assert f"«{chat_engine.detokenize([first.token_id])}»" in final  # decoded by the model's tokenizer
     assert user.auto_inspect is False  # opened once
+
+
+def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_settings_back(
+        chat_engine: TriForceEngine, worker, monkeypatch):
+    """The lesson's budget is about a quarter of the context, so the retrieval level drops chunks:
+    each of the three levels proposes tokens and the retrieval level checks some. Its answer
+    runs by itself (each pause ends after LESSON_ROUND_S, no Step pressed), and when it ends the
+    settings it changed come back as the user had them."""
+    import ui.handlers.answers as answers_module
+    from ui.handlers.teaching import LESSON_CONTROLS, LESSON_QUESTION, RESTORED
+
+    pace = 0.3
+    monkeypatch.setattr(answers_module, "LESSON_ROUND_S", pace)
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
+    user, *_ = documents.set_document(None, Document(words(700, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    context = user.session.document_tokens
+    mine = dict(teaching=False, stepmode=False, mode="lookup", temperature=0.0, seed=-1, lookup=True, budget=512)
+    out = teaching.lesson_setup(user, *(mine[name] for name in LESSON_CONTROLS), 4)
+    lesson = dict(zip(LESSON_CONTROLS, out))
+    budget = lesson["budget"]["value"]
+    assert lesson["teaching"] is True and lesson["stepmode"] is True and lesson["mode"]["value"] == "triforce"
+    assert budget == context // 4 // 64 * 64 and budget < context / 2, (budget, context)
+    assert out[len(LESSON_CONTROLS)] == LESSON_QUESTION
+    assert f"The retrieval budget is {budget:,} tokens, about a quarter of the context ({context:,} tokens)" \
+        in out[-1] and "cheapest" in out[-1]
+    values = _values(mode="triforce", temperature=0.8, seed=3, lookup=False, budget=budget, max_new_tokens=30)
+    statuses = [out[2] for out in answers.on_ask("w9 w10", user, True, True, "", *values)]
+    trace, job = user.answers[0].trace, user.job
+    s = trace.stats
+    # three levels at work, the middle one over a real selection
+    assert all(s.committed_by_level.get(level, 0) > 0 for level in ("draft", "retrieval", "target")), \
+        s.committed_by_level
+    assert s.proposed.get("retrieval", 0) > 0 and 0 <= s.acceptance["retrieval"] <= 1
+    first = trace.selections[0]
+    spans = list(zip(first.chunk_token_spans, first.scores_or_counts))  # each chunk, with the heads that chose it
+    assert not first.dense and sum(b - a for (a, b), _n in spans) < context  # some chunks no head reads
+    assert sum(n * (b - a) for (a, b), n in spans) <= first.heads_total * budget  # each head reads its budget
+    # it ran by itself: every pause (after the prefill, after each round but the last) ended on its own
+    assert job.steps_taken == len(job.waits) == len(trace.rounds) > 3
+    assert all(seconds >= pace * 0.9 for _after, seconds in job.waits)
+    assert any("Lesson: round 1 done; round 2 follows in a second" in st for st in statuses)
+    assert "not counting" in statuses[-1]  # its speed leaves the pauses out
+    # it ends: the settings come back, but the teaching view
+    back = dict(zip((*RESTORED, "lesson"), teaching.lesson_end(user)))
+    assert {name: back[name]["value"] for name in RESTORED} == {name: mine[name] for name in RESTORED}
+    assert "your settings are back" in back["lesson"] and user.lesson is None
+    assert all(isinstance(u, type(gr.skip())) for u in teaching.lesson_end(user))  # only once
+    # the next question is the user's own: it does not run by itself
+    list(answers.on_ask("w11", user, False, False, "", *_values()))
+    assert user.job.waits == [] and user.job.steps_taken == 0
 
 
 def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriForceEngine, worker):

@@ -50,9 +50,36 @@ def test_rejected_drafts_are_placed_where_they_happened():
         ("token", "<30>", "target"),
     ]
     assert trace.token_ids == [10, 20, 30] and trace.levels == ["draft", "retrieval", "target"]
+    # each verifier's first rejection names the token it drew in its place; the tail after it, none
+    replaced = [(s.text, s.replaced_by) for s in trace.segments if s.kind == "rejected"]
+    assert replaced == [("<11>", 20), ("<12>", 30), ("<13>", -1)]
     r = trace.rounds[0]
     assert r.committed == 3 and r.proposed == {"retrieval": 4, "target": 4} and r.accepted == {"retrieval": 3, "target": 2}
     assert trace.acceptance() == {"retrieval": 0.75, "target": 0.5}
+
+
+def test_the_inspector_names_the_replacement_drawn_from_the_residual():
+    from triforce_core.decoding.events import TokenCheck
+    from ui.inspector import inspector_html
+    from ui.trace import Segment
+
+    check = TokenCheck(11, "draft", "retrieval", q=0.6, p=0.1, u=0.42, accepted=False, p_top=((20, 0.5), (11, 0.1)),
+                       q_top=((11, 0.6),), residual_top=((20, 0.8), (12, 0.2)))
+    seg = Segment("rejected", "<11>", "draft", "", 11, (check,), round=1, rejected_by="retrieval", replaced_by=20)
+    text = inspector_html(seg, decode)
+    assert "the replacement «&lt;20&gt;» was drawn from the residual" in text and "residual probability 0.8000" in text
+    unnamed = inspector_html(Segment("rejected", "<11>", "draft", "", 11, (check,), round=1), decode)
+    assert "the replacement was drawn from the residual" in unnamed and "«&lt;20&gt;»" not in unnamed
+
+
+def test_the_table_of_contents_is_a_tree():
+    from ui.views import toc_label
+
+    top, sub, subsub = toc_label(1, "Classes", 1, 2048), toc_label(2, "Scopes", 2, 512), toc_label(3, "Names", 3, 64)
+    assert top == "1. Classes · 2,048 tokens"
+    assert sub == "\u2003└ 2. Scopes · 512 tokens" and subsub == "\u2003\u2003\u2003└ 3. Names · 64 tokens"
+    # each level sits further in than its parent (em spaces: HTML keeps them)
+    assert [len(x) - len(x.lstrip("\u2003")) for x in (top, sub, subsub)] == [0, 1, 3]
 
 
 def test_teaching_view_shows_rejections_and_rounds_only_when_asked():

@@ -27,13 +27,13 @@ from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
 from .handlers.documents import DocumentHandlers
 from .handlers.models import MODEL_OUTPUTS, ModelHandlers, model_info, modes_for
-from .handlers.teaching import TeachingHandlers
+from .handlers.teaching import LESSON_CONTROLS, RESTORED, TeachingHandlers
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
 from .settings import SETTING_NAMES, SETTING_ROWS, Settings, retrieval_budget, setting_control
 from .state import AppContext, SessionPool
-from .views import DOCUMENT_OUTPUTS, PANELS, STREAMED, doc_info, gauge, stats_rows, transcript
+from .views import DOCUMENT_OUTPUTS, PANELS, STREAMED, doc_info, gauge, stats_rows, transcript, upload_note
 
 __all__ = ["CSS_PATH", "MAX_UPLOAD_MB", "Settings", "build_app"]
 
@@ -92,6 +92,7 @@ def build_app(
                     upload = gr.File(label="Document (txt, md, html, pdf, epub, docx)", file_types=FILE_TYPES,
                                      elem_id="tf-upload", scale=3)
                     sample_btn = gr.Button("Use the sample document", elem_id="tf-sample", scale=1)
+                page["upload_note"] = gr.HTML(upload_note(), elem_id="tf-upload-note")  # why a file was refused
                 page["docinfo"] = gr.HTML(doc_info(None), elem_id="tf-docinfo")
                 page["gauge"] = gr.HTML(gauge(None, retrieval_budget(defaults.budget, defaults.mode), ctx.window),
                                         elem_id="tf-gauge")
@@ -154,6 +155,7 @@ def build_app(
             api_answer = gr.Textbox(label="answer")
             api_btn = gr.Button("chat")
 
+        page["upload"] = upload
         # -- wiring ----------------------------------------------------------------------------
         user, budget, mode = page["user"], controls["budget"], controls["mode"]
         settings_inputs = [controls[name] for name in SETTING_NAMES]
@@ -185,10 +187,14 @@ def build_app(
         pick.change(teach.on_pick, [pick, user], [page["inspector"], page["inspector_plot"]], queue=False, **private)
         step_btn.click(teach.on_step, [user], None, queue=False, **private)
         stepmode.change(teach.on_step_mode, [user, stepmode], None, queue=False, **private)
-        lesson_controls = [teaching, stepmode, controls["mode"], controls["temperature"], controls["seed"],
-                           controls["lookup"], asked, lesson]
+        # The lesson: the sample, its settings (the user's kept), its question, running by itself;
+        # when its answer ends (or stops), the user's settings come back.
+        by_name = {"teaching": teaching, "stepmode": stepmode, **controls}
+        lesson_controls = [by_name[name] for name in LESSON_CONTROLS]
         lesson_btn.click(documents.on_sample, [user, budget, mode], doc_outputs, **private).then(
-            teach.lesson_setup, [user], lesson_controls, **private).success(**ask)
+            teach.lesson_setup, [user, *lesson_controls, controls["chunk_size"]], lesson_controls + [asked, lesson],
+            **private).success(**ask).then(**tick).then(
+            teach.lesson_end, [user], [by_name[name] for name in RESTORED] + [lesson], **private)
         for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
             control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
         # the user's own pick of a mode (not the lesson's or a model switch's): the panels of the

@@ -50,7 +50,8 @@ def _number_line(c: TokenCheck) -> str:
     )
 
 
-def _check_block(c: TokenCheck, decode: Decode) -> str:
+def _check_block(c: TokenCheck, decode: Decode, replaced_by: int = -1) -> str:
+    """One verification; `replaced_by`: for a rejection, the token the verifier drew instead."""
     verdict = "accepted" if c.accepted else "rejected"
     head = (f'<div class="tf-check tf-check-{verdict}"><b>{html.escape(_label(c.verifier))}</b> checked it: '
             f"<b>{verdict}</b>. q(x) = {c.q:.4f} ({html.escape(_label(c.proposer))}"
@@ -68,7 +69,10 @@ def _check_block(c: TokenCheck, decode: Decode) -> str:
             f"{c.p / c.q if c.q > 0 else float('inf'):.4f}.")
     after = ""
     if not c.accepted:
-        after = ("<br>Rejected, so the replacement was drawn from the residual norm(max(0, p − q)): "
+        drawn = f" «{html.escape(_tok(decode, replaced_by))}»" if replaced_by >= 0 else ""
+        share = dict(c.residual_top).get(replaced_by) if replaced_by >= 0 else None
+        odds = f" (residual probability {share:.4f})" if share is not None else ""
+        after = (f"<br>Rejected, so the replacement{drawn} was drawn from the residual norm(max(0, p − q)){odds}: "
                  "the tokens where p exceeds q (the grey bars).")
     return f"{head}<br>{rule}{_number_line(c)}{after}</div>"
 
@@ -82,8 +86,9 @@ def inspector_html(seg: Segment | None, decode: Decode, inspected: bool = True) 
     kind = "rejected proposal" if seg.kind == "rejected" else "token"
     parts = [f'<div class="tf-inspector"><div><b>«{html.escape(_tok(decode, seg.token_id))}»</b> · {kind} '
              f"proposed by the <b>{html.escape(_label(seg.level))}</b> · round {seg.round}</div>"]
-    for c in seg.checks:
-        parts.append(_check_block(c, decode))
+    for k, c in enumerate(seg.checks):
+        last = k == len(seg.checks) - 1  # the check that rejected it, when it was rejected
+        parts.append(_check_block(c, decode, seg.replaced_by if last else -1))
     d = seg.drawn_from
     if d is not None:
         how = ("from the residual norm(max(0, p − q))" if d.u is not None else "as its argmax (greedy)")

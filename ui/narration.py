@@ -61,12 +61,15 @@ def _first_target_rejection(segs: list[Segment]) -> Segment | None:
     return next((s for s in segs if s.rejected_by == "target"), None)
 
 
-def narration_html(trace: AnswerTrace | None, last: int = 4, waiting: bool = False) -> str:
-    """The last rounds' sentences, newest last; `waiting`: the generation waits for Step."""
+def narration_html(trace: AnswerTrace | None, last: int = 4, waiting: bool = False, auto_step: bool = False) -> str:
+    """The last rounds' sentences, newest last; `waiting`: the generation waits for Step
+    (`auto_step`: the lesson, whose next round follows by itself)."""
     if trace is None or not trace.rounds:
         return '<div class="tf-narration tf-empty">Each round of speculation is described here.</div>'
     n = len(trace.rounds)
     items = "".join(f"<li>{html.escape(round_sentence(trace, k))}</li>" for k in range(max(1, n - last + 1), n + 1))
-    tail = ('<div class="tf-narration-next">Press <b>Step</b> for the next round.</div>' if waiting else "")
+    nxt = ("The next round follows in a second, or press <b>Step</b>." if auto_step
+           else "Press <b>Step</b> for the next round.")
+    tail = f'<div class="tf-narration-next">{nxt}</div>' if waiting else ""
     colours = " ".join(f'<span class="tf-tok tf-{lvl}">{label}</span>' for lvl, (label, _) in LEVEL_STYLE.items())
     return f'<div class="tf-narration"><ol start="{max(1, n - last + 1)}">{items}</ol>{tail}<div>{colours}</div></div>'

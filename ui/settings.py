@@ -82,7 +82,7 @@ _SLIDERS = {  # name: (low, high, step, label)
     "draft_window": (16, 2048, 16, "Draft window"),
 }
 _ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup",
-             "repetition_penalty": "tf-repetition-penalty"}
+             "repetition_penalty": "tf-repetition-penalty", "budget": "tf-budget"}
 assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
 
 

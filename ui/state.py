@@ -36,6 +36,15 @@ class Answer:
     inspected: bool = False  # generated with inspect=True: its tokens carry the rule's values
 
 
+@dataclass
+class Lesson:
+    """The guided lesson of one user: the settings it changed, as the user had them (restored
+    when it ends), and whether its question has been asked (that one answer runs by itself)."""
+
+    saved: dict[str, object]
+    asked: bool = False
+
+
 @dataclass(eq=False)
 class UserState:
     """One browser session: its document, conversation (a `ChatSession`) and answers."""
@@ -50,6 +59,7 @@ class UserState:
     book_sizes: list[int] = field(default_factory=list)  # tokens of each of the book's sections
     last_used: float = field(default_factory=time.monotonic)
     auto_inspect: bool = False  # the lesson: open the inspector on the next answer's first rejection
+    lesson: Lesson | None = None  # a lesson under way
     model: ServedModel | None = None  # a model the user switched to (None: the server's started model)
 
     @property

@@ -45,6 +45,7 @@ class Segment:
     drawn_from: TokenCheck | None = None  # the rejection this token replaced (inspect)
     round: int = 0  # 1-based round the segment belongs to
     rejected_by: str = ""  # for a rejected proposal: the level that discarded it
+    replaced_by: int = -1  # for the first proposal a verifier rejected: the token it drew in its place
 
 
 def check_summary(c: TokenCheck) -> str:
@@ -99,6 +100,7 @@ class AnswerTrace:
         self._target: Verified | None = None
         self._proposed: dict[str, int] = {}
         self._accepted: dict[str, int] = {}
+        self._replacements: dict[tuple[int, int], int] = {}  # (offset, rejected token) -> the retrieval level's draw
 
     def push(self, ev, now: float = 0.0) -> None:
         if isinstance(ev, Prefilled):
@@ -141,6 +143,8 @@ class AnswerTrace:
         if ev.rejected_ids:
             self._inline.setdefault(base + ev.accepted, []).extend(
                 (t, lower, (rejection,) if k == 0 and rejection else (), None) for k, t in enumerate(ev.rejected_ids))
+            if ev.resampled_id is not None:
+                self._replacements[(base + ev.accepted, ev.rejected_ids[0])] = ev.resampled_id
         self._spec += [(t, lower, checks[j:j + 1], None) for j, t in enumerate(drafted[: ev.accepted])]
         extra = ev.resampled_id if ev.resampled_id is not None else ev.bonus_id
         if extra is not None:
@@ -158,15 +162,18 @@ class AnswerTrace:
         target_rejection = (target.checks[accepted] if target is not None and target.rejected_ids
                             and len(target.checks) > accepted else None)
         for i, (text, level) in enumerate(zip(self._detok.push(ev.token_ids), ev.levels)):
-            for tok, lvl, checks, _ in self._inline.get(i, []) if i <= accepted else []:
+            for k, (tok, lvl, checks, _) in enumerate(self._inline.get(i, []) if i <= accepted else []):
                 note = check_summary(checks[-1]) if checks else f"{lvl} token discarded after the rejection before it"
+                drawn = self._replacements.get((i, tok), -1) if k == 0 else -1
                 self.segments.append(Segment("rejected", self._piece(tok), lvl, note, tok, checks, round=n,
-                                             rejected_by="retrieval"))
+                                             rejected_by="retrieval", replaced_by=drawn))
             if i == accepted:
                 for k, (tok, lvl, checks, _) in enumerate(rejected_tail):
                     note = check_summary(checks[-1]) if k == 0 and checks else "proposal rejected by the full target"
+                    # the target's own token, committed here, replaced the first proposal it rejected
+                    drawn = ev.token_ids[i] if k == 0 else -1
                     self.segments.append(Segment("rejected", self._piece(tok), lvl, note, tok, checks, round=n,
-                                                 rejected_by="target"))
+                                                 rejected_by="target", replaced_by=drawn))
             tok = ev.token_ids[i]
             if i < accepted and i < len(self._spec):
                 _, _, checks, drawn = self._spec[i]

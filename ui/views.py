@@ -26,19 +26,44 @@ from .trace import AnswerTrace
 STREAMED = ("user", "chat", "status", "map", "passages", "acceptance", "speed", "stats", "gauge", "narration",
             "inspector", "inspector_plot")
 PANELS = ("passages", "acceptance", "speed", "stats", "narration", "inspector", "inspector_plot")
-DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", *PANELS, "toc", "toc_list")
+# "upload": the upload box (emptied when it would show a file that is not the document loaded);
+# "upload_note": the line under it that says why a file was refused.
+DOCUMENT_OUTPUTS = ("user", "docinfo", "gauge", "status", "chat", "map", *PANELS, "toc", "toc_list", "upload",
+                    "upload_note")
+
+
+def upload_note(message: str = "") -> str:
+    """The line under the upload box: why the last file was refused ('' when none was)."""
+    if not message:
+        return '<div class="tf-upload-note"></div>'
+    return f'<div class="tf-upload-note tf-error" role="alert">{html.escape(message)}</div>'
+
+
+def with_outputs(outputs: tuple, **changes) -> tuple:
+    """`DOCUMENT_OUTPUTS` updates with some replaced by name."""
+    named = dict(zip(DOCUMENT_OUTPUTS, outputs))
+    named.update(changes)
+    return tuple(named[name] for name in DOCUMENT_OUTPUTS)
+
+
+TOC_INDENT = "\u2003\u2003"  # per level below the top (an em space is kept by HTML, unlike a space)
+
+
+def toc_label(number: int, title: str, level: int, tokens: int) -> str:
+    """One line of the table of contents, as a tree: a subsection indented by its depth under
+    its parent, with a branch mark ('1. Classes · 2,048 tokens', then '  └ 2. Scopes · 512 tokens')."""
+    branch = TOC_INDENT * (level - 2) + "\u2003└ " if level > 1 else ""
+    return f"{branch}{number}. {title[:70]} · {tokens:,} tokens"
 
 
 def toc_update(user: UserState | None, window: int) -> tuple:
-    """The table of contents (its box, its list): one choice per section of the book, indented
-    by level, with its size in tokens; hidden when the document has no sections."""
+    """The table of contents (its box, its list): one choice per section of the book, one per
+    line (app.css), a subsection indented under its parent, with its size in tokens; hidden
+    when the document has no sections."""
     book = user.book if user is not None else None
     if book is None or not book.sections:
         return gr.update(visible=False), gr.update(choices=[], value=[])
-    choices = [
-        ("\u2003" * (s.level - 1) + f"{i + 1}. {s.title[:70]} · {n:,} tokens", i)
-        for i, (s, n) in enumerate(zip(book.sections, user.book_sizes))
-    ]
+    choices = [(toc_label(i + 1, s.title, s.level, n), i) for i, (s, n) in enumerate(zip(book.sections, user.book_sizes))]
     total = sum(user.book_sizes[i] for i in top_level(book.sections))
     label = (f"Table of contents: {len(choices)} sections, about {total:,} tokens against a window of {window:,}. "
              "Tick the sections to read (a section includes its subsections), then Read the selected sections.")
@@ -177,11 +202,12 @@ def transcript(user: UserState | None, teaching: bool) -> str:
     return transcript_html(turns)
 
 
-def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, waiting: bool = False) -> tuple:
+def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, waiting: bool = False,
+                     auto_step: bool = False) -> tuple:
     """The round narration (teaching view) and, for the lesson, the inspector opened once on the
     answer's first checked rejection."""
     t = answer.trace
-    narration = narration_html(t, waiting=waiting) if teaching else gr.skip()
+    narration = narration_html(t, waiting=waiting, auto_step=auto_step) if teaching else gr.skip()
     inspector = plot = gr.skip()
     if user.auto_inspect and decode is not None:
         seg = next((s for s in t.segments if s.kind == "rejected" and s.checks), None)
@@ -193,13 +219,13 @@ def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, wa
 
 def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool, budget, window: int,
                    new_map: bool, *, panels: bool = True, decode: Callable[[list[int]], str] | None = None,
-                   waiting: bool = False) -> tuple:
+                   waiting: bool = False, auto_step: bool = False) -> tuple:
     """The `STREAMED` updates while `answer` streams: with `panels` the figures and tables too
     (re-drawn only now and then: plots are the browser's heaviest work), with `new_map` also the
     retrieval map and its passages (after a new chunk selection). `waiting`: a stepped
-    generation waits for Step."""
+    generation waits for Step (`auto_step`: or, in the lesson, for its next round)."""
     t = answer.trace
-    extra = teaching_updates(user, answer, teaching, decode, waiting)
+    extra = teaching_updates(user, answer, teaching, decode, waiting, auto_step)
     if not panels:  # text only: the answer so far, the status line and the narration
         return (user, transcript(user, teaching), status) + (gr.skip(),) * 6 + extra
     map_fig = passages = gr.skip()

@@ -25,7 +25,7 @@ from ..trace import AnswerTrace
 from ..views import (PANELS, answer_footer, answer_updates, cleared_panels, empty_panels, gauge,
                      prefill_progress_text, transcript)
 from .documents import read_document
-from .teaching import round_pauses
+from .teaching import LESSON_ROUND_S, round_pauses
 
 UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the page
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
@@ -89,12 +89,14 @@ class AnswerHandlers:
         self.ctx = ctx
 
     def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str,
-                 config: GenerationConfig | None = None, stepping: bool = False):
+                 config: GenerationConfig | None = None, stepping: bool = False, auto_step_s: float | None = None):
         """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates;
         `budget`: the gauge's retrieval budget (`settings.retrieval_budget`, None without that level).
 
         With the teaching view on, the generation was started with inspect=True (`start` does
-        that); with `config`, it can be stepped round by round (paused while `stepping`)."""
+        that); with `config`, it can be stepped round by round (paused while `stepping`). With
+        `auto_step_s` (the lesson), a pause ends by itself after that many seconds: the answer
+        runs one round at that pace, Step still ends a pause at once."""
         ctx = self.ctx
         engine, window = ctx.engine_of(user), ctx.window_of(user)  # the user's model
         answer = Answer(AnswerTrace(engine.detokenize), inspected=teaching)
@@ -103,6 +105,7 @@ class AnswerHandlers:
         ctx.sessions.touch(user)
         turn = _Turn(user, answer, label, engine.target.spec, job)
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
+        paused_at = None  # when the current pause was first seen (auto_step_s)
         try:
             for _ in follow(job, turn.take, lambda: interval):
                 now = time.perf_counter()
@@ -110,14 +113,22 @@ class AnswerHandlers:
                 if panels:
                     last_panels = now
                 waiting = job.waiting
+                if auto_step_s is not None:
+                    paused_at = (now if paused_at is None else paused_at) if waiting else None
+                    if waiting and now - paused_at >= auto_step_s:
+                        job.step()
+                        paused_at, waiting = None, False
                 status = turn.status
                 if waiting:
                     rounds = len(answer.trace.rounds)
+                    done = f"{'round ' + str(rounds) if rounds else 'the prefill'} done"
                     status = status_html(
-                        f"Step mode: {'round ' + str(rounds) if rounds else 'the prefill'} done. Press Step for "
-                        f"round {rounds + 1} (untick Step mode to run on).", "info")
+                        f"Lesson: {done}; round {rounds + 1} follows in a second (Step: at once; untick Step mode: "
+                        "run to the end; Stop: end it)." if auto_step_s is not None else
+                        f"Step mode: {done}. Press Step for round {rounds + 1} (untick Step mode to run on).", "info")
                 out = answer_updates(user, answer, status, teaching, budget, window, new_map=turn.new_map and panels,
-                                     panels=panels, decode=engine.detokenize, waiting=waiting)
+                                     panels=panels, decode=engine.detokenize, waiting=waiting,
+                                     auto_step=auto_step_s is not None)
                 # The page re-renders the whole transcript on each update: send long ones less
                 # often, so a slow browser never falls behind (and a Stop shows at once).
                 interval = max(UPDATE_EVERY_S, len(out[1]) / HTML_BYTES_PER_S)
@@ -171,7 +182,11 @@ class AnswerHandlers:
             return events
 
         budget = retrieval_budget(settings.budget, settings.mode)
-        yield from self.run_turn(user, start, teaching, budget, "Answering", config, bool(stepping))
+        lesson = user.lesson is not None and not user.lesson.asked  # the lesson's question: it runs by itself
+        if lesson:
+            user.lesson.asked = True
+        yield from self.run_turn(user, start, teaching, budget, "Lesson" if lesson else "Answering", config,
+                                 bool(stepping), auto_step_s=LESSON_ROUND_S if lesson else None)
 
     def on_regenerate(self, user, teaching, stepping, system, *setting_values):
         user, settings = self.prepare(user, setting_values)

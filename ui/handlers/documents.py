@@ -22,7 +22,8 @@ from ..figures import retrieval_map_figure
 from ..render import status_html
 from ..settings import retrieval_budget
 from ..state import AppContext, UserState
-from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
+from ..views import (DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript, upload_note,
+                     with_outputs)
 
 
 def _skipped() -> tuple:
@@ -53,12 +54,15 @@ class DocumentHandlers:
         user.document, user.answers, user.spans = doc, [], []
 
     def _outputs(self, user: UserState, budget, mode: str | None, status: str) -> tuple:
-        """`mode`: the settings' (None: the app's default), for the gauge's retrieval budget."""
+        """`mode`: the settings' (None: the app's default), for the gauge's retrieval budget. The
+        upload box is left as it is, the line under it emptied (a handler that loads something
+        else than the box's file empties the box)."""
         w = self.ctx.window_of(user)  # the user's model's
         budget = retrieval_budget(budget, mode or self.ctx.defaults.mode)
         panels = cleared_panels()  # the answers they showed belong to the document (or model) before
         return (user, doc_info(user), gauge(user, budget, w), status, transcript(user, False),
-                retrieval_map_figure(None), *(panels[name] for name in PANELS), *toc_update(user, w))
+                retrieval_map_figure(None), *(panels[name] for name in PANELS), *toc_update(user, w),
+                gr.skip(), upload_note())
 
     def set_document(self, user: UserState | None, doc: Document, budget, mode: str | None = None) -> tuple:
         user = user or self.ctx.new_user()
@@ -106,7 +110,7 @@ class DocumentHandlers:
         self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
         out = self._outputs(user, budget, mode, status_html(
             f"Reading sections {names} of {book.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
-        return out[:-1] + (gr.update(value=picked),)
+        return with_outputs(out, toc_list=gr.update(value=picked))
 
     def on_answered(self, user: UserState | None):
         """After an answer of a book read by relevance: tick the sections the question read."""
@@ -122,15 +126,18 @@ class DocumentHandlers:
         try:
             doc = load_document(path, max_bytes=self.ctx.max_bytes, name=path.name)
         except DocumentError as e:
+            # said under the upload box, where the eye is, and in the status line; the box lets go
+            # of the refused file (the document loaded before stays)
             message = f"Could not read {path.name}: {e}"
             gr.Warning(message)
-            skip = _skipped()
-            return (user, *skip[1:3], status_html(message, "error"), *skip[4:])
+            return with_outputs(_skipped(), user=user, status=status_html(message, "error"),
+                                upload=gr.update(value=None), upload_note=upload_note(message))
         return self.set_document(user, doc, budget, mode)
 
     def on_sample(self, user, budget, mode=None):
         doc = load_document(SAMPLE_DOCUMENT, max_bytes=self.ctx.max_bytes)
-        return self.set_document(user, doc, budget, mode)
+        # the upload box would show a file that is no longer the document
+        return with_outputs(self.set_document(user, doc, budget, mode), upload=gr.update(value=None))
 
 
 def read_document(session: BookSession) -> Document:

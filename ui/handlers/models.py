@@ -140,7 +140,7 @@ class ModelHandlers:
             panels = cleared_panels()
             out = (user, doc_info(user), gauge(user, retrieval_budget(budget, return_mode), window),
                    status_html(head + ".", "ok"), transcript(user, False), retrieval_map_figure(None),
-                   *(panels[name] for name in PANELS), *toc_update(user, window))
+                   *(panels[name] for name in PANELS), *toc_update(user, window), gr.skip(), gr.skip())
         yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
                model_info(served.id, served.choice.note, served.engine),
                gr.update(value=served.engine.default_sampling().repetition_penalty))  # an instruct model's own

@@ -9,6 +9,7 @@ meanwhile, and Stop still ends it.
 
 from __future__ import annotations
 
+import html
 from typing import Callable
 
 import gradio as gr
@@ -18,28 +19,58 @@ from triforce_core.config import GenerationConfig
 from triforce_core.decoding.events import ChunksSelected, Committed, Prefilled
 
 from ..inspector import inspector_figure, inspector_html
-from ..state import AppContext, UserState
+from ..state import AppContext, Lesson, UserState
 
-# The lesson: the paper's three levels on the sample document, sampled, one round at a time.
+# The lesson: the paper's three levels on the sample document, sampled, one round a second.
 LESSON_QUESTION = "What is a class?"
 LESSON_SETTINGS = dict(mode="triforce", temperature=0.8, seed=3, lookup=False)
+LESSON_ROUND_S = 1.0  # the lesson runs by itself: the next round after this many seconds
+# The controls the lesson sets (`lesson_setup`'s inputs and first outputs, in this order); all
+# but the teaching view are given back as the user had them when it ends (`lesson_end`).
+LESSON_CONTROLS = ("teaching", "stepmode", "mode", "temperature", "seed", "lookup", "budget")
+RESTORED = LESSON_CONTROLS[1:]  # the teaching view stays on: the lesson's answer keeps its struck-through drafts
+BUDGET_STEP = 64  # the budget slider's step
 LESSON_INTRO = (
     "The lesson: the question «" + LESSON_QUESTION + "» over {document}, the paper's three levels "
-    "(small draft → retrieval level → full target), sampled at temperature 0.8, one round per Step. "
-    "Each round, the small draft proposes a few tokens, the retrieval level (the target's weights over a "
-    "few chunks of the document) keeps each with probability min(1, p/q) and replaces the first it rejects, "
-    "and the full target checks what the retrieval level emitted the same way. The inspector opens on the "
-    "first rejection: the draw u against p/q, and the residual the replacement came from."
+    "(small draft → retrieval level → full target), sampled at temperature 0.8, one round a second by itself "
+    "(Step: the next round at once; untick Step mode: run to the end; Stop: end it). "
+    "The retrieval budget is {budget:,} tokens, about a quarter of the context ({context}), so the "
+    "retrieval level reads only the chunks it selects (the map shows which). "
+    "Each round, the small draft proposes a few tokens, the retrieval level (the target's weights over those "
+    "chunks) keeps each with probability min(1, p/q) and replaces the first it rejects, and the full target "
+    "checks what the retrieval level emitted the same way. "
+    "The small draft is the cheapest: a far smaller model over a short window of recent tokens. "
+    "The retrieval level costs less than the full target: the same weights, but attention over {budget:,} "
+    "tokens of cache instead of the whole context. "
+    "The full target reads everything, once per round, to check several tokens in one forward. "
+    "The inspector opens on the first rejection: the draw u against p/q, and the token drawn from the residual "
+    "in its place. When the answer ends, your settings come back (the teaching view stays on)."
 )
 
 
-def lesson_intro(user: UserState | None) -> str:
+def lesson_context(user: UserState) -> int:
+    """Tokens of context the lesson's question reads: the document, or for a book over the
+    window the sections its question reads, up to the reading budget."""
+    if isinstance(user.session, BookSession):
+        return user.session.reading_budget
+    return user.session.document_tokens
+
+
+def lesson_budget(context: int, chunk_size: int) -> int:
+    """About a quarter of the context, in whole steps of the budget slider, and at least the
+    three chunks a retrieval budget holds: the retrieval level then drops most chunks."""
+    low = -(-3 * chunk_size // BUDGET_STEP) * BUDGET_STEP
+    return max(low, context // 4 // BUDGET_STEP * BUDGET_STEP)
+
+
+def lesson_intro(user: UserState | None, budget: int, context: int) -> str:
     """The lesson's opening words; a model whose window is shorter than the sample (SmolLM2)
     reads the sample's sections most relevant to the question, as for any book."""
     book = user is not None and isinstance(user.session, BookSession)
     what = ("the sections of the sample document most relevant to it (the whole is over this model's window)"
             if book else "the sample document")
-    return LESSON_INTRO.format(document=what)
+    size = f"up to {context:,} tokens" if book else f"{context:,} tokens"
+    return LESSON_INTRO.format(document=what, budget=budget, context=size)
 
 
 def round_pauses(config: GenerationConfig, eos_ids) -> Callable[[object], bool]:
@@ -98,14 +129,34 @@ class TeachingHandlers:
         if user is not None and user.job is not None:
             user.job.set_stepping(on)
 
-    def lesson_setup(self, user: UserState | None):
-        """After the sample is loaded: the lesson's settings, teaching view and step mode on,
-        the question to ask; the inspector will open on the first rejection."""
+    def lesson_setup(self, user: UserState | None, *values):
+        """After the sample is loaded: the lesson's settings (`LESSON_CONTROLS`, whose current
+        `values` it keeps to give back), its budget, teaching view and step mode on, the
+        question to ask, and its opening words; the inspector will open on the first rejection.
+        `values`: the `LESSON_CONTROLS` as the user has them, then the chunk size."""
         if self.ctx.engine_of(user).draft is None:
             raise gr.Error("The lesson shows the paper's three levels: it needs a small draft model (--draft).")
-        if user is not None:
-            user.auto_inspect = True
+        if user is None or user.document is None:
+            raise gr.Error("The lesson needs the sample document: it could not be loaded.")
+        *current, chunk_size = values
+        if user.lesson is None or user.lesson.asked:  # a lesson set up but never asked keeps what it saved
+            user.lesson = Lesson(dict(zip(LESSON_CONTROLS, current)))
+        user.auto_inspect = True
+        context = lesson_context(user)
+        budget = lesson_budget(context, int(chunk_size))
         s = LESSON_SETTINGS
         return (True, True, gr.update(value=s["mode"]), gr.update(value=s["temperature"]),
-                gr.update(value=s["seed"]), gr.update(value=s["lookup"]), LESSON_QUESTION,
-                f'<div class="tf-narration">{lesson_intro(user)}</div>')
+                gr.update(value=s["seed"]), gr.update(value=s["lookup"]), gr.update(value=budget), LESSON_QUESTION,
+                f'<div class="tf-narration">{html.escape(lesson_intro(user, budget, context))}</div>')
+
+    def lesson_end(self, user: UserState | None):
+        """The lesson's answer has ended (finished, stopped or failed): the settings it changed
+        come back as the user had them (`RESTORED`), with a last line under its opening words."""
+        if user is None or user.lesson is None or not user.lesson.asked:
+            return (gr.skip(),) * (len(RESTORED) + 1)
+        saved, user.lesson = user.lesson.saved, None
+        user.auto_inspect = False
+        done = ('<div class="tf-narration">The lesson is over: your settings are back (mode, temperature, seed, '
+                "context lookup, budget, step mode); the teaching view stays on, so its answer keeps its "
+                "struck-through drafts. Click any token to inspect it.</div>")
+        return (*(gr.update(value=saved[name]) for name in RESTORED), done)
