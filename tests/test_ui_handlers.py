@@ -376,6 +376,9 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     budget = lesson["budget"]["value"]
     assert lesson["teaching"] is True and lesson["stepmode"] is True and lesson["mode"]["value"] == "triforce"
     assert budget == context // 4 // 64 * 64 and budget < context / 2, (budget, context)
+    from ui.handlers.teaching import lesson_budget
+    assert lesson_budget(4096, 8) == 1024 and lesson_budget(9375, 8) == 2304  # SmolLM2 reading a book, the demo pair
+    assert lesson_budget(100, 64) == 192 and lesson_budget(10**6, 8) == 16384  # 3 chunks at least; the slider's top
     assert out[len(LESSON_CONTROLS)] == LESSON_QUESTION
     assert f"The retrieval budget is {budget:,} tokens, about a quarter of the context ({context:,} tokens)" \
         in out[-1] and "cheapest" in out[-1]

@@ -86,6 +86,12 @@ _ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lo
 assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
 
 
+def slider_range(name: str) -> tuple[float, float, float]:
+    """(low, high, step) of a setting's slider, e.g. the budget's."""
+    low, high, step, _label = _SLIDERS[name]
+    return low, high, step
+
+
 def setting_control(name: str, value, modes: list[str]):
     """The accordion's control for one `Settings` field, showing `value`."""
     elem_id = _ELEM_IDS.get(name)

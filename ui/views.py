@@ -63,7 +63,8 @@ def toc_update(user: UserState | None, window: int) -> tuple:
     book = user.book if user is not None else None
     if book is None or not book.sections:
         return gr.update(visible=False), gr.update(choices=[], value=[])
-    choices = [(toc_label(i + 1, s.title, s.level, n), i) for i, (s, n) in enumerate(zip(book.sections, user.book_sizes))]
+    sized = zip(book.sections, user.book_sizes)
+    choices = [(toc_label(i + 1, s.title, s.level, n), i) for i, (s, n) in enumerate(sized)]
     total = sum(user.book_sizes[i] for i in top_level(book.sections))
     label = (f"Table of contents: {len(choices)} sections, about {total:,} tokens against a window of {window:,}. "
              "Tick the sections to read (a section includes its subsections), then Read the selected sections.")
@@ -237,9 +238,10 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
     speed = [("this answer", t.tokens_per_s())]
     if answer.baseline is not None:
         speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
+    speed_fig = speed_figure(speed if t.new_tokens else [], "waits for Step left out" if t.waited_s > 0 else "")
     return (
         user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
-        speed_figure(speed if t.new_tokens else [], "waits for Step left out" if t.waited_s > 0 else ""), stats_html(stats_rows(answer)), gauge(user, budget, window),
+        speed_fig, stats_html(stats_rows(answer)), gauge(user, budget, window),
     ) + extra
 
 

@@ -4,7 +4,9 @@ the guided lesson.
 A token's `data-tf="turn:segment"` reaches `on_pick` through a hidden text box the page's
 script fills on click. Step mode submits the generation with a pause after each round
 (`round_pauses`): the worker then waits for `on_step` between rounds, serving other users
-meanwhile, and Stop still ends it.
+meanwhile, and Stop still ends it. The lesson is a stepped answer whose pauses end by
+themselves after LESSON_ROUND_S (`AnswerHandlers.run_turn`): `lesson_setup` keeps the user's
+settings and sets its own, `lesson_end` gives them back.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from triforce_core.config import GenerationConfig
 from triforce_core.decoding.events import ChunksSelected, Committed, Prefilled
 
 from ..inspector import inspector_figure, inspector_html
+from ..settings import slider_range
 from ..state import AppContext, Lesson, UserState
 
 # The lesson: the paper's three levels on the sample document, sampled, one round a second.
@@ -29,7 +32,6 @@ LESSON_ROUND_S = 1.0  # the lesson runs by itself: the next round after this man
 # but the teaching view are given back as the user had them when it ends (`lesson_end`).
 LESSON_CONTROLS = ("teaching", "stepmode", "mode", "temperature", "seed", "lookup", "budget")
 RESTORED = LESSON_CONTROLS[1:]  # the teaching view stays on: the lesson's answer keeps its struck-through drafts
-BUDGET_STEP = 64  # the budget slider's step
 LESSON_INTRO = (
     "The lesson: the question «" + LESSON_QUESTION + "» over {document}, the paper's three levels "
     "(small draft → retrieval level → full target), sampled at temperature 0.8, one round a second by itself "
@@ -57,10 +59,12 @@ def lesson_context(user: UserState) -> int:
 
 
 def lesson_budget(context: int, chunk_size: int) -> int:
-    """About a quarter of the context, in whole steps of the budget slider, and at least the
-    three chunks a retrieval budget holds: the retrieval level then drops most chunks."""
-    low = -(-3 * chunk_size // BUDGET_STEP) * BUDGET_STEP
-    return max(low, context // 4 // BUDGET_STEP * BUDGET_STEP)
+    """About a quarter of the context, in whole steps of the budget slider (within its range),
+    and at least the three chunks a retrieval budget holds: the retrieval level then drops
+    most chunks."""
+    low, high, step = (int(x) for x in slider_range("budget"))
+    least = max(low, -(-3 * chunk_size // step) * step)
+    return min(int(high), max(least, context // 4 // step * step))
 
 
 def lesson_intro(user: UserState | None, budget: int, context: int) -> str:
