@@ -330,7 +330,7 @@ def test_an_engine_gives_its_models_the_default_mode_and_integer_products_change
     floats = _logits(model)
     with int8.switched(True):  # the process's switch is read when an engine is made, not per forward
         assert torch.equal(_logits(model), floats)
-    for mode in (int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST):  # the target mixes K and 32-weight types
+    for mode in (int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST, int8.WIDE):  # the target mixes K and 32-weight types
         monkeypatch.setattr(model, "integer_products", mode)
         on = _logits(model)
         assert not torch.equal(on, floats), int8.LEVEL_NAMES[mode]

@@ -1,4 +1,4 @@
-"""Integer products over a GGUF file's blocks (`csrc/int8_rows.c`), in one of three modes.
+"""Integer products over a GGUF file's blocks (`csrc/int8_rows.c`, `csrc/int16_rows.c`), in one of four modes.
 
 On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are compute-bound:
 each weight is widened to a float and multiplied by a float. llama.cpp instead quantizes each
@@ -11,18 +11,23 @@ few-row forward (steps, verifications, the head); float32 weights keep their pat
   float32 at 97.9 % of positions, below the 98 % a default must keep.
 - TWO_LEVELS: the row, then what that left, each quantized to 8 bits: about 15 bits of each
   input (99.90 %, as the float path's 99.93 %), for twice the integer work.
-- FAST (the default on the fast path; `exact` takes the float path): two levels for the
-  256-weight types, where they beat the float products (Q4_K 1.9x at one row), the float path
-  for the 32-weight ones, where two levels lose to it.
+- FAST: two levels for the 256-weight types, where they beat the float products (Q4_K 1.9x at
+  one row), the float path for the 32-weight ones, where two levels lose to it.
+- WIDE (the default on the fast path; `exact` takes the float path): the 256-weight types over
+  16-bit activations, one integer product a row (about 16 bits of each input: a weight times its
+  sub-block's integer scale fits 16 bits, so `vpdpwssd` multiplies them); the float path for the
+  32-weight ones. Faster than FAST at every row count, and closer to the float path.
 
 What every mode keeps: each row is quantized on its own and every output's float arithmetic
 follows one order (the kernel's header), so a verification's rows equal a step's bit for bit,
-whatever the threads or the vector path (tests/test_int8_rows.py, tests/test_int8_two_levels.py).
+whatever the threads or the vector path (tests/test_int8_rows.py, tests/test_int8_two_levels.py,
+tests/test_int16_rows.py).
 
 Measured (`python -m bench.int8_rows`, one [2048 x 2048] matrix, one thread, float time / integer
 time, one row and seven): on an AMD EPYC (Zen 4, AVX-512 VNNI), one level: Q4_K 2.4x and 2.0x,
 Q5_K 2.7x and 2.3x, Q6_K 2.8x and 2.2x, Q8_0 1.0-1.2x and 1.5x, Q4_1 1.0x and 1.6x, a one-row
-Q4_0 0.85x; on a Xeon (Sapphire Rapids class), one level Q4_K 2.7x and 2.2x, Q6_K 3.6x and
+Q4_0 0.85x; 16-bit activations Q4_K 1.88x and 1.78x, Q5_K 2.1x and 1.5x, Q6_K 2.4x and 1.5x
+(two levels there: Q4_K 1.70x and 1.04x); on a Xeon (Sapphire Rapids class), one level Q4_K 2.7x and 2.2x, Q6_K 3.6x and
 2.7x, two levels Q4_K 1.9x and 1.15x, Q6_K 2.6x and 1.5x, Q8_0 0.8x and 0.6x, Q4_1 0.85x and 0.5x
 (bench/results/int8-rows-xeon-amx-host.json).
 
@@ -69,16 +74,22 @@ def act_bytes(K: int, kind: int) -> int:
     return -(-K // 256) * ACT_BLOCKS[kind][1]
 
 
-# A model's few-row products where nothing says (`TRIFORCE_INT8` unset, not `exact`): FAST, the
-# fastest mode whose agreement with the float model was measured at the float path's. Two levels
-# agree with HF float32 on 99.90 % of SmolLM2's positions (mean KL 9.3e-7; float path 99.93 %,
-# 9.0e-7), one level on 97.90 % (2.4e-3): `python -m bench.fidelity --target smollm2`. On a
-# Llama-3.2-1B-shape Q4_K_M file at 32K tokens a step took 0.89x the float path's time and the
-# retrieval level 0.71x (`python -m bench.level_steps --products 0,fast,int8`, docs/results.md).
+# A model's few-row products where nothing says (`TRIFORCE_INT8` unset, not `exact`): WIDE, the
+# fastest mode measured whose agreement with the float model is the float path's. On SmolLM2
+# requantized by llama-quantize to Q6_K (its 576-wide rows take no K type, so the K-type matrices
+# are the MLP's down projections, Q6_K; the rest Q8_0), teacher-forced over 4,096 positions:
+# 16-bit activations agree with HF float32's top token at 99.95 % of positions, mean KL 9.9e-7,
+# as the float path with float16 K/V (99.95 %, 8.5e-7) (`python -m bench.fidelity --target FILE
+# --configs float/kv-float16,int16/kv-float16`). Two levels of 8 bits scored 99.90 % and 9.3e-7 on
+# SmolLM2 itself, one level 97.90 % and 2.4e-3. On a Llama-3.2-1B-shape Q4_K_M file a step took
+# 0.86x FAST's time at 8K tokens and 0.89x at 32K, a 7-row verification 0.84x and 0.86x; chat at
+# 4.5K tokens decoded 1.11x faster (`python -m bench.level_steps --products 0,fast,int16,int8`,
+# `python -m bench.chat ...+products-int16`, docs/results.md).
 # The engine gives each model its mode (`Transformer.integer_products`).
-FAST_PATH_DEFAULT = FAST
+FAST_PATH_DEFAULT = WIDE
 # What TRIFORCE_INT8 may name: "0" the float path, "1" (or "int8") one level, "2" ("int8x2") two,
-# "3" ("fast") two levels for the K types and floats for the others.
+# "3" ("fast") two levels for the K types and floats for the others, "4" ("int16") 16-bit
+# activations for the K types and floats for the others.
 MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,
               "3": FAST, "fast": FAST, "4": WIDE, "int16": WIDE}
 

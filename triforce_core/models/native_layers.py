@@ -15,8 +15,8 @@ faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to floa
 the elementwise arithmetic is the same, only the order of sums differs
 (tests/test_native_layers.py, greedy equality with Hugging Face across the model zoo).
 A model's `integer_products` (`Transformer.integer_products`, an `int8` mode), passed to every
-call, makes its GGUF matrices' products integer ones over 8-bit activations: by default two levels
-of them for the K types (`int8.FAST`), llama.cpp's one level with `TRIFORCE_INT8=1`.
+call, makes its GGUF matrices' products integer ones: by default over 16-bit activations for
+the K types (`int8.WIDE`), llama.cpp's one level of 8 bits with `TRIFORCE_INT8=1`.
 """
 
 from __future__ import annotations

@@ -115,8 +115,8 @@ class Transformer:
 
     integer_products: int
     """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
-    `int8` mode (integer products over 8-bit activations: one level, two, or FAST; float32 weights
-    keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
+    `int8` mode (integer products over 8-bit activations, one level or two, or over 16-bit ones:
+    ONE_LEVEL .. WIDE; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
     `int8.mode()`); a model starts with `int8.mode()`."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
