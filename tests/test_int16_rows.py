@@ -9,7 +9,8 @@ types, the float path for the others. What they claim, one order per output:
   two-level inputs' products (a negative control) are not.
 - They are closer to the float path than two levels of 8 bits, and a float16 or 32-weight part
   in the stack keeps the float path's products exactly.
-- Speculation over a model in this mode equals its autoregressive decoding token for token.
+- Speculation over a model in this mode equals its autoregressive decoding token for token
+  (tests/test_int8_rows.py, with every mode).
 """
 
 from __future__ import annotations
@@ -17,11 +18,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, built, needs_compiler
+from conftest import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks
-from test_int8_rows import _prompt, _rows, _run, engine, rows  # noqa: F401
-from test_int8_two_levels import _two_levels
+from test_int8_rows import _rows
+from test_int8_two_levels import _matrix, _two_levels
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
@@ -36,12 +37,6 @@ Q16_DTYPE = np.dtype([("qs", "<i2", 256), ("d", "<f4"), ("bsums", "<i4", 8), ("p
 @pytest.fixture(scope="module")
 def kernels() -> int8.Int8:
     return built(native_layers).int8
-
-
-def _matrix(qtype, rows: int, cols: int, seed: int) -> tuple[Matrix, torch.Tensor]:
-    raw = random_blocks(qtype, rows, cols, np.random.default_rng(seed))
-    t = StoredTensor(int(qtype), torch.from_numpy(raw), (rows, cols))
-    return Matrix(stored=(t,)), t.dequantized()
 
 
 def _sixteen_bits(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -146,15 +141,3 @@ def test_the_mode_is_named_in_the_switch(monkeypatch):
         monkeypatch.setenv(int8.ENV, word)
         assert int8.mode() == WIDE
     assert int8.LEVEL_NAMES[WIDE] == "int16"
-
-
-def test_speculation_equals_autoregressive_decoding_with_16_bit_activations(engine, rows, monkeypatch):  # noqa: F811
-    assert engine.target.quantized
-    for model in (engine.target, engine.draft):
-        monkeypatch.setattr(model, "integer_products", WIDE)
-    reference = _run(engine, "autoregressive")
-    for mode in ("lookup", "triforce"):
-        rows.clear()
-        assert _run(engine, mode) == reference, mode
-        assert max(rows) > 1, f"{mode}: no verification of several rows ran"
-    assert_verification_rows_equal_steps(engine.target, _prompt())

@@ -297,7 +297,7 @@ def rows(monkeypatch):
     return seen
 
 
-@pytest.mark.parametrize("mode", [int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST], ids=lambda m: int8.LEVEL_NAMES[m])
+@pytest.mark.parametrize("mode", [int8.ONE_LEVEL, int8.TWO_LEVELS, int8.FAST, int8.WIDE], ids=lambda m: int8.LEVEL_NAMES[m])
 def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows, monkeypatch, mode):
     assert engine.target.quantized
     for model in (engine.target, engine.draft):

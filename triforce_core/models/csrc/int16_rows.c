@@ -198,7 +198,7 @@ static INLINE VNNI_TARGET __m512i scale_bytes_index(int per16, int p, int odd) {
 static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     const int bb = block_bytes(type);
-    const __m512i fifteen = _mm512_set1_epi8(15), thirty_two = _mm512_set1_epi8(32);
+    const __m512i thirty_two = _mm512_set1_epi8(32);
     __m512i index[8];
     for (int p = 0; p < 4; p++)
         for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
@@ -207,31 +207,11 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
         __m512i q[4], W[8], scales;
         __m256i mins = _mm256_setzero_si256();
         float d, f = 0.0f;
+        vnni_k_bytes(type, blk, q);
         if (type == T_Q6_K) {
-            __m512i three = _mm512_set1_epi8(3);
-            __m512i sh0 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* shifts 0 | 2 */
-            __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));                           /* shifts 4 | 6 */
-            for (int h = 0; h < 2; h++) {
-                __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));
-                __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-                q[2 * h] = _mm512_or_si512(_mm512_and_si512(L, fifteen),
-                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh0), three), 4));
-                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), fifteen),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh1), three), 4));
-            }
             scales = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
             d = half_at(blk + 208);
         } else {
-            const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
-            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))), one = _mm512_set1_epi8(1);
-            for (int p = 0; p < 4; p++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-                q[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), fifteen);
-                if (type == T_Q5_K) {  /* bit 2p of qh for the low 32, 2p + 1 for the high */
-                    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
-                    q[p] = _mm512_or_si512(q[p], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh), one), 4));
-                }
-            }
             uint64_t scb, mnb;
             k4_scales(blk + 4, &scb, &mnb);
             scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));

@@ -446,42 +446,51 @@ static INLINE VNNI_TARGET __m512i scale_index(int per16, int p) {
                  : _mm512_add_epi16(_mm512_set1_epi16((short)(2 * p)), _mm512_srli_epi16(m, 4));
 }
 
+/* A super-block's 256 weights as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63): byte m of
+ * q[p] is weight 64p + m. The 8-bit and the 16-bit products (int16_rows.c) both start here. */
+static INLINE VNNI_TARGET void vnni_k_bytes(const int type, const uint8_t *blk, __m512i *q) {
+    const __m512i fifteen = _mm512_set1_epi8(15);
+    if (type == T_Q6_K) {
+        __m512i three = _mm512_set1_epi8(3);
+        __m512i sh0 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* shifts 0 | 2 */
+        __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));                           /* shifts 4 | 6 */
+        for (int h = 0; h < 2; h++) {
+            __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));
+            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
+            q[2 * h] = _mm512_or_si512(_mm512_and_si512(L, fifteen),
+                                       _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh0), three), 4));
+            q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), fifteen),
+                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh1), three), 4));
+        }
+        return;
+    }
+    const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
+    __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))), one = _mm512_set1_epi8(1);
+    for (int p = 0; p < 4; p++) {
+        __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
+        q[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), fifteen);
+        if (type == T_Q5_K) {  /* bit 2p of qh for the low 32, 2p + 1 for the high */
+            __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
+            q[p] = _mm512_or_si512(q[p], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh), one), 4));
+        }
+    }
+}
+
 static INLINE VNNI_TARGET void vnni_k(const int type, const uint8_t *row, const struct block_q8_k *x, int64_t ldx, int nb, int S,
                                       struct i8acc *A) {
     const int bb = block_bytes(type);
-    __m512i fifteen = _mm512_set1_epi8(15);
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + (int64_t)b * bb;
         __m512i q[4], sc[4], s16;
         __m256i off;
         float d, f;
+        vnni_k_bytes(type, blk, q);
         if (type == T_Q6_K) {
-            __m512i three = _mm512_set1_epi8(3);
-            for (int h = 0; h < 2; h++) {
-                __m512i L = _mm512_loadu_si512((const void *)(blk + 64 * h));
-                __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 128 + 32 * h)));
-                __m512i sh0 = _mm512_inserti64x4(_mm512_setzero_si512(), _mm256_set1_epi16(2), 1);  /* shifts 0 | 2 */
-                __m512i sh1 = _mm512_add_epi16(sh0, _mm512_set1_epi16(4));                           /* shifts 4 | 6 */
-                q[2 * h] = _mm512_or_si512(_mm512_and_si512(L, fifteen),
-                                           _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh0), three), 4));
-                q[2 * h + 1] = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi16(L, 4), fifteen),
-                                               _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh1), three), 4));
-            }
             off = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));
             s16 = _mm512_castsi256_si512(off);
             d = half_at(blk + 208);
             f = 32.0f * d;
         } else {
-            const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
-            __m512i H = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(blk + 16))), one = _mm512_set1_epi8(1);
-            for (int p = 0; p < 4; p++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * p));
-                q[p] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(v), _mm256_srli_epi16(v, 4), 1), fifteen);
-                if (type == T_Q5_K) {  /* bit 2p of qh for the low 32, 2p + 1 for the high */
-                    __m512i sh = _mm512_inserti64x4(_mm512_set1_epi16((short)(2 * p)), _mm256_set1_epi16((short)(2 * p + 1)), 1);
-                    q[p] = _mm512_or_si512(q[p], _mm512_slli_epi16(_mm512_and_si512(_mm512_srlv_epi16(H, sh), one), 4));
-                }
-            }
             uint64_t scb, mnb;
             k4_scales(blk + 4, &scb, &mnb);
             s16 = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128((long long)scb)));
