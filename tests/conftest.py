@@ -231,13 +231,13 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def running_server(cmd: list[str], log, probe, env: dict, what: str = "the server"):
+def running_server(cmd: list[str], log, probe, env: dict, what: str = "the server", timeout: float = 180):
     """Start `cmd` (output to `log`), wait until `probe()` answers (see wait_until_up), yield the
     process, and stop it however the block ends."""
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
-        wait_until_up(proc, probe, log, what)
+        wait_until_up(proc, probe, log, what, timeout)
         yield proc
     finally:
         proc.terminate()

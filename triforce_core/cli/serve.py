@@ -1,8 +1,11 @@
-"""`serve`: the OpenAI-compatible HTTP API alone, without the browser app."""
+"""`serve`: the OpenAI-compatible HTTP API alone, without the browser app; with `--ray`, the
+same API from Ray Serve replicas (docs/cluster.md)."""
 
 from __future__ import annotations
 
+import functools
 import os
+import signal
 import sys
 
 from .flags import (UsageError, add_decoding_args, add_kv_cache_args, add_model_args, add_models_dir_arg, check_flags,
@@ -36,8 +39,30 @@ def add_parser(sub) -> None:
     net.add_argument("--slots", type=int, default=4,
                      help="idle conversations whose caches are kept for prefix reuse (default 4)")
     add_models_dir_arg(net)
+    add_cluster_args(v)
     add_decoding_args(v, sampling=False)
     add_kv_cache_args(v)
+
+
+def add_cluster_args(parser) -> None:
+    """--ray and its flags: replicas of the engine on a Ray cluster (docs/cluster.md)."""
+    g = parser.add_argument_group(
+        "cluster (Ray Serve; pip install '.[cluster]')",
+        "Serve the same API from engine replicas on a Ray cluster; each document's requests reach the replica "
+        "holding its cache. Give every replica one --kv-cache-dir (a shared folder across machines).")
+    g.add_argument("--ray", action="store_true",
+                   help="serve from Ray Serve replicas: start a Ray cluster on this machine, or join --address")
+    g.add_argument("--address", metavar="A", default=None,
+                   help="a running cluster to join (from `ray start --head`: host:port, or auto); default: start one "
+                   "here, which ends with the command")
+    g.add_argument("--replicas", type=int, default=None, metavar="N",
+                   help="engine replicas, each loading the model (default 1)")
+    g.add_argument("--min-replicas", type=int, default=None, metavar="A",
+                   help="autoscale the engine replicas between A and --max-replicas by requests in flight")
+    g.add_argument("--max-replicas", type=int, default=None, metavar="B", help="see --min-replicas")
+    g.add_argument("--cpus-per-replica", type=float, default=None, metavar="C",
+                   help="cores each replica reserves, and its torch threads (default: the cluster's cores shared "
+                   "evenly by --replicas, else 1)")
 
 
 def add_access_args(g) -> None:
@@ -68,30 +93,113 @@ def access_policy(args, max_body: int | None = None):
         raise UsageError(f"{e}") from None
 
 
-def cmd_serve(args) -> int:
+def build_api(args):
+    """The `ChatCompletionsAPI` the flags ask for, its started model loaded (`serve`, and each
+    replica of `serve --ray`). UsageError for a bad flag; ModelLoadError for a model that
+    cannot be loaded."""
     from ..config import ConfigError
-    from ..serving.openai import ChatCompletionsAPI, create_app, run_server
+    from ..serving.openai import ChatCompletionsAPI
     from ..serving.worker import EngineWorker
 
-    if args.slots < 0:
-        raise UsageError(f"--slots must be >= 0, got {args.slots}")
-    if not 0 < args.port < 65536:
-        raise UsageError(f"--port must be in 1..65535, got {args.port}")
-    check_flags(args)
-    access = access_policy(args)
     try:
         models = served_models(args, *model_names(args), slots=args.slots)
     except ValueError as e:  # a --models-dir that is no folder, before any model is loaded
         raise UsageError(str(e)) from None
     served = models.default()  # the started model (ModelLoadError: one line, exit 2)
-    engine, name = served.engine, served.id
     try:
-        config = configs(args, has_draft=engine.draft is not None)
+        config = configs(args, has_draft=served.engine.draft is not None)
     except ConfigError as e:
         raise UsageError(str(e)) from None
-    api = ChatCompletionsAPI(engine, EngineWorker(), served.slots, model_name=name, base_config=config,
-                             mode=args.mode, models=models)
+    return ChatCompletionsAPI(served.engine, EngineWorker(), served.slots, model_name=served.id, base_config=config,
+                              mode=args.mode, models=models)
+
+
+def check_serve_flags(args) -> None:
+    if args.slots < 0:
+        raise UsageError(f"--slots must be >= 0, got {args.slots}")
+    if not 0 < args.port < 65536:
+        raise UsageError(f"--port must be in 1..65535, got {args.port}")
+    cluster = [f for f in ("address", "replicas", "min_replicas", "max_replicas", "cpus_per_replica")
+               if getattr(args, f) is not None]
+    if cluster and not args.ray:
+        raise UsageError(f"--{cluster[0].replace('_', '-')} needs --ray")
+    if args.replicas is not None and (args.min_replicas is not None or args.max_replicas is not None):
+        raise UsageError("--replicas and --min-replicas/--max-replicas exclude each other: a fixed count or autoscaling")
+    check_flags(args)
+
+
+def cmd_serve(args) -> int:
+    from ..serving.openai import create_app, run_server
+
+    check_serve_flags(args)
+    access = access_policy(args)
+    if args.ray:
+        return cmd_serve_ray(args, access)
+    api = build_api(args)
     url = f"http://{args.host}:{args.port}/v1"
-    print(f"serving {name!r} at {url}" + (" (API key required)" if args.api_key else ""), file=sys.stderr, flush=True)
+    print(f"serving {api.model_name!r} at {url}" + (" (API key required)" if args.api_key else ""), file=sys.stderr,
+          flush=True)
     run_server(create_app(api, access), args.host, args.port)
     return 0
+
+
+def cmd_serve_ray(args, access) -> int:
+    """Deploy the engine replicas and the ingress on a Ray cluster; serve until interrupted."""
+    from ..config import ConfigError
+    from ..serving.cluster import APP_NAME, ClusterSpec, ClusterUnavailable, application, passed_env, require_ray
+
+    try:
+        ray = require_ray()
+    except ClusterUnavailable as e:
+        raise UsageError(str(e)) from None
+    try:
+        base = configs(args, has_draft=True)  # the decoding flags, checked before a cluster starts
+    except ConfigError as e:
+        raise UsageError(str(e)) from None
+    from ray import serve
+
+    autoscaled = args.min_replicas is not None or args.max_replicas is not None
+    replicas = None if autoscaled else (args.replicas or 1)
+    try:  # the counts, checked before a cluster starts
+        ClusterSpec(replicas=replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                    cpus_per_replica=args.cpus_per_replica or 1)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    joined = args.address is not None
+    ray.init(address=args.address, include_dashboard=False, logging_level="WARNING",
+             runtime_env={"env_vars": passed_env()})
+    stop = _stop_on_sigterm()
+    try:
+        cores = int(ray.cluster_resources().get("CPU", 1))
+        cpus = args.cpus_per_replica or (max(1, cores // replicas) if replicas else 1)
+        spec = ClusterSpec(replicas=replicas, min_replicas=args.min_replicas, max_replicas=args.max_replicas,
+                           cpus_per_replica=cpus, block_tokens=base.cache.prefill_chunk,
+                           env=passed_env())
+        serve.start(http_options={"host": args.host, "port": args.port})
+        serve.run(application(functools.partial(build_api, args), spec, access), name=APP_NAME, route_prefix="/")
+        count = (f"{spec.replicas} engine replicas" if spec.replicas is not None
+                 else f"{spec.min_replicas}-{spec.max_replicas} engine replicas (autoscaled)")
+        print(f"serving at http://{args.host}:{args.port}/v1 from {count}, {spec.cpus_per_replica:g} cores each, on "
+              f"{'the cluster at ' + args.address if joined else 'a Ray cluster started here'}"
+              + (" (API key required)" if args.api_key else ""), file=sys.stderr, flush=True)
+        while not stop.wait(1.0):
+            pass
+    finally:
+        try:
+            if joined:
+                serve.delete(APP_NAME)  # the cluster and its other applications go on
+            else:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+def _stop_on_sigterm():
+    """An event set by SIGTERM or SIGINT, so that `kill` and Ctrl-C both take the replicas down."""
+    import threading
+
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop

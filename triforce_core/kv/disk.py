@@ -122,6 +122,24 @@ def model_fingerprint(model, full_limit: int = 1 << 30, source: str | os.PathLik
     return h.hexdigest()
 
 
+def chain_keys(head: str, tokens, block_tokens: int) -> list[str]:
+    """The keys of the whole `block_tokens`-token blocks of `tokens`: key j is the SHA-256 of
+    `head` and of every token of blocks 0..j (as int32), so two token sequences share key j
+    exactly when they share `head` and their first (j + 1) * block_tokens tokens.
+
+        chain_keys("m", [5, 6, 7, 8, 9], 2)   # two keys: of [5, 6], then of [5, 6, 7, 8]
+    """
+    if block_tokens < 1:
+        raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
+    h = hashlib.sha256(head.encode())
+    out = []
+    for j in range(len(tokens) // block_tokens):
+        part = [int(t) for t in tokens[j * block_tokens : (j + 1) * block_tokens]]
+        h.update(torch.tensor(part, dtype=torch.int32).numpy().tobytes())
+        out.append(h.copy().hexdigest())
+    return out
+
+
 @dataclass(frozen=True)
 class Block:
     """Block `index` of a token sequence: tokens [start, end), keyed by everything up to `end`."""
@@ -153,15 +171,11 @@ class DiskCache:
         a model with the given `integer_products`)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
-        n, b = len(tokens), block_tokens
+        b = block_tokens
         arithmetic = arithmetic_key(device, integer_products)
-        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}".encode())
-        out = []
-        for j in range(n // b):
-            part = tuple(int(t) for t in tokens[j * b : (j + 1) * b])
-            h.update(torch.tensor(part, dtype=torch.int32).numpy().tobytes())
-            out.append(Block(j, j * b, (j + 1) * b, h.copy().hexdigest(), part))
-        return out
+        keys = chain_keys(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}", tokens, b)
+        return [Block(j, j * b, (j + 1) * b, key, tuple(int(t) for t in tokens[j * b : (j + 1) * b]))
+                for j, key in enumerate(keys)]
 
     def path(self, block: Block) -> Path:
         return self.folder / (block.key + SUFFIX)

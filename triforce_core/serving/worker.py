@@ -208,6 +208,11 @@ class EngineWorker:
 
         return next(iter(self.submit(start)))
 
+    @property
+    def alive(self) -> bool:
+        """The thread still runs (a health check's question)."""
+        return self._thread.is_alive() and not self._closed
+
     def jobs(self) -> int:
         """Generations queued or running now."""
         with self._wake:
