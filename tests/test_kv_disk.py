@@ -283,3 +283,38 @@ def test_a_large_model_is_keyed_by_its_files_content(tmp_path):
     data[-1] ^= 1
     path.write_bytes(bytes(data))  # one byte of the file: a new identity, a new digest
     assert disk.file_digest(path, digests) not in ("0" * 64, kept.read_text())
+
+
+def test_two_processes_writing_the_same_block_at_once_never_corrupt_it(tmp_path):
+    """Two writers (separate processes) write one missing block at once, 15 times, while a third
+    process reads it back all along: no read ever meets a torn, mixed or half-written file
+    (each would be reported as a problem and deleted), and the folder ends with the block
+    whole and no temporary files. Negative control, run by hand: writing the file in place instead of
+    replacing it makes the reader meet truncated files."""
+    import multiprocessing
+
+    from disk_writers import empty_like, read_checked, shared_block, write_rounds
+
+    ctx = multiprocessing.get_context("spawn")  # fresh processes, as separate replicas are
+    ready, both, done, seen, results = ctx.Barrier(3), ctx.Barrier(2), ctx.Event(), ctx.Value("i", 0), ctx.Queue()
+    folder = str(tmp_path)
+    writers = [ctx.Process(target=write_rounds, args=(i, folder, ready, both, 15, seen)) for i in range(2)]
+    reader = ctx.Process(target=read_checked, args=(folder, ready, done, seen, results))
+    try:
+        for p in (*writers, reader):
+            p.start()
+        for p in writers:
+            p.join(timeout=900)
+            assert p.exitcode == 0
+        done.set()
+        found, differ, problems = results.get(timeout=120)
+        reader.join(timeout=120)
+    finally:
+        for p in (*writers, reader):
+            if p.is_alive():
+                p.kill()
+    assert problems == [] and differ == 0 and found >= 15
+    disk, block, cache = shared_block(folder)
+    into = empty_like(cache)
+    assert disk.load(into, [block], 0, 1) == block.end and torch.equal(into.v, cache.v)
+    assert [p.name for p in tmp_path.iterdir()] == [disk.path(block).name]

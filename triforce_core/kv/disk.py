@@ -26,7 +26,11 @@ A file: a fixed header (magic, version, lengths), a JSON description (key, shape
 the block's token ids (int32) and its keys and values, with a CRC-32 of everything after the
 fixed header. A file that is short, fails its checksum or describes something else is
 reported in one line, deleted and rebuilt by the next prefill; it is never used. Writes go
-to a temporary file in the same folder, then `os.replace`; nothing is written elsewhere.
+to a temporary file in the same folder, a name of its own for each write, then
+`os.replace`; nothing is written elsewhere. So one folder may be shared by several processes
+(the app and `chat`, the replicas of `serve --ray`, on a shared filesystem those of several
+machines): two that write the same block at once each replace the file whole with the same
+bytes, and a reader sees the old file, the new one or none, never a mixture.
 The folder is capped in bytes; the least recently used blocks (by modification time, touched
 on every read) go first.
 """
@@ -38,6 +42,7 @@ import json
 import logging
 import os
 import struct
+import uuid
 import zlib
 from dataclasses import dataclass
 from pathlib import Path
@@ -278,7 +283,9 @@ class DiskCache:
             log.warning("the K/V cache folder %s is full (cap %.1f GB): later blocks of this prompt are not kept",
                         self.folder, self.max_bytes / GB)
             return False
-        tmp = self.folder / f".{block.key}.{os.getpid()}.{id(self):x}.tmp"
+        # A name no other writer uses, whatever its machine, process or thread: writers of the
+        # same block sharing the folder each replace the file whole.
+        tmp = self.folder / f".{block.key}.{os.getpid()}.{uuid.uuid4().hex}.tmp"
         try:
             self.folder.mkdir(parents=True, exist_ok=True)
             with open(tmp, "wb") as f:
