@@ -155,6 +155,8 @@ def test_bad_requests_are_refused_in_the_protocols_shape(cluster):
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
     r = httpx.get(cluster["base"] + "/v1/health", headers={"Host": "evil.example"}, timeout=60)
     assert r.status_code == 403  # the same guard as `serve`
+    health = httpx.get(cluster["base"] + "/v1/health", timeout=60).json()["replica"]
+    assert health["replica"] in engine_replicas() and health["node"] == ray.get_runtime_context().get_node_id()
     assert [m["id"] for m in httpx.get(cluster["base"] + "/v1/models", timeout=60).json()["data"]][0] == MODEL
 
 

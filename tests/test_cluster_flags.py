@@ -56,3 +56,17 @@ def test_replicas_get_the_offline_and_cache_settings_and_the_checkouts_code():
     import triforce_core
 
     assert env["PYTHONPATH"].split(os.pathsep)[0] == str(Path(triforce_core.__file__).resolve().parents[1])
+
+
+def test_joining_a_cluster_sends_rays_token_whenever_there_is_one(tmp_path, monkeypatch):
+    """Ray starts clusters with token authentication but sends the token only in token mode:
+    `serve --ray --address` turns that mode on where a token is found, never against a choice."""
+    from triforce_core.serving.cluster import join_auth
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert join_auth({}) == {}  # no token anywhere
+    assert join_auth({"RAY_AUTH_TOKEN": "t"}) == {"RAY_AUTH_MODE": "token"}
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("t")
+    assert join_auth({}) == {"RAY_AUTH_MODE": "token"}  # where `ray start --head` writes it
+    assert join_auth({"RAY_AUTH_MODE": "disabled"}) == {}

@@ -146,8 +146,12 @@ def cmd_serve(args) -> int:
 def cmd_serve_ray(args, access) -> int:
     """Deploy the engine replicas and the ingress on a Ray cluster; serve until interrupted."""
     from ..config import ConfigError
-    from ..serving.cluster import APP_NAME, ClusterSpec, ClusterUnavailable, application, passed_env, require_ray
+    from ..serving.cluster import (APP_NAME, ClusterSpec, ClusterUnavailable, application, join_auth, passed_env,
+                                   require_ray)
 
+    joined = args.address is not None
+    if joined:  # before Ray is imported: it reads its authentication mode once
+        os.environ.update(join_auth())
     try:
         ray = require_ray()
     except ClusterUnavailable as e:
@@ -165,7 +169,6 @@ def cmd_serve_ray(args, access) -> int:
                     cpus_per_replica=args.cpus_per_replica or 1)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    joined = args.address is not None
     ray.init(address=args.address, include_dashboard=False, logging_level="WARNING",
              runtime_env={"env_vars": passed_env()})
     stop = _stop_on_sigterm()

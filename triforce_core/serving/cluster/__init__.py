@@ -98,6 +98,19 @@ def passed_env(environ=os.environ) -> dict[str, str]:
     return env
 
 
+def join_auth(environ=os.environ) -> dict[str, str]:
+    """The environment a driver needs to join a running cluster: Ray (2.60) starts clusters with
+    token authentication on and writes the token to ~/.ray/auth_token, but a process joining
+    one sends it only with RAY_AUTH_MODE=token; set it, where the user did not choose, whenever
+    a token is there (as Ray decides for a cluster it starts; a cluster without authentication
+    accepts a token too)."""
+    if "RAY_AUTH_MODE" in environ:
+        return {}
+    token = environ.get("RAY_AUTH_TOKEN") or environ.get("RAY_AUTH_TOKEN_PATH") or \
+        (Path.home() / ".ray" / "auth_token").is_file()
+    return {"RAY_AUTH_MODE": "token"} if token else {}
+
+
 def application(build: Callable, spec: ClusterSpec, access):
     """The Serve application: the ingress bound to the engine deployment (`serve.run` it).
     `build()` runs in each replica and returns its `ChatCompletionsAPI`."""

@@ -33,6 +33,16 @@ def replica_id() -> str:
         return f"pid-{os.getpid()}"
 
 
+def node_id() -> str | None:
+    """The Ray node (machine) this replica runs on; None outside Ray."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_node_id()
+    except (ImportError, RuntimeError, AttributeError):
+        return None
+
+
 class EngineReplica:
     """An engine, its worker and slot pool (`ChatCompletionsAPI`), for requests relayed to it."""
 
@@ -43,7 +53,7 @@ class EngineReplica:
         torch.set_num_threads(max(1, threads))
         self.threads = threads
         self.api = build()
-        self.id = replica_id()
+        self.id, self.node = replica_id(), node_id()
 
     async def complete(self, body) -> tuple[int, dict, str]:
         """(status, response body, replica id) of a request answered whole."""
@@ -86,7 +96,7 @@ class EngineReplica:
             return e.status, e.body()
 
     async def health(self) -> dict:
-        return {**await self.api.health(), "replica": self.id, "threads": self.threads}
+        return {**await self.api.health(), "replica": self.id, "node": self.node, "threads": self.threads}
 
     def check_health(self) -> None:
         """Serve's health check: a replica whose engine worker stopped cannot answer; Serve
