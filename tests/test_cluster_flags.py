@@ -70,3 +70,9 @@ def test_joining_a_cluster_sends_rays_token_whenever_there_is_one(tmp_path, monk
     (tmp_path / ".ray" / "auth_token").write_text("t")
     assert join_auth({}) == {"RAY_AUTH_MODE": "token"}  # where `ray start --head` writes it
     assert join_auth({"RAY_AUTH_MODE": "disabled"}) == {}
+
+
+def test_a_model_path_that_is_not_there_is_refused_before_a_cluster_starts(tmp_path):
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed: serve --ray refuses before this check")
+    code, _, err = run_main(["serve", "--ray", "--target", str(tmp_path / "missing")])
+    assert code == 2 and err == f"error: --target {tmp_path / 'missing'}: no such file or folder\n"

@@ -4,7 +4,9 @@ same API from Ray Serve replicas (docs/cluster.md)."""
 from __future__ import annotations
 
 import functools
+import logging
 import os
+import re
 import signal
 import sys
 
@@ -156,6 +158,9 @@ def cmd_serve_ray(args, access) -> int:
         ray = require_ray()
     except ClusterUnavailable as e:
         raise UsageError(str(e)) from None
+    for flag, name in zip(("--target", "--draft"), model_names(args)):
+        if name and _names_a_path(name) and not os.path.exists(os.path.expanduser(name)):
+            raise UsageError(f"{flag} {name}: no such file or folder")  # before a cluster starts for it
     try:
         base = configs(args, has_draft=True)  # the decoding flags, checked before a cluster starts
     except ConfigError as e:
@@ -169,7 +174,11 @@ def cmd_serve_ray(args, access) -> int:
                     cpus_per_replica=args.cpus_per_replica or 1)
     except ValueError as e:
         raise UsageError(str(e)) from None
-    ray.init(address=args.address, include_dashboard=False, logging_level="WARNING",
+    # log_to_driver off, Serve's own logger to warnings: Serve logs every request of every replica;
+    # they stay in Ray's log folder (`/tmp/ray/session_latest/logs`), and this command says what
+    # went wrong in one line
+    logging.getLogger("ray.serve").setLevel(logging.WARNING)
+    ray.init(address=args.address, include_dashboard=False, logging_level="WARNING", log_to_driver=False,
              runtime_env={"env_vars": passed_env()})
     stop = _stop_on_sigterm()
     try:
@@ -179,7 +188,12 @@ def cmd_serve_ray(args, access) -> int:
                            cpus_per_replica=cpus, block_tokens=base.cache.prefill_chunk,
                            env=passed_env())
         serve.start(http_options={"host": args.host, "port": args.port})
-        serve.run(application(functools.partial(build_api, args), spec, access), name=APP_NAME, route_prefix="/")
+        try:
+            serve.run(application(functools.partial(build_api, args), spec, access), name=APP_NAME, route_prefix="/")
+        except RuntimeError as e:  # the replicas could not start (a model that does not load, say)
+            print(f"error: the engine replicas did not start: {_cause(_engine_status(serve) or str(e))}",
+                  file=sys.stderr)
+            return 1
         count = (f"{spec.replicas} engine replicas" if spec.replicas is not None
                  else f"{spec.min_replicas}-{spec.max_replicas} engine replicas (autoscaled)")
         print(f"serving at http://{args.host}:{args.port}/v1 from {count}, {spec.cpus_per_replica:g} cores each, on "
@@ -196,6 +210,30 @@ def cmd_serve_ray(args, access) -> int:
         finally:
             ray.shutdown()
     return 0
+
+
+def _names_a_path(name: str) -> bool:
+    """A model name that can only be a file or folder (as the loader tells them from hub ids)."""
+    return name.startswith((".", "/", "~")) or name.count("/") > 1 or name.endswith(".gguf")
+
+
+def _engine_status(serve) -> str:
+    """Serve's message on the engine deployment (a failed replica's traceback), or ''."""
+    from ..serving.cluster import APP_NAME
+
+    try:
+        return serve.status().applications[APP_NAME].deployments["engine"].message or ""
+    except (KeyError, AttributeError, RuntimeError):
+        return ""
+
+
+def _cause(text: str) -> str:
+    """The replica's own error in Serve's report of a failed deployment (its tracebacks nest
+    the replica's): the last `SomeError: message` line that is not a wrapper's."""
+    found = [m.group(1) for m in re.finditer(r"^(?:\S+\.)?(\w+(?:Error|Exception): .+)$", text, re.M)
+             if not m.group(1).startswith(("RuntimeError: Traceback", "RayTaskError"))]
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return found[-1] if found else (lines[-1] if lines else "no reason given")
 
 
 def _stop_on_sigterm():
