@@ -88,14 +88,20 @@ class Relay:
         lost = _replica_lost_errors()
         model = body["model"]
         self.metrics.started(model)
-        for attempt in range(2):
-            try:
-                status, out, replica = await handle.complete.remote(body)
-                break
-            except lost as e:
-                if attempt:
-                    self.metrics.abandoned_request(model)
-                    return _lost(e).response()
+        try:
+            for attempt in range(2):
+                try:
+                    status, out, replica = await handle.complete.remote(body)
+                    break
+                except lost as e:
+                    if attempt:
+                        status, out, replica = None, _lost(e), None
+        except BaseException:  # the client went away (cancelled here and on the replica)
+            self.metrics.abandoned_request(model)
+            raise
+        if status is None:
+            self.metrics.abandoned_request(model)
+            return out.response()
         if status == 200:
             self.metrics.answered(model, out["choices"][0]["finish_reason"], out["usage"], out["triforce"],
                                   time.perf_counter() - received)
@@ -117,12 +123,15 @@ class Relay:
                 gen.cancel()
                 if attempt:
                     return _lost(e).response()
+            except BaseException:  # the client went away first
+                gen.cancel()
+                raise
         if status != 200:
             return JSONResponse(error, status_code=status, headers={REPLICA_HEADER: replica})
-        self.metrics.started(model)
 
         async def relay():
             end = None
+            self.metrics.started(model)
             try:
                 async for item in gen:
                     if isinstance(item, str):
