@@ -41,6 +41,7 @@ from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed, Finished
+from triforce_core.decoding.row_cost import measured_row_cost
 from triforce_core.models.loading import default_model_names
 from triforce_core.models.transformer import Transformer
 from triforce_core.resources import SAMPLE_DIR
@@ -75,6 +76,7 @@ CONFIGS: dict[str, dict] = {
     "lookup-no-agree": {"mode": "lookup", "lookup_agree": False},
     "lookup-no-backoff": {"mode": "lookup", "lookup_backoff": False},
     "lookup-plain": {"mode": "lookup", "lookup_agree": False, "lookup_backoff": False},
+    "lookup-runs": {"mode": "lookup", "lookup_runs": True},  # runs that double while taken whole, not the rows' price
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
@@ -100,8 +102,9 @@ PRODUCTS_SETTING = re.compile(r"\+products-([a-z0-9]+)$")
 # share one prefilled conversation.)
 TUNABLE = {f.name: "cache" for f in fields(CacheConfig) if f.type in ("int", int) and f.name != "prefill_chunk"} | {
     f.name: "speculation" for f in fields(SpeculationConfig) if f.type in ("int", int) and f.name != "max_new_tokens"}
-# and the speculation's probability thresholds: "+draft_confidence-0.5", "+min_confidence-0.3"
-FRACTIONS = {f.name for f in fields(SpeculationConfig) if f.type in ("float", float)}
+# and the speculation's probability thresholds: "+draft_confidence-0.5", "+min_confidence-0.3",
+# and the price of a verification row: "+lookup_row_cost-0.3"
+FRACTIONS = {f.name for f in fields(SpeculationConfig) if f.type in ("float", float, "float | None")}
 TUNABLE |= {name: "speculation" for name in FRACTIONS}
 
 
@@ -365,7 +368,8 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "kv_dtype": str(kv[n]).removeprefix("torch."),
                         "products": int8.LEVEL_NAMES[next(m for m in (products_of(split_name(n)[1]),
                                                                       engine.target.integer_products) if m is not None)],
-                        "settings": settings_of(split_name(n)[1])} for n in names},
+                        "settings": settings_of(split_name(n)[1]),
+                        "row_cost": row_cost_of_config(engine, configs[n], kv[n])} for n in names},
         "results": results,
         "temperature": sampling.temperature,
         "repetition_penalty": sampling.repetition_penalty,
@@ -375,6 +379,14 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
     if peer is not None:
         report["llama_cpp"] = compare_with_peer(peer, first_prompt, prefilled, results, rows[0]["tokens_per_s"], say)
     return report
+
+
+def row_cost_of_config(engine: TriForceEngine, config: GenerationConfig, kv_dtype) -> float | None:
+    """The price of a verification row lookup's proposals were sized by (None: no such rule ran)."""
+    spec = config.speculation
+    if not spec.uses_lookup or spec.lookup_runs:
+        return None
+    return spec.lookup_row_cost if spec.lookup_row_cost is not None else measured_row_cost(engine.target, kv_dtype)
 
 
 def compare_with_peer(peer, first_prompt: tuple[str, int], prefilled, results: dict, first_turn: dict, say) -> dict:
@@ -415,6 +427,10 @@ def print_table(report: dict, file=sys.stderr) -> None:
         print(f"{n:<20}{s['tokens_per_s']:>8.1f}{f(s.get('speedup_vs_autoregressive')):>8}{f(q):>8}{f(o):>8}"
               f"{s['tokens_per_target_forward']:>9.2f}{s['round_ms']:>10.1f}  {str(s.get('identical_to_autoregressive', '-')):<9}  {levels}",
               file=file)
+    costs = {n: c["row_cost"] for n, c in report["configs"].items() if c.get("row_cost") is not None}
+    if costs:
+        print("a verification row's price (lookup's proposal length): "
+              + ", ".join(f"{n} {c:.2f} of a step" for n, c in costs.items()), file=file)
     if "llama_cpp" in report:
         print_peer(report["llama_cpp"], file)
 

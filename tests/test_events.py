@@ -24,6 +24,9 @@ GAMMA1, GAMMA2 = 2, 6
 # Small caches for the tiny models: the 80-token prompt does not fit the budget, so the
 # retrieval level really is sparse (and re-selects its chunks while decoding).
 CACHE = CacheConfig(budget=32, chunk_size=4, draft_window=16)
+# A fixed price of a verification row (not this machine's measured one), so that what lookup
+# proposes does not depend on the machine.
+ROW_COST = 0.2
 SAMPLINGS = {"greedy": SamplingConfig(temperature=0.0), "sampled": SamplingConfig(temperature=0.8, seed=11)}
 
 
@@ -34,7 +37,7 @@ def make_config(mode: str, sampling: str = "greedy", ignore_eos: bool = True, ma
         sampling=SAMPLINGS[sampling],
         speculation=SpeculationConfig(
             mode=mode, gamma1=GAMMA1, gamma2=GAMMA2, max_new_tokens=max_new, ignore_eos=ignore_eos,
-            lookup_max=12, **({"lookup": True} if lookup else PAPER_METHOD),
+            lookup_max=12, **({"lookup": True, "lookup_row_cost": ROW_COST} if lookup else PAPER_METHOD),
         ),
         cache=cache,
     )
@@ -379,12 +382,13 @@ LOOP_PROMPT = PROMPT[:30] * 3
 
 
 def test_lookup_runs_start_at_lookup_start_and_double_up_to_lookup_max(engine):
-    """Each lookup run is `lookup_start` long after a miss (or at the start), twice the last
-    run after a run the target took whole, never past `lookup_max` nor the tokens left.
-    (This random target rarely takes a run whole; the doubling to the cap is the same rule.)
-    The proposal rules that shorten a run (rivals, backoff: `test_lookup.py`) are off here."""
+    """With `lookup_runs`, each lookup run is `lookup_start` long after a miss (or at the start),
+    twice the last run after a run the target took whole, never past `lookup_max` nor the
+    tokens left. (This random target rarely takes a run whole; the doubling to the cap is the
+    same rule.) The proposal rules that shorten a run (rivals, backoff: `test_lookup.py`) are
+    off here."""
     spec = SpeculationConfig(mode="lookup", gamma2=GAMMA2, max_new_tokens=40, ignore_eos=True, lookup_start=3,
-                             lookup_max=10, lookup_agree=False, lookup_backoff=False)
+                             lookup_max=10, lookup_agree=False, lookup_backoff=False, lookup_runs=True)
     events = list(engine.generate(LOOP_PROMPT, GenerationConfig(speculation=spec)))
     runs = [(e, next(v for v in events[i + 1:] if isinstance(v, Verified)))
             for i, e in enumerate(events) if isinstance(e, Drafted) and e.level == "lookup"]

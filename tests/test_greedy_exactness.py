@@ -58,8 +58,8 @@ def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE, lookup: boo
     """Lookup is off unless asked: these tests are about the model levels' acceptance."""
     if not lookup:  # the paper's levels: small draft under retrieval, a fixed gamma2
         spec_kw = {**PAPER_METHOD, **spec_kw}
-    else:
-        spec_kw = {"lookup": True, **spec_kw}
+    else:  # a fixed price of a verification row, not this machine's: the proposals do not depend on it
+        spec_kw = {"lookup": True, "lookup_row_cost": 0.3, **spec_kw}
     spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, **spec_kw)
     return GenerationConfig(speculation=spec, cache=cache)
 
@@ -158,6 +158,10 @@ LOOKUP_COMBOS = [
     ("lookup", {"lookup_agree": False}),  # runs never cut by a rival occurrence
     ("lookup", {"lookup_backoff": False}),  # no token from the shorter context
     ("lookup", {"lookup_min_match": 2}),  # the backoff by single tokens, often
+    ("lookup", {"lookup_row_cost": 0.0}),  # rows free: every token lookup offers
+    ("lookup", {"lookup_row_cost": 0.9}),  # only where its acceptance has been near certain
+    ("lookup", {"lookup_runs": True}),  # runs that double while taken whole, not the rows' price
+    ("lookup", {"lookup_row_cost": None}),  # this machine's measured price
     ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
     ("triforce", {"small_draft": False}),  # lookup, else the retrieval level drafts alone
     ("retrieval", {}),
@@ -181,7 +185,7 @@ def _looping_prompt(kind: str) -> tuple[list[int], list[int], list[float]]:
 
 
 @pytest.mark.parametrize("kind", TARGETS)
-@pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(e) or 'default'}" for m, e in LOOKUP_COMBOS])
+@pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(f'{k}={v}' for k, v in e.items()) or 'default'}" for m, e in LOOKUP_COMBOS])
 def test_lookup_combinations_match_hf(kind, mode, extra):
     """Every proposer combination the defaults can use, on a self-repeating prompt and a random one."""
     _, t, d, ids, ref, gaps = _setup(kind)

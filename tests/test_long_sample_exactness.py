@@ -2,8 +2,8 @@
 
 `test_sampling_exactness.py` compares the joint law of the first *two* tokens with the exact
 one; two tokens never reach the paths that only long answers take: lookup runs of several
-tokens (the loop caps a run at max_new_tokens - 1), a run doubling after a run taken whole,
-the rival cut, the small draft's confidence gate over several tokens, retrieval refreshes,
+tokens (the loop caps a run at max_new_tokens - 1), a proposal cut or dropped by the price of
+its rows, a run doubling after a run taken whole, the rival cut, the small draft's confidence gate over several tokens, retrieval refreshes,
 and the small draft's StreamingLLM cache compacting (it has room for 16 tokens past its window
 after the prefill, whatever the window). Here every sample is 12 or 20 tokens long, in every
 mode, and each test counts the paths it went through and asserts each was taken.
@@ -51,6 +51,7 @@ from transformers.generation.logits_process import TemperatureLogitsWarper, TopK
 import triforce_core.decoding.loop as loop_module
 import triforce_core.decoding.lookup as lookup_module
 import triforce_core.decoding.proposers as proposers
+import triforce_core.decoding.schedule as schedule
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.cli.harness import hf_cache_name
 from triforce_core.config import PAPER_METHOD
@@ -69,16 +70,23 @@ SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_h
 # Budget 16 of a 63-token cache: the retrieval level sees a quarter of the context, re-selected
 # every 2 committed tokens. The small draft keeps 2 sinks + 8 recent tokens (+ a slack of 16).
 CACHE = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=2)
-# A run starts at 2 tokens and doubles to 4, then 8; the rival cut and the backoff are on (defaults).
-LOOKUP = dict(lookup_min_match=2, lookup_start=2, lookup_max=8)
+# Lookup proposals of at most 8 tokens; the rival cut and the backoff are on (defaults). Rows
+# free (lookup_row_cost 0): every token lookup finds is proposed, so long proposals are taken
+# whole, cut and partly taken. Mode `lookup priced` pays a fixed price for a row (not this
+# machine's), which cuts proposals short or drops them as this generation's misses count; mode
+# `draft` sizes them as runs instead: 2 tokens, doubling to 4, then 8.
+LOOKUP = dict(lookup_min_match=2, lookup_max=8, lookup_row_cost=0.0)
+LOOKUP_PRICED = dict(lookup_min_match=2, lookup_max=8, lookup_row_cost=0.15)
+LOOKUP_RUNS = dict(lookup_min_match=2, lookup_start=2, lookup_max=8, lookup_runs=True)
 
 # name: (temperature, top_k, speculation). 20 tokens where the small draft runs: after the
 # prefill its cache holds 2 sinks + the prompt's last 8 tokens, and it compacts (between rounds,
 # before the answer ends) once 17 new tokens are committed (slack 16).
 MODES = {
     "lookup": (1.0, 0, SpeculationConfig(mode="lookup", max_new_tokens=12, **LOOKUP)),
+    "lookup priced": (1.0, 0, SpeculationConfig(mode="lookup", max_new_tokens=12, **LOOKUP_PRICED)),
     "draft": (1.0, 0, SpeculationConfig(mode="draft", max_new_tokens=20, gamma2=3, draft_confidence=0.6,
-                                        adaptive_gamma=False, **LOOKUP)),
+                                        adaptive_gamma=False, **LOOKUP_RUNS)),
     "retrieval": (0.7, 12, SpeculationConfig(mode="retrieval", max_new_tokens=12, gamma2=3, **LOOKUP)),
     "triforce": (0.7, 0, SpeculationConfig(mode="triforce", max_new_tokens=20, gamma1=2, gamma2=4, small_draft=True,
                                            draft_confidence=0.6, **LOOKUP)),
@@ -87,12 +95,15 @@ MODES = {
 
 # The paths each mode must go through (each counted below, each at least MIN_COUNT times).
 LOOKUP_PATHS = ("lookup run taken whole", "lookup run cut by the target", "lookup run partly taken",
-                "lookup run doubled", "rival cut", "lookup backoff")
+                "rival cut", "lookup backoff")
 GATE_PATHS = ("draft gate kept a token", "draft gate stopped a proposal")
 PATHS = {
     "lookup": LOOKUP_PATHS,
-    "draft": LOOKUP_PATHS + GATE_PATHS + ("draft cache compacted", "draft token accepted by target",
-                                          "draft token rejected by target"),
+    "lookup priced": ("lookup run cut by the target", "rival cut", "lookup backoff",
+                      "lookup proposal cut by its price", "lookup proposal dropped by its price"),
+    "draft": LOOKUP_PATHS + ("lookup run doubled",) + GATE_PATHS + ("draft cache compacted",
+                                                                    "draft token accepted by target",
+                                                                    "draft token rejected by target"),
     "retrieval": LOOKUP_PATHS + ("sparse refresh", "retrieval token accepted by target",
                                  "retrieval token rejected by target"),
     "triforce": LOOKUP_PATHS + GATE_PATHS + ("sparse refresh", "draft cache compacted",
@@ -106,7 +117,7 @@ PATHS = {
 MIN_COUNT = 5
 # Samples per mode: the paper's levels cost the most per token (a forward of the small draft and
 # one of the retrieval level for most tokens, most of them rejected by the target).
-SAMPLES = {"lookup": 400, "draft": 400, "retrieval": 400, "triforce": 400, "paper": 300}
+SAMPLES = {"lookup": 400, "lookup priced": 400, "draft": 400, "retrieval": 400, "triforce": 400, "paper": 300}
 CONTROL_SAMPLES = 150  # keeping a rejected token moves the law far: fewer samples suffice
 
 
@@ -143,6 +154,7 @@ class Spies:
     def __init__(self, monkeypatch):
         self.counts: Counter = Counter()
         propose_lookup, propose_sampled = lookup_module.ContextIndex.propose, proposers.Sampler.propose
+        take_length = schedule.LookupLength.take
 
         def lookup(index, seq, k):
             out, length = propose_lookup(index, seq, k)
@@ -159,11 +171,20 @@ class Spies:
                 self.counts["draft gate stopped a proposal"] += len(prop.tokens) < n  # stopped before an unsure law
             return prop
 
+        def take(rule, match, offered):
+            k = take_length(rule, match, offered)
+            if 0 < k < offered:
+                self.counts["lookup proposal cut by its price"] += 1
+            elif k == 0 < offered:
+                self.counts["lookup proposal dropped by its price"] += 1
+            return k
+
         monkeypatch.setattr(lookup_module.ContextIndex, "propose", lookup)
         monkeypatch.setattr(proposers.Sampler, "propose", sampled)
+        monkeypatch.setattr(schedule.LookupLength, "take", take)
 
 
-def _count_events(events: list, lookup_start: int, counts: Counter) -> None:
+def _count_events(events: list, spec: SpeculationConfig, counts: Counter) -> None:
     """Count one sample's paths from its events (rounds end at `Committed`)."""
     round_: list = []
     for ev in events:
@@ -173,7 +194,7 @@ def _count_events(events: list, lookup_start: int, counts: Counter) -> None:
                 if verdict.level == "target" and k >= 2:  # a lookup run straight to the target
                     counts["lookup run taken whole" if verdict.accepted == k else "lookup run cut by the target"] += 1
                     counts["lookup run partly taken"] += 0 < verdict.accepted < k
-                    counts["lookup run doubled"] += k > lookup_start
+                    counts["lookup run doubled"] += spec.lookup_runs and k > spec.lookup_start
             round_ = []
         else:
             round_.append(ev)
@@ -214,7 +235,7 @@ def draw(mode: str, samples: int, monkeypatch=None, seed: int = 0) -> Draws:
             loop.restore()
         events = list(loop.run(prefilled))
         rows.append([t for ev in events if isinstance(ev, Committed) for t in ev.token_ids])
-        _count_events(events, cfg.speculation.lookup_start, counts)
+        _count_events(events, cfg.speculation, counts)
         if loop.small is not None:  # a compaction is followed by at least one more token (see loop.run)
             counts["draft cache compacted"] += loop.small.cache.evicted > evicted
     if spies is not None:

@@ -9,6 +9,7 @@ import pytest
 import torch
 from conftest import make_hf, to_ours
 
+from triforce_core.config import ConfigError, SpeculationConfig
 from triforce_core.decoding import row_cost
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -101,3 +102,9 @@ def test_a_folder_that_cannot_be_written_costs_a_measurement_not_a_crash(model, 
     blocked.write_text("a file where the folder should be")
     assert row_cost.measured_row_cost(model, torch.float32, blocked / "row-cost") == pytest.approx(0.3)
 
+
+def test_the_config_takes_a_price_or_none():
+    assert SpeculationConfig().lookup_row_cost is None  # measured
+    assert SpeculationConfig(lookup_row_cost=0.0).lookup_row_cost == 0.0  # rows free: every offered token
+    with pytest.raises(ConfigError, match="lookup_row_cost"):
+        SpeculationConfig(lookup_row_cost=-0.1)

@@ -100,7 +100,7 @@ def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **(penalty or {})),
         speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
-                                      lookup=lookup, **{**({"lookup_min_match": 1} if lookup else PAPER), **spec_kw}),
+                                      lookup=lookup, **{**(LOOKUP if lookup else PAPER), **spec_kw}),
         cache=cache,
     )
     return first_two_counts(TriForceEngine(t, d), prompt, cfg, N_SAMPLES)
@@ -118,6 +118,10 @@ def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
 
 
 PAPER = {k: v for k, v in PAPER_METHOD.items() if k != "lookup"}  # with lookup=False: the paper's levels
+# Rows free (lookup_row_cost 0): lookup proposes every token it finds, whatever it has seen
+# accepted, so the point masses' verification decides many tokens (the price only shortens
+# proposals, which any prefix-determined length may: `test_long_sample_exactness.py`).
+LOOKUP = {"lookup_min_match": 1, "lookup_row_cost": 0.0}
 
 
 def broken_verify(draft_tokens, q, p, generator):
@@ -330,7 +334,7 @@ def _backoff_counts(samples: int = N_SAMPLES, backoff: bool = True) -> tuple[np.
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
         speculation=SpeculationConfig(mode="lookup", max_new_tokens=2, ignore_eos=True, lookup_min_match=2,
-                                      lookup_backoff=backoff),
+                                      lookup_backoff=backoff, lookup_row_cost=0.0),
         cache=CACHE,
     )
     engine = TriForceEngine(t, d)
@@ -367,7 +371,7 @@ def test_lookup_really_proposes_and_is_sometimes_rejected():
     _, t, d, prompt = _models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
-        speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True, gamma2=2, lookup_min_match=1),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True, gamma2=2, **LOOKUP),
         cache=CACHE,
     )
     stats = [r.stats for r in TriForceEngine(t, d).run_samples(prompt, cfg, 200)]

@@ -38,7 +38,8 @@ GB = 1024**3
 
 def cache_home() -> Path:
     """`$XDG_CACHE_HOME/triforce-studio`, else `~/.cache/triforce-studio`: every folder this
-    project writes on its own (the disk cache of K/V, the native kernel) is under it."""
+    project writes on its own (the disk cache of K/V, the native kernel, the measured price of a
+    verification row) is under it."""
     base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
     return Path(base) / "triforce-studio"
 
@@ -247,27 +248,44 @@ class SpeculationConfig:
             Off, `triforce` is the paper's pure three-level method. Ignored by
             `autoregressive`; mode `lookup` is lookup alone in front of the target.
     lookup_min_match  tokens of the sequence's end that must recur for a lookup proposal
-    lookup_start  the first lookup run's length after a miss (a run doubles while the target
-            accepts all of it)
-    lookup_max  the longest lookup run the target verifies in one forward. Both measured on
-            document chat (`bench.chat`, the bash manual, repeats 2, one process): start 4 and
-            longest 16 against the earlier 6 and 32, 2.07x against 1.90x autoregressive at 31K,
-            1.61x against 1.53x at 63K (start 3: 2.06x, 1.58x; longest 16 alone: 1.93x, 1.60x;
-            `bench/results/lookup-runs-*.json`, where "+gamma2-N" set the start, as gamma2 did
-            then; now "+lookup_start-N"); in another run longest 8 and 12 gave 2.04x
-            and 1.98x against 2.07x at 31K, 1.77x and 1.66x against 1.76x at 63K
-            (`bench/results/lookup-max-*.json`). A run's first tokens are the likeliest to be
-            rejected, and past 16 rows a verification costs more than what its extra rows
-            were accepted for
-    lookup_agree  a lookup run stops where another earlier occurrence of the context, matched
+    lookup_row_cost  what one more verification row costs, as a fraction of a target step: a
+            lookup proposal keeps its j-th token while the chance that the first j are all
+            accepted is at least this (`schedule.LookupLength`: the chance by the proposal's
+            backward match, counted in the generation from a measured prior); none kept, the
+            round is a plain step. None: measured once per processor, thread count, model
+            shapes, products' mode and K/V dtype, and kept (`decoding.row_cost`; SmolLM2 on a
+            2-core EPYC: 0.4). Replayed over 40 recorded SmolLM2 document chats, each priced by
+            its forwards (`bench.lookup_replay`, 2K-7K tokens, greedy with and without
+            repetition penalty 1.2, `bench/results/lookup-replay-smollm2-rp12.json`), against
+            the runs below (longest 16): 1.23x against 1.17x autoregressive on their geometric
+            mean, 1.12x against 1.06x with the penalty, 1.36x against 1.28x without; the slowest
+            workload 0.99x against 0.92x, 1 of 40 below 1.0x against 8. The price x 0.75 or
+            x 1.5: 1.22x and 1.21x; the prior alone, nothing counted: 1.24x. Live (`bench.chat`,
+            SmolLM2 at 6K, four sets of questions, penalty 1.2): 1.01-1.08x against 0.92-1.09x
+            for the runs; greedy 1.41x against 1.43x (docs: Results)
+    lookup_runs  size lookup proposals as runs instead (the rule before): `lookup_start` tokens
+            after a miss, doubling while the target accepts all of a run, up to `lookup_max`
+    lookup_start  with lookup_runs, the first run's length after a miss. Start 4 and longest 16
+            measured on document chat (`bench.chat`, the bash manual, repeats 2, one process)
+            against the earlier 6 and 32, 2.07x against 1.90x autoregressive at 31K, 1.61x
+            against 1.53x at 63K (start 3: 2.06x, 1.58x; `bench/results/lookup-runs-*.json`,
+            where "+gamma2-N" set the start, as gamma2 did then; now "+lookup_start-N")
+    lookup_max  the longest lookup proposal the target verifies in one forward. 8: in the replay
+            above 1.23x against 1.21x for 16 (runs: 1.19x against 1.17x); past 8 rows a row
+            costs more (SmolLM2 at 6K: 5.3 ms each up to 9 rows, 6.2 ms past them). On the demo pair
+            (the bash manual, runs) longest 8 and 12 gave 2.04x and 1.98x against 2.07x for 16
+            at 31K, 1.77x and 1.66x against 1.76x at 63K (`bench/results/lookup-max-*.json`)
+    lookup_agree  a lookup proposal stops where another earlier occurrence of the context, matched
             nearly as long (at most 2 tokens shorter), continues differently (at least one token
             is kept; `lookup.ContextIndex`'s rivals). On SmolLM2's document chat it raised
             lookup's speed by 3 % over eight recorded workloads replayed offline
             (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (docs: Results, Benchmarks)
     lookup_backoff  where the last `lookup_min_match` tokens never occurred, one token is proposed
             when every earlier occurrence of the last `lookup_min_match - 1` continues alike
-            (`lookup.ContextIndex`'s backoff); it leaves the run length as it was. On SmolLM2's
-            document chat: +2 % replayed offline, +1 % in a live run (docs: Results, Benchmarks)
+            (`lookup.ContextIndex`'s backoff; with lookup_runs it leaves the run length as it
+            was). On SmolLM2's document chat: +2 % replayed offline, +1 % in a live run (docs:
+            Results, Benchmarks); under the rows' price both rules still pay in the replay above
+            (without the rivals' cut 1.20x, without the backoff 1.22x, against 1.23x)
     small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
             nothing (False: the retrieval level then drafts on its own, one token a forward).
             Off by default: on the document-chat benchmark its tokens were accepted too rarely
@@ -302,9 +320,11 @@ class SpeculationConfig:
     lookup: bool = True
     lookup_min_match: int = 3
     lookup_start: int = 4
-    lookup_max: int = 16
+    lookup_max: int = 8
     lookup_agree: bool = True
     lookup_backoff: bool = True
+    lookup_row_cost: float | None = None
+    lookup_runs: bool = False
     small_draft: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
@@ -318,6 +338,8 @@ class SpeculationConfig:
         _check(self.lookup_min_match >= 1, f"lookup_min_match must be >= 1, got {self.lookup_min_match}")
         _check(self.lookup_start >= 1, f"lookup_start must be >= 1, got {self.lookup_start}")
         _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
+        _check(self.lookup_row_cost is None or 0.0 <= self.lookup_row_cost <= 10.0,
+               f"lookup_row_cost must be in [0, 10] (a fraction of a step) or None (measured), got {self.lookup_row_cost}")
         _check(self.mode != "lookup" or self.lookup, "mode 'lookup' needs lookup=True")
         _check(0.0 <= self.min_confidence <= 1.0, f"min_confidence must be in [0, 1], got {self.min_confidence}")
         _check(0.0 <= self.draft_confidence <= 1.0,

@@ -101,10 +101,17 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         "--no-lookup", dest="lookup", action="store_false",
         help="turn context lookup off (with --mode triforce: the paper's pure three-level method)",
     )
+    spec.add_argument("--lookup-row-cost", type=float, default=_SPEC.lookup_row_cost,
+                      help="what one more verification row costs, as a fraction of a step: a lookup proposal keeps a "
+                           "token while the chance that it and those before it are accepted is at least this "
+                           "(default: measured once on this machine for the model, and kept)")
+    spec.add_argument("--lookup-runs", action="store_true",
+                      help="size lookup proposals as runs that start at --lookup-start and double while accepted, "
+                           "not by the price of a row (the rule before)")
     spec.add_argument("--lookup-start", type=int, default=_SPEC.lookup_start,
-                      help=f"first lookup run after a miss; runs double while accepted (default {_SPEC.lookup_start})")
+                      help=f"with --lookup-runs: the first run after a miss (default {_SPEC.lookup_start})")
     spec.add_argument("--lookup-max", type=int, default=_SPEC.lookup_max,
-                      help=f"longest lookup run per target forward (default {_SPEC.lookup_max})")
+                      help=f"longest lookup proposal per target forward (default {_SPEC.lookup_max})")
     spec.add_argument(
         "--no-lookup-agree", dest="lookup_agree", action="store_false",
         help="never cut a lookup run where another earlier occurrence of the context continues differently",
@@ -234,7 +241,8 @@ def configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=No
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
             ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_start=args.lookup_start,
             lookup_max=args.lookup_max, lookup_min_match=args.lookup_min_match, lookup_agree=args.lookup_agree,
-            lookup_backoff=args.lookup_backoff, min_confidence=args.min_confidence, **_paper_levels(args),
+            lookup_backoff=args.lookup_backoff, lookup_row_cost=args.lookup_row_cost, lookup_runs=args.lookup_runs,
+            min_confidence=args.min_confidence, **_paper_levels(args),
         ),
         cache=CacheConfig(
             budget=args.budget, chunk_size=args.chunk_size, draft_window=args.draft_window,

@@ -1,6 +1,6 @@
 """The decoding loop: TriForce's three levels and the single-level modes, one code path.
 
-Structure (lanes in `lanes.py`, proposers in `proposers.py`, the draft length in `schedule.py`)
+Structure (lanes in `lanes.py`, proposers in `proposers.py`, proposal lengths in `schedule.py`)
 ---------
 A *lane* is one model running over one cache; it knows which token ids its cache holds, so
 after any verification it can roll back to the longest common prefix with the current path by
@@ -16,8 +16,12 @@ the law each one was drawn from:
 With `lookup` on (the default) every speculative mode first asks the context lookup: where the
 sequence's last tokens recur in the context, the round is a lookup run straight to the target
 (the target copies; a level in between could only cut the run short), and inside TriForce's
-middle level the lookup stands in front of the small draft. A lookup run starts at
-`lookup_start` tokens and doubles, up to `lookup_max`, while the target accepts all of it.
+middle level the lookup stands in front of the small draft. A lookup proposal to the target
+keeps a token while the chance that it and the tokens before it are accepted pays for its
+verification row (`schedule.LookupLength`, at this machine's price of a row, `row_cost.py`):
+where the text is copied, long proposals; where copies are rare, plain steps. (With
+`lookup_runs`, runs of `lookup_start` tokens that double, up to `lookup_max`, while the target
+accepts all of it.)
 
 The middle level of TriForce verifies the small draft exactly (residual resampling), so each
 token it emits follows the retrieval level's law p_mid given its prefix; that law is what the
@@ -50,7 +54,8 @@ from .penalties import Penalties
 from .prefill import Prefill
 from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
-from .schedule import DraftSchedule
+from .row_cost import measured_row_cost
+from .schedule import DraftSchedule, LookupLength
 
 
 class SpeculationLoop(Prefill):
@@ -123,6 +128,13 @@ class SpeculationLoop(Prefill):
         # One repetition-penalty processor for every level: each applies it to its own rows.
         self.penalties = pen = Penalties(sampling)
         self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree, spec.lookup_backoff) if spec.uses_lookup else None
+        # What one more verification row costs, in steps: lookup's proposals are cut where their
+        # tokens stop paying for it (`schedule.LookupLength`). Measured once per machine and model.
+        self.row_cost = None
+        if self.lookup is not None and not spec.lookup_runs:
+            self.row_cost = spec.lookup_row_cost
+            if self.row_cost is None:
+                self.row_cost = measured_row_cost(target, self.kv_dtype)
         if spec.mode == "triforce":
             lower = (Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
                      if self.small is not None else None)
@@ -223,17 +235,23 @@ class SpeculationLoop(Prefill):
         follow = capture and cc.select_by == "attention"
         self._mass = None
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
-        run = spec.lookup_start  # length of the next lookup run: doubles while the target takes it all
+        # How much of a lookup proposal the target verifies: what pays for its rows, or (lookup_runs)
+        # a run that doubles while the target takes it all.
+        length = LookupLength(self.row_cost) if self.row_cost is not None else None
+        run = spec.lookup_start
         schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
         while True:
             events: list[Event] = []
-            # 1. Propose: a lookup run where the sequence's end recurs in the context, else the
-            #    levels below the target (lower levels first; they verify one another on the way).
+            # 1. Propose: lookup where the sequence's end recurs in the context and its tokens pay
+            #    for their rows, else the levels below the target (lower levels first; they
+            #    verify one another on the way).
             prop = Proposal([], None, [])
-            longest = min(run, spec.lookup_max, spec.max_new_tokens - len(new_levels) - 1)  # no rows past the end
+            longest = min(spec.lookup_max, spec.max_new_tokens - len(new_levels) - 1)  # no rows past the end
+            if spec.lookup_runs:
+                longest = min(longest, run)
             if self.lookup is not None and longest > 0:
-                prop = self.lookup.propose(longest, committed, [], events)
+                prop = self.lookup.propose(longest, committed, [], events, length)
             from_lookup = bool(prop.tokens)
             if not from_lookup and self.proposer is not None:
                 draft = schedule.take()
@@ -270,9 +288,11 @@ class SpeculationLoop(Prefill):
                 events.append(verified_event("target", prop.tokens, r, checks))
                 if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
                     recent_acc.append(r.accepted / len(prop.tokens))
-            if from_lookup and not self.lookup.backed_off:  # a back-off token leaves the runs as they were
+            if from_lookup and length is not None:
+                length.update(self.lookup.match, len(prop.tokens), r.accepted)
+            elif from_lookup and not self.lookup.backed_off:  # a back-off token leaves the runs as they were
                 run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.lookup_start
-            elif self.proposer is not None:
+            elif not from_lookup and self.proposer is not None:
                 schedule.update(len(prop.tokens), r.accepted)
             if probe is not None and probe.layers:  # rows of the committed positions only
                 self._observe(probe, first_row + 1 + r.accepted)

@@ -26,6 +26,7 @@ from .lanes import Lane, RetrievalLane
 from .lookup import ContextIndex
 from .penalties import NO_PENALTIES, Penalties
 from .sampling import row_argmax, sample, verify_greedy, verify_stochastic, warp
+from .schedule import LookupLength
 
 
 @dataclass
@@ -72,11 +73,16 @@ class Lookup:
         self.seconds = 0.0
         self.calls = 0
         self.backed_off = False  # the last proposal: one token by the shorter context (`ContextIndex.backoff`)
+        self.match = 0  # the last proposal's backward match (`ContextIndex.propose`)
 
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event],
+                length: LookupLength | None = None) -> Proposal:
+        """Up to n tokens; `length` (the target's price of a row) cuts them where they stop paying."""
         t0 = time.perf_counter()
-        tokens, length = self.index.propose(committed + spec if spec else committed, n)
-        self.backed_off = bool(tokens) and length < self.index.min_match
+        tokens, self.match = self.index.propose(committed + spec if spec else committed, n)
+        if length is not None:
+            tokens = tokens[: length.take(self.match, len(tokens))]
+        self.backed_off = bool(tokens) and self.match < self.index.min_match
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         if tokens:
