@@ -7,7 +7,7 @@ No checkpoint of that size comes with the project, and a forward's cost does not
 its weights or keys say: the full cache holds random K/V, as in `bench.level_steps`.
 
 For each context length, each level's forward (the target's step, its gamma2 + 1-row
-verification and a lookup run's 17 rows over the full cache, the target's weights over the
+verification and a lookup run's lookup_max + 1 rows over the full cache, the target's weights over the
 retrieval cache, the draft over its StreamingLLM window) is timed:
 - on each attention path (`--paths`, see `attention_path`: ours, PyTorch's own kernel choice,
   PyTorch's flash kernel; a shape the flash kernel takes no mask for is reported as such),

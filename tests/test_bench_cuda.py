@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from bench import cuda_exactness, cuda_levels
+from triforce_core.config import SpeculationConfig
 
 
 def test_cuda_levels_reports_every_level_with_its_floor(tmp_path):
@@ -18,8 +19,9 @@ def test_cuda_levels_reports_every_level_with_its_floor(tmp_path):
                              "--repeats", "2", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     rows = {(r["context"], r["level"], r["rows"]) for r in report["results"]}
+    lookup_rows = SpeculationConfig().lookup_max + 1
     for T in (600, 1500):
-        assert {(T, "target", 1), (T, "target", 7), (T, "target", 17), (T, "retrieval", 1), (T, "retrieval", 3),
+        assert {(T, "target", 1), (T, "target", 7), (T, "target", lookup_rows), (T, "retrieval", 1), (T, "retrieval", 3),
                 (T, "draft", 1)} <= rows
     for r in report["results"]:
         assert r["ms"]["ours"] > 0 and r["floor_ms"] > 0 and r["host_ms"]["ours"] > 0
