@@ -134,12 +134,34 @@ struct i8acc {
 
 static inline float tree8(const float *a) { return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7])); }
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+/* tree8 of eight floats in two registers (lo: 0-3, hi: 4-7): t_i = h_i + h_(i+4), then
+ * (t_0 + t_2) + (t_1 + t_3), the same additions as tree8's. */
+static inline float tree8_sse(__m128 lo, __m128 hi) {
+    __m128 t = _mm_add_ps(lo, hi);
+    __m128 u = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    return _mm_cvtss_f32(_mm_add_ss(u, _mm_shuffle_ps(u, u, 1)));
+}
+
+/* The scalar definition below in SSE (x86-64's baseline): the same additions in the same
+ * tree, so the same bits; a tenth of the instructions. A 256-row prefill spends an eighth of
+ * its products' time here in scalar code. */
+static inline float i8_result(const struct i8acc *A) {
+    __m128 h[4];
+    for (int j = 0; j < 4; j++) h[j] = _mm_add_ps(_mm_load_ps(A->a + 4 * j), _mm_load_ps(A->a + 16 + 4 * j));
+    __m128 lo = _mm_add_ps(h[0], h[2]), hi = _mm_add_ps(h[1], h[3]);  /* h8 */
+    return tree8_sse(lo, hi) - tree8_sse(_mm_load_ps(A->m), _mm_load_ps(A->m + 4));
+}
+#else
 static inline float i8_result(const struct i8acc *A) {
     float h16[16], h8[8];
     for (int l = 0; l < 16; l++) h16[l] = A->a[l] + A->a[l + 16];
     for (int l = 0; l < 8; l++) h8[l] = h16[l] + h16[l + 8];
     return tree8(h8) - tree8(A->m);
 }
+#endif
 
 static inline int is_int8_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;

@@ -34,18 +34,26 @@ static int product_q(const float *x, const void *x32, const void *xk, const void
 #pragma omp atomic write
             failed = 1;
         }
+        /* 16-bit rows a group of I8_ROWS at a time over every output (the others take all S
+         * rows at once, as before): a group's activations stay in the second level of cache
+         * while the weights stream past them, where all of a prefill's rows for every job
+         * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
+        int group = xw ? I8_ROWS : S;
+        for (int s0 = 0; s0 < S; s0 += group) {
+            int g = S - s0 < group ? S - s0 : group;
 #pragma omp for schedule(static)
-        for (int64_t j = 0; j < jobs; j++) {
-            int64_t o0 = j * OUT_JOB, o1 = (j + 1) * OUT_JOB < N ? (j + 1) * OUT_JOB : N, base = 0;
-            for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
-                int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
-                if (lo >= hi) continue;
-                if (xw && is_k_type(parts[i].type))
-                    int16_outputs(&parts[i], lo, hi, xw, S, K, y + base, N, path);
-                else if (integer_part(parts[i].type, k_only))
-                    int8_outputs(&parts[i], lo, hi, x32, xk, S, K, y + base, N, path);
-                else if (w)
-                    stacked_outputs(x, S, K, &parts[i], 1, lo, hi, y + base, N, w);
+            for (int64_t j = 0; j < jobs; j++) {
+                int64_t o0 = j * OUT_JOB, o1 = (j + 1) * OUT_JOB < N ? (j + 1) * OUT_JOB : N, base = 0;
+                for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
+                    int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
+                    if (lo >= hi) continue;
+                    if (xw && is_k_type(parts[i].type))
+                        int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
+                    else if (integer_part(parts[i].type, k_only))
+                        int8_outputs(&parts[i], lo, hi, x32, xk, S, K, y + base, N, path);
+                    else if (w)
+                        stacked_outputs(x + (int64_t)s0 * K, g, K, &parts[i], 1, lo, hi, y + (int64_t)s0 * N + base, N, w);
+                }
             }
         }
         free(w);
