@@ -378,3 +378,29 @@ def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):
         engine_.use_disk_cache(str(tmp_path))
         by_flag.setdefault(on, []).append(engine_.run(_prompt(), cfg).stats.disk_tokens)
     assert by_flag == {True: [0, 96], False: [0]}  # each finds only its own blocks
+
+
+def test_a_prefills_projections_of_256_weight_blocks_take_the_integer_products(engine, monkeypatch):
+    """A forward of more rows than the native layers take (a prefill) projects through
+    `Transformer._project`: a matrix of K-type blocks alone (q/k/v here: Q4_K, Q4_K, Q6_K) by the
+    integer products where they run their VNNI path, bit for bit the kernel's product of those
+    rows (each row a decoding step's arithmetic); a stack with 32-weight blocks (gate/up: Q4_0,
+    Q4_1), `exact` (0) or a processor without VNNI by the float path. Control: the integer
+    projection is not the float one."""
+    model = engine.target
+    layer = model.layers[0]
+    kernel = native_layers.kernel()
+    x = torch.randn(40, model.spec.hidden_size, generator=torch.Generator().manual_seed(3))
+    floats = x @ layer.wqkv.dense_t()
+    monkeypatch.setattr(model, "integer_products", int8.WIDE)
+    got = model._project(x, layer.wqkv)
+    if kernel.int8.path() == int8.AVX512_VNNI:
+        assert torch.equal(got, kernel.int8.product(x, layer.wqkv, int8.WIDE))
+        assert not torch.equal(got, floats)
+        assert (got - floats).abs().max() <= 1e-3 * floats.abs().max()
+    else:
+        assert torch.equal(got, floats)
+    assert layer.wqkv.all_k_blocks() and not layer.w_gate_up.all_k_blocks()
+    assert torch.equal(model._project(x, layer.w_gate_up), x @ layer.w_gate_up.dense_t())
+    monkeypatch.setattr(model, "integer_products", 0)
+    assert torch.equal(model._project(x, layer.wqkv), floats)

@@ -19,7 +19,9 @@ import numpy as np
 import torch
 
 from . import native_layers  # the kernel library is built at first use, not here
-from .ggml_types import BLOCKS, F16, F32, IN_OUT, LANES, TYPE_NAMES, Part
+from .ggml_types import BLOCKS, F16, F32, IN_OUT, LANES, Q4_K, Q5_K, Q6_K, TYPE_NAMES, Part
+
+K_TYPES = frozenset((Q4_K, Q5_K, Q6_K))  # the 256-weight types
 
 
 @dataclass(frozen=True)
@@ -81,6 +83,11 @@ class Matrix:
     @property
     def quantized(self) -> bool:
         return self._dense_t is None
+
+    def all_k_blocks(self) -> bool:
+        """Whether every part is of a 256-weight type (Q4_K, Q5_K, Q6_K), the types whose integer
+        products take any number of rows (`Transformer._project`)."""
+        return self._dense_t is None and all(t.type in K_TYPES for t in self.stored)
 
     def dense_t(self) -> torch.Tensor:
         """[inputs, outputs] float32: the stored weights, or a fresh dequantized copy."""
