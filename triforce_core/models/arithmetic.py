@@ -24,8 +24,9 @@ from .native_build import library_key
 _library = functools.cache(library_key)
 
 # Raised when Python-side arithmetic of the forward changes the order of its operations (an
-# attention split, a fused norm): K/V kept under the old number is then never reused.
-ARITHMETIC_VERSION = 1
+# attention split, a fused norm): K/V kept under the old number is then never reused. 2: a
+# prefill's projections of 256-weight blocks take the integer products (`Transformer._project`).
+ARITHMETIC_VERSION = 2
 
 
 def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | int = False) -> str:
