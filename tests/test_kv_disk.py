@@ -17,6 +17,7 @@ from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed
 from triforce_core.kv import model_fingerprint
 from triforce_core.serving.session import ChatSession
+from triforce_core.serving.turns import Turn
 from triforce_core.serving.slots import Slot
 
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
@@ -63,6 +64,14 @@ def block_files(folder) -> list[Path]:
     return sorted(Path(folder).glob("*.kv"), key=lambda p: p.stat().st_mtime_ns)
 
 
+def document_end(engine, cfg) -> int:
+    """Where the document ends in the first prompt's tokens (`ChatSession.document_end`)."""
+    session = ChatSession(engine, DOCUMENT, config=cfg)
+    prompt = session.prompt_ids(Q1)
+    session.turns.append(Turn(Q1))
+    return session.document_end(prompt)
+
+
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])
 @pytest.mark.parametrize("mode", MODES)
 def test_answers_after_a_reload_equal_a_fresh_prefill(weights, tmp_path, mode, sampled):
@@ -70,14 +79,44 @@ def test_answers_after_a_reload_equal_a_fresh_prefill(weights, tmp_path, mode, s
     reference, ref_stats, _ = two_turns(new_engine(weights), cfg)  # no disk at all
     written, w_stats, _ = two_turns(new_engine(weights, tmp_path), cfg)
     assert [s.disk_tokens for s in w_stats] == [0, 0]
-    assert len(block_files(tmp_path)) == 9  # every whole block of the first prompt's body
+    end = document_end(new_engine(weights), cfg)
+    assert end == 301 and end % CHUNK  # the template's first token, then the 300 words' (the test tokenizer: one a word)
+    # every whole block before the document's end, then the document's last part as a tail block
+    assert len(block_files(tmp_path)) == end // CHUNK + 1
     read, r_stats, session = two_turns(new_engine(weights, tmp_path), cfg)
     assert read == written == reference
     first = r_stats[0]
-    assert first.disk_tokens == 9 * CHUNK and first.reused_tokens == 9 * CHUNK
-    assert first.prefill_tokens == ref_stats[0].prefill_tokens - 9 * CHUNK
+    assert first.disk_tokens == end and first.reused_tokens == end  # only the question ran
+    assert first.prefill_tokens == ref_stats[0].prefill_tokens - end
     assert r_stats[1].disk_tokens == 0  # the second turn reuses the memory cache
     assert not [p for p in tmp_path.iterdir() if not p.name.endswith(".kv")]  # no temporary files left
+
+
+def test_the_same_document_with_another_question_runs_only_the_question(weights, tmp_path):
+    """The K/V up to the document's end, kept by one conversation, serve a later one that starts
+    with another question: its prefill reads them back (the last partial chunk as a tail
+    block), runs only the question, and its cache and answer equal a fresh prefill's bit for bit
+    (whose chunks end at the document's end too). Control: a prefill that names no document end
+    reads the whole blocks only."""
+    cfg = config("autoregressive")
+    two_turns(new_engine(weights, tmp_path), cfg)  # first question Q1
+    end = document_end(new_engine(weights), cfg)
+    q3 = words(7, 14)
+
+    def ask(engine):
+        session = ChatSession(engine, DOCUMENT, config=cfg)
+        ids = [t for ev in session.ask(q3) if isinstance(ev, Committed) for t in ev.token_ids]
+        return ids, session.turns[0].stats, session._slot.loop.full.cache
+
+    fresh, f_stats, f_cache = ask(new_engine(weights))
+    again, a_stats, a_cache = ask(new_engine(weights, tmp_path))
+    assert again == fresh
+    assert a_stats.disk_tokens == end and a_stats.prefill_tokens == f_stats.prefill_tokens - end
+    assert torch.equal(f_cache.k[:, :, :end], a_cache.k[:, :, :end]) and torch.equal(f_cache.v[:, :, :end], a_cache.v[:, :, :end])
+    engine = new_engine(weights, tmp_path)
+    prompt = ChatSession(engine, DOCUMENT, config=cfg).prompt_ids(q3)
+    prefilled = next(iter(Slot(engine).generate(prompt, cfg)))
+    assert prefilled.disk_tokens == end // CHUNK * CHUNK
 
 
 def test_the_cache_read_back_is_bit_identical(weights, tmp_path):
@@ -142,7 +181,7 @@ def test_a_bad_file_is_reported_rebuilt_and_never_used(weights, tmp_path, caplog
     assert stats[0].disk_tokens == 4 * CHUNK  # the blocks before the bad one
     assert bad.is_file()  # rebuilt by that prefill
     again, stats, _ = two_turns(new_engine(weights, tmp_path), cfg)
-    assert again == reference and stats[0].disk_tokens == 9 * CHUNK
+    assert again == reference and stats[0].disk_tokens == document_end(new_engine(weights), cfg)  # whole blocks and the tail
 
 
 def test_the_key_is_the_weights_and_the_dtype(weights, tmp_path):

@@ -154,20 +154,21 @@ class SpeculationLoop(Prefill):
 
     # -- a generation: prefill (`Prefill`), then decoding ------------------------------------
     def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False,
-                 inspect: bool = False) -> Iterator[Event]:
+                 inspect: bool = False, boundary: int | None = None) -> Iterator[Event]:
         """One generation: prefill `prompt` (reusing the cached prefix), then decode.
 
         The one way the engine, chat sessions, cache slots and the bench run a generation.
         `on_prefill_progress(done, total)` is called after each prefill chunk; with
         `progress_events` a `PrefillProgress` event is also yielded there, so a scheduler can
         interleave other work with a long prefill (and close the generator to abort it).
-        With `inspect`, each `Verified` event carries its `TokenCheck`s.
+        With `inspect`, each `Verified` event carries its `TokenCheck`s. `boundary`: where a
+        document ends in the prompt (`Prefill.prefill_steps`).
         """
         self.set_inspect(inspect)
         if progress_events:
-            prefilled = yield from self.prefill_steps(prompt, on_prefill_progress)
+            prefilled = yield from self.prefill_steps(prompt, on_prefill_progress, boundary)
         else:
-            prefilled = self.prefill(prompt, on_prefill_progress)
+            prefilled = self.prefill(prompt, on_prefill_progress, boundary)
         yield prefilled
         if self.selection_event is not None:
             yield self.selection_event

@@ -22,16 +22,17 @@ class Prefill:
     """The prefill half of `SpeculationLoop`: the attributes it reads are set by
     `SpeculationLoop.__init__` (and `_reset_counters` is the loop's)."""
 
-    def prefill(self, prompt: list[int], on_progress=None) -> Prefilled:
+    def prefill(self, prompt: list[int], on_progress=None, boundary: int | None = None) -> Prefilled:
         """Run `prefill_steps` to the end (for callers that decode with `run` themselves)."""
-        steps = self.prefill_steps(prompt, on_progress)
+        steps = self.prefill_steps(prompt, on_progress, boundary)
         while True:
             try:
                 next(steps)
             except StopIteration as end:
                 return end.value
 
-    def prefill_steps(self, prompt: list[int], on_progress=None) -> Generator[PrefillProgress, None, Prefilled]:
+    def prefill_steps(self, prompt: list[int], on_progress=None,
+                      boundary: int | None = None) -> Generator[PrefillProgress, None, Prefilled]:
         """Make every lane hold prompt[:-1] (the last prompt token stays pending); after each
         target chunk, calls `on_progress(done, total)` and yields `PrefillProgress(done, total)`
         (new tokens); returns the `Prefilled` event.
@@ -43,6 +44,10 @@ class Prefill:
         small draft's window is rebuilt and the retrieval chunks are re-selected for the new
         last query. Closed between chunks, the full cache keeps what was prefilled so far, and
         `history` names exactly those tokens (a later prompt reuses them).
+
+        `boundary`: where a document ends in the prompt (prompts that differ only after it share
+        everything before it). A chunk then also ends there, and with a disk cache the part
+        from the last whole block to it is kept and read back as a tail block (`DiskCache.tail`).
         """
         if not prompt:
             raise ValueError("the prompt is empty")
@@ -60,29 +65,38 @@ class Prefill:
         need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
         cache = lane.cache
         cache.make_room(need)
-        blocks = (self.disk.blocks(body, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
-                  if self.disk is not None else [])
+        blocks, tail = [], None
+        if self.disk is not None:
+            blocks = self.disk.blocks(body, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
+            if boundary is not None and boundary < len(body):
+                tail = self.disk.tail(body, boundary, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
         disk_tokens = 0
-        if blocks:
-            reuse, disk_tokens = self._read_disk(blocks, reuse, len(body))
+        if blocks or tail is not None:
+            reuse, disk_tokens = self._read_disk(blocks, reuse, len(body), tail)
         cache.truncate(reuse)
         lane.covered, lane.fed, lane.pending = reuse, [], []
         self.history = body[:reuse]  # == what the full cache holds, after every chunk
         total = len(body) - reuse
-        protect = {b.key for b in blocks}
+        protect = {b.key for b in blocks} | ({tail.key} if tail is not None else set())
+        stop = boundary if boundary is not None and 0 < boundary < len(body) else None
         queries = None
         at = reuse
         while at < len(body):
             end = min(len(body), (at // chunk + 1) * chunk)  # [at, end): up to the next multiple
+            if stop is not None and at < stop < end:
+                end = stop  # the document's end closes a chunk too
             part = body[at:end]
             whole = end - at == chunk and cache.canonical == at
+            is_tail = tail is not None and (at, end) == (tail.start, tail.end) and cache.canonical == at
             q = lane.prefill(part, chunk, capture_last=end == len(body) and self.retrieval is not None)
             self.history += part
             queries = q if q is not None else queries
-            if whole:
+            if whole or is_tail:
                 cache.canonical = end
-                if blocks:
+                if whole and blocks:
                     self.disk.save(cache, blocks[at // chunk], protect)
+                if is_tail:
+                    self.disk.save(cache, tail, protect)
             at = end
             if on_progress is not None:
                 on_progress(at - reuse, total)
@@ -105,22 +119,28 @@ class Prefill:
         return Prefilled(tokens=len(self.prompt) - reuse, seconds=time.perf_counter() - t0, reused_tokens=reuse,
                          disk_tokens=disk_tokens)
 
-    def _read_disk(self, blocks: list, reuse: int, body_len: int) -> tuple[int, int]:
+    def _read_disk(self, blocks: list, reuse: int, body_len: int, tail=None) -> tuple[int, int]:
         """Read the blocks beyond what the cache holds in memory; returns (reuse, tokens read).
 
         Blocks are read from the first one the cache does not hold canonically, up to the last
-        that ends before the prompt's final body token (its query is needed: see `reuse -= 1`).
+        that ends before the prompt's final body token (its query is needed: see `reuse -= 1`);
+        with a `tail` (a document's end), up to the tail's start, then the tail: a whole block
+        across the document's end was computed in other chunks than this prefill's.
         """
         cache = self.full.cache
-        chunk = blocks[0].end
+        chunk = self.config.cache.prefill_chunk
         first = min(reuse, cache.canonical) // chunk
         end = first
-        while end < len(blocks) and blocks[end].end < body_len and self.disk.has(blocks[end]):
+        while (end < len(blocks) and (blocks[end].end <= tail.start if tail is not None else blocks[end].end < body_len)
+               and self.disk.has(blocks[end])):
             end += 1
-        if end * chunk <= reuse:
+        with_tail = tail is not None and end * chunk == tail.start and tail.end < body_len and self.disk.has(tail)
+        if (tail.end if with_tail else end * chunk) <= reuse:
             return reuse, 0
         cache.truncate(first * chunk)
         read = self.disk.load(cache, blocks, first, end)
+        if with_tail and read == (end - first) * chunk:
+            read += self.disk.load(cache, [tail], 0, 1)
         return first * chunk + read, read
 
     def _select(self, queries: torch.Tensor | None) -> None:

@@ -7,7 +7,10 @@
 
 A block is one prefill chunk (`CacheConfig.prefill_chunk`; the size is part of the key). Why
 blocks and not whole prompts: a document-chat prompt is template + document + question,
-so no two prompts are equal, but they share their beginning. Block j's key hashes the model's
+so no two prompts are equal, but they share their beginning. Where the caller says where the
+document ends (a chat session does), the prefill ends a chunk there too, and that last part
+of the document is kept as a tail block (`tail`): the next question after the same document
+then runs only its own tokens, not the document's last partial chunk as well. Block j's key hashes the model's
 key (its weights, or its file's content), the K/V dtype, the arithmetic the forward runs
 (`models.arithmetic`: native kernels or PyTorch's, float or integer products, the processor's
 vector instructions, the PyTorch release) and every token of blocks 0..j (a chain), so any
@@ -181,6 +184,25 @@ class DiskCache:
         keys = chain_keys(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}", tokens, b)
         return [Block(j, j * b, (j + 1) * b, key, tuple(int(t) for t in tokens[j * b : (j + 1) * b]))
                 for j, key in enumerate(keys)]
+
+    def tail(self, tokens: list[int], boundary: int, block_tokens: int, kv_dtype: torch.dtype,
+             device: torch.device | str = "cpu", integer_products: int = 0) -> Block | None:
+        """The block from the last whole block's start before `boundary` to `boundary` (a
+        document's end, where prompts that differ only in their question part), keyed by the
+        same head as `blocks` and every token before `boundary`; None where `boundary` ends a
+        whole block (those cover it) or lies outside `tokens`. A prefill computes it as one
+        chunk of its own (`Prefill.prefill_steps`), so reading it back gives the bits a fresh
+        prefill with the same boundary computes."""
+        b = block_tokens
+        if b < 1:
+            raise ValueError(f"block_tokens must be >= 1, got {b}")
+        if not 0 < boundary <= len(tokens) or boundary % b == 0:
+            return None
+        arithmetic = arithmetic_key(device, integer_products)
+        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}/tail".encode())
+        h.update(torch.tensor([int(t) for t in tokens[:boundary]], dtype=torch.int32).numpy().tobytes())
+        start = boundary // b * b
+        return Block(boundary // b, start, boundary, h.hexdigest(), tuple(int(t) for t in tokens[start:boundary]))
 
     def path(self, block: Block) -> Path:
         return self.folder / (block.key + SUFFIX)

@@ -69,6 +69,7 @@ class ChatSession:
         self.turns: list[Turn] = []
         self._slot = Slot(engine)  # the conversation's caches, kept between turns
         self._document = ""
+        self._prefix: tuple | None = None  # ((document, system prompt, first question), the document's tokens)
         self._document_tokens: int | None = None
         self.sections_read: list[dict] | None = None  # what the document holds of a book, if a part of one
         self.set_document(document)
@@ -123,6 +124,27 @@ class ChatSession:
             if i < len(self.turns):
                 out.append({"role": "assistant", "content": self.turns[i].answer})
         return out
+
+    def document_end(self, prompt: list[int]) -> int | None:
+        """Where the document ends in `prompt` (this conversation's): the tokens its first
+        question's prompt shares with that of an empty question, compared once per document,
+        system prompt and first question. The prefill keeps the K/V on disk up to there, so the
+        same document asked anything later runs only the question. None without a document or
+        a conversation, or where `prompt` does not begin with those tokens."""
+        first = self.turns[0].question if self.turns else None
+        if not self._document or first is None:
+            return None
+        key = (self._document, self.system_prompt, first)
+        if self._prefix is None or self._prefix[0] != key:
+            head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+            a, b = (render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": f"{self._document}\n\n{q}"}])[1]
+                    for q in (first, ""))
+            n = 0
+            while n < min(len(a), len(b)) and a[n] == b[n]:
+                n += 1
+            self._prefix = (key, a[:n])
+        prefix = self._prefix[1]
+        return len(prefix) if prefix and prompt[: len(prefix)] == prefix else None
 
     def prompt_ids(self, question: str) -> list[int]:
         """Token ids of the whole conversation plus `question`, ready for the answer."""
@@ -301,7 +323,8 @@ class ChatSession:
         prefilled: Prefilled | None = None
         selections: list[ChunksSelected] = []
         try:
-            for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events, inspect):
+            for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events, inspect,
+                                          boundary=self.document_end(prompt)):
                 if isinstance(ev, Prefilled):
                     prefilled = ev
                 elif isinstance(ev, ChunksSelected):
