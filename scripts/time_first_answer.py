@@ -9,6 +9,10 @@ the status line (the engine's prefill and speed figures), the answer, and whethe
 (an 8-gram of words repeated 3 times).
 
     python -m scripts.time_first_answer [--question "What is a class in Python?"] [--app-args "--target demo"]
+                                        [--screenshot PATH]
+
+`--screenshot PATH` saves the whole page as PNG once the second opening's answer has ended
+(docs/app.md's picture).
 
 Needs Playwright and Debian's chromium (the browser tests' set-up: `make test` installs it).
 """
@@ -57,7 +61,7 @@ def _wait_up(proc: subprocess.Popen, url: str, timeout: float = 300) -> None:
     raise RuntimeError(f"the app did not answer at {url} within {timeout:.0f} s")
 
 
-def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path) -> dict:
+def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path, screenshot: Path | None = None) -> dict:
     from playwright.sync_api import sync_playwright
 
     port = _free_port()
@@ -89,6 +93,9 @@ def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path) 
             done_s = time.perf_counter() - t0
             status = page.inner_text("#tf-status").strip()
             answer = page.locator(".tf-assistant").last.locator(".tf-tok").all_inner_texts()
+            if screenshot is not None:
+                page.wait_for_timeout(1500)  # the plots drawn after the last event
+                page.screenshot(path=str(screenshot), full_page=True)
             browser.close()
     finally:
         proc.terminate()
@@ -106,6 +113,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--question", default="What is a class in Python?")
     p.add_argument("--app-args", default="", help="more flags for app.py, e.g. \"--target demo\"")
+    p.add_argument("--screenshot", type=Path, help="save the page as PNG after the second opening's answer")
     args = p.parse_args(argv)
     if not Path(CHROMIUM).exists():
         print(f"error: {CHROMIUM} is missing: apt-get install chromium", file=sys.stderr)
@@ -113,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         cache, log = Path(tmp) / "kv", Path(tmp) / "app.log"
         try:
-            runs = {name: one_opening(args.question, cache, shlex.split(args.app_args), log)
+            runs = {name: one_opening(args.question, cache, shlex.split(args.app_args), log,
+                                      args.screenshot if name == "second_opening" else None)
                     for name in ("first_opening", "second_opening")}
         except RuntimeError as e:
             print(f"error: {e}\n{log.read_text()[-3000:]}", file=sys.stderr)
