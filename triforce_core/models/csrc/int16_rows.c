@@ -195,6 +195,39 @@ static INLINE VNNI_TARGET __m512i scale_bytes_index(int per16, int p, int odd) {
     return _mm512_mask_mov_epi8(idx, other, _mm512_set1_epi8((char)0x80));
 }
 
+/* The vpshufb indices of scale_bytes_index for a type's super-block, c = 2p + odd. */
+static INLINE VNNI_TARGET void vnni_16k_index(const int type, __m512i *index) {
+    for (int p = 0; p < 4; p++)
+        for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
+}
+
+/* A super-block's 256 scaled weights (W: eight registers, c = 2p + odd, the even weights of 64
+ * then the odd), its d and, for Q4_K and Q5_K, its dmin (f, else 0) and integer minimums (mins:
+ * the offset lanes' factors, else 0). */
+static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk, const __m512i *index, __m512i *W, float *d,
+                                              float *f, __m256i *mins) {
+    __m512i q[4], scales;
+    vnni_k_bytes(type, blk, q);
+    *mins = _mm256_setzero_si256();
+    *f = 0.0f;
+    if (type == T_Q6_K) {
+        scales = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
+        *d = half_at(blk + 208);
+    } else {
+        uint64_t scb, mnb;
+        k4_scales(blk + 4, &scb, &mnb);
+        scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));
+        *mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
+        *d = half_at(blk);
+        *f = half_at(blk + 2);
+    }
+    for (int c = 0; c < 8; c++) {
+        __m512i sb = _mm512_shuffle_epi8(scales, index[c]);
+        W[c] = _mm512_maddubs_epi16(q[c / 2], sb);
+        if (type == T_Q6_K) W[c] = _mm512_sub_epi16(W[c], _mm512_maddubs_epi16(_mm512_set1_epi8(32), sb));
+    }
+}
+
 /* The rows against two outputs (row0, row1: their lanes A0[s], A1[s]): both outputs' super-block
  * b widened into registers, so each activation load feeds two products. Output by output, a
  * 7-row verification loaded each row's activations once per output (from the second level of
@@ -203,39 +236,14 @@ static INLINE VNNI_TARGET __m512i scale_bytes_index(int per16, int p, int odd) {
 static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0, const uint8_t *row1, const struct block_q16_k *x,
                                              int64_t ldx, int nb, int S, struct i8acc *A0, struct i8acc *A1) {
     const int bb = block_bytes(type);
-    const __m512i thirty_two = _mm512_set1_epi8(32);
     __m512i index[8];
-    for (int p = 0; p < 4; p++)
-        for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
+    vnni_16k_index(type, index);
     for (int b = 0; b < nb; b++) {
         __m512i W0[8], W1[8];
-        __m256i mins0 = _mm256_setzero_si256(), mins1 = mins0;
-        float d0, d1, f0 = 0.0f, f1 = 0.0f;
-        for (int o = 0; o < 2; o++) {
-            const uint8_t *blk = (o ? row1 : row0) + (int64_t)b * bb;
-            __m512i q[4], scales, *W = o ? W1 : W0;
-            float d, f = 0.0f;
-            __m256i mins = _mm256_setzero_si256();
-            vnni_k_bytes(type, blk, q);
-            if (type == T_Q6_K) {
-                scales = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
-                d = half_at(blk + 208);
-            } else {
-                uint64_t scb, mnb;
-                k4_scales(blk + 4, &scb, &mnb);
-                scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));
-                mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
-                d = half_at(blk);
-                f = half_at(blk + 2);
-            }
-            for (int c = 0; c < 8; c++) {
-                __m512i sb = _mm512_shuffle_epi8(scales, index[c]);
-                W[c] = _mm512_maddubs_epi16(q[c / 2], sb);
-                if (type == T_Q6_K) W[c] = _mm512_sub_epi16(W[c], _mm512_maddubs_epi16(thirty_two, sb));
-            }
-            if (o) d1 = d, f1 = f, mins1 = mins;
-            else d0 = d, f0 = f, mins0 = mins;
-        }
+        __m256i mins0, mins1;
+        float d0, d1, f0, f1;
+        vnni_16k_widen(type, row0 + (int64_t)b * bb, index, W0, &d0, &f0, &mins0);
+        vnni_16k_widen(type, row1 + (int64_t)b * bb, index, W1, &d1, &f1, &mins1);
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
             __m512i P0 = _mm512_setzero_si512(), Q0 = P0, P1 = P0, Q1 = P0;
@@ -270,32 +278,13 @@ static VNNI_TARGET void vnni_16_pair(int type, const uint8_t *row0, const uint8_
 static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     const int bb = block_bytes(type);
-    const __m512i thirty_two = _mm512_set1_epi8(32);
     __m512i index[8];
-    for (int p = 0; p < 4; p++)
-        for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
+    vnni_16k_index(type, index);
     for (int b = 0; b < nb; b++) {
-        const uint8_t *blk = row + (int64_t)b * bb;
-        __m512i q[4], W[8], scales;
-        __m256i mins = _mm256_setzero_si256();
-        float d, f = 0.0f;
-        vnni_k_bytes(type, blk, q);
-        if (type == T_Q6_K) {
-            scales = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(blk + 192)));
-            d = half_at(blk + 208);
-        } else {
-            uint64_t scb, mnb;
-            k4_scales(blk + 4, &scb, &mnb);
-            scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));
-            mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
-            d = half_at(blk);
-            f = half_at(blk + 2);
-        }
-        for (int c = 0; c < 8; c++) {  /* c = 2p + odd */
-            __m512i sb = _mm512_shuffle_epi8(scales, index[c]);
-            W[c] = _mm512_maddubs_epi16(q[c / 2], sb);
-            if (type == T_Q6_K) W[c] = _mm512_sub_epi16(W[c], _mm512_maddubs_epi16(thirty_two, sb));
-        }
+        __m512i W[8];
+        __m256i mins;
+        float d, f;
+        vnni_16k_widen(type, row + (int64_t)b * bb, index, W, &d, &f, &mins);
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
             __m512i V0 = _mm512_setzero_si512(), V1 = V0;
