@@ -137,8 +137,9 @@ class ChatSession:
         key = (self._document, self.system_prompt, first)
         if self._prefix is None or self._prefix[0] != key:
             head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            a, b = (render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": f"{self._document}\n\n{q}"}])[1]
-                    for q in (first, ""))
+            render = lambda q: render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": f"{self._document}\n\n{q}"}])[1]  # noqa: E731
+            a = prompt if len(self.turns) == 1 else render(first)  # a first turn's prompt is that rendering
+            b = render("")
             n = 0
             while n < min(len(a), len(b)) and a[n] == b[n]:
                 n += 1
