@@ -65,11 +65,12 @@ class Prefill:
         need = len(self.prompt) + self.config.speculation.max_new_tokens + self.margin
         cache = lane.cache
         cache.make_room(need)
+        stop = boundary if boundary is not None and 0 < boundary < len(body) else None  # the document's end
         blocks, tail = [], None
         if self.disk is not None:
             blocks = self.disk.blocks(body, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
-            if boundary is not None and boundary < len(body):
-                tail = self.disk.tail(body, boundary, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
+            if stop is not None:
+                tail = self.disk.tail(body, stop, chunk, cache.k.dtype, cache.k.device, self.target.integer_products)
         disk_tokens = 0
         if blocks or tail is not None:
             reuse, disk_tokens = self._read_disk(blocks, reuse, len(body), tail)
@@ -78,7 +79,6 @@ class Prefill:
         self.history = body[:reuse]  # == what the full cache holds, after every chunk
         total = len(body) - reuse
         protect = {b.key for b in blocks} | ({tail.key} if tail is not None else set())
-        stop = boundary if boundary is not None and 0 < boundary < len(body) else None
         queries = None
         at = reuse
         while at < len(body):

@@ -180,10 +180,14 @@ class DiskCache:
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         b = block_tokens
-        arithmetic = arithmetic_key(device, integer_products)
-        keys = chain_keys(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}", tokens, b)
+        keys = chain_keys(self._head(b, kv_dtype, device, integer_products), tokens, b)
         return [Block(j, j * b, (j + 1) * b, key, tuple(int(t) for t in tokens[j * b : (j + 1) * b]))
                 for j, key in enumerate(keys)]
+
+    def _head(self, block_tokens: int, kv_dtype: torch.dtype, device, integer_products: int) -> str:
+        """What every key of this cache hashes first: the model, the block size, the K/V dtype
+        and the arithmetic the forward runs now (`arithmetic_key`)."""
+        return f"{self.model_key}/{block_tokens}/{kv_dtype_name(kv_dtype)}/{arithmetic_key(device, integer_products)}"
 
     def tail(self, tokens: list[int], boundary: int, block_tokens: int, kv_dtype: torch.dtype,
              device: torch.device | str = "cpu", integer_products: int = 0) -> Block | None:
@@ -198,8 +202,7 @@ class DiskCache:
             raise ValueError(f"block_tokens must be >= 1, got {b}")
         if not 0 < boundary <= len(tokens) or boundary % b == 0:
             return None
-        arithmetic = arithmetic_key(device, integer_products)
-        h = hashlib.sha256(f"{self.model_key}/{b}/{kv_dtype_name(kv_dtype)}/{arithmetic}/tail".encode())
+        h = hashlib.sha256(f"{self._head(b, kv_dtype, device, integer_products)}/tail".encode())
         h.update(torch.tensor([int(t) for t in tokens[:boundary]], dtype=torch.int32).numpy().tobytes())
         start = boundary // b * b
         return Block(boundary // b, start, boundary, h.hexdigest(), tuple(int(t) for t in tokens[start:boundary]))

@@ -137,7 +137,10 @@ class ChatSession:
         key = (self._document, self.system_prompt, first)
         if self._prefix is None or self._prefix[0] != key:
             head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
-            render = lambda q: render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": f"{self._document}\n\n{q}"}])[1]  # noqa: E731
+
+            def render(question: str) -> list[int]:
+                return render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": f"{self._document}\n\n{question}"}])[1]
+
             a = prompt if len(self.turns) == 1 else render(first)  # a first turn's prompt is that rendering
             b = render("")
             n = 0
