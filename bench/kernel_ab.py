@@ -1,7 +1,7 @@
 """The native layers library of two source trees, timed against each other in one process.
 
     python -m bench.kernel_ab --base REV [--target FILE.gguf] [--rows 1,7,256]
-                              [--steps 1,7] [--context 4096] [--repeats 8] [--json OUT]
+                              [--steps 1,7] [--context 4096] [--prefill 2048] [--repeats 8] [--json OUT]
 
 Builds `layers.c` from git revision REV's `triforce_core/models/csrc` (extracted with
 `git archive` into a temporary folder) and from the working tree, with the flags the engine
@@ -12,7 +12,9 @@ builds it with (`native_layers.LAYER_FLAGS`), loads both, and alternates them ca
   (`int8.FAST_PATH_DEFAULT`), at each of --rows: milliseconds, GMAC/s, new/base, and whether
   both gave the same bits (a change of speed must not be a change of arithmetic);
 - steps: a forward of each of --steps rows over a random cache of --context tokens
-  (`bench.level_steps.random_cache_decoder`), the process's library swapped between runs.
+  (`bench.level_steps.random_cache_decoder`), the process's library swapped between runs;
+- prefill: --prefill random tokens through the model into an empty cache, in chunks of the
+  default `prefill_chunk`, as a document's prefill runs (tokens a second).
 
 A library is a few seconds to build; a desktop-size file (`bench.desktop_models`) is what it
 is for. Never in `make test`.
@@ -27,6 +29,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import time
 from io import BytesIO
 from pathlib import Path
 
@@ -64,8 +67,6 @@ def alternate(libs: dict, repeats: int, run) -> dict[str, float]:
 
 
 def products(model, libs: dict, rows: list[int], repeats: int, say) -> list[dict]:
-    import time
-
     layer = model.layers[len(model.layers) // 2]
     out = []
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
@@ -112,6 +113,34 @@ def steps(target: str, libs: dict, rows: list[int], context: int, repeats: int, 
     return out
 
 
+def prefill(target: str, libs: dict, tokens: int, repeats: int, say) -> dict:
+    from triforce_core.config import CacheConfig, GenerationConfig
+    from triforce_core.kv.full import FullCache
+    from bench.loading import load_bench
+
+    engine = load_bench(target, None).engine
+    model, s = engine.target, engine.target.spec
+    chunk = CacheConfig().prefill_chunk
+    ids = torch.randint(16, model.vocab_size, (tokens,), generator=torch.Generator().manual_seed(tokens))
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, tokens + 1, engine.kv_dtype_for(GenerationConfig()), model.device)
+
+    def run(lib):
+        native_layers._loader._loaded = lib
+        cache.truncate(0)
+        t0 = time.perf_counter()
+        for at in range(0, tokens, chunk):
+            part = ids[at:at + chunk]
+            model.forward(part, cache.positions(at, len(part)), cache, logits_rows=None)
+        return time.perf_counter() - t0
+
+    t = alternate(libs, repeats, run)
+    row = {"tokens": tokens, "chunk": chunk, "seconds": t, "tokens_per_s": {n: tokens / v for n, v in t.items()},
+           "new_over_base": t["base"] / t["new"]}
+    say(f"[kernel-ab] a prefill of {tokens} tokens in chunks of {chunk}: base {tokens / t['base']:.1f} tok/s, "
+        f"new {tokens / t['new']:.1f} tok/s ({row['new_over_base']:.2f}x)")
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--base", required=True, help="git revision whose csrc is the baseline")
@@ -120,6 +149,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,7,256", help="row counts of the products")
     p.add_argument("--steps", default="1,7", help="row counts of the forwards ('' for none)")
     p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--prefill", type=int, default=0, help="tokens of a prefill to time (0: none)")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
@@ -145,6 +175,8 @@ def main(argv: list[str] | None = None) -> int:
         del model
         if parse(args.steps):
             report["steps"] = steps(args.target, libs, parse(args.steps), args.context, args.repeats, say)
+        if args.prefill > 0:
+            report["prefill"] = prefill(args.target, libs, args.prefill, max(2, args.repeats // 4), say)
     if args.json:
         write_json(args.json, report)
     return 0

@@ -64,11 +64,36 @@ def test_activations_are_quantized_as_defined(kernels):
         kernels.quantize16(torch.zeros(2, 300))
 
 
+def test_every_path_quantizes_as_the_scalar_reference(kernels):
+    """The vector quantizers give the scalar loop's bytes, at the edges too: halves (a block whose
+    largest input is 32767 scales by exactly 1), values just under a half, the clamp, zeros of
+    either sign, denormals, and NaN or infinity (the block's d NaN or its inverse 0)."""
+    rows = _rows(8, 512, seed=4).numpy().copy()
+    edges = np.array([32767, 2.5, -2.5, 0.5, -0.5, np.nextafter(np.float32(0.5), np.float32(0)), 1.5, -1.5,
+                      32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5], dtype=np.float32)
+    rows[0, :16] = edges  # the first block's scale is exactly 1
+    rows[1, 3] = np.nan
+    rows[2, 300] = np.inf
+    rows[3, :256] = 1e-40  # a block of denormals: d rounds to 0
+    rows[4, 256:] = 0.0
+    rows[5, 10] = 3.4e38  # a huge block
+    x = torch.from_numpy(rows)
+    with kernels.forced(int8.SCALAR):
+        want = kernels.quantize16(x)
+    for path in kernels.paths():
+        with kernels.forced(path):
+            assert torch.equal(kernels.quantize16(x), want), int8.PATH_NAMES[path]
+    # halves go away from zero (round-half-to-even would give 2, -2, 0, 0, 32766): input e of 64
+    # is stored at e / 2 when even, at 32 + e / 2 when odd
+    q = want.numpy().view(Q16_DTYPE).reshape(8, 2)["qs"][0, 0]
+    assert (q[32], q[1], q[33], q[2], q[34], q[4], q[36]) == (3, -3, 1, -1, 0, 32767, -32767)
+
+
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
     m, _ = _matrix(qtype, 37, 768, seed=int(qtype))
-    x = _rows(17, 768, seed=2)
-    for S in (1, 3, 7, 17):
+    x = _rows(33, 768, seed=2)
+    for S in (1, 3, 7, 17, 33):  # 33: two of the many-row products' groups of 32
         with kernels.forced(int8.SCALAR):
             want = kernels.product(x[:S], m, WIDE, threads=1)
         for path in kernels.paths():
@@ -81,11 +106,11 @@ def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
     m, _ = _matrix(qtype, 64, 1024, seed=8)
-    x = _rows(17, 1024, seed=9)
+    x = _rows(33, 1024, seed=9)
     for path in kernels.paths():
         with kernels.forced(path):
-            alone = [kernels.product(x[i : i + 1], m, WIDE, threads=2)[0] for i in range(17)]
-            for S in (2, 7, 16, 17):  # 17 rows: two groups of the kernel's 16
+            alone = [kernels.product(x[i : i + 1], m, WIDE, threads=2)[0] for i in range(33)]
+            for S in (2, 7, 16, 17, 32, 33):  # 33 rows: two groups of the kernel's 32
                 together = kernels.product(x[:S], m, WIDE, threads=2)
                 for i in range(S):
                     assert torch.equal(together[i], alone[i]), f"{int8.PATH_NAMES[path]}: row {i} of {S}"

@@ -46,7 +46,7 @@ _Static_assert(sizeof(struct block_q16_k) == 576, "block_q16_k is 576 bytes");
 static inline int q16_slot(int e) { return (e & ~63) + ((e & 1) << 5) + ((e & 63) >> 1); }
 static inline int q16_at(const struct block_q16_k *x, int e) { return x->qs[q16_slot(e)]; }
 
-static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
+static void quantize_q16_k_ref(const float *x, int K, struct block_q16_k *y) {
     for (int b = 0; b < K / 256; b++) {
         const float *xb = x + 256 * b;
         struct block_q16_k *o = &y[b];
@@ -69,6 +69,70 @@ static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
         o->d = d;
         memset(o->pad, 0, sizeof(o->pad));
     }
+}
+
+#ifdef I8_X86
+/* quantize_q16_k_ref in AVX-512, the same bits: the largest |x| is exact in any order; x * id is
+ * the same product; roundf (half away from zero) is t = trunc(v) and one more away from zero
+ * where |v - t| >= 0.5 (v - t is exact for a float); NaN gives 0 and the bounds clamp as there;
+ * the sums per 32 are integer sums. A prefill's rows took 4 % of its time in the scalar loop. */
+static VNNI_TARGET void vnni_quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
+    const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
+    const __m512 hi = _mm512_set1_ps(Q16_MAX), lo = _mm512_set1_ps(-Q16_MAX);
+    /* of 64 words (32 from each of two registers), the even ones, then the odd ones */
+    __m512i even, odd;
+    {
+        int16_t e[32], o[32];
+        for (int i = 0; i < 32; i++) e[i] = (int16_t)(2 * i), o[i] = (int16_t)(2 * i + 1);
+        even = _mm512_loadu_si512((const void *)e);
+        odd = _mm512_loadu_si512((const void *)o);
+    }
+    for (int b = 0; b < K / 256; b++) {
+        const float *xb = x + 256 * b;
+        struct block_q16_k *o = &y[b];
+        __m512 amax = _mm512_setzero_ps();
+        __mmask16 nan = 0;
+        for (int e = 0; e < 256; e += 16) {
+            __m512 a = _mm512_andnot_ps(sign, _mm512_loadu_ps(xb + e));
+            nan |= _mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q);
+            amax = _mm512_max_ps(amax, a);
+        }
+        float m = _mm512_reduce_max_ps(amax);
+        float d = nan ? NAN : m / Q16_MAX, id = d > 0.0f ? 1.0f / d : 0.0f;
+        const __m512 vid = _mm512_set1_ps(id);
+        for (int g = 0; g < 4; g++) {  /* 64 inputs */
+            __m512i q32[4];
+            for (int j = 0; j < 4; j++) {
+                __m512 v = _mm512_mul_ps(_mm512_loadu_ps(xb + 64 * g + 16 * j), vid);
+                __m512 t = _mm512_roundscale_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+                __mmask16 up = _mm512_cmp_ps_mask(_mm512_andnot_ps(sign, _mm512_sub_ps(v, t)), half, _CMP_GE_OQ);
+                __m512 r = _mm512_mask_add_ps(t, up, t, _mm512_or_ps(one, _mm512_and_ps(sign, v)));
+                r = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(r, r, _CMP_ORD_Q), r);  /* NaN -> 0 */
+                r = _mm512_min_ps(_mm512_max_ps(r, lo), hi);
+                q32[j] = _mm512_cvttps_epi32(r);
+            }
+            o->bsums[2 * g] = _mm512_reduce_add_epi32(_mm512_add_epi32(q32[0], q32[1]));
+            o->bsums[2 * g + 1] = _mm512_reduce_add_epi32(_mm512_add_epi32(q32[2], q32[3]));
+            __m512i a = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(q32[0])), _mm512_cvtepi32_epi16(q32[1]), 1);
+            __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(_mm512_cvtepi32_epi16(q32[2])), _mm512_cvtepi32_epi16(q32[3]), 1);
+            _mm512_storeu_si512((void *)(o->qs + 64 * g), _mm512_permutex2var_epi16(a, even, c));
+            _mm512_storeu_si512((void *)(o->qs + 64 * g + 32), _mm512_permutex2var_epi16(a, odd, c));
+        }
+        o->d = d;
+        memset(o->pad, 0, sizeof(o->pad));
+    }
+}
+#endif
+
+/* A row's blocks, by the vector path the products take (the same bits on every path). */
+static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
+#ifdef I8_X86
+    if (int8_path() == INT8_AVX512_VNNI) {
+        vnni_quantize_q16_k(x, K, y);
+        return;
+    }
+#endif
+    quantize_q16_k_ref(x, K, y);
 }
 
 /* x [S, K] -> S rows of K / 256 block_q16_k. Returns -1 where K is not a whole number of blocks. */
@@ -228,6 +292,16 @@ static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk
     }
 }
 
+/* An output's lanes set to zero before its first super-block, where the row's is first used
+ * (in place of a memset of every accumulator of a group before the call: the same zeros, so
+ * the same bits, without a pass over memory the kernel then overwrites). */
+static INLINE VNNI_TARGET void vnni_16k_start(const int type, struct i8acc *A) {
+    _mm512_store_ps(A->a, _mm512_setzero_ps());
+    _mm512_store_ps(A->a + 16, _mm512_setzero_ps());
+    _mm256_store_ps(A->m, _mm256_setzero_ps());
+    (void)type;
+}
+
 /* The rows against two outputs (row0, row1: their lanes A0[s], A1[s]): both outputs' super-block
  * b widened into registers, so each activation load feeds two products. Output by output, a
  * 7-row verification loaded each row's activations once per output (from the second level of
@@ -250,10 +324,18 @@ static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0
             for (int c = 0; c < 8; c += 2) {
                 __m512i X0 = _mm512_loadu_si512((const void *)(xs->qs + 32 * c));
                 __m512i X1 = _mm512_loadu_si512((const void *)(xs->qs + 32 * c + 32));
+                /* Each load once, in a register: left free, the compiler folds it into both
+                 * outputs' vpdpwssd, and two 512-bit loads per product bound the loop (Zen 4:
+                 * one a cycle), not the products. */
+                __asm__("" : "+v"(X0), "+v"(X1));
                 P0 = _mm512_dpwssd_epi32(P0, W0[c], X0);
                 P1 = _mm512_dpwssd_epi32(P1, W1[c], X0);
                 Q0 = _mm512_dpwssd_epi32(Q0, W0[c + 1], X1);
                 Q1 = _mm512_dpwssd_epi32(Q1, W1[c + 1], X1);
+            }
+            if (b == 0) {
+                vnni_16k_start(type, &A0[s]);
+                vnni_16k_start(type, &A1[s]);
             }
             _mm512_store_ps(A0[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P0, Q0)), _mm512_set1_ps(d0 * xs->d), _mm512_load_ps(A0[s].a)));
             _mm512_store_ps(A1[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P1, Q1)), _mm512_set1_ps(d1 * xs->d), _mm512_load_ps(A1[s].a)));
@@ -293,6 +375,7 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
                 V1 = _mm512_dpwssd_epi32(V1, W[c + 1], _mm512_loadu_si512((const void *)(xs->qs + 32 * c + 32)));
             }
             __m512i V = _mm512_add_epi32(V0, V1);
+            if (b == 0) vnni_16k_start(type, &A[s]);
             _mm512_store_ps(A[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * xs->d), _mm512_load_ps(A[s].a)));
             if (type != T_Q6_K) {
                 __m256i M = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i *)xs->bsums));
@@ -317,12 +400,15 @@ static VNNI_TARGET void vnni_16_row(int type, const uint8_t *row, const struct b
  * row's activations stay in the first level of cache, a few percent slower. */
 #define I16_PAIRS_FROM 8
 
+/* Activation rows sharing each widened super-block (and a group of a many-row product). */
+#define I16_ROWS 32
+
 /* Outputs [r0, r1) of one part (a 256-weight type) against all S rows: y[s * ldy + r]. */
 static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *xw, int S, int K, float *y,
                           int64_t ldy, int path) {
     int nb = K / 256;
     int64_t ldx = nb;
-    struct i8acc A[I8_ROWS], A2[I8_ROWS];
+    struct i8acc A[I16_ROWS], A2[I16_ROWS];
     int64_t r = r0;
 #ifdef I8_X86
     if (path == INT8_AVX512_VNNI && S >= I16_PAIRS_FROM)  /* two outputs at a time (vnni_16k_pair) */
@@ -330,10 +416,8 @@ static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const st
             const uint8_t *row = (const uint8_t *)p->data + r * p->ld;
             for (int64_t ahead = r + PREFETCH_ROWS; ahead < r + PREFETCH_ROWS + 2 && ahead < p->rows; ahead++)
                 for (int64_t b = 0; b < p->ld; b += 64) __builtin_prefetch((const uint8_t *)p->data + ahead * p->ld + b, 0, 3);
-            for (int s0 = 0; s0 < S; s0 += I8_ROWS) {
-                int g = S - s0 < I8_ROWS ? S - s0 : I8_ROWS;
-                memset(A, 0, sizeof(A[0]) * (size_t)g);
-                memset(A2, 0, sizeof(A2[0]) * (size_t)g);
+            for (int s0 = 0; s0 < S; s0 += I16_ROWS) {
+                int g = S - s0 < I16_ROWS ? S - s0 : I16_ROWS;
                 vnni_16_pair(p->type, row, row + p->ld, xw + s0 * ldx, ldx, nb, g, A, A2);
                 for (int s = 0; s < g; s++) {
                     y[(int64_t)(s0 + s) * ldy + r] = i8_result(&A[s]);
@@ -346,10 +430,10 @@ static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const st
         const uint8_t *row = (const uint8_t *)p->data + r * p->ld;
         if (r + PREFETCH_ROWS < p->rows)
             for (int64_t b = 0; b < p->ld; b += 64) __builtin_prefetch(row + PREFETCH_ROWS * p->ld + b, 0, 3);
-        for (int s0 = 0; s0 < S; s0 += I8_ROWS) {
-            int g = S - s0 < I8_ROWS ? S - s0 : I8_ROWS;
+        for (int s0 = 0; s0 < S; s0 += I16_ROWS) {
+            int g = S - s0 < I16_ROWS ? S - s0 : I16_ROWS;
             const struct block_q16_k *xs = xw + s0 * ldx;
-            memset(A, 0, sizeof(A[0]) * (size_t)g);
+            if (path != INT8_AVX512_VNNI) memset(A, 0, sizeof(A[0]) * (size_t)g);  /* the VNNI kernels start their lanes */
             switch (path) {
 #ifdef I8_X86
             case INT8_AVX512_VNNI: vnni_16_row(p->type, row, xs, ldx, nb, g, A); break;

@@ -13,9 +13,10 @@
 static inline int integer_part(int type, int k_only) { return k_only ? is_k_type(type) : is_int8_type(type); }
 
 /* int8_product_q, with `k_only` as integer_part's, and the 256-weight types' parts from xw
- * (S x K/256 block_q16_k) where it is given, else from xk. */
-static int product_q(const float *x, const void *x32, const void *xk, const void *xw, int S, int K, const struct part *parts,
-                     int nparts, float *y, int threads, int k_only) {
+ * (S x K/256 block_q16_k) where it is given, else from xk. With `quantize_xw`, x's rows are
+ * first quantized into xw by the same threads (a row is one thread's: the same bits). */
+static int product_q(const float *x, const void *x32, const void *xk, void *xw, int S, int K, const struct part *parts,
+                     int nparts, float *y, int threads, int k_only, int quantize_xw) {
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) {
         int t = parts[i].type, integer = integer_part(t, k_only);
@@ -34,17 +35,24 @@ static int product_q(const float *x, const void *x32, const void *xk, const void
 #pragma omp atomic write
             failed = 1;
         }
-        /* 16-bit rows a group of I8_ROWS at a time over every output (the others take all S
+        if (quantize_xw) {  /* a prefill's 1,024 rows took 3 % of its time on one thread */
+#pragma omp for schedule(static)
+            for (int s = 0; s < S; s++)
+                quantize_q16_k(x + (int64_t)s * K, K, (struct block_q16_k *)xw + (int64_t)s * (K / 256));
+        }
+        /* 16-bit rows a group of I16_ROWS at a time over every output (the others take all S
          * rows at once, as before): a group's activations stay in the second level of cache
          * while the weights stream past them, where all of a prefill's rows for every job
          * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
-        int group = xw ? I8_ROWS : S;
+        int group = xw ? I16_ROWS : S;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
             /* guided: a thread that finishes early takes jobs from the other's share (one step
              * of the 1B shape at 4K 35.6 against 36.0 ms, 3B 90.6 against 91.5, 7 rows 138 against
              * 141); each output is still one thread's, so the bits do not change */
-#pragma omp for schedule(guided)
+            /* nowait: the groups write different rows of y, so a thread that finishes one
+             * group's share goes on to the next instead of waiting at a barrier for each */
+#pragma omp for schedule(guided) nowait
             for (int64_t j = 0; j < jobs; j++) {
                 int64_t o0 = j * OUT_JOB, o1 = (j + 1) * OUT_JOB < N ? (j + 1) * OUT_JOB : N, base = 0;
                 for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
@@ -71,7 +79,7 @@ static int product_q(const float *x, const void *x32, const void *xk, const void
  * -2 where an input a part needs is missing (or a part is not a GGUF tensor's). */
 int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
                    float *y, int threads) {
-    return product_q(x, x32, xk, NULL, S, K, parts, nparts, y, threads, 0);
+    return product_q(x, x32, xk, NULL, S, K, parts, nparts, y, threads, 0, 0);
 }
 
 /* The residual of rows quantized in `kind`'s layout: r = x - d q, per element, each row on its own. */
@@ -121,8 +129,7 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
     if (!needk || K % 256) return stacked_product(x, S, K, parts, nparts, y, threads);
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)(K / 256));
     if (!xw) return -1;
-    int16_quantize_rows(x, S, K, xw);
-    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1);
+    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1);
     free(xw);
     return failed;
 }
@@ -161,7 +168,7 @@ static int int8_stacked_product(const float *x, int S, int K, const struct part 
             if (needk) failed |= quantize_two_levels(x, S, K, Q8_K, xk);
             if (xr)
                 for (int s = 0; s < S; s++) memcpy(xr + (int64_t)(2 * s) * K, x + (int64_t)s * K, sizeof(float) * (size_t)K);
-            if (!failed) failed = product_q(xr, x32, xk, NULL, R, K, parts, nparts, yr, threads, k_only);
+            if (!failed) failed = product_q(xr, x32, xk, NULL, R, K, parts, nparts, yr, threads, k_only, 0);
             if (!failed)
                 for (int s = 0; s < S; s++)
                     for (int64_t n = 0; n < N; n++)
