@@ -13,14 +13,17 @@ import json
 import os
 import re
 import sys
+import threading
 import urllib.request
 from pathlib import Path
+from types import SimpleNamespace
 
+import gradio as gr
 import pytest
 
-from conftest import make_hf, running_server
+from conftest import make_hf, running_server, words
 from gguf_files import write_gguf
-from test_app import CHROMIUM, ROOT, SAMPLE, free_port, wait_status
+from test_app import CHROMIUM, ROOT, SAMPLE, free_port, wait_status, watch_status
 
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
 pytestmark = pytest.mark.xdist_group("model-picker")
@@ -87,6 +90,7 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
         page.locator("ul[role='listbox'] li", has_text=re.compile(rf"\b{mode}\s*$")).first.click()  # after a "✓"
         page.wait_for_selector(f"#tf-gauge:has-text('{shown}')")
 
+    watch_status(page)
     pick(page, "tiny")
     switched = wait_status(page, "Switched to", "Could not")
     assert "Switched to tiny" in switched and "over its window" in switched, switched
@@ -108,6 +112,12 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     assert "no answer yet" in page.inner_text("#tf-stats")  # and the tiny model's answer's figures are gone
     done = ask_and_finish(page, "What follows «Part 2»?")
     assert "tok/s" in done, done
+    # Each pick sends the picker's `input` twice (on the pick and on the blur after it): one
+    # switch each way, and no refusal from the second event
+    shown = page.evaluate("window.tfStatuses")
+    assert not any("model in use" in s or "being loaded" in s for s in shown), shown
+    for model in ("tiny", "triforce-demo"):
+        assert len({m.group() for s in shown if (m := re.search(rf"Switched to {model} in [\d.]+ s", s))}) == 1, shown
 
 
 def test_a_corrupt_file_or_a_path_outside_is_one_line_and_the_model_stays(page, shelf):
@@ -150,3 +160,86 @@ def test_the_app_doc_names_every_mode_and_smollm2s_draft():
     assert modes_for(WithDraft()) == list(MODES) and all(f"`{m}`" in settings for m in MODES), settings
     if SMOLLM2_DRAFT.is_dir():  # the built-in choice takes it (registry.builtin_choices)
         assert f"`assets/models/{SMOLLM2_DRAFT.name}`" in text and "offers every mode" in text
+
+
+class _Shelf:
+    """`ServedModels` for the handlers: the started model, "second" (its load waits for
+    `loaded`) and "third", all over one engine."""
+
+    def __init__(self, engine):
+        from triforce_core.serving.registry import ModelChoice, ServedModel
+
+        self.started = ModelChoice("first", "started", "first")
+        self.loaded = threading.Event()
+        self._served = {c.id: ServedModel(c, engine, None) for c in
+                        (self.started, ModelChoice("second", "on demand", "second"), ModelChoice("third", "", "third"))}
+        self.loads = 0
+
+    def choices(self):
+        return [m.choice for m in self._served.values()]
+
+    def find(self, model_id: str):
+        return self._served[model_id].choice
+
+    open_path = find
+
+    def get(self, model_id: str):
+        self.loads += 1
+        assert self.loaded.wait(60)
+        return self._served[model_id]
+
+
+def test_a_pick_sent_twice_switches_once_and_a_pick_meanwhile_is_refused(chat_engine):
+    """Gradio's dropdown sends `input` on a pick and on the blur after it, a millisecond apart:
+    the second event, during the load or after it, changes nothing (no line that would overwrite
+    the first's); a pick of another model during the load is refused, the picker on the one
+    loading; on a fresh page (no user state yet) the same, per page."""
+    from triforce_core.documents import Document
+    from triforce_core.serving.slots import SlotPool
+    from triforce_core.serving.worker import EngineWorker
+    from ui.handlers.documents import DocumentHandlers
+    from ui.handlers.models import MODEL_OUTPUTS, ModelHandlers
+    from ui.settings import Settings
+    from ui.state import AppContext, SessionPool
+    from ui.views import DOCUMENT_OUTPUTS
+
+    nothing = [(gr.skip(),) * (len(DOCUMENT_OUTPUTS) + len(MODEL_OUTPUTS))]
+    status, picker = DOCUMENT_OUTPUTS.index("status"), len(DOCUMENT_OUTPUTS) + MODEL_OUTPUTS.index("model")
+    worker = EngineWorker()
+    try:
+        shelf = _Shelf(chat_engine)
+        ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                         slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000,
+                         models=shelf)
+        documents = DocumentHandlers(ctx)
+        switcher = ModelHandlers(ctx, documents)
+        user, *_ = documents.set_document(None, Document(words(60, 5), "txt", "d.txt"), 32)
+        page = SimpleNamespace(session_hash="page-1")
+
+        first = switcher.on_pick("second", user, 32, "lookup", page)
+        assert "Loading second" in next(first)[status]  # its load waits for `loaded`
+        assert list(switcher.on_pick("second", user, 32, "lookup", page)) == nothing
+        refused = list(switcher.on_pick("third", user, 32, "lookup", page))
+        assert "second is being loaded" in refused[0][status] and refused[0][picker]["value"] == "second"
+        assert refused[0][0] == gr.skip()  # the user state is left as it is
+        shelf.loaded.set()
+        done = list(first)[-1]
+        assert done[0] is user and user.model.id == "second" and "Switched to second" in done[status]
+        assert "d.txt read again" in done[status]
+        assert list(switcher.on_pick("second", user, 32, "lookup", page)) == nothing  # the blur's, after the load
+        assert shelf.loads == 1
+        # the path field is asked on purpose: it says so
+        said = list(switcher.on_path("second", user, 32, "lookup", page))
+        assert "second is the model in use" in said[0][status]
+
+        # a fresh page: both events find no user state; one switch, on a user the loading lines store
+        shelf.loaded.clear()
+        fresh = SimpleNamespace(session_hash="page-2")
+        first = switcher.on_pick("second", None, 32, "lookup", fresh)
+        new_user = next(first)[0]
+        assert new_user is not None and new_user.model is None
+        assert list(switcher.on_pick("second", None, 32, "lookup", fresh)) == nothing
+        shelf.loaded.set()
+        assert list(first)[-1][0] is new_user and new_user.model.id == "second"
+    finally:
+        worker.close()

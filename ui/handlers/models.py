@@ -6,6 +6,9 @@ document stays: it is read again with the new model's tokenizer, and the context
 the table of contents follow the new window. The conversation starts afresh, since its caches
 belong to the old model. A model that cannot be loaded (a corrupt or unsupported file, a path
 outside the model folders) leaves the user on the model they had, with one line saying why.
+One switch runs per page at a time: a second pick of the model being loaded (Gradio's dropdown
+sends `input` twice for one pick) changes nothing, a pick of another one is refused until it is
+loaded.
 
 Outputs: `ui.views.DOCUMENT_OUTPUTS`, then `MODEL_OUTPUTS`.
 """
@@ -50,11 +53,21 @@ def model_info(served_id: str | None, note: str | None, engine) -> str:
             f"<b>{engine.context_window:,}</b> tokens · {draft}</div>")
 
 
+def page_key(request: gr.Request | None, user: UserState | None) -> object:
+    """The page an event comes from: its Gradio session (whose user state may still be None),
+    else the user state itself (a handler called directly)."""
+    if request is not None and request.session_hash:
+        return request.session_hash
+    return user if user is not None else object()
+
+
 class ModelHandlers:
     def __init__(self, ctx: AppContext, documents: DocumentHandlers):
         if ctx.models is None:
             raise ValueError("the model picker needs the server's ServedModels")
         self.ctx, self.documents = ctx, documents
+        self._loading: dict[object, str] = {}  # page (`page_key`) -> the model its switch under way loads
+        self._claims = threading.Lock()
 
     def choices(self) -> list[tuple[str, str]]:
         """The picker's entries (label, id): the models list is scanned again each time."""
@@ -63,32 +76,66 @@ class ModelHandlers:
     def on_page_load(self):
         return gr.update(choices=self.choices())
 
-    def on_pick(self, model_id, user, budget, mode):
-        yield from self._switch(lambda: self.ctx.models.find(model_id), user, budget, mode)
+    def on_pick(self, model_id, user, budget, mode, request: gr.Request | None = None):
+        # Gradio's dropdown sends `input` on a pick and again on the blur that follows it (and on a
+        # blur with no pick): the model in use, or the one being loaded, picked again is no
+        # switch, and gets no update at all (a "… is the model in use" line would overwrite the
+        # first event's "Switched to …").
+        yield from self._switch(lambda: self.ctx.models.find(model_id), user, budget, mode,
+                                page_key(request, user), quiet=True)
 
-    def on_path(self, text, user, budget, mode):
-        yield from self._switch(lambda: self.ctx.models.open_path(text), user, budget, mode)
+    def on_path(self, text, user, budget, mode, request: gr.Request | None = None):
+        yield from self._switch(lambda: self.ctx.models.open_path(text), user, budget, mode, page_key(request, user))
 
-    def _kept(self, user: UserState | None, message: str) -> tuple:
-        """A refused or failed switch: one line, and the picker back on the model the user has."""
+    def _kept(self, user: UserState | None, message: str, shown: str | None = None) -> tuple:
+        """A refused or failed switch: one line, and the picker back on the model the user has
+        (`shown`: the one a switch under way loads). The user state is left as it is: on a
+        fresh page another event may have stored one since this one began."""
         gr.Warning(message)
         skip = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
-        return (user, *skip[1:3], status_html(message, "error"), *skip[4:],
-                gr.skip(), gr.update(value=self.ctx.model_id_of(user)), gr.skip(), gr.skip())
+        return (*skip[:3], status_html(message, "error"), *skip[4:],
+                gr.skip(), gr.update(value=shown or self.ctx.model_id_of(user)), gr.skip(), gr.skip())
 
-    def _switch(self, choose, user: UserState | None, budget, mode):
+    def _switch(self, choose, user: UserState | None, budget, mode, page, quiet: bool = False):
+        """`page`: the page the event comes from (`page_key`), whose switches run one at a time.
+        `quiet`: a pick of the model in use is answered with no update (the picker's)."""
         ctx = self.ctx
-        if user is not None and user.busy:
-            yield self._kept(user, "An answer is being generated; stop it before switching the model.")
-            return
         try:
             choice = choose()
         except (UnknownModel, PathRefused) as e:
             yield self._kept(user, str(e))
             return
-        if choice.id == ctx.model_id_of(user):
+        # Events run concurrently, the two of one pick a millisecond apart: whether a switch is
+        # under way, and claiming it, is one step.
+        with self._claims:
+            loading = self._loading.get(page)
+            in_use = loading is None and choice.id == ctx.model_id_of(user)
+            busy = user is not None and user.busy
+            if loading is None and not in_use and not busy:
+                self._loading[page] = choice.id
+        if loading == choice.id or (in_use and quiet):
+            yield (gr.skip(),) * (len(DOCUMENT_OUTPUTS) + len(MODEL_OUTPUTS))
+            return
+        if loading is not None:
+            yield self._kept(user, f"{loading} is being loaded; pick another model once it is.", shown=loading)
+            return
+        if in_use:
             yield self._kept(user, f"{choice.id} is the model in use.")
             return
+        if busy:
+            yield self._kept(user, "An answer is being generated; stop it before switching the model.")
+            return
+        try:
+            # created now, not once loaded: the loading lines store it, so a document uploaded
+            # meanwhile on a fresh page goes to this user, not to one the switch then replaces
+            yield from self._load(choice, user or ctx.new_user(), budget, mode)
+        finally:
+            with self._claims:
+                del self._loading[page]
+
+    def _load(self, choice, user: UserState, budget, mode):
+        """Load `choice` (a loading line every PROGRESS_EVERY_S), then switch `user` to it."""
+        ctx = self.ctx
         # Loading runs beside the page's updates (a large file takes a while); the worker, and
         # with it every other user's answer, is not held up by it.
         box: dict = {}
@@ -105,14 +152,13 @@ class ModelHandlers:
         skip = (gr.skip(),) * (len(DOCUMENT_OUTPUTS) + len(MODEL_OUTPUTS))
         while thread.is_alive():
             line = status_html(f"Loading {choice.id} … {time.perf_counter() - t0:.0f} s", "busy")
-            yield (user if user is not None else gr.skip(), *skip[1:3], line, *skip[4:])
+            yield (user, *skip[1:3], line, *skip[4:])
             thread.join(PROGRESS_EVERY_S)
         if "error" in box:
             yield self._kept(user, f"Could not load {choice.id}: {box['error']}. Still on {ctx.model_id_of(user)}.")
             return
         served: ServedModel = box["served"]
         seconds = time.perf_counter() - t0
-        user = user or ctx.new_user()
         if user.busy:  # an answer was started while the model loaded
             yield self._kept(user, "An answer is being generated; stop it before switching the model.")
             return
