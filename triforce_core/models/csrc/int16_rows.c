@@ -395,10 +395,11 @@ static VNNI_TARGET void vnni_16_row(int type, const uint8_t *row, const struct b
 }
 #endif
 
-/* Rows from which outputs go two at a time on the VNNI path (vnni_16k_pair): 256 rows of a 1B
- * Q4_K_M file's gate/up 94 against 81 GMAC/s, down 87 against 66; at 1 and 7 rows, where a
- * row's activations stay in the first level of cache, a few percent slower. */
-#define I16_PAIRS_FROM 8
+/* Rows from which outputs go two at a time on the VNNI path (vnni_16k_pair), on a 1B Q4_K_M
+ * file (`bench.kernel_ab`, one output at a time as the base): at 7 rows wqkv, wo and down
+ * 1.10-1.26x, gate/up 0.96-1.03x, a 7-row forward at 4K 1.00-1.09x in three runs; at 5 rows
+ * gate/up 0.87x and the forward 0.96x; at 256 rows gate/up 94 against 81 GMAC/s. */
+#define I16_PAIRS_FROM 7
 
 /* Activation rows sharing each widened super-block (and a group of a many-row product). */
 #define I16_ROWS 32
