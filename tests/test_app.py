@@ -8,6 +8,7 @@ The browser tests skip when Chromium or Playwright is missing; `make test` insta
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -303,7 +304,165 @@ def last_answer_tokens(page):
     return page.locator(".tf-assistant").last.locator(".tf-tok")
 
 
-def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
+# -- the figures on the page against the engine's own -----------------------------------------------
+#
+# What the page shows of an answer is checked against the engine's statistics for the same
+# conversation asked through the HTTP API of the same server (greedy: the same tokens, rounds and
+# acceptance), and each token count against the engine's tokenizer: nothing here is computed by
+# the UI's code. Two runs' timings differ, so a speed is checked against the test's own clock.
+
+FOOTER = re.compile(
+    r"(?P<mode>\w+) · (?P<tokens>\d+) tokens at (?P<speed>[\d.]+) tok/s"
+    r"(?P<note> \(not counting (?P<waited>[\d.]+) s waiting for Step\))? · "
+    r"(?:prefill (?P<prefill>[\d,]+) tokens in [\d.]+s(?:, (?P<reused>[\d,]+) reused(?: \([\d,]+ from disk\))?)? · )?"
+    r"mean accepted (?P<mean>[\d.]+)(?: · acceptance (?P<acceptance>.+))?")
+PREFILL_ROW = re.compile(r"(?P<prefill>[\d,]+) tokens in [\d.]+s \((?P<reused>[\d,]+) reused(?:, [\d,]+ of them from disk)?\)")
+GAUGE = re.compile(r"document (?P<document>[\d,]+)(?: read of its (?P<book>[\d,]+))? \+ conversation "
+                   r"(?P<conversation>[\d,]+) of (?P<window>[\d,]+) tokens")
+DOCINFO = re.compile(r"(?P<name>.+?) · (?P<format>\w+) · (?P<chars>[\d,]+) characters · (?P<tokens>[\d,]+) tokens"
+                     r"(?P<over>, over the context window)?")
+ACCEPTANCE_ROWS = {"retrieval": "acceptance, lookup / small draft → retrieval", "target": "acceptance, proposals → target"}
+
+
+def number(text: str | None) -> int:
+    return int((text or "0").replace(",", ""))
+
+
+@functools.cache
+def demo_tokenizer():
+    from transformers import AutoTokenizer
+    from triforce_core.models.loading import DEMO_TARGET
+
+    return AutoTokenizer.from_pretrained(str(DEMO_TARGET))
+
+
+def engine_tokens(text: str) -> int:
+    """Tokens of a text as the engine counts a document's: its tokenizer, no special tokens."""
+    return len(demo_tokenizer()(text, add_special_tokens=False)["input_ids"])
+
+
+def book_read(path, question: str) -> str:
+    """What the engine's reader of a book over the window reads for a first question
+    (`BookSession` with its default reading budget, which a 64K window leaves whole)."""
+    from triforce_core.documents import load_document
+    from triforce_core.documents.reading import BookReader, token_starts
+    from triforce_core.serving.book import DEFAULT_READING_BUDGET
+
+    book = load_document(Path(path))
+    reader = BookReader(book, token_starts(demo_tokenizer(), book.text),
+                        max_part_tokens=max(16, DEFAULT_READING_BUDGET // 4))
+    return reader.text(reader.pick(question, DEFAULT_READING_BUDGET))
+
+
+@pytest.fixture(scope="session")
+def engine_answer(server):
+    """(document, question) -> the server's reply through its HTTP API to that first question
+    over that document, as the page asks it (the settings the server started with: greedy);
+    one request per pair."""
+    replies: dict[tuple[str, str], dict] = {}
+
+    def answer(document: str, question: str) -> dict:
+        if (document, question) not in replies:
+            body = {"model": "triforce-demo", "temperature": 0, "max_tokens": MAX_NEW,
+                    "messages": [{"role": "user", "content": f"{document.strip()}\n\n{question}"}]}
+            request = urllib.request.Request(server["url"] + "v1/chat/completions", json.dumps(body).encode(),
+                                             {"Content-Type": "application/json"})
+            with urllib.request.urlopen(request, timeout=300) as r:
+                replies[document, question] = json.loads(r.read())
+        return replies[document, question]
+
+    return answer
+
+
+def shown_stats(page) -> dict[str, str]:
+    """The statistics table: figure -> value."""
+    return dict(page.locator("#tf-stats tr").evaluate_all(
+        "rows => rows.map(r => [r.querySelector('th').innerText, r.querySelector('td').innerText])"))
+
+
+def shown_gauge(page) -> re.Match:
+    text = page.inner_text("#tf-gauge")
+    found = GAUGE.search(text)
+    assert found, text
+    return found
+
+
+def shown_docinfo(page) -> re.Match:
+    text = page.inner_text("#tf-docinfo").strip()
+    found = DOCINFO.fullmatch(text)
+    assert found, text
+    return found
+
+
+def assert_docinfo(page, text: str, tokens: int, over: bool = False) -> None:
+    """The document line gives the characters of `text` (the document as loaded) and `tokens`."""
+    info = shown_docinfo(page)
+    assert (number(info["chars"]), number(info["tokens"]), bool(info["over"])) == (len(text), tokens, over), info[0]
+
+
+def assert_answer_figures(page, reply: dict) -> re.Match:
+    """The last answer's figures (its tokens, the statistics table, the status line and the
+    answer's footer) are those of `reply`, the engine's for the same conversation; the speed
+    shown is the same in each place. Returns the footer's fields."""
+    usage, truth = reply["usage"], reply["triforce"]
+    tokens = usage["completion_tokens"]
+    per_forward = f"{truth['tokens_per_target_forward']:.2f}"
+    acceptance = {level: f"{v:.2f}" for level, v in truth["acceptance"].items()}
+    # the same answer, token for token
+    shown = last_answer_tokens(page).evaluate_all("els => els.map(e => e.textContent)")
+    assert ("".join(shown), len(shown)) == (reply["choices"][0]["message"]["content"], tokens)
+
+    rows = shown_stats(page)
+    assert rows["mode"] == truth["mode"] and rows["tokens"] == str(tokens), rows
+    assert rows["mean accepted length"] == f"{per_forward} tokens per target forward", rows
+    assert {k: v for k, v in rows.items() if k.startswith("acceptance")} == {
+        ACCEPTANCE_ROWS[level]: v for level, v in acceptance.items()}, rows
+    prefill = PREFILL_ROW.fullmatch(rows["prefill"])
+    assert prefill and number(prefill["prefill"]) + number(prefill["reused"]) == usage["prompt_tokens"], rows
+
+    line = status(page).strip()
+    assert page.locator(".tf-assistant").last.locator(".tf-foot").inner_text().strip() == line
+    footer = FOOTER.fullmatch(line)
+    assert footer, line
+    assert (footer["mode"], int(footer["tokens"]), footer["mean"]) == (truth["mode"], tokens, per_forward), line
+    assert dict(pair.rsplit(" ", 1) for pair in footer["acceptance"].split(", ")) == acceptance, line
+    assert number(footer["prefill"]) + number(footer["reused"]) == usage["prompt_tokens"], line
+    assert rows["tokens/s"] == footer["speed"] + (footer["note"] or ""), (rows, line)
+    return footer
+
+
+def assert_gauge(page, document: int, reply: dict | None = None, book: int | None = None) -> None:
+    """The context gauge: `document` tokens (of the `book`'s, when it is over the window) against
+    the window, and with `reply` the rest of that conversation (its prompt and answer)."""
+    gauge = shown_gauge(page)
+    assert (number(gauge["document"]), gauge["book"] and number(gauge["book"]), number(gauge["window"])) == (
+        document, book, WINDOW), gauge[0]
+    if reply is not None:
+        usage = reply["usage"]
+        assert number(gauge["conversation"]) == usage["prompt_tokens"] + usage["completion_tokens"] - document, gauge[0]
+
+
+def assert_panels_cleared(page) -> None:
+    """No figure of an earlier answer: every panel as a page with no answer shows it."""
+    assert page.locator(".tf-assistant").count() == 0
+    assert shown_stats(page) == {"status": "no answer yet"}
+    for panel in ("#tf-passages", "#tf-narration", "#tf-inspector"):
+        assert page.locator(f"{panel} .tf-empty").count() == 1, page.inner_text(panel)
+    for panel, empty in (("#tf-map", "No retrieval selection yet"), ("#tf-acceptance", "Acceptance appears here"),
+                         ("#tf-speed", "Speed appears here")):
+        text = page.inner_text(panel)
+        assert empty in text and not re.search(r"\d", text), text
+    assert number(shown_gauge(page)["conversation"]) == 0
+
+
+def document_text(path) -> str:
+    """The text the app reads of a file (its loader's)."""
+    from triforce_core.documents import load_document
+
+    return load_document(Path(path)).text
+
+
+def test_sample_document_question_coloured_tokens_and_retrieval_map(page, engine_answer):
     # the header names the model and its window in one line, with the settings closed
     header = page.locator("#tf-model-info")
     assert header.is_visible() and header.inner_text().count("\n") == 0
@@ -313,12 +472,21 @@ def test_sample_document_question_coloured_tokens_and_retrieval_map(page):
     page.wait_for_selector("#tf-docinfo:has-text('tokens')")
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
     assert "retrieval budget" in page.inner_text("#tf-gauge")
+    sample = document_text(SAMPLE)
+    assert_docinfo(page, sample, engine_tokens(sample.strip()))
+    assert_gauge(page, engine_tokens(sample.strip()))
     shot(page, "01-sample-loaded")
+    asked = time.time()
     ask(page, "What is a namespace?")
     seen = wait_status(page, "prefilling", "tok/s", "rror")  # the prefill shows its progress
     done = wait_status(page, "tok/s", "rror")
     assert "prefilling" in seen or "reused" in done, (seen, done)  # unless an earlier test prefilled it
     assert "triforce" in done and "tok/s" in done, done
+    took = time.time() - asked
+    reply = engine_answer(sample, "What is a namespace?")
+    footer = assert_answer_figures(page, reply)
+    assert footer["note"] is None and int(footer["tokens"]) / float(footer["speed"]) < took  # decoding is part of it
+    assert_gauge(page, engine_tokens(sample.strip()), reply)
     tokens = last_answer_tokens(page)
     assert tokens.count() == MAX_NEW or "eos" in done
     classes = set(tokens.evaluate_all("els => els.map(e => e.className)"))
@@ -451,6 +619,44 @@ def test_regenerate_gives_the_same_greedy_answer_and_clear_empties_the_chat(page
     assert "python-tutorial-classes.txt" in page.inner_text("#tf-docinfo")
 
 
+def test_a_stepped_answer_shows_the_engines_figures_without_its_waits_and_a_new_document_clears_them(
+        page, documents, engine_answer):
+    """Stepped round by round, then run on: the same figures as the engine's for that question
+    asked at once, and a speed that leaves the waits for Step out (and says how long they were).
+    A new document then clears every panel of that answer."""
+    ensure_sample(page)
+    page.click("#tf-clear")  # the API is asked the question as a first turn: so is the page
+    wait_status(page, "Conversation cleared")
+    page.check("#tf-stepmode input[type=checkbox]")
+    asked = time.time()
+    ask(page, "What is a namespace?")
+    wait_status(page, "Step mode: the prefill done", "rror")
+    paused = 0.0  # the waits after rounds: each lasts at least as long as the test sleeps in it
+    for k in (1, 2, 3):
+        page.click("#tf-step")
+        wait_status(page, f"Step mode: round {k} done", "rror", "tok/s")
+        time.sleep(1.0)
+        paused += 1.0
+    page.uncheck("#tf-stepmode input[type=checkbox]")  # the answer runs on to its end
+    done = wait_status(page, "tok/s", "rror")
+    took = time.time() - asked
+    footer = assert_answer_figures(page, engine_answer(document_text(SAMPLE), "What is a namespace?"))
+    assert footer["note"], done
+    waited, speed = float(footer["waited"]), float(footer["speed"])
+    assert paused - 0.05 <= waited < took, (paused, took, done)
+    # decoding and the waits both fit in the time the test saw: a speed over the decoding time
+    # with the waits in it would leave them twice
+    assert int(footer["tokens"]) / speed + waited < took, (took, done)
+    assert "waits for Step left out" in page.inner_text("#tf-speed")
+
+    upload(page, documents["a"])
+    wait_status(page, "Loaded scopes.txt")
+    text = document_text(documents["a"])
+    assert_docinfo(page, text, engine_tokens(text.strip()))
+    assert_gauge(page, engine_tokens(text.strip()))
+    assert_panels_cleared(page)
+
+
 def upload(page, path) -> None:
     """Give the upload box a file as a person would: first clear the file it still shows."""
     box = page.locator("#tf-upload input[type=file]")
@@ -460,21 +666,35 @@ def upload(page, path) -> None:
     page.set_input_files("#tf-upload input[type=file]", str(path))
 
 
-def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
+def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path, engine_answer):
+    from triforce_core.documents import load_document
+
     text = SAMPLE.read_text(encoding="utf-8")
     quarter = len(text) // 4
     parts = [text[i * quarter : (i + 1) * quarter] for i in range(4)] * OVER  # over the window
     book = tmp_path / "book.md"
     book.write_text("".join(f"# Part {i + 1}\n\n{p}\n\n" for i, p in enumerate(parts)), encoding="utf-8")
     upload(page, book)
-    wait_status(page, "each question reads the sections most relevant")
+    loaded = wait_status(page, "each question reads the sections most relevant")
+    # the whole book's size, where the page says it is over the window; none of it read yet
+    whole = document_text(book)
+    size = engine_tokens(whole)
+    assert f"book.md is {size:,} tokens, over the context window of {WINDOW:,}" in loaded, loaded
+    assert_docinfo(page, whole, size, over=True)
+    assert_gauge(page, 0, book=size)
     page.wait_for_selector(f"#tf-toc-list label:has-text('Part {len(parts)}')")
     labels = page.locator("#tf-toc-list label").all_inner_texts()
     assert len(labels) == len(parts) and labels[0].startswith("1. Part 1 · ") and labels[0].endswith(" tokens")
     # asked without picking: the sections the question read are ticked once it is answered
-    ask(page, "What follows «" + " ".join(parts[2].split()[5:12]) + "»?")
+    question = "What follows «" + " ".join(parts[2].split()[5:12]) + "»?"
+    ask(page, question)
     done = wait_status(page, "tok/s", "rror")
     assert "tok/s" in done, done
+    read = book_read(book, question)
+    reply = engine_answer(read, question)
+    assert_answer_figures(page, reply)
+    assert_gauge(page, engine_tokens(read.strip()), reply, book=size)  # the part read, of the whole
+    assert_docinfo(page, whole, size, over=True)
     ticked = page.locator("#tf-toc-list input[type=checkbox]:checked")
     ticked.first.wait_for(timeout=30_000)
     for _ in range(ticked.count()):  # the user changes them: untick all, then tick their own
@@ -485,10 +705,19 @@ def test_a_book_over_the_window_is_read_by_the_sections_ticked(page, tmp_path):
     reading = wait_status(page, "Reading sections", "rror")
     assert "Reading sections 2, 3 of book.md" in reading, reading
     assert "book.md, sections 2, 3" in page.inner_text("#tf-docinfo")
+    from triforce_core.documents.picking import selected_text
+
+    read = selected_text(load_document(book), [1, 2])
+    assert_docinfo(page, read, engine_tokens(read.strip()))
+    assert_gauge(page, engine_tokens(read.strip()))
+    assert_panels_cleared(page)  # the answer before read other parts of the book
     shot(page, "09-book-sections")
     ask(page, "What follows «Part 3»?")
     done = wait_status(page, "tok/s", "rror")
     assert "tok/s" in done, done
+    reply = engine_answer(read, "What follows «Part 3»?")
+    assert_answer_figures(page, reply)
+    assert_gauge(page, engine_tokens(read.strip()), reply)
 
 
 def test_the_table_of_contents_shows_the_nesting(page, tmp_path):
@@ -534,6 +763,7 @@ def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back
     assert page.is_checked(settings[0]) and not page.is_checked(settings[1])
     budget_box = page.locator("#tf-budget input[type=number]")
     before = budget_box.input_value()
+    started = time.time()
     page.click("#tf-lesson-start")
     wait_status(page, "Lesson: the prefill done", "Lesson: round", "rror")
     assert page.is_checked("#tf-teaching input[type=checkbox]") and page.is_checked(settings[1])
@@ -543,6 +773,7 @@ def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back
     budget = int(re.search(r"The retrieval budget is ([\d,]+) tokens", intro).group(1).replace(",", ""))
     context = int(re.search(r"about a quarter of the context \(([\d,]+) tokens\)", intro).group(1).replace(",", ""))
     assert budget < context / 2 and budget_box.input_value() == str(budget)
+    assert context == engine_tokens(document_text(SAMPLE).strip())  # the sample's tokens, the engine's count
     assert "the retrieval level reads" in page.inner_text("#tf-gauge")  # a real selection, not the whole context
     # it runs by itself: three rounds go by without a click
     wait_status(page, "Lesson: round 3 done", "tok/s", "rror", timeout=120)
@@ -551,7 +782,21 @@ def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back
     if "tok/s" not in status(page):
         page.click("#tf-step")  # Step is there: the next round at once (then on by itself, to the end)
     done = wait_status(page, "tok/s", "rror")
+    took = time.time() - started
     assert "not counting" in done and "waiting for Step" in done, done  # its speed leaves the pauses out
+    # The line's figures are the engine's statistics (`Finished`); the table's, the page's count
+    # of the answer's rounds: the same, and the speed is over the decoding time without the waits
+    # (the lesson waits about a second after each round: two at least before round 3).
+    footer = FOOTER.fullmatch(done.strip())
+    assert footer and footer["note"], done
+    rows = shown_stats(page)
+    assert rows["tokens"] == footer["tokens"] == str(last_answer_tokens(page).count()), (rows, done)
+    assert rows["tokens/s"] == footer["speed"] + footer["note"], (rows, done)
+    assert rows["mean accepted length"] == f"{footer['mean']} tokens per target forward", (rows, done)
+    assert {k: v for k, v in rows.items() if k.startswith("acceptance")} == {
+        ACCEPTANCE_ROWS[level]: v for level, v in (pair.rsplit(" ", 1) for pair in footer["acceptance"].split(", "))}
+    waited, speed = float(footer["waited"]), float(footer["speed"])
+    assert 1.9 <= waited < took and int(footer["tokens"]) / speed + waited < took, (took, done)
     levels = set(last_answer_tokens(page).evaluate_all("els => els.map(e => e.className)"))
     assert {"tf-tok tf-draft", "tf-tok tf-retrieval", "tf-tok tf-target"} <= levels, levels
     figures = page.inner_text("#tf-stats")

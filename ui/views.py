@@ -92,8 +92,13 @@ def gauge(user: UserState | None, budget, window: int) -> str:
         return context_gauge_html(0, 0, window, budget)
     doc = user.session.document_tokens if user.document is not None else 0
     book = user.session.book_tokens if isinstance(user.session, BookSession) else 0
-    # Until the first question the cache may still hold an earlier document's prompt.
+    # Until the first question the cache may still hold an earlier document's prompt. After it,
+    # the conversation is the last answer's prompt and its tokens so far: the cache lags one
+    # token behind (the newest token's keys and values come with the next forward).
     total = (len(user.session.cached_tokens()) or doc) if user.session.turns else doc
+    last = user.answers[-1].trace if user.session.turns and user.answers else None
+    if last is not None and last.prefill is not None:
+        total = last.prefill.tokens + last.prefill.reused_tokens + last.new_tokens
     return context_gauge_html(doc, max(0, total - doc), window, budget, user.session.cache_bytes(),
                               book_tokens=book)
 
