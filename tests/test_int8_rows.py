@@ -404,3 +404,28 @@ def test_a_prefills_projections_of_256_weight_blocks_take_the_integer_products(e
     assert torch.equal(model._project(x, layer.w_gate_up), x @ layer.w_gate_up.dense_t())
     monkeypatch.setattr(model, "integer_products", 0)
     assert torch.equal(model._project(x, layer.wqkv), floats)
+
+
+def test_a_prefills_mlp_runs_its_rows_in_blocks_with_the_same_bits(tmp_path, monkeypatch):
+    """Where both MLP matrices take the integer products, a prefill's MLP runs `MLP_ROWS` rows
+    at a time (smaller transient outputs); each row's products do not depend on the rows beside
+    it, so the layer's output is bit for bit the one of all rows at once. Control: the blocks
+    were really taken."""
+    import triforce_core.models.transformer as transformer
+
+    all_k = {**K_MIX, "ffn_gate.weight": Q.Q4_K, "ffn_up.weight": Q.Q5_K}
+    path = write_gguf(make_hf("llama_mha", seed=2, **LLAMA), tmp_path / "all-k.gguf", all_k)
+    model = TriForceEngine.from_pretrained(str(path), device="cpu").target
+    if not model._integer(model.layers[0].w_gate_up):
+        pytest.skip("the integer products' VNNI path does not run here")
+    layer, S = model.layers[0], 40
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(S, model.spec.hidden_size, generator=g)
+    out = torch.randn(model.spec.num_heads, S, model.spec.head_dim, generator=g)
+    monkeypatch.setattr(transformer, "MLP_ROWS", 10**9)
+    whole = model._layer_out(x, out, layer)
+    blocks = []
+    monkeypatch.setattr(transformer, "MLP_ROWS", 16)
+    monkeypatch.setattr(model, "_mlp", lambda h, lay, f=model._mlp: blocks.append(h.shape[0]) or f(h, lay))
+    assert torch.equal(model._layer_out(x, out, layer), whole)
+    assert blocks == [16, 16, 8]
