@@ -270,6 +270,10 @@ def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: T
     assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "lookup"))  # no answer yet
     answered = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, True, False, "", *_values()))[-1]))
     assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]
+    ran = user.answers[-1].trace.stats.mode
+    assert ran != "lookup"
+    # the dropdown closed without a pick sends the mode the answer ran in: nothing changes
+    assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, ran))
     out = dict(zip(("status", "map", *PANELS), answers.on_mode(user, 32, "lookup")))
     cleared = cleared_panels()
     assert "Mode lookup" in out["status"] and "cleared" in out["status"]
@@ -279,6 +283,8 @@ def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: T
         assert out[name].to_json() == cleared[name].to_json(), name
     assert out["map"].to_json() == retrieval_map_figure(None).to_json()
     assert len(user.answers) == len(user.session.turns) == 1  # the conversation stays
+    assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "lookup"))  # closed again
+    assert "Mode " + ran in answers.on_mode(user, 32, ran)[0]  # a real change back is one
 
     class Busy:
         finished = threading.Event()  # never set: an answer is running

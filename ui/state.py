@@ -61,6 +61,8 @@ class UserState:
     auto_inspect: bool = False  # the lesson: open the inspector on the next answer's first rejection
     lesson: Lesson | None = None  # a lesson under way
     model: ServedModel | None = None  # a model the user switched to (None: the server's started model)
+    # the mode picked since the last answer's panels were cleared (None: they show that answer's)
+    panels_mode: str | None = None
 
     @property
     def busy(self) -> bool:

@@ -72,6 +72,7 @@ class _Turn:
         if not self.shown:  # the session has appended this turn: keep answers aligned with turns
             del self.user.answers[max(0, len(self.user.session.turns) - 1):]
             self.user.answers.append(self.answer)
+            self.user.panels_mode = None  # the panels show this answer now
             self.shown = True
         trace = self.answer.trace
         # A stepped answer's waits for Step are no decoding time: its clock leaves them out, and
@@ -272,10 +273,17 @@ class AnswerHandlers:
         """The user picked another mode: the earlier answers' panels (retrieval map, passages,
         charts, figures, round narration, inspector) describe the mode they ran in, so they are
         cleared; the conversation stays. Outputs: the status line, the map, `ui.views.PANELS`.
-        During an answer nothing changes (its panels are the running answer's)."""
+        During an answer nothing changes (its panels are the running answer's), nor for the mode
+        the panels already describe: the dropdown also sends `input` when it is closed without a
+        pick, which cleared an answer's panels for no change."""
         skip = (gr.skip(),) * (2 + len(PANELS))
         if user is None or user.busy or not user.answers:
             return skip
+        stats = user.answers[-1].trace.stats
+        shown = user.panels_mode or (stats.mode if stats is not None else None)
+        if mode == shown:
+            return skip
+        user.panels_mode = mode
         panels = cleared_panels()
         status = status_html(f"Mode {mode}: the next answer runs in it; the panels of the answers before are "
                              "cleared (the conversation stays).", "info")
