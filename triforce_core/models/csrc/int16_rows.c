@@ -295,11 +295,10 @@ static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk
 /* An output's lanes set to zero before its first super-block, where the row's is first used
  * (in place of a memset of every accumulator of a group before the call: the same zeros, so
  * the same bits, without a pass over memory the kernel then overwrites). */
-static INLINE VNNI_TARGET void vnni_16k_start(const int type, struct i8acc *A) {
+static INLINE VNNI_TARGET void vnni_16k_start(struct i8acc *A) {
     _mm512_store_ps(A->a, _mm512_setzero_ps());
     _mm512_store_ps(A->a + 16, _mm512_setzero_ps());
     _mm256_store_ps(A->m, _mm256_setzero_ps());
-    (void)type;
 }
 
 /* The rows against two outputs (row0, row1: their lanes A0[s], A1[s]): both outputs' super-block
@@ -334,8 +333,8 @@ static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0
                 Q1 = _mm512_dpwssd_epi32(Q1, W1[c + 1], X1);
             }
             if (b == 0) {
-                vnni_16k_start(type, &A0[s]);
-                vnni_16k_start(type, &A1[s]);
+                vnni_16k_start(&A0[s]);
+                vnni_16k_start(&A1[s]);
             }
             _mm512_store_ps(A0[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P0, Q0)), _mm512_set1_ps(d0 * xs->d), _mm512_load_ps(A0[s].a)));
             _mm512_store_ps(A1[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P1, Q1)), _mm512_set1_ps(d1 * xs->d), _mm512_load_ps(A1[s].a)));
@@ -375,7 +374,7 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
                 V1 = _mm512_dpwssd_epi32(V1, W[c + 1], _mm512_loadu_si512((const void *)(xs->qs + 32 * c + 32)));
             }
             __m512i V = _mm512_add_epi32(V0, V1);
-            if (b == 0) vnni_16k_start(type, &A[s]);
+            if (b == 0) vnni_16k_start(&A[s]);
             _mm512_store_ps(A[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * xs->d), _mm512_load_ps(A[s].a)));
             if (type != T_Q6_K) {
                 __m256i M = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i *)xs->bsums));
