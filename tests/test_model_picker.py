@@ -23,9 +23,11 @@ import pytest
 
 from conftest import make_hf, running_server, words
 from gguf_files import write_gguf
-from test_app import CHROMIUM, ROOT, SAMPLE, free_port, wait_status, watch_status
+from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, shown_gauge,
+                      wait_status, watch_status)
 
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
+MAX_NEW = 12
 pytestmark = pytest.mark.xdist_group("model-picker")
 
 
@@ -52,7 +54,7 @@ def page(shelf):
     env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
                HOME=str(shelf["home"]))  # no LM Studio, Ollama or Hugging Face models of this machine's
-    cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", "12",
+    cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", str(MAX_NEW),
            "--models-dir", str(shelf["shelf"])]
     with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
         with sync_api.sync_playwright() as p:
@@ -63,8 +65,28 @@ def page(shelf):
             pg.wait_for_selector("#tf-send")
             pg.click("#tf-settings button")  # open the settings accordion
             pg.wait_for_selector("#tf-model input")
-            yield pg
+            yield _Page(pg, url)
             browser.close()
+
+
+class _Page:
+    """The page, and the app's own HTTP API beside it (`api`)."""
+
+    def __init__(self, page, url: str):
+        self._page, self.url = page, url
+
+    def __getattr__(self, name):
+        return getattr(self._page, name)
+
+    def api(self, model: str, document: str, question: str) -> dict:
+        """The engine's answer through the app's HTTP API to a first question over `document`
+        with `model`, as the page asks it (greedy, the page's token limit)."""
+        body = {"model": model, "temperature": 0, "max_tokens": MAX_NEW,
+                "messages": [{"role": "user", "content": f"{document.strip()}\n\n{question}"}]}
+        request = urllib.request.Request(self.url + "v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as r:
+            return json.loads(r.read())
 
 
 def pick(page, model_id: str) -> None:
@@ -103,6 +125,13 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     wait_status(page, "Reading sections 1 of book.md")
     done = ask_and_finish(page, "abc")
     assert "tok/s" in done, done
+    # the figures shown after the switch are the new model's: those of its own answer through the API
+    from triforce_core.documents import load_document
+    from triforce_core.documents.picking import selected_text
+
+    reply = page.api("tiny", selected_text(load_document(shelf["book"]), [0]), "abc")
+    assert_answer_figures(page, reply)
+    assert number(shown_gauge(page)["window"]) == 1024
 
     pick(page, "triforce-demo")
     back = wait_status(page, "Switched to triforce-demo", "Could not")
@@ -112,6 +141,8 @@ def test_switching_both_ways_keeps_the_document_and_follows_the_window(page, she
     assert "no answer yet" in page.inner_text("#tf-stats")  # and the tiny model's answer's figures are gone
     done = ask_and_finish(page, "What follows «Part 2»?")
     assert "tok/s" in done, done
+    assert_answer_figures(page, page.api("triforce-demo", document_text(shelf["book"]), "What follows «Part 2»?"))
+    assert number(shown_gauge(page)["window"]) == WINDOW
     # Each pick sends the picker's `input` twice (on the pick and on the blur after it): one
     # switch each way, and no refusal from the second event
     shown = page.evaluate("window.tfStatuses")
