@@ -25,7 +25,6 @@ import itertools
 import json
 import os
 import platform
-import subprocess
 import sys
 import tempfile
 import time
@@ -33,7 +32,8 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench.servers import ROOT, started
+
 SAMPLES = sorted((ROOT / "assets" / "sample").glob("python-tutorial-*.txt"))
 
 
@@ -93,25 +93,14 @@ def main(argv: list[str] | None = None) -> int:
     cmd = [sys.executable, "-m", "triforce_core", "serve", "--ray", "--address", ray.get_runtime_context().gcs_address,
            "--replicas", "2", "--cpus-per-replica", str(max(1, args.cpus // 2)), "--port", str(port),
            "--kv-cache-dir", folder]
-    server = subprocess.Popen(cmd, cwd=ROOT, stderr=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        while True:
-            try:
-                if httpx.get(base + "/v1/health", timeout=5).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if server.poll() is not None:
-                raise SystemExit("serve --ray did not start")
-            time.sleep(1)
-        first = ask(base, messages, args.max_tokens)
-        ray.kill(ray.get_actor(f"SERVE_REPLICA::triforce#engine#{first['replica']}", namespace="serve"),
-                 no_restart=True)
-        again = ask(base, messages, args.max_tokens)
+        with started(cmd, base, "serve --ray"):
+            first = ask(base, messages, args.max_tokens)
+            ray.kill(ray.get_actor(f"SERVE_REPLICA::triforce#engine#{first['replica']}", namespace="serve"),
+                     no_restart=True)
+            again = ask(base, messages, args.max_tokens)
     finally:
-        server.terminate()
-        server.wait(timeout=60)
         ray.shutdown()
     report = {
         "document_tokens": len(AutoTokenizer.from_pretrained(DEMO_TARGET).encode(doc)),
