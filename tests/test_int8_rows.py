@@ -394,8 +394,8 @@ def test_a_prefills_projections_of_256_weight_blocks_take_the_integer_products(e
     floats = x @ layer.wqkv.dense_t()
     monkeypatch.setattr(model, "integer_products", int8.WIDE)
     got = model._project(x, layer.wqkv)
-    if kernel.int8.path() == int8.AVX512_VNNI:
-        assert torch.equal(got, kernel.int8.product(x, layer.wqkv, int8.WIDE))
+    if kernel.int8.path() == int8.AVX512_VNNI:  # where AMX's tiles run, the Q4_K parts on them (tests/test_tile_rows.py)
+        assert torch.equal(got, kernel.int8.product(x, layer.wqkv, int8.TILES if kernel.int8.tiles() else int8.WIDE))
         assert not torch.equal(got, floats)
         assert (got - floats).abs().max() <= 1e-3 * floats.abs().max()
     else:
@@ -426,6 +426,6 @@ def test_a_prefills_mlp_runs_its_rows_in_blocks_with_the_same_bits(tmp_path, mon
     whole = model._layer_out(x, out, layer)
     blocks = []
     monkeypatch.setattr(transformer, "MLP_ROWS", 16)
-    monkeypatch.setattr(model, "_mlp", lambda h, lay, f=model._mlp: blocks.append(h.shape[0]) or f(h, lay))
+    monkeypatch.setattr(model, "_mlp", lambda h, lay, rows, f=model._mlp: blocks.append(h.shape[0]) or f(h, lay, rows))
     assert torch.equal(model._layer_out(x, out, layer), whole)
     assert blocks == [16, 16, 8]

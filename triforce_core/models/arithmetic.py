@@ -16,7 +16,7 @@ import hashlib
 
 import torch
 
-from . import native_attention, native_layers
+from . import int8, native_attention, native_layers
 from .native_build import library_key
 
 # Every prefill with a disk cache asks for the key: the libraries' sources and the processor are
@@ -26,7 +26,8 @@ _library = functools.cache(library_key)
 # Raised when Python-side arithmetic of the forward changes the order of its operations (an
 # attention split, a fused norm): K/V kept under the old number is then never reused. 2: a
 # prefill's projections of 256-weight blocks take the integer products (`Transformer._project`).
-ARITHMETIC_VERSION = 2
+# 3: and their Q4_K parts AMX's tiles where they run (the key then says so).
+ARITHMETIC_VERSION = 3
 
 
 def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | int = False) -> str:
@@ -43,6 +44,9 @@ def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | 
         # 8-bit activations give other numbers, each level its own; its three vector paths give
         # the same bits (int8_rows.c). True counts as 1 (one level).
         parts.append(f"int8 {int(integer_products) if layers else 0}")
+        # a prefill's Q4_K products on tiles sum in their own order (`Transformer._project`)
+        tiles = layers and int(integer_products) == int8.WIDE and int8.tiles_wanted() and native_layers.kernel().int8.tiles()
+        parts.append(f"tiles {int(tiles)}")
     else:
         parts.append(torch.version.cuda or "")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -63,8 +63,12 @@ Q8_32, Q8_K = 0, 1
 # WIDE: the 256-weight types' products over 16-bit activations (`csrc/int16_rows.c`: each row
 # quantized once to 16 bits, the weights times their scales widened to 16 bits, one vpdpwssd per
 # 32 of them), the float path for the 32-weight ones.
-ONE_LEVEL, TWO_LEVELS, FAST, WIDE = 1, 2, 3, 4
-LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16"}
+# TILES: WIDE's 16-bit activations with the Q4_K parts on AMX tiles (`csrc/tile_rows.c`), in an
+# order of their own (per sub-block), so only for a prefill's rows (`tiles_for_prefill`): a step's
+# and a verification's rows keep WIDE's order, which makes them equal bit for bit. Where the tiles
+# do not run, the same order by the scalar reference (tests only; a prefill then takes WIDE).
+ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES = 1, 2, 3, 4, 5
+LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
 Q16_BLOCK = (256, 576)  # struct block_q16_k: 256 inputs as int16, their scale and sums per 32
 
@@ -103,6 +107,15 @@ def mode() -> int:
     return MODE_WORDS.get(value.strip().lower(), ONE_LEVEL)
 
 
+# TRIFORCE_TILES=0 keeps a prefill on WIDE where the tiles run (the benchmarks' comparison).
+TILES_ENV = "TRIFORCE_TILES"
+
+
+def tiles_wanted() -> bool:
+    """Whether a prefill may take the tiles (`TRIFORCE_TILES`, on unless "0"/"off")."""
+    return os.environ.get(TILES_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+
+
 def enabled() -> bool:
     """Whether the few-row products take an integer path at all (`mode`)."""
     return mode() != 0
@@ -125,7 +138,8 @@ class Int8:
         lib.int16_quantize_rows.argtypes = [P, I, I, P]
         lib.int8_product_q.argtypes = [P, P, P, I, I, P, I, P, I]
         lib.parts_product.argtypes = [P, I, I, P, I, P, I, I]
-        for f in (lib.int8_path, lib.int8_set_path, lib.int8_quantize_rows, lib.int16_quantize_rows, lib.int8_product_q,
+        lib.int8_tiles.argtypes = []
+        for f in (lib.int8_path, lib.int8_set_path, lib.int8_tiles, lib.int8_quantize_rows, lib.int16_quantize_rows, lib.int8_product_q,
                   lib.parts_product):
             f.restype = I
         self.lib = lib
@@ -133,6 +147,11 @@ class Int8:
     def path(self) -> int:
         """The vector path the products take now."""
         return self.lib.int8_path()
+
+    def tiles(self) -> bool:
+        """Whether this process runs AMX's integer tiles on the path taken now (the kernel asked
+        for their state once; the processor's word, then the system's)."""
+        return bool(self.lib.int8_tiles())
 
     def paths(self) -> list[int]:
         """The paths this processor runs, narrowest first (asked of the processor, not tried)."""
@@ -179,7 +198,7 @@ class Int8:
 
     def product(self, x: torch.Tensor, w: Stacked, int8: int = ONE_LEVEL, threads: int | None = None) -> torch.Tensor:
         """y [S, N] = x [S, K] @ W^T for a `quantized.Matrix` W ([N, K]), as the layers compute it:
-        the integer path (`int8`: a mode, ONE_LEVEL .. WIDE; True is ONE_LEVEL) or the float one (0, False)."""
+        the integer path (`int8`: a mode, ONE_LEVEL .. TILES; True is ONE_LEVEL) or the float one (0, False)."""
         S, K = x.shape
         if (w.n_in, x.dtype) != (K, torch.float32):
             raise ValueError(f"int8: x is {x.dtype} {tuple(x.shape)} for a matrix of {w.n_in} inputs")

@@ -237,12 +237,12 @@ class Transformer:
         x = x + self._project(out.transpose(0, 1).reshape(S, -1), layer.wo)
         h = self._rms_norm(x, layer.mlp_norm)
         if S > MLP_ROWS and self._integer(layer.w_gate_up) and self._integer(layer.w_down):
-            return x + torch.cat([self._mlp(h[i : i + MLP_ROWS], layer) for i in range(0, S, MLP_ROWS)])
-        return x + self._mlp(h, layer)
+            return x + torch.cat([self._mlp(h[i : i + MLP_ROWS], layer, S) for i in range(0, S, MLP_ROWS)])
+        return x + self._mlp(h, layer, S)
 
-    def _mlp(self, h: torch.Tensor, layer: _Layer) -> torch.Tensor:
-        gate, up = self._project(h, layer.w_gate_up).chunk(2, dim=-1)
-        return self._project(F.silu(gate) * up, layer.w_down)
+    def _mlp(self, h: torch.Tensor, layer: _Layer, forward_rows: int) -> torch.Tensor:
+        gate, up = self._project(h, layer.w_gate_up, forward_rows=forward_rows).chunk(2, dim=-1)
+        return self._project(F.silu(gate) * up, layer.w_down, forward_rows=forward_rows)
 
     def _integer(self, w) -> bool:
         """Whether `_project` takes the integer products for `w` (rows independent, bit for bit)."""
@@ -251,7 +251,7 @@ class Transformer:
         kernel = native_layers.kernel()
         return kernel is not None and w.all_k_blocks() and kernel.int8.path() == int8.AVX512_VNNI
 
-    def _project(self, x: torch.Tensor, w: Matrix, bias: torch.Tensor | None = None) -> torch.Tensor:
+    def _project(self, x: torch.Tensor, w: Matrix, bias: torch.Tensor | None = None, forward_rows: int | None = None) -> torch.Tensor:
         """x [S, inputs] @ W (+ bias) -> [S, outputs] on the PyTorch path (a prefill's many rows).
 
         A GGUF matrix of 256-weight blocks alone takes the integer products where this model's
@@ -259,9 +259,19 @@ class Transformer:
         own arithmetic, with no float32 tile of the matrix (1B Q4_K_M, 2,048 tokens in chunks of
         1,024: 69-71 against 66-68 tokens/s for dequantizing and PyTorch's float32 product).
         Anything else (float weights, 32-weight blocks, `exact`, AVX2 alone, where the integer
-        products over many rows were not measured against PyTorch's) is a float32 product."""
+        products over many rows were not measured against PyTorch's) is a float32 product.
+
+        Where AMX's integer tiles run, the 16-bit activations' Q4_K parts take them
+        (`int8.TILES`: the same integers, summed per sub-block), only in a forward of more than
+        `ROWS` rows (`forward_rows`, x's own by default; the MLP's blocks of rows pass their
+        forward's): no step or verification comes there, and theirs keep one order between them."""
         if self._integer(w):
-            y = native_layers.kernel().int8.product(x, w, self.integer_products)
+            kernel = native_layers.kernel().int8
+            mode = self.integer_products
+            rows = x.shape[0] if forward_rows is None else forward_rows
+            if mode == int8.WIDE and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
+                mode = int8.TILES
+            y = kernel.product(x, w, mode)
             return y if bias is None else y + bias
         # a biased projection by addmm, as transformers' Linear computes it (`exact` equals it bit for bit)
         return x @ w.dense_t() if bias is None else torch.addmm(bias, x, w.dense_t())

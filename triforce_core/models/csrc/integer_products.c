@@ -1,11 +1,12 @@
 /* Integer products chosen and run: which parts take which kernel (int8_rows.c's 8-bit
- * activations, one level or two; int16_rows.c's 16-bit ones), the activation rows quantized
+ * activations, one level or two; int16_rows.c's 16-bit ones; tile_rows.c's for a prefill), the activation rows quantized
  * for them, and the outputs split over the threads. A mode is int8.py's: INT8_ONE_LEVEL,
  * INT8_TWO_LEVELS, INT8_FAST (two levels for the 256-weight types), INT8_WIDE (16-bit
- * activations for the 256-weight types); in FAST and WIDE the 32-weight types keep the float
+ * activations for the 256-weight types), INT8_TILES (WIDE with the Q4_K parts on AMX tiles, for
+ * a prefill's rows); in FAST, WIDE and TILES the 32-weight types keep the float
  * path, where the integer products cost more than it (`python -m bench.int8_rows`).
  *
- * Included by layers.c after int16_rows.c.
+ * Included by layers.c after tile_rows.c.
  */
 
 /* Whether a part of `type` takes the integer products: every int8 type, or with `k_only` the
@@ -16,7 +17,7 @@ static inline int integer_part(int type, int k_only) { return k_only ? is_k_type
  * (S x K/256 block_q16_k) where it is given, else from xk. With `quantize_xw`, x's rows are
  * first quantized into xw by the same threads (a row is one thread's: the same bits). */
 static int product_q(const float *x, const void *x32, const void *xk, void *xw, int S, int K, const struct part *parts,
-                     int nparts, float *y, int threads, int k_only, int quantize_xw) {
+                     int nparts, float *y, int threads, int k_only, int quantize_xw, const struct tile_acts *ta) {
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) {
         int t = parts[i].type, integer = integer_part(t, k_only);
@@ -44,7 +45,7 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
          * rows at once, as before): a group's activations stay in the second level of cache
          * while the weights stream past them, where all of a prefill's rows for every job
          * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
-        int group = xw ? I16_ROWS : S;
+        int group = ta ? TILE_GROUP : xw ? I16_ROWS : S;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
             /* guided: a thread that finishes early takes jobs from the other's share (one step
@@ -58,7 +59,9 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
                 for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
                     int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
                     if (lo >= hi) continue;
-                    if (xw && is_k_type(parts[i].type))
+                    if (ta && parts[i].type == T_Q4_K)
+                        tile_outputs(&parts[i], lo, hi, ta, s0, g, K, y + (int64_t)s0 * N + base, N, path);
+                    else if (xw && is_k_type(parts[i].type))
                         int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
                     else if (integer_part(parts[i].type, k_only))
                         int8_outputs(&parts[i], lo, hi, x32, xk, S, K, y + base, N, path);
@@ -79,7 +82,7 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
  * -2 where an input a part needs is missing (or a part is not a GGUF tensor's). */
 int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
                    float *y, int threads) {
-    return product_q(x, x32, xk, NULL, S, K, parts, nparts, y, threads, 0, 0);
+    return product_q(x, x32, xk, NULL, S, K, parts, nparts, y, threads, 0, 0, NULL);
 }
 
 /* The residual of rows quantized in `kind`'s layout: r = x - d q, per element, each row on its own. */
@@ -129,8 +132,34 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
     if (!needk || K % 256) return stacked_product(x, S, K, parts, nparts, y, threads);
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)(K / 256));
     if (!xw) return -1;
-    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1);
+    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, NULL);
     free(xw);
+    return failed;
+}
+
+/* wide_stacked_product for a prefill's rows: the Q4_K parts on tiles (tile_rows.c: the same
+ * 16-bit activations, their own order), the other 256-weight types as there. */
+static int tiles_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
+    int q4k = 0;
+    for (int i = 0; i < nparts; i++) q4k |= parts[i].type == T_Q4_K;
+    if (!q4k || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
+    int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
+    struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
+    struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
+                          calloc((size_t)S_pad * (size_t)nb * 8, sizeof(int32_t)), calloc((size_t)S_pad * (size_t)nb, sizeof(float)),
+                          S_pad};
+    int failed = -1;
+    if (xw && a.hi && a.lo && a.bsums && a.d) {
+        int nt = (int64_t)S * K < (1 << 14) ? 1 : threads;
+#pragma omp parallel for num_threads(nt) if (nt > 1) schedule(static)
+        for (int s = 0; s < S; s++) {  /* each row on its own: the same bits whatever the threads */
+            quantize_q16_k(x + (int64_t)s * K, K, xw + (int64_t)s * nb);
+            tile_acts_row(xw, K, s, &a);
+        }
+        failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 0, &a);
+    }
+    free(xw);
+    tile_acts_free(&a);
     return failed;
 }
 
@@ -145,6 +174,7 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                 int mode) {
     if (mode == INT8_WIDE) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
+    if (mode == INT8_TILES) return tiles_stacked_product(x, S, K, parts, nparts, y, threads);
     int k_only = mode == INT8_FAST, levels = mode == INT8_ONE_LEVEL ? 1 : 2;
     int need32 = 0, needk = 0, floats = 0;
     for (int i = 0; i < nparts; i++) {
@@ -168,7 +198,7 @@ static int int8_stacked_product(const float *x, int S, int K, const struct part 
             if (needk) failed |= quantize_two_levels(x, S, K, Q8_K, xk);
             if (xr)
                 for (int s = 0; s < S; s++) memcpy(xr + (int64_t)(2 * s) * K, x + (int64_t)s * K, sizeof(float) * (size_t)K);
-            if (!failed) failed = product_q(xr, x32, xk, NULL, R, K, parts, nparts, yr, threads, k_only, 0);
+            if (!failed) failed = product_q(xr, x32, xk, NULL, R, K, parts, nparts, yr, threads, k_only, 0, NULL);
             if (!failed)
                 for (int s = 0; s < S; s++)
                     for (int64_t n = 0; n < N; n++)

@@ -34,6 +34,7 @@
 #include "quant_rows.c"
 #include "int8_rows.c"
 #include "int16_rows.c"
+#include "tile_rows.c"
 #include "integer_products.c"
 
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */

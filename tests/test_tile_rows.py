@@ -1,0 +1,187 @@
+"""A prefill's Q4_K products on AMX tiles (`int8.TILES`, `csrc/tile_rows.c`). What they claim:
+
+- The tiles give the scalar reference's products bit for bit (rows past one tile and one group
+  of rows, outputs past a tile's 16, one thread and two, extreme inputs); where the tiles do not
+  run here, the tests that need them skip.
+- A row's result does not depend on the rows beside it.
+- The products are those of the 16-bit activations times the weights, to float32 rounding (a
+  negative control: the two levels' inputs are not), the same integers as `int8.WIDE`'s summed
+  in another order: close to its products, not always equal.
+- In a stack only the Q4_K parts take the tiles: the other 256-weight types keep WIDE's
+  products exactly, float16 and 32-weight parts the float path's.
+- A model's prefill takes them (past the native layers' rows, where no step or verification
+  comes) unless `TRIFORCE_TILES=0`; the disk cache's key names it; speculation still equals
+  autoregressive decoding token for token.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler
+from gguf import GGMLQuantizationType as Q
+from gguf_files import random_blocks, write_gguf
+from test_int8_rows import _rows
+from test_int8_two_levels import _matrix, _two_levels
+from test_int16_rows import _sixteen_bits
+
+import triforce_core.models.native_layers as native_layers
+from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
+from triforce_core.config import PAPER_METHOD
+from triforce_core.models import int8
+from triforce_core.models.arithmetic import arithmetic_key
+from triforce_core.models.quantized import Matrix, StoredTensor
+
+pytestmark = needs_compiler
+TILES, WIDE = int8.TILES, int8.WIDE
+
+
+@pytest.fixture(scope="module")
+def kernels() -> int8.Int8:
+    return built(native_layers).int8
+
+
+@pytest.fixture
+def tiles(kernels) -> int8.Int8:
+    if not kernels.tiles():
+        pytest.skip("AMX's integer tiles do not run on this machine")
+    return kernels
+
+
+def _reference(kernels, x, m, threads=1):
+    with kernels.forced(int8.SCALAR):
+        assert not kernels.tiles()  # the scalar path never takes the tiles
+        return kernels.product(x, m, TILES, threads=threads)
+
+
+def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles):
+    m, _ = _matrix(Q.Q4_K, 37, 768, seed=3)  # 37 outputs: two whole tiles and 5
+    x = _rows(150, 768, seed=2)
+    for S in (1, 5, 16, 18, 33, 150):  # 150: past one group of 128 rows
+        want = _reference(tiles, x[:S], m)
+        for threads in (1, 2):
+            assert torch.equal(tiles.product(x[:S], m, TILES, threads=threads), want), f"{S} rows, {threads} threads"
+
+
+def test_the_tiles_at_the_edges_of_the_inputs(tiles):
+    """Halves, the clamp (q = -32767: hi -128), zeros, denormals, a NaN (its block's d NaN, so
+    the row's outputs NaN as the float path's), infinity, a huge block."""
+    rows = _rows(20, 512, seed=4).numpy().copy()
+    rows[0, :16] = [32767, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5, -32767]
+    rows[1, 3] = np.nan
+    rows[2, 300] = np.inf
+    rows[3, :256] = 1e-40
+    rows[4, 256:] = 0.0
+    rows[5, 10] = 3.4e38
+    rows[6] = -rows[6].__abs__() * 1e4  # every input negative: hi at its floor
+    x = torch.from_numpy(rows)
+    m, _ = _matrix(Q.Q4_K, 20, 512, seed=5)
+    got, want = tiles.product(x, m, TILES, threads=2), _reference(tiles, x, m)
+    assert torch.equal(got.isnan(), want.isnan()) and bool(got[1].isnan().all())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+
+
+def test_rows_in_one_call_equal_one_row_calls(kernels):
+    m, _ = _matrix(Q.Q4_K, 40, 1024, seed=8)
+    x = _rows(40, 1024, seed=9)
+    together = kernels.product(x, m, TILES, threads=2)
+    for i in range(40):
+        assert torch.equal(together[i], kernels.product(x[i : i + 1], m, TILES, threads=1)[0]), f"row {i}"
+
+
+def test_products_are_those_of_the_16_bit_activations(kernels):
+    m, w = _matrix(Q.Q4_K, 31, 768, seed=6)
+    x = _rows(24, 768, seed=7)
+    y = kernels.product(x, m, TILES, threads=2).double()
+    wd = w.double()
+    slack = 1e-6 * (x.double().abs() @ wd.abs().t()) + 1e-30
+    d, q = _sixteen_bits(x.numpy())
+    assert ((y - torch.from_numpy(d.astype(np.float64) * q) @ wd.t()).abs() <= slack).all()
+    two = torch.from_numpy(_two_levels(x.numpy(), 256)) @ wd.t()  # negative control
+    assert not ((y - two).abs() <= slack).all()
+    wide = kernels.product(x, m, WIDE, threads=2).double()  # the same integers, another order
+    assert ((y - wide).abs() <= slack).all()
+
+
+def test_summed_in_an_order_of_their_own(tiles):
+    """Not WIDE's lanes: over many outputs some differ in the last bits (why steps keep WIDE)."""
+    m, _ = _matrix(Q.Q4_K, 256, 2048, seed=10)
+    x = _rows(32, 2048, seed=11)
+    assert not torch.equal(tiles.product(x, m, TILES, threads=2), tiles.product(x, m, WIDE, threads=2))
+
+
+def test_in_a_stack_only_the_q4_k_parts_take_them(kernels):
+    rng = np.random.default_rng(11)
+    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
+             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q5_K, 3), (Q.Q4_1, 5))}
+    parts[Q.F16] = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)),
+                                (6, 512))
+    x = _rows(30, 512, seed=12)
+    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), TILES, threads=2)
+    start = 0
+    for q, p in parts.items():
+        mode = TILES if q == Q.Q4_K else WIDE if q in (Q.Q6_K, Q.Q5_K) else 0
+        want = kernels.product(x, Matrix(stored=(p,)), mode, threads=1)
+        assert torch.equal(stack[:, start : start + p.shape[0]], want), q.name
+        start += p.shape[0]
+
+
+def test_the_switch_and_the_mode_name(monkeypatch):
+    monkeypatch.delenv(int8.TILES_ENV, raising=False)
+    assert int8.tiles_wanted()
+    for word in ("0", "off", " OFF "):
+        monkeypatch.setenv(int8.TILES_ENV, word)
+        assert not int8.tiles_wanted()
+    assert int8.LEVEL_NAMES[TILES] == "tiles"
+
+
+LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)
+Q4_K_M_LIKE = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q4_K,
+               "ffn_gate.weight": Q.Q4_K, "ffn_up.weight": Q.Q4_K, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q4_K}
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("tiles")
+    target = write_gguf(make_hf("llama_mha", seed=2, **LLAMA), folder / "target.gguf", Q4_K_M_LIKE)
+    draft = write_gguf(make_hf("llama_mha", seed=5, **{**LLAMA, "num_hidden_layers": 1}), folder / "draft.gguf", Q4_K_M_LIKE)
+    return TriForceEngine.from_pretrained(str(target), draft=str(draft), device="cpu")
+
+
+def test_a_prefill_takes_them_and_the_disk_cache_key_says_so(tiles, engine, monkeypatch):
+    model = engine.target
+    assert model.integer_products == WIDE
+    layer = model.layers[0]
+    x = torch.randn(40, 256, generator=torch.Generator().manual_seed(3))
+    monkeypatch.delenv(int8.TILES_ENV, raising=False)
+    on_key = arithmetic_key("cpu", WIDE)
+    assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, TILES))
+    assert torch.equal(model._project(x[:17], layer.wqkv), tiles.product(x[:17], layer.wqkv, WIDE))  # a verification's rows
+    monkeypatch.setenv(int8.TILES_ENV, "0")
+    assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, WIDE))
+    assert arithmetic_key("cpu", WIDE) != on_key
+
+
+def test_speculation_equals_autoregressive_decoding_after_a_prefill_on_tiles(tiles, engine, monkeypatch):
+    """The prefill (120 tokens, past the native layers' rows) on tiles; the steps and
+    verifications after it on WIDE's order: lookup and the paper's hierarchy equal
+    autoregressive decoding token for token. Control: the prefill really took the tiles."""
+    monkeypatch.delenv(int8.TILES_ENV, raising=False)
+    ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist() * 2
+    modes: list[int] = []
+    original = int8.Int8.product
+    monkeypatch.setattr(int8.Int8, "product", lambda self, x, w, m=int8.ONE_LEVEL, threads=None:
+                        modes.append(int(m)) or original(self, x, w, m, threads))
+    cache = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
+
+    def run(mode):
+        spec = {"lookup": True} if mode == "lookup" else dict(PAPER_METHOD)
+        return engine.run(ids, GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=24, ignore_eos=True, **spec),
+                                                cache=cache)).token_ids
+
+    reference = run("autoregressive")
+    assert TILES in modes
+    for mode in ("lookup", "triforce"):
+        assert run(mode) == reference, mode
+    assert_verification_rows_equal_steps(engine.target, ids)
