@@ -2,6 +2,8 @@
 
     python -m bench.kernel_ab --base REV [--target FILE.gguf] [--rows 1,7,256]
                               [--steps 1,7] [--context 4096] [--prefill 2048] [--repeats 8] [--json OUT]
+    python -m bench.kernel_ab --base-env NAME=VALUE ...   (the working tree's library both sides,
+                              the base with NAME=VALUE set: TRIFORCE_TILES=0, a prefill without tiles)
 
 Builds `layers.c` from git revision REV's `triforce_core/models/csrc` (extracted with
 `git archive` into a temporary folder) and from the working tree, with the flags the engine
@@ -23,7 +25,9 @@ is for. Never in `make test`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
+import os
 import statistics
 import subprocess
 import sys
@@ -55,15 +59,35 @@ def load(source: Path, folder: Path) -> native_layers.Layers:
     return native_layers.Layers(ctypes.CDLL(str(native_build.build(source, native_layers.LAYER_FLAGS, folder))))
 
 
+# Environment settings per side (`--base-env`), set around each of that side's runs.
+ENVS: dict[str, dict[str, str]] = {}
+
+
 def alternate(libs: dict, repeats: int, run) -> dict[str, float]:
     """Median seconds of `run(lib)` per library, the libraries alternated, order reversed every other time."""
     names, times = list(libs), {n: [] for n in libs}
     for r in range(repeats + 1):
         for n in (names if r % 2 == 0 else names[::-1]):
-            t = run(libs[n])
+            with switched_env(ENVS.get(n, {})):
+                t = run(libs[n])
             if r:  # the first round warms both
                 times[n].append(t)
     return {n: statistics.median(v) for n, v in times.items()}
+
+
+@contextlib.contextmanager
+def switched_env(values: dict[str, str]):
+    """The environment with `values` set inside the block, as before after it."""
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def products(model, libs: dict, rows: list[int], repeats: int, say) -> list[dict]:
@@ -143,7 +167,10 @@ def prefill(target: str, libs: dict, tokens: int, repeats: int, say) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--base", required=True, help="git revision whose csrc is the baseline")
+    side = p.add_mutually_exclusive_group(required=True)
+    side.add_argument("--base", help="git revision whose csrc is the baseline")
+    side.add_argument("--base-env", metavar="NAME=VALUE",
+                      help="the baseline is the working tree's library with NAME=VALUE in the environment")
     p.add_argument("--target", default=str(Path.home() / ".cache/triforce-studio/desktop-models/llama-3.2-1b-shape.Q4_K_M.gguf"),
                    help="a GGUF file (default: the 1B shape of bench.desktop_models)")
     p.add_argument("--rows", default="1,7,256", help="row counts of the products")
@@ -158,18 +185,28 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     say = lambda line: print(line, flush=True)  # noqa: E731
     parse = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    if args.base_env is not None:
+        name, eq, value = args.base_env.partition("=")
+        if not eq or not name.strip():
+            print(f"error: --base-env takes NAME=VALUE, not {args.base_env!r}", file=sys.stderr)
+            return 2
+        ENVS["base"] = {name.strip(): value}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        try:
-            base_src = sources_at(args.base, tmp / "base")
-        except subprocess.CalledProcessError as e:
-            print(f"error: git archive {args.base}: {e.stderr.decode(errors='replace').strip()}", file=sys.stderr)
-            return 2
-        libs = {"base": load(base_src, tmp / "lib-base"), "new": load(native_layers.SOURCE, tmp / "lib-new")}
+        new = load(native_layers.SOURCE, tmp / "lib-new")
+        if args.base_env is not None:
+            libs = {"base": new, "new": new}
+        else:
+            try:
+                base_src = sources_at(args.base, tmp / "base")
+            except subprocess.CalledProcessError as e:
+                print(f"error: git archive {args.base}: {e.stderr.decode(errors='replace').strip()}", file=sys.stderr)
+                return 2
+            libs = {"base": load(base_src, tmp / "lib-base"), "new": new}
         from triforce_core.models.loading import load_model
 
         model = load_model(args.target, torch.device("cpu"), torch.float32).model
-        report = {"base": args.base, "target": Path(args.target).name, "cpu": cpu_model(),
+        report = {"base": args.base or f"this tree with {args.base_env}", "target": Path(args.target).name, "cpu": cpu_model(),
                   "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[int8.FAST_PATH_DEFAULT],
                   "products": products(model, libs, parse(args.rows), args.repeats, say)}
         del model
