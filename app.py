@@ -3,6 +3,7 @@
     python app.py                                   # SmolLM2 with its small draft, http://127.0.0.1:7860
     python app.py --target demo                     # the embedded demo pair (a 64K-window copier)
     python app.py --target Qwen/Qwen2.5-7B-Instruct --draft Qwen/Qwen2.5-0.5B-Instruct --device cuda
+    python app.py --engine http://gpu-box:8000       # the page here, the model on a served engine
 
 The same port serves an OpenAI-compatible API at /v1 (chat completions, models); `python -m
 triforce_core serve` serves the API alone, without the browser app.
@@ -13,10 +14,11 @@ Nothing happens on import; the app is built and launched only under `__main__`.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
-def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
     from triforce_core.cli.flags import add_exact_arg, add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
     from triforce_core.cli.serve import add_access_args
@@ -24,7 +26,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="TriForce Studio: chat with a long document; every token is coloured by the speculation "
         "level that proposed it.",
-        epilog="The same port serves an OpenAI-compatible API: POST /v1/chat/completions, GET /v1/models. "
+        epilog="The same port serves an OpenAI-compatible API: POST /v1/chat/completions, GET /v1/models "
+        "(not with --engine: the engine's server serves it). "
         "Secure defaults: binds 127.0.0.1, no share link, uploads up to --max-upload-mb, no monitoring "
         "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir); "
         "requests with a foreign Host or Origin are refused (docs/security.md).",
@@ -59,11 +62,70 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                    "used evicted (default 4)")
     add_models_dir_arg(p)
     add_kv_cache_args(p)
-    return p.parse_args(argv)
+    p.add_argument("--engine", metavar="URL", help="run the page against a served engine (python -m triforce_core "
+                   "serve, or another python app.py) instead of loading a model here: every answer runs there, on "
+                   "its model, tokenizer, caches and speculation settings, and the page serves no /v1 API of its "
+                   "own; only the page's flags apply (--host, --port, --mode, --max-new-tokens, --max-upload-mb, "
+                   "--max-cached-sessions, the access flags), the others are refused (docs/app.md)")
+    p.add_argument("--engine-key", default=os.environ.get("TRIFORCE_ENGINE_KEY"), metavar="KEY",
+                   help="the served engine's API key, if it has one (default: $TRIFORCE_ENGINE_KEY); sent to that "
+                   "URL only")
+    return p
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+# What a served engine decides for itself: these flags are refused with --engine, never ignored.
+ENGINE_FLAGS = ("target", "draft", "models_dir", "device", "dtype", "kv_dtype", "exact", "budget", "max_cache_gb",
+                "api_slots", "max_loaded_models", "max_model_gb", "kv_cache_dir", "no_kv_cache", "kv_cache_max_gb")
+
+
+def engine_flags_given(args: argparse.Namespace) -> list[str]:
+    """The flags of `ENGINE_FLAGS` given other values than their defaults, as typed."""
+    defaults = parse_args([])
+    return ["--" + d.replace("_", "-") for d in ENGINE_FLAGS if getattr(args, d) != getattr(defaults, d)]
+
+
+def main_remote(args: argparse.Namespace) -> int:
+    """`--engine URL`: the page here, every answer on the served engine."""
+    from dataclasses import replace
+
+    from triforce_core import ConfigError
+    from triforce_core.config import default_mode
+    from triforce_core.cli.flags import UsageError
+    from triforce_core.cli.serve import access_policy
+    from triforce_core.serving.remote import RemoteEngine, RemoteError
+    from ui.settings import Settings
+    from ui.server import build_remote_server, run_server
+
+    try:
+        given = engine_flags_given(args)
+        if given:
+            raise ValueError(f"{', '.join(given)}: with --engine, the engine's own flags decide (set them on its "
+                             "server)")
+        access = access_policy(args, max_body=(args.max_upload_mb + 1) * 1_000_000)
+        engine = RemoteEngine.connect(args.engine, api_key=args.engine_key)
+        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens)
+        defaults = replace(defaults.for_model(engine), **engine.speculation)  # the server's own settings
+        defaults.config()
+        app = build_remote_server(engine, defaults=defaults, access=access, max_upload_mb=args.max_upload_mb,
+                                  max_cached_sessions=args.max_cached_sessions)
+    except (RemoteError, ConfigError, ValueError, UsageError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    url = f"http://{args.host}:{args.port}"
+    print(f"TriForce Studio on {url}/ ; answers by the engine at {engine.url} (model {engine.model_id!r})",
+          file=sys.stderr)
+    run_server(app, args.host, args.port)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.engine is not None:
+        return main_remote(args)
     from triforce_core import ConfigError, ModelLoadError
     from triforce_core.config import GB, default_mode
     from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models

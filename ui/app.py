@@ -19,6 +19,7 @@ from triforce_core.documents import EXTENSIONS
 from triforce_core.engine import TriForceEngine
 from triforce_core.resources import APP_CSS as CSS_PATH
 from triforce_core.serving.registry import ServedModels
+from triforce_core.serving.remote import RemoteEngine
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.serving.slots import SlotPool
 
@@ -58,15 +59,22 @@ def build_app(
     one by default), its `chat` endpoint lending caches from `slots`. With `models` (whose
     started model `engine_factory` gives), the settings offer a model picker: each user may
     switch to any of them (`ui.handlers.models`). The header names the model (`model_name`
-    without `models`) and its window. Served by `ui.server`."""
+    without `models`) and its window. Served by `ui.server`.
+
+    With a `RemoteEngine` (`python app.py --engine URL`), answers run on its server: pass a
+    `ThreadWorker`; there is no model picker and no slot pool here, and the speculation settings
+    the server keeps to itself are shown as its own."""
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
     defaults = defaults or Settings()
     worker = worker or EngineWorker()
+    remote = isinstance(engine, RemoteEngine)
+    if remote and models is not None:
+        raise ValueError("a remote engine serves its own model: no model picker")
     ctx = AppContext(
         engine=engine, worker=worker, sessions=SessionPool(worker, max_cached_sessions, max_cache_bytes),
-        slots=slots if slots is not None else SlotPool(engine, capacity=2), defaults=defaults,
+        slots=slots if slots is not None or remote else SlotPool(engine, capacity=2), defaults=defaults,
         max_bytes=max_upload_mb * 1_000_000, models=models,
     )
     modes = modes_for(engine)
@@ -84,7 +92,8 @@ def build_app(
         # The loaded model and its window, always in sight (a switch in the settings updates it).
         started = models.started if models is not None else None
         page["model_info"] = gr.HTML(
-            model_info(started.id if started else model_name, started.note if started else None, engine),
+            model_info(started.id if started else model_name,
+                       started.note if started else getattr(engine, "note", None), engine),
             elem_id="tf-model-info")
         with gr.Row(equal_height=False):
             with gr.Column(scale=3, min_width=420):
@@ -136,7 +145,7 @@ def build_app(
                     for row in SETTING_ROWS:
                         with gr.Row():
                             for name in row:
-                                controls[name] = setting_control(name, getattr(defaults, name), modes)
+                                controls[name] = setting_control(name, getattr(defaults, name), modes, remote)
             with gr.Column(scale=2, min_width=360):
                 page["map"] = gr.Plot(retrieval_map_figure(None), label="Retrieval map", elem_id="tf-map")
                 page["passages"] = gr.HTML(passages_html([]), elem_id="tf-passages")

@@ -10,6 +10,9 @@ one `EngineWorker` (the scheduler every caller goes through) and, per model,
 one `SlotPool` (the `chat` endpoint's and the HTTP API's prefix-matched caches); the app's users
 keep their own sessions, capped by `max_cached_sessions`. With `models`, the app's picker and
 the API's `/v1/models` offer the same models, and each user or request picks its own.
+
+`build_remote_server(engine)` serves the app alone around a `RemoteEngine` (`python app.py
+--engine URL`): its answers run on that engine's server, which serves the HTTP API itself.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from triforce_core.engine import TriForceEngine
 from triforce_core.serving.guard import AccessPolicy, Guard
 from triforce_core.serving.registry import ServedModels
 from triforce_core.serving.openai import ChatCompletionsAPI, run_server
-from triforce_core.serving.worker import EngineWorker
+from triforce_core.serving.remote import RemoteEngine
+from triforce_core.serving.worker import EngineWorker, ThreadWorker
 from triforce_core.serving.slots import SlotPool
 
 from triforce_core.resources import APP_JS
@@ -28,7 +32,7 @@ from triforce_core.resources import APP_JS
 from .app import CSS_PATH, MAX_UPLOAD_MB, build_app
 from .settings import Settings
 
-__all__ = ["build_server", "mount_options", "run_server"]
+__all__ = ["build_remote_server", "build_server", "mount_options", "run_server"]
 
 
 def mount_options(max_upload_mb: int = MAX_UPLOAD_MB) -> dict:
@@ -86,4 +90,25 @@ def build_server(
     app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
     app.add_middleware(Guard, policy=access or AccessPolicy(max_body=(max_upload_mb + 1) * 1_000_000))
     app.state.tf_api = api
+    return app
+
+
+def build_remote_server(
+    engine: RemoteEngine,
+    *,
+    defaults: Settings | None = None,
+    access: AccessPolicy | None = None,
+    max_upload_mb: int = MAX_UPLOAD_MB,
+    max_cached_sessions: int = 4,
+) -> FastAPI:
+    """The FastAPI app of the page alone, its answers run on `engine`'s server (each on a thread
+    of its own: they wait on the network, not on a model here), behind the `Guard` as above."""
+    import gradio as gr
+
+    demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
+                     max_cached_sessions=max_cached_sessions, worker=ThreadWorker(), model_name=engine.model_id)
+    demo.queue(default_concurrency_limit=8)
+    app = FastAPI(title="TriForce Studio", docs_url=None, redoc_url=None, openapi_url=None)
+    app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
+    app.add_middleware(Guard, policy=access or AccessPolicy(max_body=(max_upload_mb + 1) * 1_000_000))
     return app

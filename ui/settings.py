@@ -92,17 +92,28 @@ def slider_range(name: str) -> tuple[float, float, float]:
     return low, high, step
 
 
-def setting_control(name: str, value, modes: list[str]):
-    """The accordion's control for one `Settings` field, showing `value`."""
+# Under a remote engine these are the server's own flags (a request cannot change them): shown,
+# not editable.
+SERVER_SETTINGS = ("budget", "chunk_size", "gamma1", "gamma2", "draft_window", "lookup")
+
+
+def setting_control(name: str, value, modes: list[str], remote: bool = False):
+    """The accordion's control for one `Settings` field, showing `value` (`remote`: the settings
+    a served engine keeps to itself are shown as the server's, not editable)."""
     elem_id = _ELEM_IDS.get(name)
+    fixed = remote and name in SERVER_SETTINGS
+    extra, suffix = ({"interactive": False}, " (the server's)") if fixed else ({}, "")
     if name == "mode":
         return gr.Dropdown(modes, value=value, label="Mode", elem_id=elem_id)
     if name == "seed":
         return gr.Number(value=-1 if value is None else value, label="Seed (sampling; -1 = random)", precision=0)
     if name == "lookup":
-        return gr.Checkbox(value, label="Context lookup (off: the paper's three levels)", elem_id=elem_id)
+        return gr.Checkbox(value, label="Context lookup (off: the paper's three levels)" + suffix, elem_id=elem_id,
+                           **extra)
     low, high, step, label = _SLIDERS[name]
-    return gr.Slider(low, high, value=value, step=step, label=label, elem_id=elem_id)
+    if fixed:  # the server's value, wherever the slider would stop a person
+        low, high, step = min(low, value), max(high, value), 1
+    return gr.Slider(low, high, value=value, step=step, label=label + suffix, elem_id=elem_id, **extra)
 
 
 def retrieval_budget(budget, mode: str) -> int | None:

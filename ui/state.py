@@ -6,6 +6,10 @@ One engine (model weights) serves every user of a model; each browser session ha
 A user who switches the model holds its `ServedModel` (`triforce_core.serving.registry`); their
 session runs on its engine, every other user keeps theirs. Every use of every engine goes
 through the one `EngineWorker`, so users cannot corrupt each other's caches.
+
+Under a remote engine (`python app.py --engine URL`) the engine is a `RemoteEngine`: the
+sessions are its remote ones (`chat_session`, `book_session`), their caches are the server's,
+and the worker runs each answer on a thread of its own (`ThreadWorker`).
 """
 
 from __future__ import annotations
@@ -17,13 +21,25 @@ from dataclasses import dataclass, field
 
 from triforce_core.documents import Document
 from triforce_core.engine import TriForceEngine
+from triforce_core.serving.book import BookSession
 from triforce_core.serving.registry import ServedModel, ServedModels
+from triforce_core.serving.remote import RemoteBookSession, RemoteChatSession, RemoteEngine
 from triforce_core.serving.worker import EngineWorker, Job
 from triforce_core.serving.session import ChatSession
 from triforce_core.serving.slots import SlotPool
 
 from .settings import Settings
 from .trace import AnswerTrace
+
+
+def chat_session(engine, document=None, **kwargs) -> ChatSession:
+    """A conversation on `engine`: in this process, or on a remote engine's server."""
+    return (RemoteChatSession if isinstance(engine, RemoteEngine) else ChatSession)(engine, document, **kwargs)
+
+
+def book_session(engine, document: Document, **kwargs) -> BookSession:
+    """A book read by the sections each question needs, on `engine` (see `chat_session`)."""
+    return (RemoteBookSession if isinstance(engine, RemoteEngine) else BookSession)(engine, document, **kwargs)
 
 
 @dataclass
@@ -111,13 +127,18 @@ class AppContext:
     """What every handler shares: the engine, the one worker that runs it, the users' session
     pool, the `chat` endpoint's cache slots, and the app's fixed choices."""
 
-    engine: TriForceEngine
+    engine: TriForceEngine | RemoteEngine
     worker: EngineWorker
     sessions: SessionPool
-    slots: SlotPool
+    slots: SlotPool | None  # None under a remote engine (the server's slots serve its API)
     defaults: Settings
     max_bytes: int
     models: ServedModels | None = None  # the models users may switch to (None: `engine` alone)
+
+    @property
+    def remote(self) -> bool:
+        """The engine is a server's (`--engine URL`)."""
+        return isinstance(self.engine, RemoteEngine)
 
     @property
     def window(self) -> int:
@@ -137,7 +158,7 @@ class AppContext:
         return self.models.started.id if self.models is not None else None
 
     def new_user(self) -> UserState:
-        return UserState(ChatSession(self.engine))
+        return UserState(chat_session(self.engine))
 
     @staticmethod
     def release_user(user: UserState | None) -> None:

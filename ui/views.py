@@ -140,6 +140,9 @@ def prefill_progress_text(progress, elapsed_s: float, spec) -> str:
     text = f"prefilling {progress.done:,} / {progress.total:,} tokens"
     if progress.done <= 0 or elapsed_s <= 0:
         return text
+    rate = f"{text} · {progress.done / elapsed_s:,.0f} tokens/s"
+    if spec is None:  # a remote engine's model: no arithmetic to scale by, its token rate only
+        return f"{rate} · {_duration(elapsed_s * (progress.total - progress.done) / progress.done)} left"
     a = progress.start
     done = prefill_flops(spec, a, a + progress.done)
     left = prefill_flops(spec, a + progress.done, a + progress.total)

@@ -19,6 +19,9 @@ is called, without holding up the other jobs; `set_stepping(False)` lets it run 
 `cancel()` stops it whether it waits or not. `job.waits` records each wait: the item it
 followed and the seconds it lasted (a generation's own clock runs on while it waits, so a
 consumer leaves these out of its speeds).
+
+`ThreadWorker` runs the same `Job`s each on a thread of its own, for generations that wait on a
+remote engine (`remote`) rather than compute in this process.
 """
 
 from __future__ import annotations
@@ -245,3 +248,52 @@ class EngineWorker:
                 # every job waits for a step: sleep until one is nudged (a step, a stop, a new job)
                 if active and not self._pending and not self._closed and all(j.waiting for j in active):
                     self._wake.wait(timeout=1.0)
+
+
+class ThreadWorker:
+    """Runs each job on a thread of its own: for generations that wait on a remote engine
+    (`triforce_core.serving.remote`) rather than compute here. Nothing is shared between jobs, so
+    nothing needs one thread; one job waiting on the network must not hold up another's stream.
+    The same `Job`s as `EngineWorker` (stop, stepping, waits), the same calls."""
+
+    def __init__(self, name: str = "triforce-remote"):
+        self.name = name
+        self._lock = threading.Lock()
+        self._running = 0
+        self._closed = False
+
+    def submit(self, start: Callable[[], Iterator], pause_after: Callable[[object], bool] | None = None,
+               stepping: bool = False) -> Job:
+        job = Job(start, pause_after, stepping)
+        job._wake = threading.Condition()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the worker is closed")
+            self._running += 1
+        threading.Thread(target=self._run, args=(job,), name=self.name, daemon=True).start()
+        return job
+
+    def call(self, fn: Callable[[], object]):
+        """`fn()` here: there is no engine whose thread it must run on."""
+        return fn()
+
+    @property
+    def alive(self) -> bool:
+        return not self._closed
+
+    def jobs(self) -> int:
+        with self._lock:
+            return self._running
+
+    def close(self) -> None:
+        self._closed = True
+
+    def _run(self, job: Job) -> None:
+        try:
+            while job._step():
+                if job.waiting:
+                    with job._wake:
+                        job._wake.wait(timeout=1.0)
+        finally:
+            with self._lock:
+                self._running -= 1

@@ -31,6 +31,10 @@ UPDATE_EVERY_S = 0.2  # how often a streaming answer refreshes its text on the p
 PANELS_EVERY_S = 1.0  # ... and its figures (re-drawing plots is the browser's heaviest work)
 COMPARE_EVERY_S = 0.5  # how often the comparison's progress line refreshes
 HTML_BYTES_PER_S = 100_000  # transcript HTML sent per second at most while streaming
+# A server streams its answer whether or not the page waits: rounds held here would not be
+# rounds the engine waited for, and its speeds would count the waits.
+REMOTE_STEPPING = ("Step mode needs the engine in this process: under a remote engine (--engine) answers run "
+                   "to the end. Untick Step mode.")
 
 
 def follow(job: Job, take: Callable[[object], None], interval: Callable[[], float]) -> Iterator[None]:
@@ -104,7 +108,7 @@ class AnswerHandlers:
         pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
-        turn = _Turn(user, answer, label, engine.target.spec, job)
+        turn = _Turn(user, answer, label, getattr(engine.target, "spec", None), job)  # None: a remote engine
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
         paused_at = None  # when the current pause was first seen (auto_step_s)
         try:
@@ -151,8 +155,10 @@ class AnswerHandlers:
         yield answer_updates(user, answer, status, teaching, budget, window, new_map=True, panels=True,
                              decode=engine.detokenize)
 
-    def prepare(self, user, setting_values) -> tuple[UserState, Settings]:
+    def prepare(self, user, setting_values, stepping: bool = False) -> tuple[UserState, Settings]:
         """The user (new if none yet) and the settings, or a clear error."""
+        if stepping and self.ctx.remote:
+            raise gr.Error(REMOTE_STEPPING)
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is already being generated; wait for it or press Stop.")
@@ -172,7 +178,7 @@ class AnswerHandlers:
         message = (message or "").strip()
         if not message:
             raise gr.Error("Type a question first.")
-        user, settings = self.prepare(user, setting_values)
+        user, settings = self.prepare(user, setting_values, bool(stepping))
         user.session.system_prompt = (system or "").strip() or None
         config = settings.config()
 
@@ -190,7 +196,7 @@ class AnswerHandlers:
                                  bool(stepping), auto_step_s=LESSON_ROUND_S if lesson else None)
 
     def on_regenerate(self, user, teaching, stepping, system, *setting_values):
-        user, settings = self.prepare(user, setting_values)
+        user, settings = self.prepare(user, setting_values, bool(stepping))
         if not user.session.turns:
             raise gr.Error("There is no answer to regenerate.")
         question = user.session.turns[-1].question

@@ -16,12 +16,11 @@ from triforce_core.serving.book import BookSession
 from triforce_core.documents import Document, DocumentError, Section, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
 from triforce_core.documents.picking import merged_spans, over_window, section_tokens, selected_text
-from triforce_core.serving.session import ChatSession
 
 from ..figures import retrieval_map_figure
 from ..render import status_html
 from ..settings import retrieval_budget
-from ..state import AppContext, UserState
+from ..state import AppContext, UserState, book_session, chat_session
 from ..views import (DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript, upload_note,
                      with_outputs)
 
@@ -40,7 +39,7 @@ class DocumentHandlers:
     def _read(self, user: UserState, doc: Document) -> None:
         if isinstance(user.session, BookSession):  # the user's own pick from now on: a plain conversation
             old = user.session
-            user.session = ChatSession(old.engine, system_prompt=old.system_prompt, config=old.config)
+            user.session = chat_session(old.engine, system_prompt=old.system_prompt, config=old.config)
             self.ctx.worker.call(old.release)
         self.ctx.worker.call(lambda: (user.session.set_document(doc), user.session.document_tokens))
         user.document, user.answers, user.spans = doc, [], []
@@ -49,7 +48,7 @@ class DocumentHandlers:
         """Each question reads the book's parts most relevant to it."""
         old, engine = user.session, self.ctx.engine_of(user)
         user.session = self.ctx.worker.call(
-            lambda: BookSession(engine, doc, system_prompt=old.system_prompt, config=old.config))
+            lambda: book_session(engine, doc, system_prompt=old.system_prompt, config=old.config))
         self.ctx.worker.call(old.release)
         user.document, user.answers, user.spans = doc, [], []
 
@@ -98,7 +97,7 @@ class DocumentHandlers:
         # The conversation's prompt without a question: the document, the template, the system prompt.
         system = user.session.system_prompt
         engine, window = self.ctx.engine_of(user), self.ctx.window_of(user)
-        tokens = self.ctx.worker.call(lambda: len(ChatSession(engine, text, system_prompt=system).prompt_ids("")))
+        tokens = self.ctx.worker.call(lambda: len(chat_session(engine, text, system_prompt=system).prompt_ids("")))
         room = int(max_new_tokens or 0)
         if tokens + room > window:
             numbers = ", ".join(str(i + 1) for i in picked)

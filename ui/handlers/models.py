@@ -49,8 +49,10 @@ def model_info(served_id: str | None, note: str | None, engine) -> str:
     draft = "with its small draft" if engine.draft is not None else "no small draft (modes without one)"
     name = f"<b>{html.escape(served_id)}</b>" if served_id else "<b>the model</b>"
     what = f" ({html.escape(note)})" if note else ""
+    url = getattr(engine, "url", None)  # a remote engine's server
+    where = f" · served by {html.escape(url)}" if url else ""
     return (f'<div class="tf-model-info">Model: {name}{what} · context window '
-            f"<b>{engine.context_window:,}</b> tokens · {draft}</div>")
+            f"<b>{engine.context_window:,}</b> tokens · {draft}{where}</div>")
 
 
 def page_key(request: gr.Request | None, user: UserState | None) -> object:

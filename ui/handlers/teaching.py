@@ -138,6 +138,8 @@ class TeachingHandlers:
         `values` it keeps to give back), its budget, teaching view and step mode on, the
         question to ask, and its opening words; the inspector will open on the first rejection.
         `values`: the `LESSON_CONTROLS` as the user has them, then the chunk size."""
+        if self.ctx.remote:
+            raise gr.Error("The lesson runs round by round in this process: not under a remote engine (--engine).")
         if self.ctx.engine_of(user).draft is None:
             raise gr.Error("The lesson shows the paper's three levels: it needs a small draft model (--draft).")
         if user is None or user.document is None:

@@ -1,4 +1,5 @@
-"""The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`, `GET /metrics`.
+"""The endpoints: `POST /v1/chat/completions`, `GET /v1/models`, `GET /v1/health`, `GET /metrics`,
+and the extension `GET /v1/tokenizer/{model}`.
 
     api = ChatCompletionsAPI(engine, worker, SlotPool(engine), model_name="my-model")
     app = create_app(api, AccessPolicy(api_key="s3cret"))   # the routes behind the guard
@@ -8,6 +9,12 @@ app's picker offers the same), each card with the extension fields `description`
 and, once loaded, `context_window`; a request's `model` picks one, loaded on first use (a 404
 `model_not_found` for an unknown id, a 400 `model_load_failed` with the load error's one line for
 a file that cannot be loaded). Requests on different models run side by side on the one worker.
+A loaded model's card also says whether it has a small draft (`small_draft`) and its default
+repetition penalty (`repetition_penalty`), and every card the server's speculation settings,
+which a request cannot change (`speculation`: budget, chunk_size, draft_window, gamma1, gamma2,
+lookup); `GET /v1/tokenizer/{model}` sends its tokenizer
+(`tokenizer_wire`), loading the model if need be: what a client that shows token texts, counts
+a document's tokens or renders the chat template itself needs (`python app.py --engine URL`).
 
 Who may call (Host, Origin, the API key, JSON bodies, the body limit) is the `Guard`'s concern
 (`triforce_core.serving.guard`), which `create_app` puts in front of the routes; the routes
@@ -42,6 +49,7 @@ from ...prompting import render_prompt
 from ..metrics import ServingMetrics
 from ..registry import ServedModels, UnknownModel
 from ..slots import SlotPool
+from ..tokenizer_wire import tokenizer_payload
 from ..worker import EngineWorker
 from .schemas import ApiError, CompletionRequest, parse_request
 from .streaming import Completion
@@ -89,6 +97,7 @@ class ChatCompletionsAPI:
         self.router = APIRouter()
         self.router.add_api_route("/v1/models", self.models, methods=["GET"])
         self.router.add_api_route("/v1/models/{model_id:path}", self.model, methods=["GET"])
+        self.router.add_api_route("/v1/tokenizer/{model_id:path}", self.tokenizer_route, methods=["GET"])
         self.router.add_api_route("/v1/chat/completions", self.chat_completions, methods=["POST"])
         self.router.add_api_route("/v1/health", self.health, methods=["GET"])
         self.router.add_api_route("/metrics", self.scrape, methods=["GET"])
@@ -102,6 +111,17 @@ class ChatCompletionsAPI:
             return await self.model_card(model_id)
         except ApiError as e:
             return e.response()
+
+    async def tokenizer_route(self, model_id: str):
+        try:
+            engine, _, _ = await run_in_threadpool(self._served, model_id)  # may load it
+        except ApiError as e:
+            return e.response()
+        try:
+            return await run_in_threadpool(self.worker.call, lambda: tokenizer_payload(engine))
+        except ValueError as e:  # a tokenizer with no serialized form
+            return ApiError(404, f"the model {model_id!r} has a tokenizer this server cannot send: {one_line(e)}",
+                            param="model", code="tokenizer_unavailable").response()
 
     async def health(self):
         return {"status": "ok", "model": self.model_name, "jobs": self.worker.jobs(),
@@ -156,7 +176,7 @@ class ChatCompletionsAPI:
         # On the worker, which owns the tokenizer as it owns the caches.
         prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
         slot, _ = slots.take(prompt)
-        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
+        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True, inspect=req.inspect))
         self.metrics.started(name)
         return Completion(req, prompt, config, slots, slot, job, name,
                           on_end=lambda call, ok: self._ended(call, ok, received))
@@ -199,17 +219,31 @@ class ChatCompletionsAPI:
         served = self.served_models.loaded(model_id) if self.served_models is not None else None
         return {"id": model_id, "object": "model", "created": self.created, "owned_by": "triforce-studio",
                 "description": note, "loaded": served is not None,
-                "context_window": served.engine.context_window if served is not None else None}
+                **self._engine_facts(served.engine if served is not None else None),
+                "speculation": self._speculation()}
 
     def _model_card(self) -> dict:
         return {"id": self.model_name, "object": "model", "created": self.created, "owned_by": "triforce-studio",
-                "context_window": self.engine.context_window}
+                **self._engine_facts(self.engine), "speculation": self._speculation()}
+
+    def _speculation(self) -> dict:
+        spec, cache = self.base.speculation, self.base.cache
+        return {"budget": cache.budget, "chunk_size": cache.chunk_size, "draft_window": cache.draft_window,
+                "gamma1": spec.gamma1, "gamma2": spec.gamma2, "lookup": spec.lookup}
+
+    @staticmethod
+    def _engine_facts(engine: TriForceEngine | None) -> dict:
+        """A card's extension fields (null until the model is loaded)."""
+        if engine is None:
+            return {"context_window": None, "small_draft": None, "repetition_penalty": None}
+        return {"context_window": engine.context_window, "small_draft": engine.draft is not None,
+                "repetition_penalty": engine.default_sampling().repetition_penalty}
 
     def _prepare(self, req: CompletionRequest, engine: TriForceEngine) -> tuple[list[int], GenerationConfig]:
         """Prompt ids and the generation settings on `engine`; a 400 for what cannot run."""
         _, prompt = render_prompt(engine.tokenizer, req.messages)
         spec = self.base.speculation
-        mode = self.mode or default_mode(len(prompt))
+        mode = req.mode or self.mode or default_mode(len(prompt))
         if engine.draft is None and mode == "triforce":
             spec = replace(spec, small_draft=False)  # a model without a small draft: the levels it has
         max_new = req.max_tokens or spec.max_new_tokens

@@ -10,6 +10,12 @@ and `repetition_penalty`, Hugging Face's, over the answer's tokens; when a reque
 model's default: `TriForceEngine.default_sampling()`, 1 = off for the demo pair). All three
 penalties keep decoding exact (`triforce_core.decoding.penalties`).
 
+Extension `triforce` (for a client that renders the speculation itself, such as `python app.py
+--engine URL`): `{"events": true}` makes each streamed chunk carry the engine's events of that
+chunk (`triforce_core.serving.event_wire`); `"inspect": true` adds the numbers behind each
+verification (`TokenCheck`s), `"mode"` picks the decoding mode for this request. Only with
+`stream: true`; a request without it is answered exactly as before.
+
 Parameters it does not support are a 400 naming them, never ignored silently. Errors have the
 protocol's shape: `{"error": {"message", "type", "param", "code"}}` (`ApiError`). A body's size
 is bounded before it reaches a route: the server's `Guard` refuses it (413) once it passes
@@ -23,6 +29,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from fastapi.responses import JSONResponse
+
+from ...config import MODES
 
 MAX_BODY_BYTES = 16_000_000  # a long document is ~4 bytes a token: room for a 128K-token context
 MAX_STOPS = 4
@@ -44,7 +52,9 @@ IGNORED = {"user", "metadata", "safety_identifier", "prompt_cache_key"}  # no ef
 SUPPORTED = {"model", "messages", "temperature", "top_p", "max_tokens", "max_completion_tokens", "seed", "stop",
              "stream", "stream_options", "frequency_penalty", "presence_penalty",
              "ignore_eos",  # an extension (as in vLLM): fixed-length answers for benchmarks
-             "repetition_penalty"}  # an extension (as in vLLM): Hugging Face's penalty
+             "repetition_penalty",  # an extension (as in vLLM): Hugging Face's penalty
+             "triforce"}  # our extension: the engine's events in the stream (module docstring)
+EXTENSION_FIELDS = ("events", "inspect", "mode")
 
 
 class ApiError(Exception):
@@ -77,6 +87,9 @@ class CompletionRequest:
     frequency_penalty: float = 0.0
     presence_penalty: float = 0.0
     repetition_penalty: float | None = None  # None: the model's default
+    events: bool = False  # stream the engine's events (`triforce.events`)
+    inspect: bool = False  # ... with each verification's TokenChecks
+    mode: str | None = None  # None: the server's mode
 
 
 def _number(body: dict, name: str, default: float, low: float, high: float, low_open: bool = False) -> float:
@@ -100,6 +113,29 @@ def _integer(body: dict, name: str, low: int) -> int | None:
     if v < low:
         raise ApiError(400, f"{name} must be >= {low}, got {v}", param=name)
     return v
+
+
+def _extension(body: dict, stream: bool) -> tuple[bool, bool, str | None]:
+    """(events, inspect, mode) of the `triforce` request extension."""
+    ext = body.get("triforce")
+    if ext is None:
+        return False, False, None
+    if not isinstance(ext, dict) or set(ext) - set(EXTENSION_FIELDS):
+        raise ApiError(400, f"triforce must be an object with at most {', '.join(EXTENSION_FIELDS)}", param="triforce")
+    flags = {}
+    for name in ("events", "inspect"):
+        v = ext.get(name, False)
+        if not isinstance(v, bool):
+            raise ApiError(400, f"triforce.{name} must be true or false", param=f"triforce.{name}")
+        flags[name] = v
+    mode = ext.get("mode")
+    if mode is not None and mode not in MODES:
+        raise ApiError(400, f"triforce.mode must be one of {', '.join(MODES)}", param="triforce.mode")
+    if flags["inspect"] and not flags["events"]:
+        raise ApiError(400, "triforce.inspect needs triforce.events", param="triforce.inspect")
+    if flags["events"] and not stream:
+        raise ApiError(400, "triforce.events needs stream: true", param="triforce.events")
+    return flags["events"], flags["inspect"], mode
 
 
 def _content(m: Any, i: int) -> str:
@@ -169,6 +205,7 @@ def parse_request(body: Any) -> CompletionRequest:
     ignore_eos = body.get("ignore_eos")
     if ignore_eos is not None and not isinstance(ignore_eos, bool):
         raise ApiError(400, "ignore_eos must be true or false", param="ignore_eos")
+    events, inspect, mode = _extension(body, bool(stream))
     max_tokens = _integer(body, "max_tokens", 1)
     max_completion = _integer(body, "max_completion_tokens", 1)
     if max_tokens is not None and max_completion is not None and max_tokens != max_completion:
@@ -188,4 +225,7 @@ def parse_request(body: Any) -> CompletionRequest:
         presence_penalty=_number(body, "presence_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=(None if body.get("repetition_penalty") is None
                             else _number(body, "repetition_penalty", 1.0, 0.0, 10.0, low_open=True)),
+        events=events,
+        inspect=inspect,
+        mode=mode,
     )

@@ -13,6 +13,14 @@ with its token span, share of heads, the "[Section N: title]" it lies under, its
 `kind` "read"; in modes without a retrieval level, the passages the answer quotes verbatim (8
 tokens or more), `kind` "quoted", `share` the part of the answer quoted from it
 (`citations.answer_passages`).
+
+Extension, on request (`"triforce": {"events": true}`, streamed only): each chunk also carries
+`triforce.events`, the engine's events since the chunk before (`event_wire.event_to_json`): one
+chunk per prefill chunk (`PrefillProgress`), per `Prefilled` or `ChunksSelected`, and per round
+(its `Drafted` and `Verified` events travel with its `Committed`, in a chunk whose delta holds
+the round's text, or nothing while a stop sequence holds it back); `Finished` rides the final
+chunk, beside the statistics. The events describe the engine's tokens: a stop sequence cuts the
+text, not them. A request that does not ask gets exactly the chunks it got before.
 """
 
 from __future__ import annotations
@@ -27,7 +35,8 @@ from starlette.concurrency import run_in_threadpool
 
 from ...config import GenerationConfig
 from ...documents.citations import answer_passages, question_tokens
-from ...decoding.events import ChunksSelected, Committed, Finished, Prefilled, Verified
+from ...decoding.events import ChunksSelected, Committed, Drafted, Finished, Prefilled, Verified
+from ..event_wire import event_to_json
 from ..slots import SlotPool
 from ..worker import Job
 from .schemas import ApiError, CompletionRequest
@@ -201,6 +210,7 @@ class Completion:
         self.finish_reason: str | None = None
         self.usage: dict | None = None  # as sent, once the answer ended
         self.stats: dict | None = None  # the `triforce` extension as sent
+        self._sent_events: list[dict] = []  # with `req.events`: the events the next chunk carries
 
     def _fold(self, item) -> str:
         """Fold one event; the text that can be sent now."""
@@ -265,6 +275,10 @@ class Completion:
             chunk.setdefault("usage", None)
         return f"data: {json.dumps(chunk)}\n\n"
 
+    def _taken(self) -> list[dict]:
+        events, self._sent_events = self._sent_events, []
+        return events
+
     async def sse(self):
         ok = False
         try:
@@ -279,14 +293,20 @@ class Completion:
                         yield self._chunk({"content": rest})
                     break
                 piece = self._fold(item)
-                if piece:
+                if self.req.events:
+                    self._sent_events.append(event_to_json(item))
+                    if not isinstance(item, (Drafted, Verified, Finished)):  # a round's drafts go with its commit
+                        delta = {"content": piece} if piece else {}
+                        yield self._chunk(delta, triforce={"events": self._taken()})
+                elif piece:
                     yield self._chunk({"content": piece})
                 if self.stops.hit:
                     self.job.cancel()
                     self.finish_reason = "stop"
                     break
             usage, stats = self._final()
-            yield self._chunk({}, self.finish_reason, triforce=stats)
+            extension = {**stats, "events": self._taken()} if self.req.events else stats
+            yield self._chunk({}, self.finish_reason, triforce=extension)
             if self.req.include_usage:
                 chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                          "model": self.model_name, "choices": [], "usage": usage}
