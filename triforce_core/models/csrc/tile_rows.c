@@ -3,24 +3,27 @@
  * Why a prefill only: a prefill multiplies every weight by hundreds of rows, where AMX's tile
  * products (a 16 x 16 block of int32 sums over 64 bytes in one instruction) leave the vector
  * units only the bookkeeping. A step or a verification keeps int16_rows.c's order: their rows
- * must equal each other bit for bit, and a tile's sums come out per sub-block, not in that
- * order's lanes. A prefill's rows only have to be the same whatever rows come with them, which
- * these are (each row quantized on its own, every output in one order).
+ * must equal each other bit for bit, and the tiles' sums do not come out in that order's lanes.
+ * A prefill's rows only have to be the same whatever rows come with them, which these are
+ * (each row quantized on its own, every output in one order).
  *
  * The activations are int16_rows.c's (struct block_q16_k, the same quantization), each q split
- * exactly into q = 256 hi + lo, hi signed (-128..127), lo unsigned (0..255); a Q4_K weight
- * w (0..15) is a signed byte. Per output n, row m and super-block b, in this order (the scalar
- * reference `ref_tile_block`, which the tile path follows):
- *   S_j = sum of w_e q_e over sub-block j's 32 inputs      exact: |S_j| <= 32 x 15 x 32767 < 2^24
- *   Q_p = sc_2p S_2p + sc_2p+1 S_2p+1                        exact: < 2 x 63 x 2^24 < 2^31
- *   F   = ((float)Q_0 + (float)Q_1) + ((float)Q_2 + (float)Q_3)
- *   acc = fmaf(F, d_n * d_m, acc)
- *   M   = sum of m_j bsum_j over j                            exact: < 8 x 63 x 32 x 32767 < 2^31
- *   mac = fmaf((float)M, dmin_n * d_m, mac)
- * and the output is acc - mac. On the tiles: per sub-block one tdpbssd (hi) and one tdpbusd (lo)
- * of 16 rows by 16 outputs; the weights are laid out as the tiles take them (four consecutive
- * inputs of each of 16 outputs a 64-byte row) by one gather per four inputs, once a super-block
- * for all of a group's rows.
+ * exactly into q = 256 hi + lo, hi signed (-128..127), lo unsigned (0..255). A Q4_K weight
+ * times its sub-block's scale, W = sc w (0..945), is split the same way: W = 256 Wh + Wl, Wh
+ * 0..3, Wl 0..255. With the scale inside the weights, a super-block's 256 products sum in one
+ * tile accumulator each, no store per sub-block:
+ *   C_hh = sum of hi Wh, C_hl = sum of hi Wl, C_lh = sum of lo Wh, C_ll = sum of lo Wl
+ *          (over the super-block's 256 inputs; exact, each below 2^24 in magnitude: C_ll <= 256 x 255 x 255)
+ *   F    = ((float)C_hh * 65536 + (float)C_hl * 256) + ((float)C_lh * 256 + (float)C_ll)
+ *          (the conversions and the products by powers of two exact; three roundings, in this order)
+ *   acc  = fmaf(F, d_n * d_m, acc)
+ *   M    = sum of m_j bsum_j over the sub-blocks j    exact: < 8 x 63 x 32 x 32767 < 2^31
+ *   mac  = fmaf((float)M, dmin_n * d_m, mac)
+ * per output n, row m and super-block b, in that order (the scalar reference `ref_tile_block`,
+ * which the tile path follows); the output is acc - mac. On the tiles, per 64 inputs, four
+ * products of 16 rows by 16 outputs: tdpbsud (hi x Wh, hi x Wl) and tdpbuud (lo x Wh, lo x Wl).
+ * The weights are laid out as the tiles take them (four consecutive inputs of each of 16 outputs
+ * a 64-byte row), gathered, scaled and split once a super-block for all of a group's rows.
  *
  * The tiles run only after the process asks the kernel for their state (arch_prctl
  * ARCH_REQ_XCOMP_PERM): without it the first tile instruction faults. `tiles_ready` asks once,
@@ -42,8 +45,8 @@
 
 /* A prefill's rows as the tiles take them: S_pad = S rounded up to TILE_M rows (the rest zero). */
 struct tile_acts {
-    int8_t *hi;     /* [K / 32, S_pad, 32]: q >> 8, each sub-block's rows together (a tile's 16 rows are 512 bytes in a row) */
-    uint8_t *lo;    /* [K / 32, S_pad, 32]: q & 255 */
+    int8_t *hi;     /* [K / 64, S_pad, 64]: q >> 8, each 64 inputs' rows together (a tile's 16 rows are 1 KB in a row) */
+    uint8_t *lo;    /* [K / 64, S_pad, 64]: q & 255 */
     int32_t *bsums; /* [S_pad, K / 256, 8]: sum of q per 32 inputs */
     float *d;       /* [S_pad, K / 256]: the block's scale */
     int S_pad;
@@ -58,11 +61,11 @@ static void tile_acts_free(struct tile_acts *a) {
 
 /* Where input e of super-block b of row s is in a's hi and lo. */
 static inline int64_t tile_at(const struct tile_acts *a, int s, int b, int e) {
-    return ((int64_t)(8 * b + e / 32) * a->S_pad + s) * 32 + e % 32;
+    return ((int64_t)(4 * b + e / 64) * a->S_pad + s) * 64 + e % 64;
 }
 
 /* Row s of xw (K / 256 blocks) into a's row s. */
-static void tile_acts_row(const struct block_q16_k *xw, int K, int s, struct tile_acts *a) {
+static void tile_acts_row_ref(const struct block_q16_k *xw, int K, int s, struct tile_acts *a) {
     int nb = K / 256;
     for (int b = 0; b < nb; b++) {
         const struct block_q16_k *x = xw + (int64_t)s * nb + b;
@@ -77,27 +80,65 @@ static void tile_acts_row(const struct block_q16_k *xw, int K, int s, struct til
     }
 }
 
+#ifdef TILES_X86
+/* tile_acts_row_ref in AVX-512, the same bytes: each 64 inputs' evens and odds interleaved back
+ * into their order, then the high and the low byte of each (a prefill's 1,024 rows spent a
+ * quarter of the tiles' time in the scalar loop). */
+static VNNI_TARGET void vnni_tile_acts_row(const struct block_q16_k *xw, int K, int s, struct tile_acts *a) {
+    int nb = K / 256;
+    __m512i first, second;
+    {
+        int16_t f[32], g[32];
+        for (int i = 0; i < 32; i++) f[i] = (int16_t)((i & 1) * 32 + i / 2), g[i] = (int16_t)((i & 1) * 32 + 16 + i / 2);
+        first = _mm512_loadu_si512((const void *)f);   /* natural 0..31 from (evens | odds) */
+        second = _mm512_loadu_si512((const void *)g);  /* natural 32..63 */
+    }
+    const __m512i low = _mm512_set1_epi16(255);
+    for (int b = 0; b < nb; b++) {
+        const struct block_q16_k *x = xw + (int64_t)s * nb + b;
+        for (int c = 0; c < 4; c++) {
+            __m512i ev = _mm512_loadu_si512((const void *)(x->qs + 64 * c)), od = _mm512_loadu_si512((const void *)(x->qs + 64 * c + 32));
+            __m512i v0 = _mm512_permutex2var_epi16(ev, first, od), v1 = _mm512_permutex2var_epi16(ev, second, od);
+            int64_t at = tile_at(a, s, b, 64 * c);
+            _mm256_storeu_si256((__m256i *)(a->hi + at), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v0, 8)));
+            _mm256_storeu_si256((__m256i *)(a->hi + at + 32), _mm512_cvtepi16_epi8(_mm512_srai_epi16(v1, 8)));
+            _mm256_storeu_si256((__m256i *)(a->lo + at), _mm512_cvtepi16_epi8(_mm512_and_si512(v0, low)));
+            _mm256_storeu_si256((__m256i *)(a->lo + at + 32), _mm512_cvtepi16_epi8(_mm512_and_si512(v1, low)));
+        }
+        memcpy(a->bsums + ((int64_t)s * nb + b) * 8, x->bsums, 8 * sizeof(int32_t));
+        a->d[(int64_t)s * nb + b] = x->d;
+    }
+}
+#endif
+
+static void tile_acts_row(const struct block_q16_k *xw, int K, int s, struct tile_acts *a) {
+#ifdef TILES_X86
+    if (int8_path() == INT8_AVX512_VNNI) {
+        vnni_tile_acts_row(xw, K, s, a);
+        return;
+    }
+#endif
+    tile_acts_row_ref(xw, K, s, a);
+}
+
 /* ---- the scalar reference ---------------------------------------------------------------- */
 
 static void ref_tile_block(const uint8_t *blk, const struct tile_acts *a, int s, int b, int K, float *acc, float *mac) {
     int nb = K / 256;
     const int32_t *bsum = a->bsums + ((int64_t)s * nb + b) * 8;
     const uint8_t *qs = blk + 16;
-    int32_t Q[4], M = 0;
-    for (int p = 0; p < 4; p++) {
-        Q[p] = 0;
-        for (int h = 0; h < 2; h++) {
-            int j = 2 * p + h, sc, m, S = 0;
-            scale_min_k4(j, blk + 4, &sc, &m);
-            for (int i = 0; i < 32; i++) {
-                int w = h ? qs[32 * p + i] >> 4 : qs[32 * p + i] & 15, e = 32 * j + i;
-                S += w * (256 * a->hi[tile_at(a, s, b, e)] + a->lo[tile_at(a, s, b, e)]);
-            }
-            Q[p] += sc * S;
-            M += m * bsum[j];
+    int32_t hh = 0, hl = 0, lh = 0, ll = 0, M = 0;
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        M += m * bsum[j];
+        for (int i = 0; i < 32; i++) {
+            int e = 32 * j + i, byte = qs[32 * (j / 2) + i], W = sc * (j % 2 ? byte >> 4 : byte & 15);
+            int hi = a->hi[tile_at(a, s, b, e)], lo = a->lo[tile_at(a, s, b, e)];
+            hh += hi * (W >> 8), hl += hi * (W & 255), lh += lo * (W >> 8), ll += lo * (W & 255);
         }
     }
-    float F = ((float)Q[0] + (float)Q[1]) + ((float)Q[2] + (float)Q[3]);
+    float F = ((float)hh * 65536.0f + (float)hl * 256.0f) + ((float)lh * 256.0f + (float)ll);
     float dx = a->d[(int64_t)s * nb + b];
     *acc = fmaf(F, half_at(blk) * dx, *acc);
     *mac = fmaf((float)M, half_at(blk + 2) * dx, *mac);
@@ -144,28 +185,36 @@ struct tile_config {
     uint8_t rows[16];
 };
 
-/* Tiles 0 and 1: a sub-block's hi and lo of 16 rows (32 bytes each); 2: its weights, 16 outputs
- * (eight rows of four inputs each); 3 and 4: the int32 sums of hi and of lo, 16 rows x 16 outputs. */
+/* Tiles 0 and 1: 64 inputs' hi and lo of 16 rows; 2 and 3: Wl and Wh of 16 outputs (sixteen rows
+ * of four inputs each); 4-7: the int32 sums C_hl, C_ll, C_hh, C_lh, 16 rows x 16 outputs. */
 static TILE_TARGET void tile_configure(void) {
     struct tile_config c;
     memset(&c, 0, sizeof(c));
     c.palette = 1;
-    c.rows[0] = c.rows[1] = 16, c.colsb[0] = c.colsb[1] = 32;
-    c.rows[2] = 8, c.colsb[2] = 64;
-    c.rows[3] = c.rows[4] = 16, c.colsb[3] = c.colsb[4] = 64;
+    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
     _tile_loadconfig(&c);
 }
 
 /* Byte i of each lane. */
 static INLINE TILE_TARGET __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
 
+/* Four weights of each of 16 outputs (a lane each) times their outputs' scales (sc16: the scale
+ * in both halves of the lane), split into the products' low bytes (*wl) and high bytes (*wh). */
+static INLINE TILE_TARGET void scale_split(__m512i w, __m512i sc16, __m512i *wl, __m512i *wh) {
+    const __m512i even = _mm512_set1_epi32(0x00FF00FF);
+    __m512i pe = _mm512_mullo_epi16(_mm512_and_si512(w, even), sc16);                        /* bytes 0, 2 */
+    __m512i po = _mm512_mullo_epi16(_mm512_and_si512(_mm512_srli_epi32(w, 8), even), sc16);  /* bytes 1, 3 */
+    *wl = _mm512_or_si512(_mm512_and_si512(pe, even), _mm512_slli_epi32(_mm512_and_si512(po, even), 8));
+    *wh = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(pe, 8), even), _mm512_andnot_si512(even, po));
+}
+
 /* Outputs [r0, r0 + 16) (those below r1 written) of a Q4_K part against rows [s0, s0 + g) of a. */
 static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g,
                                          int K, float *y, int64_t ldy) {
     const int nb = K / 256, gp = (g + TILE_M - 1) / TILE_M * TILE_M, count = (int)(r1 - r0);
     float acc[TILE_GROUP][16] __attribute__((aligned(64))), mac[TILE_GROUP][16] __attribute__((aligned(64)));
-    uint8_t B[8][512] __attribute__((aligned(64)));
-    int32_t H[8][16][16] __attribute__((aligned(64))), L[8][16][16] __attribute__((aligned(64)));
+    uint8_t Wl[4][1024] __attribute__((aligned(64))), Wh[4][1024] __attribute__((aligned(64)));
+    int32_t C[4][16][16] __attribute__((aligned(64)));
     int32_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (int32_t)((n < count ? n : count - 1) * p->ld);  /* past r1: the last output again */
     const __m512i vidx = _mm512_loadu_si512((const void *)off), nib = _mm512_set1_epi32(0x0F0F0F0F);
@@ -190,37 +239,50 @@ static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64
             sc[j + 4] = _mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four), _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4));
             mn[j + 4] = _mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4), _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4));
         }
-        /* the weights as the tiles take them: B[j] row k4 = inputs 4 k4 .. 4 k4 + 3 of sub-block j, per output */
-        for (int q = 0; q < 4; q++)
+        /* the weights as the tiles take them: of the 64 inputs q, row k4 holds inputs 4 k4 .. 4 k4 + 3
+         * of each output (k4 < 8: sub-block 2q, the low nibbles; else 2q + 1, the high ones) */
+        for (int q = 0; q < 4; q++) {
+            const __m512i sc_lo = _mm512_or_si512(sc[2 * q], _mm512_slli_epi32(sc[2 * q], 16));
+            const __m512i sc_hi = _mm512_or_si512(sc[2 * q + 1], _mm512_slli_epi32(sc[2 * q + 1], 16));
             for (int k4 = 0; k4 < 8; k4++) {
-                __m512i R = _mm512_i32gather_epi32(vidx, (const void *)(base + 16 + 32 * q + 4 * k4), 1);
-                _mm512_store_si512((void *)(B[2 * q] + 64 * k4), _mm512_and_si512(R, nib));
-                _mm512_store_si512((void *)(B[2 * q + 1] + 64 * k4), _mm512_and_si512(_mm512_srli_epi32(R, 4), nib));
+                __m512i R = _mm512_i32gather_epi32(vidx, (const void *)(base + 16 + 32 * q + 4 * k4), 1), l, h;
+                scale_split(_mm512_and_si512(R, nib), sc_lo, &l, &h);
+                _mm512_store_si512((void *)(Wl[q] + 64 * k4), l);
+                _mm512_store_si512((void *)(Wh[q] + 64 * k4), h);
+                scale_split(_mm512_and_si512(_mm512_srli_epi32(R, 4), nib), sc_hi, &l, &h);
+                _mm512_store_si512((void *)(Wl[q] + 64 * (k4 + 8)), l);
+                _mm512_store_si512((void *)(Wh[q] + 64 * (k4 + 8)), h);
             }
+        }
         for (int t0 = 0; t0 < gp; t0 += TILE_M) {
-            for (int j = 0; j < 8; j++) {
-                const int64_t at = tile_at(a, s0 + t0, b, 32 * j);
-                _tile_loadd(0, a->hi + at, 32);
-                _tile_loadd(1, a->lo + at, 32);
-                _tile_loadd(2, B[j], 64);
-                _tile_zero(3);
-                _tile_zero(4);
-                _tile_dpbssd(3, 0, 2);
-                _tile_dpbusd(4, 1, 2);
-                _tile_stored(3, H[j], 64);
-                _tile_stored(4, L[j], 64);
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int q = 0; q < 4; q++) {
+                const int64_t at = tile_at(a, s0 + t0, b, 64 * q);
+                _tile_loadd(0, a->hi + at, 64);
+                _tile_loadd(1, a->lo + at, 64);
+                _tile_loadd(2, Wl[q], 64);
+                _tile_loadd(3, Wh[q], 64);
+                _tile_dpbsud(4, 0, 2);
+                _tile_dpbuud(5, 1, 2);
+                _tile_dpbsud(6, 0, 3);
+                _tile_dpbuud(7, 1, 3);
             }
+            _tile_stored(4, C[0], 64);
+            _tile_stored(5, C[1], 64);
+            _tile_stored(6, C[2], 64);
+            _tile_stored(7, C[3], 64);
+            const __m512 f256 = _mm512_set1_ps(256.0f), f65536 = _mm512_set1_ps(65536.0f);
             for (int m = 0; m < TILE_M && t0 + m < g; m++) {
                 const int s = s0 + t0 + m;
-                __m512 f[4];
-                for (int q = 0; q < 4; q++) {
-                    __m512i S0 = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)H[2 * q][m]), 8),
-                                                  _mm512_load_si512((const void *)L[2 * q][m]));
-                    __m512i S1 = _mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)H[2 * q + 1][m]), 8),
-                                                  _mm512_load_si512((const void *)L[2 * q + 1][m]));
-                    f[q] = _mm512_cvtepi32_ps(_mm512_add_epi32(_mm512_mullo_epi32(S0, sc[2 * q]), _mm512_mullo_epi32(S1, sc[2 * q + 1])));
-                }
-                __m512 F = _mm512_add_ps(_mm512_add_ps(f[0], f[1]), _mm512_add_ps(f[2], f[3]));
+                __m512 hl = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)C[0][m]));
+                __m512 ll = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)C[1][m]));
+                __m512 hh = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)C[2][m]));
+                __m512 lh = _mm512_cvtepi32_ps(_mm512_load_si512((const void *)C[3][m]));
+                __m512 F = _mm512_add_ps(_mm512_add_ps(_mm512_mul_ps(hh, f65536), _mm512_mul_ps(hl, f256)),
+                                         _mm512_add_ps(_mm512_mul_ps(lh, f256), ll));
                 const int32_t *bsum = a->bsums + ((int64_t)s * nb + b) * 8;
                 __m512i M = _mm512_mullo_epi32(mn[0], _mm512_set1_epi32(bsum[0]));
                 for (int j = 1; j < 8; j++) M = _mm512_add_epi32(M, _mm512_mullo_epi32(mn[j], _mm512_set1_epi32(bsum[j])));
