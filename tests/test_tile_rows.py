@@ -1,4 +1,5 @@
-"""A prefill's Q4_K products on AMX tiles (`int8.TILES`, `csrc/tile_rows.c`). What they claim:
+"""A prefill's products of the 256-weight types on AMX tiles (`int8.TILES`, `csrc/tile_rows.c`).
+What they claim:
 
 - The tiles give the scalar reference's products bit for bit (rows past one tile and one group
   of rows, outputs past a tile's 16, one thread and two, extreme inputs); where the tiles do not
@@ -7,8 +8,8 @@
 - The products are those of the 16-bit activations times the weights, to float32 rounding (a
   negative control: the two levels' inputs are not), the same integers as `int8.WIDE`'s summed
   in another order: close to its products, not always equal.
-- In a stack only the Q4_K parts take the tiles: the other 256-weight types keep WIDE's
-  products exactly, float16 and 32-weight parts the float path's.
+- In a stack the Q4_K, Q5_K and Q6_K parts take the tiles, float16 and 32-weight parts keep the
+  float path's products exactly.
 - A model's prefill takes them (past the native layers' rows, where no step or verification
   comes) unless `TRIFORCE_TILES=0`; the disk cache's key names it; speculation still equals
   autoregressive decoding token for token.
@@ -35,6 +36,7 @@ from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
 TILES, WIDE = int8.TILES, int8.WIDE
+K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 @pytest.fixture(scope="module")
@@ -55,8 +57,9 @@ def _reference(kernels, x, m, threads=1):
         return kernels.product(x, m, TILES, threads=threads)
 
 
-def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles):
-    m, _ = _matrix(Q.Q4_K, 37, 768, seed=3)  # 37 outputs: two whole tiles and 5
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype):
+    m, _ = _matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole tiles and 5
     x = _rows(150, 768, seed=2)
     for S in (1, 5, 16, 18, 33, 150):  # 150: past one group of 128 rows
         want = _reference(tiles, x[:S], m)
@@ -64,7 +67,8 @@ def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles):
             assert torch.equal(tiles.product(x[:S], m, TILES, threads=threads), want), f"{S} rows, {threads} threads"
 
 
-def test_the_tiles_at_the_edges_of_the_inputs(tiles):
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_the_tiles_at_the_edges_of_the_inputs(tiles, qtype):
     """Halves, the clamp (q = -32767: hi -128), zeros, denormals, a NaN (its block's d NaN, so
     the row's outputs NaN as the float path's), infinity, a huge block."""
     rows = _rows(20, 512, seed=4).numpy().copy()
@@ -76,22 +80,50 @@ def test_the_tiles_at_the_edges_of_the_inputs(tiles):
     rows[5, 10] = 3.4e38
     rows[6] = -rows[6].__abs__() * 1e4  # every input negative: hi at its floor
     x = torch.from_numpy(rows)
-    m, _ = _matrix(Q.Q4_K, 20, 512, seed=5)
+    m, _ = _matrix(qtype, 20, 512, seed=5)
     got, want = tiles.product(x, m, TILES, threads=2), _reference(tiles, x, m)
     assert torch.equal(got.isnan(), want.isnan()) and bool(got[1].isnan().all())
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
 
 
-def test_rows_in_one_call_equal_one_row_calls(kernels):
-    m, _ = _matrix(Q.Q4_K, 40, 1024, seed=8)
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
+    """Every weight at its type's extreme (Q4_K 15 x 63, Q5_K 31 x 63, Q6_K (0 - 32) x -128 and
+    (63 - 32) x -128) against inputs at +-32767: the integer sums stay in range, so the products
+    are the 16-bit activations' times the weights, as for ordinary blocks, on every path."""
+    rng = np.random.default_rng(13)
+    raw = random_blocks(qtype, 32, 512, rng).reshape(32, 2, -1)
+    if qtype == Q.Q6_K:  # ql 0..127, qh 128..191, scales 192..207
+        raw[:16, :, :192], raw[16:, :, :192] = 0x00, 0xFF
+        raw[:, :, 192:208] = 0x80
+    else:  # d, dmin, 12 bytes of scales (all 63), Q5_K's fifth bits, the nibbles (all 15)
+        raw[:, :, 4:16] = 0xFF
+        raw[:, :, 16:] = 0xFF
+    t = StoredTensor(int(qtype), torch.from_numpy(raw.reshape(32, -1).copy()), (32, 512))
+    m, w = Matrix(stored=(t,)), t.dequantized()
+    x = torch.full((20, 512), 3.0)
+    x[1::2] = -3.0
+    x[2, ::3] = -3.0
+    y = kernels.product(x, m, TILES, threads=2)
+    with kernels.forced(int8.SCALAR):
+        assert torch.equal(kernels.product(x, m, TILES, threads=1), y)
+    d, q = _sixteen_bits(x.numpy())
+    want = torch.from_numpy(d.astype(np.float64) * q) @ w.double().t()
+    assert ((y.double() - want).abs() <= 1e-6 * (x.double().abs() @ w.double().abs().t())).all()
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
+    m, _ = _matrix(qtype, 40, 1024, seed=8)
     x = _rows(40, 1024, seed=9)
     together = kernels.product(x, m, TILES, threads=2)
     for i in range(40):
         assert torch.equal(together[i], kernels.product(x[i : i + 1], m, TILES, threads=1)[0]), f"row {i}"
 
 
-def test_products_are_those_of_the_16_bit_activations(kernels):
-    m, w = _matrix(Q.Q4_K, 31, 768, seed=6)
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
+    m, w = _matrix(qtype, 31, 768, seed=6)
     x = _rows(24, 768, seed=7)
     y = kernels.product(x, m, TILES, threads=2).double()
     wd = w.double()
@@ -111,7 +143,7 @@ def test_summed_in_an_order_of_their_own(tiles):
     assert not torch.equal(tiles.product(x, m, TILES, threads=2), tiles.product(x, m, WIDE, threads=2))
 
 
-def test_in_a_stack_only_the_q4_k_parts_take_them(kernels):
+def test_in_a_stack_the_256_weight_parts_take_them(kernels):
     rng = np.random.default_rng(11)
     parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
              for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q5_K, 3), (Q.Q4_1, 5))}
@@ -121,7 +153,7 @@ def test_in_a_stack_only_the_q4_k_parts_take_them(kernels):
     stack = kernels.product(x, Matrix(stored=tuple(parts.values())), TILES, threads=2)
     start = 0
     for q, p in parts.items():
-        mode = TILES if q == Q.Q4_K else WIDE if q in (Q.Q6_K, Q.Q5_K) else 0
+        mode = TILES if q in K_TYPES else 0
         want = kernels.product(x, Matrix(stored=(p,)), mode, threads=1)
         assert torch.equal(stack[:, start : start + p.shape[0]], want), q.name
         start += p.shape[0]

@@ -31,6 +31,9 @@ Q4_0 0.85x; 16-bit activations Q4_K 1.88x and 1.78x, Q5_K 2.1x and 1.5x, Q6_K 2.
 2.7x, two levels Q4_K 1.9x and 1.15x, Q6_K 2.6x and 1.5x, Q8_0 0.8x and 0.6x, Q4_1 0.85x and 0.5x
 (bench/results/int8-rows-xeon-amx-host.json).
 
+- TILES (a prefill's rows where AMX's integer tiles run): WIDE's activations and integers on
+  tiles, 3.0-3.3x WIDE's Q4_K products at 128-256 rows on a Sapphire-Rapids-class Xeon.
+
 Data and a thin wrapper only: `native_layers` loads the library; each model says which mode it
 takes (`Transformer.integer_products`, which the engine sets from `mode()`).
 """
@@ -63,10 +66,11 @@ Q8_32, Q8_K = 0, 1
 # WIDE: the 256-weight types' products over 16-bit activations (`csrc/int16_rows.c`: each row
 # quantized once to 16 bits, the weights times their scales widened to 16 bits, one vpdpwssd per
 # 32 of them), the float path for the 32-weight ones.
-# TILES: WIDE's 16-bit activations with the Q4_K parts on AMX tiles (`csrc/tile_rows.c`), in an
-# order of their own (per sub-block), so only for a prefill's rows (`tiles_for_prefill`): a step's
-# and a verification's rows keep WIDE's order, which makes them equal bit for bit. Where the tiles
-# do not run, the same order by the scalar reference (tests only; a prefill then takes WIDE).
+# TILES: WIDE's 16-bit activations with the 256-weight types' parts on AMX tiles
+# (`csrc/tile_rows.c`: the same integers, summed a super-block at a time in an order of their own),
+# so only for a prefill's rows (`Transformer._project`): a step's and a verification's rows keep
+# WIDE's order, which makes them equal bit for bit. Where the tiles do not run, the same order by
+# the scalar reference (tests only; a prefill there takes WIDE).
 ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES = 1, 2, 3, 4, 5
 LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)

@@ -261,8 +261,8 @@ class Transformer:
         Anything else (float weights, 32-weight blocks, `exact`, AVX2 alone, where the integer
         products over many rows were not measured against PyTorch's) is a float32 product.
 
-        Where AMX's integer tiles run, the 16-bit activations' Q4_K parts take them
-        (`int8.TILES`: the same integers, summed per sub-block), only in a forward of more than
+        Where AMX's integer tiles run, the 16-bit activations' K-type parts take them
+        (`int8.TILES`: the same integers, summed in another order), only in a forward of more than
         `ROWS` rows (`forward_rows`, x's own by default; the MLP's blocks of rows pass their
         forward's): no step or verification comes there, and theirs keep one order between them."""
         if self._integer(w):

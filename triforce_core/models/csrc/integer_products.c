@@ -2,7 +2,7 @@
  * activations, one level or two; int16_rows.c's 16-bit ones; tile_rows.c's for a prefill), the activation rows quantized
  * for them, and the outputs split over the threads. A mode is int8.py's: INT8_ONE_LEVEL,
  * INT8_TWO_LEVELS, INT8_FAST (two levels for the 256-weight types), INT8_WIDE (16-bit
- * activations for the 256-weight types), INT8_TILES (WIDE with the Q4_K parts on AMX tiles, for
+ * activations for the 256-weight types), INT8_TILES (WIDE with those parts on AMX tiles, for
  * a prefill's rows); in FAST, WIDE and TILES the 32-weight types keep the float
  * path, where the integer products cost more than it (`python -m bench.int8_rows`).
  *
@@ -59,7 +59,7 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
                 for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
                     int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
                     if (lo >= hi) continue;
-                    if (ta && parts[i].type == T_Q4_K)
+                    if (ta && is_k_type(parts[i].type))
                         tile_outputs(&parts[i], lo, hi, ta, s0, g, K, y + (int64_t)s0 * N + base, N, path);
                     else if (xw && is_k_type(parts[i].type))
                         int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
@@ -137,12 +137,12 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
     return failed;
 }
 
-/* wide_stacked_product for a prefill's rows: the Q4_K parts on tiles (tile_rows.c: the same
- * 16-bit activations, their own order), the other 256-weight types as there. */
+/* wide_stacked_product for a prefill's rows: the 256-weight types' parts on tiles (tile_rows.c:
+ * the same 16-bit activations, their own order), the others by the float path as there. */
 static int tiles_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
-    int q4k = 0;
-    for (int i = 0; i < nparts; i++) q4k |= parts[i].type == T_Q4_K;
-    if (!q4k || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
+    int needk = 0;
+    for (int i = 0; i < nparts; i++) needk |= is_k_type(parts[i].type);
+    if (!needk || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
     int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
     struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
