@@ -81,21 +81,49 @@ def client(cluster):
 
 
 @pytest.fixture(scope="module")
-def reference(models):
-    """The served pair loaded in this process: answers run alone."""
+def local(models):
+    """The served pair loaded in this process."""
     from triforce_core.engine import TriForceEngine
 
-    engine = TriForceEngine.from_pretrained(models["target"], models["draft"], device="cpu")
+    return TriForceEngine.from_pretrained(models["target"], models["draft"], device="cpu")
 
+
+def config(engine, max_tokens: int) -> GenerationConfig:
+    """The replicas' settings (their flags), greedy, with the model's own repetition penalty."""
+    return GenerationConfig(sampling=engine.default_sampling(),
+                            speculation=SpeculationConfig(mode="triforce", max_new_tokens=max_tokens, gamma2=4,
+                                                          small_draft=True),
+                            cache=CacheConfig(**CACHE))
+
+
+@pytest.fixture(scope="module")
+def reference(local):
+    """Answers run alone, in this process."""
     def answer(messages, max_tokens):
-        _, ids = render_prompt(engine.tokenizer, messages)
-        cfg = GenerationConfig(sampling=engine.default_sampling(),
-                               speculation=SpeculationConfig(mode="triforce", max_new_tokens=max_tokens, gamma2=4,
-                                                             small_draft=True),
-                               cache=CacheConfig(**CACHE))
-        return engine.run(ids, cfg).text
+        _, ids = render_prompt(local.tokenizer, messages)
+        return local.run(ids, config(local, max_tokens)).text
 
     return answer
+
+
+@pytest.fixture(scope="module")
+def served(models, tmp_path_factory):
+    """What `serve` serves with the replicas' flags (`build_api`, `create_app`: the same code, run
+    in this process without uvicorn), as an HTTP client of it."""
+    from starlette.testclient import TestClient
+
+    from triforce_core.cli.main import build_parser
+    from triforce_core.cli.serve import access_policy, build_api
+    from triforce_core.serving.openai import create_app
+
+    args = build_parser().parse_args(["serve", "--target", models["target"], "--draft", models["draft"],
+                                      "--kv-cache-dir", str(tmp_path_factory.mktemp("serve-kv")), *FLAGS])
+    api = build_api(args)
+    try:
+        with TestClient(create_app(api, access_policy(args)), base_url="http://127.0.0.1:8000") as client:
+            yield client
+    finally:
+        api.worker.close()
 
 
 def document(seed: int, n: int = 300) -> str:
@@ -231,15 +259,16 @@ def test_a_request_whose_replica_dies_is_answered_by_another_from_the_shared_cac
 
 
 def test_a_stream_cut_by_its_replicas_death_ends_with_an_error_chunk(cluster, client):
-    """A replica killed mid-stream: the stream ends, with an error in the protocol's shape, and
-    the cluster answers the next request."""
+    """A replica killed mid-stream: the stream ends, with an error in the protocol's shape (the
+    chunks before it carrying the events asked for), and the cluster answers the next request."""
     body = {"model": MODEL, "messages": ask(document(600, 40), words(4, 601)), "temperature": 0,
-            "max_tokens": WINDOW - 200, "ignore_eos": True, "stream": True}
-    contents, tail = 0, []
+            "max_tokens": WINDOW - 200, "ignore_eos": True, "stream": True, "triforce": {"events": True}}
+    contents, head, tail = 0, [], []
     with httpx.stream("POST", cluster["base"] + "/v1/chat/completions", json=body, timeout=300) as r:
         assert r.status_code == 200
         lines = r.iter_lines()
         for line in lines:
+            head.append(line)
             if line.startswith("data: ") and '"content": "' in line and '"content": ""' not in line:
                 contents += 1
                 if contents == 2:
@@ -250,6 +279,8 @@ def test_a_stream_cut_by_its_replicas_death_ends_with_an_error_chunk(cluster, cl
     assert tail and "[DONE]" not in tail[-1], tail[-3:]  # it ended before its 3,896 tokens
     error = json.loads(tail[-1][len("data: "):])["error"]
     assert error["code"] == "replica_unavailable" and error["type"] == "server_error"
+    chunks = streamed(head + tail[:-1])[1:]  # after the first (its role)
+    assert chunks and all(c["triforce"]["events"] for c in chunks)
     r = post(cluster, ask(document(602, 40), words(4, 603)))
     assert r.status_code == 200
     wait_for(lambda: replaced(cluster["serve"], holder), "Serve replacing the killed replica")
@@ -284,3 +315,89 @@ def test_metrics_count_the_answers_relayed(cluster, client):
             assert rise(f"triforce:spec_decode_num_{field}_total", level=level) == sum(
                 s["spec_decode"].get(level, {}).get(field, 0) for _, s in answers)
     assert rise("triforce:time_to_first_token_seconds_count") == len(answers)
+
+
+# -- the page's extensions (python app.py --engine URL) -------------------------------------------
+
+TIMES = ("decode_tokens_per_s", "decode_s", "prefill_s", "time_to_first_token_s")
+STATS_TIMES = ("prefill_s", "decode_s", "tokens_per_s", "level_seconds")
+
+
+def streamed(lines) -> list[dict]:
+    """A stream's chunks, `[DONE]` as the string."""
+    return [line[6:] if line == "data: [DONE]" else json.loads(line[6:]) for line in lines if line.startswith("data: ")]
+
+
+def without_clocks(chunk):
+    """A chunk with what differs between two runs of one answer blanked: its id and time of
+    creation, and the clock readings of its statistics and events."""
+    if not isinstance(chunk, dict):
+        return chunk
+    chunk = {**chunk, "id": None, "created": None}
+    ext = chunk.get("triforce")
+    if ext is not None:
+        ext = {**ext, **{k: None for k in TIMES if k in ext}}
+        if "events" in ext:
+            events = []
+            for e in ext["events"]:
+                if e["type"] == "Prefilled":
+                    e = {**e, "seconds": None}
+                elif e["type"] == "Finished":
+                    e = {**e, "stats": {**e["stats"], **{k: None for k in STATS_TIMES}}}
+                events.append(e)
+            ext["events"] = events
+        chunk["triforce"] = ext
+    return chunk
+
+
+def test_the_tokenizer_route_answers_through_the_cluster_as_serve(cluster, served):
+    theirs = served.get(f"/v1/tokenizer/{MODEL}")
+    r = httpx.get(f"{cluster['base']}/v1/tokenizer/{MODEL}", timeout=120)
+    assert r.status_code == theirs.status_code == 200, r.text
+    assert r.json() == theirs.json() and r.json()["chat_template"] == CHAT_TEMPLATE
+    r = httpx.get(f"{cluster['base']}/v1/tokenizer/no-such-model", timeout=60)
+    assert r.status_code == 404 and r.json() == served.get("/v1/tokenizer/no-such-model").json()
+    r = httpx.get(f"{cluster['base']}/v1/tokenizer/{MODEL}", headers={"Host": "evil.example"}, timeout=60)
+    assert r.status_code == 403  # behind the guard, as every route
+
+
+def test_a_stream_with_events_through_the_cluster_is_serves_chunk_for_chunk(cluster, served):
+    """Every chunk the cluster relays, its `triforce.events` and the final chunk's statistics
+    included, is the one `serve` sends for the same greedy request (but ids and clock readings)."""
+    body = {"model": MODEL, "messages": ask(document(800, 150), words(5, 801)), "temperature": 0, "max_tokens": 24,
+            "stream": True, "stream_options": {"include_usage": True}, "triforce": {"events": True}}
+    with httpx.stream("POST", cluster["base"] + "/v1/chat/completions", json=body, timeout=300) as r:
+        assert r.status_code == 200
+        ours = streamed(r.iter_lines())
+    with served.stream("POST", "/v1/chat/completions", json=body) as r:
+        assert r.status_code == 200
+        theirs = streamed(r.iter_lines())
+    assert ours[-1] == "[DONE]" and ours[-2]["usage"]["completion_tokens"] > 0
+    final = [c for c in ours[:-1] if c["choices"] and c["choices"][0]["finish_reason"]]
+    assert len(final) == 1 and final[0]["triforce"]["events"][-1]["type"] == "Finished"
+    assert {e["type"] for c in ours[:-1] for e in c.get("triforce", {}).get("events", [])} >= {
+        "PrefillProgress", "Prefilled", "ChunksSelected", "Drafted", "Verified", "Committed", "Finished"}
+    assert [without_clocks(c) for c in ours] == [without_clocks(c) for c in theirs]
+
+
+def test_the_app_engine_against_the_cluster_answers_as_this_process(cluster, local):
+    """`python app.py --engine URL` pointed at the cluster: a `RemoteEngine` connects (model card
+    and tokenizer through the ingress), and a greedy conversation's answers are the ones in this
+    process, token for token and level for level."""
+    from triforce_core.serving.remote import RemoteChatSession, RemoteEngine
+    from triforce_core.serving.session import ChatSession
+
+    remote = RemoteEngine.connect(cluster["base"])
+    try:
+        assert remote.model_id == MODEL and remote.context_window == local.context_window
+        doc = document(810, 150)
+        here, there = ChatSession(local, doc), RemoteChatSession(remote, doc)
+        here.document_end = lambda prompt: None  # a server prefills the prompt whole (test_remote_engine)
+        for question in (words(6, 811), words(5, 812)):  # the follow-up resends the conversation
+            for session in (here, there):
+                list(session.ask(question, config(session.engine, 20)))
+            t, u = here.turns[-1], there.turns[-1]
+            assert t.token_ids and (t.token_ids, t.levels, t.answer) == (u.token_ids, u.levels, u.answer)
+        assert there.turns[-1].stats.reused_tokens > 0  # the follow-up found its conversation's cache
+    finally:
+        remote.close()

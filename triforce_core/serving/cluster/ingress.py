@@ -15,7 +15,11 @@ Behind the `Guard` (the same checks as `serve`), a chat-completions request is
    (and to the next one on the ring when that one is saturated or gone), so a follow-up
    question lands where its conversation's cache is;
 4. answered as the replica answers it: a completion, or its server-sent events relayed piece
-   by piece, with the header `x-triforce-replica` naming the replica.
+   by piece, each the replica's text unchanged (the `triforce` extension, and its `events` where
+   a request asks for them, included), with the header `x-triforce-replica` naming the replica.
+
+`GET /v1/models`, `/v1/models/{id}` and `/v1/tokenizer/{model}` are any replica's answer
+(every replica serves the same models).
 
 Faults: a replica that dies before it answered (nothing sent yet, streamed or not) costs one
 retry, which the router sends to another replica (the answer is the same: decoding is exact);
@@ -178,6 +182,12 @@ class Relay:
         status, out = await self.engine.model_card.remote(model_id)
         return JSONResponse(out, status_code=status)
 
+    async def tokenizer(self, model_id: str) -> Response:
+        """A model's tokenizer (`GET /v1/tokenizer/{model}`), as any replica sends it: the same
+        everywhere. Not kept here: a client asks once per connection."""
+        status, out = await self.engine.tokenizer_json.remote(model_id)
+        return JSONResponse(out, status_code=status)
+
     async def health(self) -> dict:
         """One replica's health (the one this call reached), and this ingress's requests."""
         replica = await self.engine.health.remote()
@@ -211,6 +221,10 @@ def ingress_deployment(access):
         @app.get("/v1/models/{model_id:path}")
         async def get_model(self, model_id: str):
             return await self.model(model_id)
+
+        @app.get("/v1/tokenizer/{model_id:path}")
+        async def get_tokenizer(self, model_id: str):
+            return await self.tokenizer(model_id)
 
         @app.post("/v1/chat/completions")
         async def post_chat_completions(self, request: Request):

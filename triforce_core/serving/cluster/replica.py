@@ -95,6 +95,13 @@ class EngineReplica:
         except ApiError as e:
             return e.status, e.body()
 
+    async def tokenizer_json(self, model_id: str) -> tuple[int, dict]:
+        """(200, `GET /v1/tokenizer/{model_id}`'s body), or (status, error body)."""
+        try:
+            return 200, await self.api.tokenizer_json(model_id)
+        except ApiError as e:
+            return e.status, e.body()
+
     async def health(self) -> dict:
         return {**await self.api.health(), "replica": self.id, "node": self.node, "threads": self.threads}
 

@@ -114,14 +114,9 @@ class ChatCompletionsAPI:
 
     async def tokenizer_route(self, model_id: str):
         try:
-            engine, _, _ = await run_in_threadpool(self._served, model_id)  # may load it
+            return await self.tokenizer_json(model_id)
         except ApiError as e:
             return e.response()
-        try:
-            return await run_in_threadpool(self.worker.call, lambda: tokenizer_payload(engine))
-        except ValueError as e:  # a tokenizer with no serialized form
-            return ApiError(404, f"the model {model_id!r} has a tokenizer this server cannot send: {one_line(e)}",
-                            param="model", code="tokenizer_unavailable").response()
 
     async def health(self):
         return {"status": "ok", "model": self.model_name, "jobs": self.worker.jobs(),
@@ -185,6 +180,16 @@ class ChatCompletionsAPI:
         """The tokenizer of a served model, loaded if need be (ApiError as for a request naming it)."""
         engine, _, _ = await run_in_threadpool(self._served, model_id)
         return engine.tokenizer
+
+    async def tokenizer_json(self, model_id: str) -> dict:
+        """`GET /v1/tokenizer/{model_id}`'s body (`tokenizer_payload`), the model loaded if need
+        be; ApiError as for a request naming it, or a 404 for a tokenizer with no serialized form."""
+        engine, _, _ = await run_in_threadpool(self._served, model_id)  # may load it
+        try:  # on the worker, which owns the tokenizer as it owns the caches
+            return await run_in_threadpool(self.worker.call, lambda: tokenizer_payload(engine))
+        except ValueError as e:
+            raise ApiError(404, f"the model {model_id!r} has a tokenizer this server cannot send: {one_line(e)}",
+                           param="model", code="tokenizer_unavailable") from None
 
     # -- helpers -----------------------------------------------------------------------------
     def _ended(self, call: Completion, ok: bool, received: float) -> None:
