@@ -20,8 +20,10 @@ killed: answers, cache reuse, hangs, errors, memory and `/metrics`.
    against the sum of the answers' own statistics.
 
 `--sweep 1,2,4,8`: instead, one replica of one core under each number of clients in turn
-(`--minutes` each, no kill): answers and generated tokens per second and the answers' latency,
-the measurement behind autoscaling's target of requests in flight per replica.
+(`--minutes` each, no kill, every document read once before): answers and generated tokens per
+second, counted over the answers that ended within the minutes, and their latency (median and
+95th percentile), the measurement behind autoscaling's target of requests in flight per replica
+(`ClusterSpec.target_ongoing_requests`).
 
 A measurement, not a test: nothing here asserts a speed; `tests/test_cluster.py` is the test.
 """
@@ -107,6 +109,7 @@ def request(base: str, model: str, messages: list[dict], max_tokens: int, stream
     except httpx.HTTPError as e:
         out.update(outcome="http error", error=f"{type(e).__name__}: {e}")
     out["seconds"] = round(time.perf_counter() - t0, 2)
+    out["ended"] = time.monotonic()  # for a sweep's window
     return out
 
 
@@ -273,14 +276,16 @@ def sweep(docs: list[str], args, port: int, folder: Path, model_flags: list[str]
             for clients in [int(c) for c in args.sweep.split(",")]:
                 run = load(base, model, docs, argparse.Namespace(**{**vars(args), "clients": clients, "no_kill": True}),
                            log, keep=True)
-                answered = [r for r in run.pop("answered") if r["usage"]]
+                # Counted: the answers that ended inside the window, while all the clients were
+                # asking (a conversation begun before its end runs on after it, with fewer clients).
+                window = 60 * args.minutes
+                answered = [r for r in run.pop("answered") if r["usage"] and r["ended"] <= run["stop_at"]]
                 seconds = sorted(r["seconds"] for r in answered)
                 rows.append({"clients": clients, "answers": len(answered),
-                             "answers_per_s": round(len(answered) / (60 * args.minutes), 3),
-                             "tokens_per_s": round(sum(r["usage"]["completion_tokens"] for r in answered)
-                                                   / (60 * args.minutes), 2),
+                             "answers_per_s": round(len(answered) / window, 3),
+                             "tokens_per_s": round(sum(r["usage"]["completion_tokens"] for r in answered) / window, 2),
                              "latency_median_s": seconds[len(seconds) // 2] if seconds else None,
-                             "latency_p90_s": seconds[int(0.9 * (len(seconds) - 1))] if seconds else None,
+                             "latency_p95_s": seconds[int(0.95 * (len(seconds) - 1))] if seconds else None,
                              "outcomes": run["outcomes"]})
                 log(f"sweep: {rows[-1]}")
     finally:
@@ -334,7 +339,7 @@ def load(base: str, model: str, docs: list[str], args, log, keep: bool = False) 
     sums = metric_sums(answered)
     log(f"load: {outcomes}")
     return {
-        **({"answered": answered} if keep else {}),
+        **({"answered": answered, "stop_at": stop_at} if keep else {}),
         "clients": args.clients, "minutes": args.minutes, "killed": killed, "requests": len(results),
         "outcomes": outcomes,
         "errors": sorted({r.get("error", "")[:160] for r in results if r["outcome"] != "answered"}),

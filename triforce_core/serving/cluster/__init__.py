@@ -34,6 +34,13 @@ APP_NAME = "triforce"
 # engine's worker interleaves them round by round, so a replica takes many; a low limit would
 # send a busy document's requests away from its cache.
 MAX_ONGOING_REQUESTS = 32
+# Autoscaling's aim, in requests in flight per replica: the smallest number of clients whose
+# answers per second on one replica come within 5% of the best number measured (beyond it more
+# requests only queue: each waits longer, no more are answered), so a replica is added when its
+# requests would only wait. `python -m bench.cluster_load --sweep 1,2,4,8,16` (docs/cluster.md),
+# the demo pair on one replica of one core: 4 clients the best (12.7 answers/s), 2 clients 7% fewer
+# (11.9), 8 and 16 fewer again (10.5, 9.9) at 2.4x and 4.7x the median latency.
+TARGET_ONGOING_REQUESTS = 4.0
 # Environment the replicas need from the command's: offline hub, cache folders, engine switches
 # (not the API key: the ingress holds it, the replicas take no requests but the ingress's).
 PASSED_ENV_PREFIXES = ("TRIFORCE_", "HF_", "TRANSFORMERS_", "XDG_CACHE_HOME")
@@ -63,7 +70,7 @@ class ClusterSpec:
     replicas: int | None = 1  # None: autoscaled between min_replicas and max_replicas
     min_replicas: int | None = None
     max_replicas: int | None = None
-    target_ongoing_requests: float = 4.0  # autoscaling: requests per replica it aims at
+    target_ongoing_requests: float = TARGET_ONGOING_REQUESTS  # autoscaling: requests per replica it aims at
     cpus_per_replica: float = 1.0
     block_tokens: int = 1024  # the prefill chunk: what the route key hashes at most
     env: dict[str, str] = field(default_factory=dict)  # passed to every replica
