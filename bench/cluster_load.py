@@ -249,8 +249,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def finish(report: dict, args, argv) -> int:
+    cpus = 1 if args.sweep else args.cpus  # a sweep's cluster is its one replica's core
     report["machine"] = (f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
-                         f"Ray cluster of {args.cpus} CPUs")
+                         f"Ray cluster of {cpus} CPU{'s' if cpus > 1 else ''}")
     report["command"] = "python -m bench.cluster_load " + " ".join(argv if argv is not None else sys.argv[1:])
     print(json.dumps(report, indent=1))
     if args.json:
