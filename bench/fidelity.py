@@ -27,6 +27,14 @@ verifications take, not the long-prefill path. The configurations:
     int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
                        path for the others (`int8.WIDE`); K/V float16
 
+and two that read the sequence as a prefill does, in chunks of `--prefill-chunk` tokens (1,024,
+the engine's `prefill_chunk`) through the many-row path (PyTorch's attention, `Transformer._project`),
+where no step's arithmetic is kept and so no rows-vs-steps check applies:
+
+    int16-prefill/kv-float16   the 256-weight types' products as int16/kv-float16's (TRIFORCE_TILES=0)
+    tiles-prefill/kv-float16   the same integers on AMX's tiles where they run (`int8.TILES`, their
+                               own order of the float sums); equal to the one above where they do not
+
 Per position, against HF: whether our top-1 token equals HF's; KL(HF || ours) of the two
 softmaxes (taken in float64); the largest |logit difference|; and the negative log-likelihood
 of the document's next token (HF's and ours, the perplexity view). A position is a near-tie where
@@ -72,7 +80,7 @@ from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models import int8, native_layers
+from triforce_core.models import int8, native_layers, switches
 from triforce_core.models.attention import NATIVE_QUERY_ROWS
 from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 from triforce_core.prompting import render_prompt
@@ -86,7 +94,11 @@ CONFIGS = {
     "int8x2/kv-float16": (int8.TWO_LEVELS, torch.float16),
     "fast/kv-float16": (int8.FAST, torch.float16),
     "int16/kv-float16": (int8.WIDE, torch.float16),
+    "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
+    "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
 }
+# The configurations read in a prefill's chunks, and the TRIFORCE_TILES each sets.
+PREFILL = {"int16-prefill/kv-float16": "0", "tiles-prefill/kv-float16": "1"}
 
 
 # The figures each depth bin of the report keeps.
@@ -136,9 +148,10 @@ def _forward(model, ids: list[int], start: int, cache: FullCache) -> torch.Tenso
     return model.forward(torch.tensor(ids), cache.positions(start, len(ids)), cache, logits_rows=slice(None)).logits
 
 
-def teacher_forced(model, ids: list[int], kv_dtype: torch.dtype, chunk: int, check_at: int):
+def teacher_forced(model, ids: list[int], kv_dtype: torch.dtype, chunk: int, check_at: int | None):
     """Yield (start, logits [rows, V]) over `ids` in chunks of `chunk` tokens on a fresh FullCache;
-    the chunk starting at `check_at` is first run as one-token steps, and must equal them bit for bit."""
+    the chunk starting at `check_at` (None: none) is first run as one-token steps, and must equal
+    them bit for bit."""
     s = model.spec
     cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids), kv_dtype, model.device)
     for start in range(0, len(ids), chunk):
@@ -240,7 +253,10 @@ def main(argv: list[str] | None = None) -> int:
                    help=f"tokens per forward of ours, at most native_layers.ROWS = {native_layers.ROWS} (default: 16, "
                         f"or fewer where the model has more than {NATIVE_QUERY_ROWS // 16} query heads per KV head: "
                         "see `default_chunk`)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)} (default all)")
+    p.add_argument("--prefill-chunk", type=int, default=1024,
+                   help=f"tokens per forward of the prefill configurations (more than {native_layers.ROWS}; default 1024)")
+    p.add_argument("--configs", default=",".join(c for c in CONFIGS if c not in PREFILL),
+                   help=f"comma-separated, of {', '.join(CONFIGS)} (default all but the prefill ones)")
     p.add_argument("--tie-gap", type=float, default=1e-3, help="HF top-2 logit gap below which a position is a near-tie")
     p.add_argument("--depth-bin", type=int, default=1024, help="positions per depth bin in the report (default 1024)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -251,6 +267,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     if a.chunk is not None and not 1 <= a.chunk <= native_layers.ROWS:
         print(f"error: --chunk must be 1..{native_layers.ROWS} (a few-row forward)", file=sys.stderr)
+        return 2
+    if a.prefill_chunk <= native_layers.ROWS:
+        print(f"error: --prefill-chunk must be more than {native_layers.ROWS} (a prefill's many-row forward)", file=sys.stderr)
         return 2
     if a.tokens < 2 or a.depth_bin < 1:
         print("error: --tokens must be at least 2 and --depth-bin at least 1", file=sys.stderr)
@@ -313,10 +332,13 @@ def main(argv: list[str] | None = None) -> int:
         first_chunk = None
         t0 = time.perf_counter()
         model.integer_products = on  # the model's own switch (`Transformer.integer_products`)
-        for start, logits in teacher_forced(model, ids, kv_dtype, chunk, check_at):
-            tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
-            if first_chunk is None:
-                first_chunk = logits.clone()
+        prefill = name in PREFILL
+        with switches.switched(int8.TILES_ENV, PREFILL.get(name, "1")):
+            for start, logits in teacher_forced(model, ids, kv_dtype, a.prefill_chunk if prefill else chunk,
+                                                None if prefill else check_at):
+                tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
+                if first_chunk is None:
+                    first_chunk = logits.clone()
         seconds = time.perf_counter() - t0
         logits_of[name] = first_chunk
         argmaxes[name] = tally.top1
@@ -327,7 +349,11 @@ def main(argv: list[str] | None = None) -> int:
             r["by_depth"].append({"from": lo, "to": hi, **{k: f[k] for k in BY_DEPTH}})
         r["integer_products"] = int8.LEVEL_NAMES[on]
         r["kv_dtype"] = str(kv_dtype).removeprefix("torch.")
-        r["rows_equal_steps"] = {"chunk_from": check_at, "rows": len(ids[check_at:check_at + chunk]), "bit_equal": True}
+        if prefill:
+            r["prefill_chunk"] = a.prefill_chunk
+            r["tiles"] = PREFILL[name] == "1" and kernel.int8.tiles()
+        else:
+            r["rows_equal_steps"] = {"chunk_from": check_at, "rows": len(ids[check_at:check_at + chunk]), "bit_equal": True}
         r["seconds"] = seconds
         results[name] = r
         say(f"{name:18s} top-1 {100 * r['top1_agreement']:.2f}% "
@@ -337,13 +363,21 @@ def main(argv: list[str] | None = None) -> int:
     # The integer path must change the numbers; the float configurations give the reference for it.
     for name in names:
         on, kv_dtype = CONFIGS[name]
-        twin = next((m for m in names if CONFIGS[m] == (0, kv_dtype)), None)
+        twin = next((m for m in names if CONFIGS[m] == (0, kv_dtype) and m not in PREFILL), None)
         if on and twin is not None:
             differs = not torch.equal(logits_of[name], logits_of[twin])
             results[name]["logits_differ_from_float_path"] = differs
             results[name]["top1_agreement_with_float_path"] = float((argmaxes[name] == argmaxes[twin]).double().mean())
             if not differs:
                 say(f"WARNING: {name}'s logits equal {twin}'s: the integer path did not run")
+
+    # The tiles' prefill against the same integers summed in WIDE's order: how far the order moves it.
+    if set(PREFILL) <= set(names):
+        a_, b_ = "tiles-prefill/kv-float16", "int16-prefill/kv-float16"
+        results[a_]["against_int16_prefill"] = {
+            "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
+            "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
+            "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
 
     report = {
         "target": a.target if a.target == "smollm2" else path.name,  # its name: no folder of the machine it ran on
