@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 import time
 
@@ -22,6 +23,7 @@ from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturb
                       scrape_metrics, words)
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
+from test_remote_engine import in_browser, wait_status  # the page in headless Chromium (skips without it)
 
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install '.[cluster]'): serve --ray's "
                           "tests need a real local cluster")
@@ -401,3 +403,63 @@ def test_the_app_engine_against_the_cluster_answers_as_this_process(cluster, loc
         assert there.turns[-1].stats.reused_tokens > 0  # the follow-up found its conversation's cache
     finally:
         remote.close()
+
+
+# -- the page against the cluster, in a real browser ----------------------------------------------
+
+def test_the_page_against_the_cluster_colours_tokens_by_level_and_inspects_one(cluster, local, tmp_path):
+    """`python app.py --engine URL` on the cluster's ingress, in headless Chromium: a question
+    asked with the teaching view on is answered with each token coloured by the level that
+    proposed it, as the same conversation in this process, and a click on a checked token opens
+    the inspector on it with its verifications' q(x) and p(x), those of this process."""
+    from triforce_core.serving.session import ChatSession
+    from ui.render import LEVEL_STYLE
+    from ui.trace import AnswerTrace
+
+    # a conversation whose answer has tokens of three levels (most of this tiny random pair's are the target's own)
+    doc, question = document(825, 200), words(6, 826)
+    here = ChatSession(local, doc)
+    here.document_end = lambda prompt: None  # a server prefills the prompt whole (test_remote_engine)
+    trace = AnswerTrace(local.detokenize)
+    for event in here.ask(question, config(local, 24), inspect=True):
+        trace.push(event)
+    tokens = [s for s in trace.segments if s.kind == "token"]
+    checked = [i for i, s in enumerate(tokens) if s.checks and s.drawn_from is None]  # proposals a verifier kept
+    assert len({s.level for s in tokens}) >= 2 and checked, [(s.level, len(s.checks)) for s in tokens]
+    k = checked[0]
+    path = tmp_path / "words.txt"
+    path.write_text(doc, encoding="utf-8")
+
+    def answered(page) -> None:
+        assert "served by " in page.inner_text("#tf-model-info") and MODEL in page.inner_text("#tf-model-info")
+        page.check("#tf-teaching input[type=checkbox]")  # the inspector's p and q are recorded
+        page.set_input_files("#tf-upload input[type=file]", str(path))
+        page.wait_for_selector("#tf-docinfo:has-text('words.txt')")
+        page.fill("#tf-message textarea", question)
+        page.click("#tf-send")
+        done = wait_status(page, "tok/s", "rror")
+        assert "triforce" in done and "tok/s" in done, done
+        shown = page.locator(".tf-assistant").last.locator(".tf-tok")
+        classes = shown.evaluate_all("els => els.map(e => e.className)")
+        assert classes == [f"tf-tok tf-{s.level}" for s in tokens]  # each token coloured by its level
+        shown.nth(k).click()
+        page.wait_for_function("document.querySelector('#tf-inspector').innerText.includes('p(x) = ')")
+        text = page.inner_text("#tf-inspector")
+        assert f"proposed by the {LEVEL_STYLE[tokens[k].level][0]} · round {tokens[k].round}" in text, text
+        checks = tokens[k].checks
+        labels = "|".join(label for label, _ in LEVEL_STYLE.values())
+        assert re.findall(rf"({labels}) checked it: (accepted|rejected)", text) == [
+            (LEVEL_STYLE[c.verifier][0], "accepted" if c.accepted else "rejected") for c in checks], text
+        for name, values in (("q", [c.q for c in checks]), ("p", [c.p for c in checks])):
+            # four decimals on the page, two processes' float32 roundings apart
+            assert [float(x) for x in re.findall(rf"{name}\(x\) = (\d+\.\d+)", text)] == pytest.approx(
+                values, abs=2e-4), text
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/"
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
+    cmd = [sys.executable, "app.py", "--engine", cluster["base"], "--port", str(port), "--mode", "triforce",
+           "--max-new-tokens", "24"]
+    with running_server(cmd, tmp_path / "app.log", lambda: httpx.get(url, timeout=2).status_code == 200, env,
+                        "the app"):
+        in_browser(url, answered)
