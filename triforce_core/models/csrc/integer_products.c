@@ -45,7 +45,7 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
          * rows at once, as before): a group's activations stay in the second level of cache
          * while the weights stream past them, where all of a prefill's rows for every job
          * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
-        int group = ta ? TILE_GROUP : xw ? I16_ROWS : S;
+        int group = ta ? tile_group(K) : xw ? I16_ROWS : S;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
             /* guided: a thread that finishes early takes jobs from the other's share (one step

@@ -43,7 +43,15 @@
 #endif
 
 #define TILE_M 16      /* rows of a tile product */
-#define TILE_GROUP 128 /* rows sharing one super-block's weights in tiles (a multiple of TILE_M) */
+#define TILE_GROUP 256 /* the most rows sharing one super-block's weights in tiles (a multiple of TILE_M) */
+
+/* Rows a group takes for K inputs: the most (a multiple of TILE_M, at most TILE_GROUP) whose
+ * activations (two bytes an input) fit 1 MB, so they stay in the second-level cache while every
+ * output's weights stream past them; each output's weights are gathered and split once a group. */
+static inline int tile_group(int K) {
+    int rows = (1 << 20) / (2 * K) / TILE_M * TILE_M;
+    return rows < TILE_M ? TILE_M : rows > TILE_GROUP ? TILE_GROUP : rows;
+}
 
 /* A prefill's rows as the tiles take them: S_pad = S rounded up to TILE_M rows (the rest zero). */
 struct tile_acts {
