@@ -8,6 +8,7 @@ import random
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -245,6 +246,27 @@ def running_server(cmd: list[str], log, probe, env: dict, what: str = "the serve
             proc.wait(timeout=20)
         except subprocess.TimeoutExpired:
             proc.kill()
+
+
+@contextlib.contextmanager
+def served_pair(models: dict, folder, key: str, args: list[str], env: dict | None = None):
+    """`python -m triforce_core serve` of models["target"] and ["draft"] on a free port with API
+    key `key` and `args`, in an empty home (no LM Studio, Ollama or Hugging Face models of this
+    machine's), offline; `env` adds to its environment. Yields {"base", "proc", "log"} once
+    /v1/health answers; stops it however the block ends."""
+    import httpx
+
+    port = free_port()
+    log = Path(folder) / "serve.log"
+    run_env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
+    run_env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=key, HOME=str(models["home"]), **(env or {}))
+    cmd = [sys.executable, "-m", "triforce_core", "serve", "--target", models["target"], "--draft", models["draft"],
+           "--device", "cpu", "--port", str(port), *args]
+    base = f"http://127.0.0.1:{port}"
+    auth = {"Authorization": f"Bearer {key}"}
+    probe = lambda: httpx.get(f"{base}/v1/health", headers=auth, timeout=2).status_code == 200  # noqa: E731
+    with running_server(cmd, log, probe, run_env) as proc:
+        yield {"base": base, "proc": proc, "log": log}
 
 
 def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 180) -> None:

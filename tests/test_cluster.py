@@ -23,7 +23,7 @@ from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturb
                       scrape_metrics, words)
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
-from test_remote_engine import in_browser, wait_status  # the page in headless Chromium (skips without it)
+from test_remote_engine import ask_on_page, in_browser  # the page in headless Chromium (skips without it)
 
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install '.[cluster]'): serve --ray's "
                           "tests need a real local cluster")
@@ -433,12 +433,7 @@ def test_the_page_against_the_cluster_colours_tokens_by_level_and_inspects_one(c
     def answered(page) -> None:
         assert "served by " in page.inner_text("#tf-model-info") and MODEL in page.inner_text("#tf-model-info")
         page.check("#tf-teaching input[type=checkbox]")  # the inspector's p and q are recorded
-        page.set_input_files("#tf-upload input[type=file]", str(path))
-        page.wait_for_selector("#tf-docinfo:has-text('words.txt')")
-        page.fill("#tf-message textarea", question)
-        page.click("#tf-send")
-        done = wait_status(page, "tok/s", "rror")
-        assert "triforce" in done and "tok/s" in done, done
+        ask_on_page(page, path, question)
         shown = page.locator(".tf-assistant").last.locator(".tf-tok")
         classes = shown.evaluate_all("els => els.map(e => e.className)")
         assert classes == [f"tf-tok tf-{s.level}" for s in tokens]  # each token coloured by its level

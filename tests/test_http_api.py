@@ -9,15 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
-import sys
 import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, at_once, free_port, make_hf, make_tokenizer, perturbed, running_server,
+from conftest import (CHAT_TEMPLATE, at_once, make_hf, make_tokenizer, perturbed, served_pair,
                       save_checkpoint, scrape_metrics, words)
 from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
@@ -53,18 +51,9 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    # An empty home: the server finds no LM Studio, Ollama or Hugging Face models of this machine's.
-    env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=KEY, HOME=str(models["home"]))
-    cmd = [sys.executable, "-m", "triforce_core", "serve", "--target", models["target"], "--draft", models["draft"],
-           "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS,
-           "--models-dir", str(models["shelf"])]
-    base = f"http://127.0.0.1:{port}"
-    probe = lambda: httpx.get(f"{base}/v1/health", headers=AUTH, timeout=2).status_code == 200  # noqa: E731
-    with running_server(cmd, log, probe, env) as proc:
-        yield {"base": base, "proc": proc, "log": log}
+    with served_pair(models, tmp_path_factory.mktemp("serve"), KEY,
+                     ["--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS, "--models-dir", str(models["shelf"])]) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")

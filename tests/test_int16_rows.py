@@ -142,12 +142,16 @@ def test_16_bits_are_closer_to_the_float_path_than_two_levels_of_8(kernels, qtyp
     assert 0 < err[WIDE] < err[int8.TWO_LEVELS] * 1.5 and err[WIDE] < err[int8.ONE_LEVEL] / 100, err
 
 
-def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
-    rng = np.random.default_rng(11)
-    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
+def mixed_stack(rng, K: int) -> dict:
+    """One matrix's parts of every kind, by type: the three K types, two 32-weight ones, float16."""
+    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, K, rng)), (rows, K))
              for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5), (Q.Q5_K, 3))}
-    f16 = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)), (6, 512))
-    parts[Q.F16] = f16
+    parts[Q.F16] = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, K)).astype(np.float16).view(np.uint8)), (6, K))
+    return parts
+
+
+def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
+    parts = mixed_stack(np.random.default_rng(11), 512)
     x = _rows(9, 512, seed=12)
     stack = kernels.product(x, Matrix(stored=tuple(parts.values())), WIDE, threads=2)
     start = 0

@@ -259,12 +259,16 @@ CACHE = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, dr
 NEW = 24
 
 
+def gguf_pair(folder, types: dict, seed: int = 0) -> TriForceEngine:
+    """A tiny Llama target and its one-layer draft written as GGUF files of `types`, loaded."""
+    target = write_gguf(make_hf("llama_mha", seed=seed, **LLAMA), folder / "target.gguf", types)
+    draft = write_gguf(make_hf("llama_mha", seed=5, **{**LLAMA, "num_hidden_layers": 1}), folder / "draft.gguf", types)
+    return TriForceEngine.from_pretrained(str(target), draft=str(draft), device="cpu")
+
+
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("int8")
-    target = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), folder / "target.gguf", K_MIX)
-    draft = write_gguf(make_hf("llama_mha", seed=5, **{**LLAMA, "num_hidden_layers": 1}), folder / "draft.gguf", K_MIX)
-    return TriForceEngine.from_pretrained(str(target), draft=str(draft), device="cpu")
+    return gguf_pair(tmp_path_factory.mktemp("int8"), K_MIX)
 
 
 def _prompt() -> list[int]:
@@ -273,10 +277,11 @@ def _prompt() -> list[int]:
     return ids + ids
 
 
-def _run(engine, mode: str) -> list[int]:
+def _run(engine, mode: str, ids: list[int] | None = None) -> list[int]:
+    """`mode`'s greedy answer (lookup, triforce: the paper's hierarchy, or autoregressive) to `ids` (`_prompt()`)."""
     spec = {"lookup": True} if mode == "lookup" else dict(PAPER_METHOD)
     cfg = GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=NEW, ignore_eos=True, **spec), cache=CACHE)
-    return engine.run(_prompt(), cfg).token_ids
+    return engine.run(_prompt() if ids is None else ids, cfg).token_ids
 
 
 @pytest.fixture

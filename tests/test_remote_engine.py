@@ -24,7 +24,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint,
+from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint, served_pair,
                       words)
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding import events as ev
@@ -53,18 +53,10 @@ def models(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
-    port = free_port()
-    log = tmp_path_factory.mktemp("serve") / "serve.log"
-    env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
     # one thread, as this process computes (conftest): the same float32 roundings on both sides
-    env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", TRIFORCE_API_KEY=KEY, HOME=str(models["home"]),
-               OMP_NUM_THREADS="1")
-    cmd = [sys.executable, "-m", "triforce_core", "serve", "--target", models["target"], "--draft", models["draft"],
-           "--device", "cpu", "--port", str(port), "--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS]
-    base = f"http://127.0.0.1:{port}"
-    probe = lambda: httpx.get(f"{base}/v1/health", headers=AUTH, timeout=2).status_code == 200  # noqa: E731
-    with running_server(cmd, log, probe, env) as proc:
-        yield {"base": base, "proc": proc, "log": log}
+    with served_pair(models, tmp_path_factory.mktemp("serve"), KEY, ["--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS],
+                     env={"OMP_NUM_THREADS": "1"}) as served:
+        yield served
 
 
 @pytest.fixture(scope="module")
@@ -652,17 +644,23 @@ def test_the_page_answers_through_the_engine_with_tokens_coloured_by_level(app, 
     in_browser(app["url"], lambda page: answered(page, local, tmp_path))
 
 
-def answered(page, local, tmp_path) -> None:
-    assert "served by " in page.inner_text("#tf-model-info") and MODEL in page.inner_text("#tf-model-info")
-    document, question = words(200, 41), words(6, 42)
-    path = tmp_path / "words.txt"
-    path.write_text(document, encoding="utf-8")
+def ask_on_page(page, path, question: str) -> str:
+    """Upload `path` (words.txt), ask `question`, wait for the answer; the status line then."""
     page.set_input_files("#tf-upload input[type=file]", str(path))
     page.wait_for_selector("#tf-docinfo:has-text('words.txt')")
     page.fill("#tf-message textarea", question)
     page.click("#tf-send")
     done = wait_status(page, "tok/s", "rror")
     assert "triforce" in done and "tok/s" in done, done
+    return done
+
+
+def answered(page, local, tmp_path) -> None:
+    assert "served by " in page.inner_text("#tf-model-info") and MODEL in page.inner_text("#tf-model-info")
+    document, question = words(200, 41), words(6, 42)
+    path = tmp_path / "words.txt"
+    path.write_text(document, encoding="utf-8")
+    ask_on_page(page, path, question)
     here = in_process(local, document)
     list(here.ask(question, config(local)))
     turn = here.turns[-1]

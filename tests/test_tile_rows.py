@@ -20,16 +20,14 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler
+from conftest import assert_verification_rows_equal_steps, built, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks, write_gguf
-from test_int8_rows import _rows
+from gguf_files import random_blocks
+from test_int8_rows import _rows, _run, gguf_pair
 from test_int8_two_levels import _matrix, _two_levels
-from test_int16_rows import _sixteen_bits
+from test_int16_rows import _sixteen_bits, mixed_stack
 
 import triforce_core.models.native_layers as native_layers
-from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import PAPER_METHOD
 from triforce_core.models import int8
 from triforce_core.models.arithmetic import arithmetic_key
 from triforce_core.models.quantized import Matrix, StoredTensor
@@ -144,11 +142,7 @@ def test_summed_in_an_order_of_their_own(tiles):
 
 
 def test_in_a_stack_the_256_weight_parts_take_them(kernels):
-    rng = np.random.default_rng(11)
-    parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
-             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q5_K, 3), (Q.Q4_1, 5))}
-    parts[Q.F16] = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)),
-                                (6, 512))
+    parts = mixed_stack(np.random.default_rng(11), 512)
     x = _rows(30, 512, seed=12)
     stack = kernels.product(x, Matrix(stored=tuple(parts.values())), TILES, threads=2)
     start = 0
@@ -168,17 +162,13 @@ def test_the_switch_and_the_mode_name(monkeypatch):
     assert int8.LEVEL_NAMES[TILES] == "tiles"
 
 
-LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)
 Q4_K_M_LIKE = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q4_K,
                "ffn_gate.weight": Q.Q4_K, "ffn_up.weight": Q.Q4_K, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q4_K}
 
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
-    folder = tmp_path_factory.mktemp("tiles")
-    target = write_gguf(make_hf("llama_mha", seed=2, **LLAMA), folder / "target.gguf", Q4_K_M_LIKE)
-    draft = write_gguf(make_hf("llama_mha", seed=5, **{**LLAMA, "num_hidden_layers": 1}), folder / "draft.gguf", Q4_K_M_LIKE)
-    return TriForceEngine.from_pretrained(str(target), draft=str(draft), device="cpu")
+    return gguf_pair(tmp_path_factory.mktemp("tiles"), Q4_K_M_LIKE, seed=2)
 
 
 def test_a_prefill_takes_them_and_the_disk_cache_key_says_so(tiles, engine, monkeypatch):
@@ -205,15 +195,8 @@ def test_speculation_equals_autoregressive_decoding_after_a_prefill_on_tiles(til
     original = int8.Int8.product
     monkeypatch.setattr(int8.Int8, "product", lambda self, x, w, m=int8.ONE_LEVEL, threads=None:
                         modes.append(int(m)) or original(self, x, w, m, threads))
-    cache = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
-
-    def run(mode):
-        spec = {"lookup": True} if mode == "lookup" else dict(PAPER_METHOD)
-        return engine.run(ids, GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=24, ignore_eos=True, **spec),
-                                                cache=cache)).token_ids
-
-    reference = run("autoregressive")
+    reference = _run(engine, "autoregressive", ids)
     assert TILES in modes
     for mode in ("lookup", "triforce"):
-        assert run(mode) == reference, mode
+        assert _run(engine, mode, ids) == reference, mode
     assert_verification_rows_equal_steps(engine.target, ids)
