@@ -269,6 +269,25 @@ def served_pair(models: dict, folder, key: str, args: list[str], env: dict | Non
         yield {"base": base, "proc": proc, "log": log}
 
 
+def served_health(server: dict, key: str) -> dict:
+    """A served pair's /v1/health (served_pair's dict)."""
+    import httpx
+
+    return httpx.get(server["base"] + "/v1/health", headers={"Authorization": f"Bearer {key}"}, timeout=10).json()
+
+
+def served_idle(server: dict, key: str, timeout: float = 60) -> dict:
+    """/v1/health once no job runs and no slot is lent (or after `timeout` seconds: the caller asserts)."""
+    import time
+
+    deadline = time.time() + timeout
+    while True:
+        h = served_health(server, key)
+        if (h["jobs"] == 0 and h["slots"]["lent"] == 0) or time.time() > deadline:
+            return h
+        time.sleep(0.2)
+
+
 def wait_until_up(proc, probe, log, what: str = "the server", timeout: float = 180) -> None:
     """Poll `probe()` (True once the server answers) until it does; fail with the log's tail if
     the process exits or `timeout` seconds pass."""

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, at_once, make_hf, make_tokenizer, perturbed, served_pair,
-                      save_checkpoint, scrape_metrics, words)
+from conftest import (CHAT_TEMPLATE, at_once, make_hf, make_tokenizer, perturbed, save_checkpoint, scrape_metrics,
+                      served_health, served_idle, served_pair, words)
 from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
@@ -85,7 +84,7 @@ def reference(models):
 
 
 def health(server) -> dict:
-    return httpx.get(server["base"] + "/v1/health", headers=AUTH, timeout=10).json()
+    return served_health(server, KEY)
 
 
 def conversation(seed: int, n: int = 200) -> list[dict]:
@@ -280,12 +279,7 @@ def test_a_client_that_disconnects_mid_stream_stops_its_generation_and_frees_its
                 if contents == 2:
                     break
     # The connection is closed: the generation stops and its slot's caches are dropped.
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        h = health(server)
-        if h["jobs"] == 0 and h["slots"]["lent"] == 0:
-            break
-        time.sleep(0.2)
+    h = served_idle(server, KEY)
     assert h["jobs"] == 0 and h["slots"]["lent"] == 0
     assert h["slots"] == before["slots"]  # its slot was dropped, not kept (nor did it evict another)
     assert h["requests_served"] == before["requests_served"]  # not counted as served

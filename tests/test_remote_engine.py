@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint, served_pair,
-                      words)
+from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint,
+                      served_health, served_idle, served_pair, words)
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding import events as ev
 from triforce_core.prompting import render_prompt
@@ -94,7 +94,7 @@ def in_process(engine, document):
 
 
 def health(server) -> dict:
-    return httpx.get(server["base"] + "/v1/health", headers=AUTH, timeout=10).json()
+    return served_health(server, KEY)
 
 
 def without_times(event):
@@ -254,12 +254,7 @@ def test_closing_an_answer_ends_the_servers_generation(server, remote):
         if committed == 2:
             break
     events.close()  # as the app's Stop or a closed page does
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        h = health(server)
-        if h["jobs"] == 0 and h["slots"]["lent"] == 0:
-            break
-        time.sleep(0.2)
+    h = served_idle(server, KEY)
     assert h["jobs"] == 0 and h["slots"]["lent"] == 0
     assert h["requests_served"] == before["requests_served"]  # abandoned, not served
     assert session.turns[-1].stats is None and session.turns[-1].token_ids  # the partial answer is kept
