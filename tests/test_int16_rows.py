@@ -116,20 +116,25 @@ def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
                     assert torch.equal(together[i], alone[i]), f"{int8.PATH_NAMES[path]}: row {i} of {S}"
 
 
-@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
-def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
-    """Within float32 rounding (1e-6 of sum |w x|) of the 16-bit inputs times the weights; the
-    two levels' inputs, which carry about one bit less, are not."""
+def assert_16_bit_products(kernels, qtype, mode: int, rows: int) -> torch.Tensor:
+    """`mode`'s products (16-bit activations) of `rows` rows are within float32 rounding (1e-6 of
+    sum |w x|) of the 16-bit inputs times the weights; the two levels' inputs, which carry about
+    one bit less, are not (the negative control). Returns them, with their slack."""
     m, w = _matrix(qtype, 31, 768, seed=6)
-    x = _rows(5, 768, seed=7)
-    y = kernels.product(x, m, WIDE, threads=1).double()
+    x = _rows(rows, 768, seed=7)
+    y = kernels.product(x, m, mode, threads=2).double()
     wd = w.double()
     slack = 1e-6 * (x.double().abs() @ wd.abs().t()) + 1e-30
     d, q = _sixteen_bits(x.numpy())
-    want = torch.from_numpy(d.astype(np.float64) * q) @ wd.t()
-    assert ((y - want).abs() <= slack).all()
+    assert ((y - torch.from_numpy(d.astype(np.float64) * q) @ wd.t()).abs() <= slack).all()
     two = torch.from_numpy(_two_levels(x.numpy(), 256)) @ wd.t()
     assert not ((y - two).abs() <= slack).all()
+    return y, slack
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
+    assert_16_bit_products(kernels, qtype, WIDE, 5)
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)

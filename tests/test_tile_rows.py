@@ -24,8 +24,8 @@ from conftest import assert_verification_rows_equal_steps, built, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks
 from test_int8_rows import _rows, _run, gguf_pair
-from test_int8_two_levels import _matrix, _two_levels
-from test_int16_rows import _sixteen_bits, mixed_stack
+from test_int8_two_levels import _matrix
+from test_int16_rows import _sixteen_bits, assert_16_bit_products, mixed_stack
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
@@ -121,16 +121,9 @@ def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
-    m, w = _matrix(qtype, 31, 768, seed=6)
-    x = _rows(24, 768, seed=7)
-    y = kernels.product(x, m, TILES, threads=2).double()
-    wd = w.double()
-    slack = 1e-6 * (x.double().abs() @ wd.abs().t()) + 1e-30
-    d, q = _sixteen_bits(x.numpy())
-    assert ((y - torch.from_numpy(d.astype(np.float64) * q) @ wd.t()).abs() <= slack).all()
-    two = torch.from_numpy(_two_levels(x.numpy(), 256)) @ wd.t()  # negative control
-    assert not ((y - two).abs() <= slack).all()
-    wide = kernels.product(x, m, WIDE, threads=2).double()  # the same integers, another order
+    y, slack = assert_16_bit_products(kernels, qtype, TILES, 24)
+    m, _ = _matrix(qtype, 31, 768, seed=6)
+    wide = kernels.product(_rows(24, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
     assert ((y - wide).abs() <= slack).all()
 
 
