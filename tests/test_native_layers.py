@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import platform
 
 import pytest
 import torch
@@ -337,6 +338,20 @@ def test_build_is_cached_and_leaves_nothing_else(tmp_path):
     assert build(native_layers.SOURCE, native_layers.LAYER_FLAGS, tmp_path) == first
     assert [p.name for p in tmp_path.iterdir()] == [first.name]
     out = native_layers.Layers(first, threads=1).logits(torch.ones(1, 4), torch.ones(4), 0.0, torch.eye(4))
+    assert torch.allclose(out, torch.ones(1, 4))
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="the x86-64 levels")
+@pytest.mark.parametrize("level", ["x86-64", "x86-64-v3"])
+def test_the_library_builds_and_runs_for_older_x86_machines(tmp_path, level):
+    """-march=native on a machine without AVX-512 (x86-64-v3: AVX2) or without AVX2 (x86-64)
+    compiles the vector paths only through their target attributes: every intrinsic a path uses
+    must be in its attribute (a path once used an AVX512-DQ one outside it, and a define the
+    integer products need sat inside the AVX2 block: neither built there)."""
+    flags = tuple(f"-march={level}" if f == "-march=native" else f for f in native_layers.LAYER_FLAGS)
+    assert flags != native_layers.LAYER_FLAGS
+    lib = native_layers.Layers(build(native_layers.SOURCE, flags, tmp_path), threads=1)
+    out = lib.logits(torch.ones(1, 4), torch.ones(4), 0.0, torch.eye(4))
     assert torch.allclose(out, torch.ones(1, 4))
 
 

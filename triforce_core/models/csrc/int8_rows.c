@@ -250,7 +250,7 @@ static void ref_row(int type, const uint8_t *row, const void *x, int64_t ldx, in
 #include <immintrin.h>
 #define I8_X86 1
 #define AVX2_TARGET __attribute__((target("avx2,fma,f16c")))
-#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")))
+#define VNNI_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni")))
 #define INLINE inline __attribute__((always_inline))
 
 /* The eight 6-bit scales and minimums of a Q4_K/Q5_K super-block as bytes, scale_min_k4's
@@ -664,7 +664,7 @@ static int int8_runs(int path) {
     if (path == INT8_AVX2) return avx2;
     if (path == INT8_AVX512_VNNI)
         return avx2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-               __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
+               __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
 #endif
     return 0;
 }

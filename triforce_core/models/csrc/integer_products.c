@@ -144,6 +144,7 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
     for (int i = 0; i < nparts; i++) needk |= is_k_type(parts[i].type);
     if (!needk || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
     int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
+    tiles_ready();  /* asked once here, not first by two threads at once */
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
     struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
                           calloc((size_t)S_pad * (size_t)nb * 8, sizeof(int32_t)), calloc((size_t)S_pad * (size_t)nb, sizeof(float)),

@@ -258,6 +258,11 @@ static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
 #if defined(HAVE_AVX2) && defined(__AVX512F__) && defined(__AVX512DQ__) && !defined(TRIFORCE_NO_AVX512)
 #define USE_AVX512 1
 #endif
+/* Weights are prefetched this many rows ahead, into the level-1 cache: the hardware's own
+ * prefetcher left a one-row pass over the Q8_0 vocabulary waiting on memory (4.9 against 2.5 ms
+ * of one core for 49,152 rows of 576), and a non-temporal hint did not help. */
+#define PREFETCH_ROWS 2 /* outside the vector paths: the integer products use it on every machine */
+
 #if defined(HAVE_AVX2)
 static inline float lanes_sum8(__m256 v) {
     __m128 b = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
@@ -375,10 +380,6 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
 #define FUSED_ROWS 8
 #define FUSED_OUTS 4 /* outputs a one-row product computes side by side: 8 accumulators */
 #endif
-/* Weights are prefetched this many rows ahead, into the level-1 cache: the hardware's own
- * prefetcher left a one-row pass over the Q8_0 vocabulary waiting on memory (4.9 against 2.5 ms
- * of one core for 49,152 rows of 576), and a non-temporal hint did not help. */
-#define PREFETCH_ROWS 2
 
 /* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
  * are dot_rows' own, FMA for FMA. */

@@ -39,7 +39,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 #define TILES_X86 1
-#define TILE_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni,amx-tile,amx-int8")))
+#define TILE_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #endif
 
 #define TILE_M 16      /* rows of a tile product */
