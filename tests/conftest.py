@@ -269,6 +269,15 @@ def served_pair(models: dict, folder, key: str, args: list[str], env: dict | Non
         yield {"base": base, "proc": proc, "log": log}
 
 
+def chat_pair(root, name: str) -> tuple[str, str]:
+    """A tiny Llama 3 target saved as `root/name` and a draft that agrees with it only partly
+    (`root/chat-draft`), both with a chat template: their folders."""
+    tok = make_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    hf = make_hf("llama_gqa_llama3", seed=0)
+    return save_checkpoint(root / name, hf, tok), save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok)
+
+
 def served_health(server: dict, key: str) -> dict:
     """A served pair's /v1/health (served_pair's dict)."""
     import httpx

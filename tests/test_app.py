@@ -232,13 +232,19 @@ def page(server):
         pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
     SHOTS.mkdir(parents=True, exist_ok=True)
     with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-        pg = browser.new_page(viewport={"width": 1500, "height": 1100})
-        pg.set_default_timeout(240_000)
-        pg.goto(server["url"])
-        pg.wait_for_selector("#tf-send")
+        browser, pg = open_page(p, server["url"], 240_000)
         yield pg
         browser.close()
+
+
+def open_page(playwright, url: str, timeout_ms: int):
+    """Headless Chromium (Debian's) on the app at `url`, once its Send button is there: (browser, page)."""
+    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+    pg = browser.new_page(viewport={"width": 1500, "height": 1100})
+    pg.set_default_timeout(timeout_ms)
+    pg.goto(url)
+    pg.wait_for_selector("#tf-send")
+    return browser, pg
 
 
 def shot(page, name: str) -> None:

@@ -14,8 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, at_once, make_hf, make_tokenizer, perturbed, save_checkpoint, scrape_metrics,
-                      served_health, served_idle, served_pair, words)
+from conftest import at_once, chat_pair, make_hf, scrape_metrics, served_health, served_idle, served_pair, words
 from gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
@@ -35,11 +34,7 @@ FLAGS = ["--budget", "48", "--chunk-size", "4", "--draft-window", "24", "--draft
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("served")
-    tok = make_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE
-    hf = make_hf("llama_gqa_llama3", seed=0)
-    target = save_checkpoint(root / MODEL, hf, tok)
-    draft = save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok)  # a draft that agrees only partly
+    target, draft = chat_pair(root, MODEL)
     # A folder of GGUF files the server offers besides its started model (--models-dir).
     shelf = root / "shelf"
     shelf.mkdir()

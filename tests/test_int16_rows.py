@@ -155,16 +155,21 @@ def mixed_stack(rng, K: int) -> dict:
     return parts
 
 
+def assert_each_part_as_alone(kernels, x, parts: dict, mode: int) -> None:
+    """The stack's product in `mode` gives each part's outputs as that part alone does: `mode`
+    for the K types, the float path for the others."""
+    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), mode, threads=2)
+    start = 0
+    for q, p in parts.items():
+        want = kernels.product(x, Matrix(stored=(p,)), mode if q in K_TYPES else 0, threads=1)
+        assert torch.equal(stack[:, start : start + p.shape[0]], want), q.name
+        start += p.shape[0]
+
+
 def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
     parts = mixed_stack(np.random.default_rng(11), 512)
     x = _rows(9, 512, seed=12)
-    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), WIDE, threads=2)
-    start = 0
-    for q, p in parts.items():
-        alone = Matrix(stored=(p,))
-        want = kernels.product(x, alone, WIDE if q in K_TYPES else 0, threads=1)
-        assert torch.equal(stack[:, start:start + p.shape[0]], want), q.name
-        start += p.shape[0]
+    assert_each_part_as_alone(kernels, x, parts, WIDE)
     # negative control: the K parts did not take the float path
     m = Matrix(stored=(parts[Q.Q4_K],))
     assert not torch.equal(kernels.product(x, m, WIDE, threads=1), kernels.product(x, m, 0, threads=1))

@@ -23,7 +23,7 @@ import pytest
 
 from conftest import make_hf, running_server, words
 from gguf_files import write_gguf
-from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, shown_gauge,
+from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, open_page, shown_gauge,
                       wait_status, watch_status)
 
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
@@ -58,11 +58,7 @@ def page(shelf):
            "--models-dir", str(shelf["shelf"])]
     with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
         with sync_api.sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-            pg = browser.new_page(viewport={"width": 1500, "height": 1100})
-            pg.set_default_timeout(120_000)
-            pg.goto(url)
-            pg.wait_for_selector("#tf-send")
+            browser, pg = open_page(p, url, 120_000)
             pg.click("#tf-settings button")  # open the settings accordion
             pg.wait_for_selector("#tf-model input")
             yield _Page(pg, url)

@@ -24,8 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint,
-                      served_health, served_idle, served_pair, words)
+from conftest import chat_pair, free_port, make_hf, running_server, served_health, served_idle, served_pair, words
+from test_app import open_page  # headless Chromium on the page
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding import events as ev
 from triforce_core.prompting import render_prompt
@@ -44,11 +44,8 @@ pytestmark = pytest.mark.xdist_group("remote_engine")  # one server for the modu
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     root = tmp_path_factory.mktemp("remote")
-    tok = make_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE
-    hf = make_hf("llama_gqa_llama3", seed=0)
-    return {"target": save_checkpoint(root / MODEL, hf, tok),
-            "draft": save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok), "home": root / "home"}
+    target, draft = chat_pair(root, MODEL)
+    return {"target": target, "draft": draft, "home": root / "home"}
 
 
 @pytest.fixture(scope="module")
@@ -606,11 +603,7 @@ def in_browser(url: str, test) -> None:
     def run():
         try:
             with sync_api.sync_playwright() as p:
-                browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-                pg = browser.new_page(viewport={"width": 1500, "height": 1100})
-                pg.set_default_timeout(240_000)
-                pg.goto(url)
-                pg.wait_for_selector("#tf-send")
+                browser, pg = open_page(p, url, 240_000)
                 try:
                     test(pg)
                 finally:

@@ -25,7 +25,7 @@ from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks
 from test_int8_rows import _rows, _run, gguf_pair
 from test_int8_two_levels import _matrix
-from test_int16_rows import _sixteen_bits, assert_16_bit_products, mixed_stack
+from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
@@ -135,15 +135,7 @@ def test_summed_in_an_order_of_their_own(tiles):
 
 
 def test_in_a_stack_the_256_weight_parts_take_them(kernels):
-    parts = mixed_stack(np.random.default_rng(11), 512)
-    x = _rows(30, 512, seed=12)
-    stack = kernels.product(x, Matrix(stored=tuple(parts.values())), TILES, threads=2)
-    start = 0
-    for q, p in parts.items():
-        mode = TILES if q in K_TYPES else 0
-        want = kernels.product(x, Matrix(stored=(p,)), mode, threads=1)
-        assert torch.equal(stack[:, start : start + p.shape[0]], want), q.name
-        start += p.shape[0]
+    assert_each_part_as_alone(kernels, _rows(30, 512, seed=12), mixed_stack(np.random.default_rng(11), 512), TILES)
 
 
 def test_the_switch_and_the_mode_name(monkeypatch):
