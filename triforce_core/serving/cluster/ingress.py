@@ -45,6 +45,7 @@ from starlette.requests import ClientDisconnect
 from ..metrics import ServingMetrics
 from ..openai import ApiError, parse_request
 from ..openai.routes import SSE_HEADERS, parse_json
+from ..openai.streaming import DONE
 from ..routing import route_key
 
 REPLICA_HEADER = "x-triforce-replica"
@@ -134,14 +135,22 @@ class Relay:
             return JSONResponse(error, status_code=status, headers={REPLICA_HEADER: replica})
 
         async def relay():
-            end = None
+            end, done, counted = None, None, False
             self.metrics.started(model)
             try:
                 async for item in gen:
-                    if isinstance(item, str):
+                    if item == DONE:  # held until the answer is counted: a client that scrapes
+                        done = item   # /metrics after the stream's end then finds it there
+                    elif isinstance(item, str):
                         yield item
                     else:
                         end = item
+                if end is not None:
+                    counted = True
+                    self.metrics.answered(model, end["finish_reason"], end["usage"], end["stats"],
+                                          time.perf_counter() - received)
+                if done is not None:
+                    yield done
             except lost as e:  # the replica died mid-answer: the stream ends with an error
                 err = ApiError(503, f"the replica serving this stream stopped ({type(e).__name__}); send the "
                                "request again", type="server_error", code="replica_unavailable")
@@ -150,7 +159,7 @@ class Relay:
                 gen.cancel()
                 if end is None:
                     self.metrics.abandoned_request(model)
-                else:
+                elif not counted:
                     self.metrics.answered(model, end["finish_reason"], end["usage"], end["stats"],
                                           time.perf_counter() - received)
 

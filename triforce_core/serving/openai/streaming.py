@@ -42,6 +42,10 @@ from ..worker import Job
 from .schemas import ApiError, CompletionRequest
 
 
+# The stream's last line: the OpenAI protocol's end marker.
+DONE = "data: [DONE]\n\n"
+
+
 class StopSequences:
     """Cuts the answer's text at the first stop sequence; text that could begin one is held back."""
 
@@ -311,7 +315,7 @@ class Completion:
                 chunk = {"id": self.id, "object": "chat.completion.chunk", "created": self.created,
                          "model": self.model_name, "choices": [], "usage": usage}
                 yield f"data: {json.dumps(chunk)}\n\n"
-            yield "data: [DONE]\n\n"
+            yield DONE
             ok = True
         except Exception as e:  # noqa: BLE001 - after the headers: reported in the stream
             err = ApiError(500, f"the generation failed: {e}", type="server_error")
