@@ -4,7 +4,8 @@ For each cache length and row count (1 row: a decoding step; 7: a verification o
 tokens and the bonus), the attention of one layer of the demo target (4 KV heads of 64) as the
 model runs it (`attention.attend`, causal among the new rows), with the kernel on and off
 (PyTorch's path: two matrix products up to 8 rows, two flash passes past that), alternated,
-medians; with the bytes of K/V each reads and the memory's measured bandwidth, so each time
+medians (and, over 16-bit K/V where AMX's tiles run, the kernel on them: `tiles`); with the
+bytes of K/V each reads and the memory's measured bandwidth, so each time
 stands against its roofline. With `--kv-dtypes`, the same for each K/V dtype (a row each), every
 dtype's calls alternated with the others' (PyTorch's path widens 16-bit K/V to float32 first).
 
@@ -24,16 +25,17 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core.models import native_attention
+from triforce_core.models import native_attention, switches
 from triforce_core.models.attention import NATIVE_QUERY_ROWS, attend, attention_mask
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import KV_DTYPES
 from triforce_core.models.roofline import measure_bandwidth
 
 
-def timed_attend(q, k, v, mask, scale, native: bool) -> float:
-    """Seconds for one `attend` call with the kernel on or off."""
-    with native_attention.switched(native):
+def timed_attend(q, k, v, mask, scale, path: str) -> float:
+    """Seconds for one `attend` call on `path`: "native" (the kernel's float32 path), "tiles"
+    (the kernel on AMX's tiles) or "pytorch" (the kernel off)."""
+    with native_attention.switched(path != "pytorch"), switches.switched(native_attention.TILES_ENV, path == "tiles"):
         t0 = time.perf_counter()
         attend(q, k, v, mask, scale)
         return time.perf_counter() - t0
@@ -45,6 +47,12 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
     if kernel is None:
         raise SystemExit("error: the native kernel is unavailable here (no C compiler, or TRIFORCE_NATIVE_ATTENTION=0)")
     bandwidth = measure_bandwidth(torch.device("cpu"))
+    tiles_run = kernel.tiles()
+
+    def paths(dt: str) -> tuple[str, ...]:
+        """The kernel's float32 path and PyTorch's; and the tiles where they run, over 16-bit K/V."""
+        return ("native", "pytorch") + (("tiles",) if tiles_run and dt != "float32" else ())
+
     results = []
     for T in keys:
         k, v = torch.randn(heads, T, head_dim), torch.randn(heads, T, head_dim)
@@ -52,20 +60,24 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
         for R in rows:
             q = torch.randn(heads, R, head_dim)
             mask = attention_mask(R, T, 0, None, 1, q.device)  # causal among the R new rows
-            times = {(dt, path): [] for dt in kv_dtypes for path in ("native", "pytorch")}
+            times = {(dt, path): [] for dt in kv_dtypes for path in paths(dt)}
             for i in range(repeats + 2):
                 for dt, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
-                    t = timed_attend(q, *kv[dt], mask, head_dim**-0.5, path == "native")
+                    t = timed_attend(q, *kv[dt], mask, head_dim**-0.5, path)
                     if i >= 2:  # two warm-up passes
                         times[dt, path].append(t)
             for dt in kv_dtypes:
                 read = 2 * kv[dt][0].numel() * kv[dt][0].element_size()
-                med = {path: sorted(times[dt, path])[len(times[dt, path]) // 2] * 1e3 for path in ("native", "pytorch")}
+                med = {path: sorted(times[dt, path])[len(times[dt, path]) // 2] * 1e3 for path in paths(dt)}
                 row = {"keys": T, "rows": R, "kv_dtype": dt, "kv_bytes": read, "ms": med,
                        "floor_ms": read / (bandwidth * 1e9) * 1e3, "speedup": med["pytorch"] / med["native"]}
+                tiles = ""
+                if "tiles" in med:
+                    row["tiles_speedup"] = med["native"] / med["tiles"]
+                    tiles = f", tiles {med['tiles']:.2f} ms ({row['tiles_speedup']:.2f}x the native float32 path)"
                 results.append(row)
                 say(f"[attention] {T} keys, {R} rows, {dt} K/V: native {med['native']:.2f} ms, pytorch "
-                    f"{med['pytorch']:.2f} ms ({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms "
+                    f"{med['pytorch']:.2f} ms ({row['speedup']:.2f}x){tiles}; memory floor {row['floor_ms']:.2f} ms "
                     f"({read / 1e6:.0f} MB)")
     return {"bandwidth_gb_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
 

@@ -25,7 +25,11 @@ verifications take, not the long-prefill path. The configurations:
     fast/kv-float16    two levels for the 256-weight types (Q4_K, Q5_K, Q6_K), the float path for
                        the 32-weight ones (`int8.FAST`); K/V float16
     int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
-                       path for the others (`int8.WIDE`); K/V float16
+                       path for the others (`int8.WIDE`); K/V float16 (the default for GGUF files)
+    int16-float-attention/kv-float16
+                       the same, with few-row attention kept off AMX's tiles where they run
+                       (TRIFORCE_ATTENTION_TILES=0); every other float16 configuration takes them
+                       there, and the report says so per configuration (`attention_tiles`)
 
 and two that read the sequence as a prefill does, in chunks of `--prefill-chunk` tokens (1,024,
 the engine's `prefill_chunk`) through the many-row path (PyTorch's attention, `Transformer._project`),
@@ -80,7 +84,7 @@ from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models import int8, native_layers, switches
+from triforce_core.models import int8, native_attention, native_layers, switches
 from triforce_core.models.attention import NATIVE_QUERY_ROWS
 from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 from triforce_core.prompting import render_prompt
@@ -96,7 +100,11 @@ CONFIGS = {
     "int16/kv-float16": (int8.WIDE, torch.float16),
     "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
     "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
+    "int16-float-attention/kv-float16": (int8.WIDE, torch.float16),
 }
+# The configurations whose few-row attention keeps its float32 path where AMX's tiles run
+# (TRIFORCE_ATTENTION_TILES=0); every other one over float16 K/V takes the tiles there.
+FLOAT_ATTENTION = {"int16-float-attention/kv-float16"}
 # The configurations read in a prefill's chunks, and the TRIFORCE_TILES each sets.
 PREFILL = {"int16-prefill/kv-float16": "0", "tiles-prefill/kv-float16": "1"}
 
@@ -333,7 +341,8 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         model.integer_products = on  # the model's own switch (`Transformer.integer_products`)
         prefill = name in PREFILL
-        with switches.switched(int8.TILES_ENV, PREFILL.get(name, "1")):
+        with (switches.switched(int8.TILES_ENV, PREFILL.get(name, "1")),
+              switches.switched(native_attention.TILES_ENV, name not in FLOAT_ATTENTION)):
             for start, logits in teacher_forced(model, ids, kv_dtype, a.prefill_chunk if prefill else chunk,
                                                 None if prefill else check_at):
                 tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
@@ -349,6 +358,9 @@ def main(argv: list[str] | None = None) -> int:
             r["by_depth"].append({"from": lo, "to": hi, **{k: f[k] for k in BY_DEPTH}})
         r["integer_products"] = int8.LEVEL_NAMES[on]
         r["kv_dtype"] = str(kv_dtype).removeprefix("torch.")
+        with switches.switched(native_attention.TILES_ENV, name not in FLOAT_ATTENTION):
+            attention = native_attention.kernel()
+            r["attention_tiles"] = kv_dtype != torch.float32 and attention is not None and attention.tiles()
         if prefill:
             r["prefill_chunk"] = a.prefill_chunk
             r["tiles"] = PREFILL[name] == "1" and kernel.int8.tiles()
@@ -375,6 +387,14 @@ def main(argv: list[str] | None = None) -> int:
     if set(PREFILL) <= set(names):
         a_, b_ = "tiles-prefill/kv-float16", "int16-prefill/kv-float16"
         results[a_]["against_int16_prefill"] = {
+            "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
+            "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
+            "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
+
+    # Few-row attention on the tiles against its float32 path, the same products otherwise.
+    if {"int16/kv-float16", *FLOAT_ATTENTION} <= set(names):
+        a_, b_ = "int16/kv-float16", "int16-float-attention/kv-float16"
+        results[a_]["against_float_attention"] = {
             "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
             "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
             "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}

@@ -319,11 +319,12 @@ def best_of(runs: list[dict], kind: str) -> dict | None:
 def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens: int | None = None,
                  new_tokens: int = 64, threads: int | None = None, repetitions: int = 3,
                  draft_max: int | None = None, bin_dir: Path | None = None, say=say,
-                 repeat_penalty: float = 1.0) -> dict:
+                 repeat_penalty: float = 1.0, prompt_processing: bool = True) -> dict:
     """llama.cpp's figures for one GGUF model: prompt processing over the prompt, generation at
     `depth_tokens` (default: the prompt's length as llama.cpp tokenizes it) and, given the
     prompt's text, llama-lookup on it (with the flash-attention setting that generated faster).
-    Raises PeerError with a one-line reason."""
+    `prompt_processing=False` skips the prompt-processing test (at 32K depth it costs as long as
+    the generation test's own fill). Raises PeerError with a one-line reason."""
     model = Path(model)
     if not model.is_file():
         raise PeerError(f"no such model file: {model}")
@@ -341,8 +342,10 @@ def peer_figures(model: Path | str, prompt_text: str | None = None, depth_tokens
             prompt_tokens = count_tokens(tools, model, prompt_file)
         depth = depth_tokens or prompt_tokens
         size = prompt_tokens or depth
-        say(f"llama-bench: prompt processing of {size} tokens, flash attention off and on, {repetitions} repetitions")
-        runs = llama_bench(tools, model, threads, repetitions, prompt=size)
+        runs = []
+        if prompt_processing:
+            say(f"llama-bench: prompt processing of {size} tokens, flash attention off and on, {repetitions} repetitions")
+            runs = llama_bench(tools, model, threads, repetitions, prompt=size)
         say(f"llama-bench: generation of {new_tokens} tokens at depth {depth}")
         runs += llama_bench(tools, model, threads, repetitions, gen=new_tokens, depth=depth)
         generation = best_of(runs, "tg")
@@ -392,6 +395,8 @@ def format_table(report: dict) -> str:
     for key, label in (("prompt_processing", f"prompt processing, {report['prompt_tokens']} tokens"),
                        ("generation", f"generation of {report['new_tokens']} at depth {report['depth_tokens']}")):
         r = report[key]
+        if r is None:
+            continue
         lines.append(f"{label:<44}{rate(r['flash_attn_off'])}{rate(r['flash_attn_on'])}{rate(r['best'])}")
     lk = report["lookup"]
     if lk:
@@ -422,6 +427,8 @@ def main(argv=None) -> int:
     p.add_argument("--new-tokens", type=int, default=64, help="tokens generated (default 64)")
     p.add_argument("--threads", type=int, default=os.cpu_count(), help=f"threads (default {os.cpu_count()})")
     p.add_argument("--repetitions", type=int, default=3, help="llama-bench's repetitions (default 3)")
+    p.add_argument("--generation-only", action="store_true",
+                   help="skip llama-bench's prompt-processing test (generation at depth alone)")
     p.add_argument("--draft-max", type=int, help="llama-lookup's longest draft (default: its own, 3)")
     p.add_argument("--llama-cpp-bin", type=Path, help="a folder with ready llama.cpp binaries (or env LLAMA_CPP_BIN)")
     p.add_argument("--build-only", action="store_true", help="find or build the tools, print their folder, exit")
@@ -440,7 +447,7 @@ def main(argv=None) -> int:
             raise PeerError(f"no such prompt file: {a.prompt}")
         text = a.prompt.read_text(encoding="utf-8", errors="replace")[: a.chars] if a.prompt else None
         report = peer_figures(resolve(a.model), text, a.tokens, a.new_tokens, a.threads, a.repetitions, a.draft_max,
-                              a.llama_cpp_bin)
+                              a.llama_cpp_bin, prompt_processing=not a.generation_only)
     except (PeerError, GGUFError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -1,8 +1,9 @@
 """16-bit K/V (`CacheConfig.kv_dtype`): exact against the same model decoding with the same K/V.
 
-- The native kernel over float16/bfloat16 keys and values equals, bit for bit, the kernel over
-  those K/V widened to float32 (vector path and plain C build), is close to a float64 reference,
-  and a row's result does not depend on the rows beside it.
+- The native kernel's float32 path over float16/bfloat16 keys and values equals, bit for bit,
+  the kernel over those K/V widened to float32 (vector path and plain C build), is close to a
+  float64 reference, and a row's result does not depend on the rows beside it, on that path
+  and on AMX's tiles where they run (test_attention_tiles.py tests the tiles further).
 - Every cache is allocated in the K/V dtype, the model's new K/V are rounded into it, chunk
   means stay float32.
 - Greedy output of every mode equals our autoregressive decoding with the same K/V dtype
@@ -31,11 +32,17 @@ from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingCo
 from triforce_core.config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, PAPER_METHOD
 from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.kv import FullCache, resolve_kv_dtype
+from triforce_core.models import switches
 from triforce_core.models.native_build import build as build_native
 from triforce_core.serving.session import ChatSession
 from triforce_core.serving.slots import Slot
 
 HALF = [torch.float16, torch.bfloat16]
+
+
+def no_tiles():
+    """The float32 path even where AMX's tiles run (their arithmetic is another)."""
+    return switches.switched(native_attention.TILES_ENV, False)
 NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
@@ -62,7 +69,8 @@ SHAPES = [(4, 1, 4099, 64), (2, 7, 257, 64), (4, 16, 1000, 64), (1, 28, 2049, 12
 def test_kernel_over_16_bit_kv_equals_it_over_the_widened_kv(kernel, dtype, H, R, T, D):
     q, k, v = _inputs(H, R, T, D, dtype, seed=H * 100 + R + T)
     limits = None if R == 1 else torch.arange(T - R + 1, T + 1)
-    out, mass = kernel.attention(q, k, v, limits, D**-0.5, 8)
+    with no_tiles():
+        out, mass = kernel.attention(q, k, v, limits, D**-0.5, 8)
     wide_out, wide_mass = kernel.attention(q, k.float(), v.float(), limits, D**-0.5, 8)
     assert torch.equal(out, wide_out) and torch.equal(mass, wide_mass)  # widening is exact, the rest float32
     # ... and close to a float64 reference on the widened K/V
@@ -74,8 +82,9 @@ def test_kernel_over_16_bit_kv_equals_it_over_the_widened_kv(kernel, dtype, H, R
 
 
 @needs_compiler
+@pytest.mark.parametrize("tiles", [True, False], ids=["tiles-where-they-run", "float32-path"])
 @pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
-def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, dtype):
+def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, dtype, tiles):
     H, R, T, D = 3, 16, 1500, 64
     q, k, v = _inputs(H, R, T, D, dtype, seed=9)
     limits = torch.arange(T - R + 1, T + 1)
@@ -83,7 +92,8 @@ def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_i
     for rows in (1, 2, 3, 7, 16):
         for start in range(0, R, rows):
             stop = min(start + rows, R)
-            out, mass = kernel.attention(q[:, start:stop], k, v, limits[start:stop], 0.125, chunk=16)
+            with switches.switched(native_attention.TILES_ENV, tiles):
+                out, mass = kernel.attention(q[:, start:stop], k, v, limits[start:stop], 0.125, chunk=16)
             for r in range(start, stop):
                 outs.setdefault(r, []).append((out[:, r - start], mass[:, r - start]))
     for r, seen in outs.items():
@@ -103,7 +113,8 @@ def test_plain_c_build_widens_16_bit_kv_exactly(tmp_path):
         k[:, 40:44] = 0.0
         v[:, :20] = -v[:, :20].float().abs().mul(1e-7).to(dtype)
         limits = torch.arange(T - R + 1, T + 1)
-        out, mass = plain.attention(q, k, v, limits, 0.125, 4)
+        with no_tiles():  # the plain build has the tile path too (its functions name their targets)
+            out, mass = plain.attention(q, k, v, limits, 0.125, 4)
         wide_out, wide_mass = plain.attention(q, k.float(), v.float(), limits, 0.125, 4)
         assert torch.equal(out, wide_out) and torch.equal(mass, wide_mass), dtype
 

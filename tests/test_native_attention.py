@@ -187,5 +187,10 @@ def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kern
     report = json.loads(out.read_text())
     assert [(r["keys"], r["rows"]) for r in report["results"]] == [(2048, 1), (2048, 3)]
     assert all(set(r["ms"]) == {"native", "pytorch"} and r["kv_bytes"] == 2 * 4 * 2048 * 64 * 4 for r in report["results"])
+    # over float16 K/V, the kernel on AMX's tiles too where they run
+    assert attention.main(["--keys", "2048", "--rows", "4", "--repeats", "1", "--kv-dtypes", "float16",
+                           "--json", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["results"]
+    assert set(row["ms"]) == {"native", "pytorch"} | ({"tiles"} if kernel.tiles() else set())
     assert attention.main(["--keys", "4096", "--rows", "140"]) == 2
     assert "--rows in 1..136" in capsys.readouterr().err

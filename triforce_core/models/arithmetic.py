@@ -47,6 +47,8 @@ def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | 
         # a prefill's Q4_K products on tiles sum in their own order (`Transformer._project`)
         tiles = layers and int(integer_products) == int8.WIDE and int8.tiles_wanted() and native_layers.kernel().int8.tiles()
         parts.append(f"tiles {int(tiles)}")
+        # few-row attention over a 16-bit cache on AMX's tiles sums in its own order
+        parts.append(f"attention tiles {int(attention and native_attention.kernel().tiles())}")
     else:
         parts.append(torch.version.cuda or "")
     return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]

@@ -17,6 +17,13 @@ own kernels.
 Keys and values may be float32, float16 or bfloat16 (`CacheConfig.kv_dtype`); 16-bit ones are
 widened to float32 in registers as they are loaded, so a call over 16-bit K/V equals, bit for
 bit, the same call over those K/V widened to float32, and reads half the bytes.
+
+Where AMX's bfloat16 tiles run, a call over 16-bit K/V takes them instead (`tiles()`,
+`TRIFORCE_ATTENTION_TILES=0` turns them off): every product on the tiles, each 16-bit key and
+value split exactly into two bfloat16 parts, queries and probabilities to 16 bits (the source
+says how). Their cost hardly grows with the rows, so a verification of several tokens costs
+about a step; a row still equals itself whatever rows share its call. Float32 K/V (`--exact`)
+never takes them.
 """
 
 from __future__ import annotations
@@ -26,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from . import switches
 from .native_build import CSRC, FLAGS, Loader
 
 SOURCE = CSRC / "few_rows.c"
@@ -36,6 +44,7 @@ BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 # 256 keys even (0.08 ms); the draft's small window keeps PyTorch's path.
 MIN_KEYS = 1024
 ENV = "TRIFORCE_NATIVE_ATTENTION"
+TILES_ENV = "TRIFORCE_ATTENTION_TILES"
 # heads x rows x keys below which one thread runs all the jobs (waking the other costs more than
 # it saves): one row over 4,096 keys took 0.81 ms on one thread, 0.49 ms on two.
 SMALL_WORK = 1 << 12
@@ -54,9 +63,17 @@ class Kernel:
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.attention.argtypes = [P, P, P, I64, I, I, I, I, I64, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
+        lib.attention_tiles.argtypes = [I]
+        lib.attention_tiles.restype = I
         self.lib = lib
         self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
+
+    def tiles(self) -> bool:
+        """Whether calls over 16-bit K/V take AMX's tiles from now on: where they run, unless
+        `TRIFORCE_ATTENTION_TILES=0` (read at each call, so a benchmark can compare both in one
+        process). `native_layers.decode_layers` asks it before each call too."""
+        return bool(self.lib.attention_tiles(int(switches.is_on(TILES_ENV))))
 
     def plan(self, H: int, R: int, T: int, chunk: int = 0) -> tuple[int, int]:
         """The keys a job takes (a whole number of chunks) and the threads, for H heads of R rows
@@ -87,6 +104,7 @@ class Kernel:
         if limits is not None and limits.numel() != R:
             raise ValueError(f"few-row attention: {limits.numel()} limits for {R} query rows")
         block, threads = self.plan(H, R, T, chunk)
+        self.tiles()
         nb = -(-T // block)
         q = (q * scale).contiguous()
         if limits is not None:

@@ -197,6 +197,7 @@ class Layers:
         if not 0 <= length <= k_cache.shape[2] - S:
             raise ValueError(f"decode_layers: {S} new tokens after {length} do not fit a capacity of {k_cache.shape[2]}")
         block, attn_threads = attention.plan(Hkv, R, T, chunk)
+        attention.tiles()
         queries = torch.empty(L, S, H, D) if capture_queries else None
         chunk_sum = torch.empty(L, Hkv, R, T // chunk) if chunk > 0 else None
         failed = self.lib.decode_layers(
