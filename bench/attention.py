@@ -47,7 +47,7 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
     if kernel is None:
         raise SystemExit("error: the native kernel is unavailable here (no C compiler, or TRIFORCE_NATIVE_ATTENTION=0)")
     bandwidth = measure_bandwidth(torch.device("cpu"))
-    tiles_run = kernel.tiles()
+    tiles_run = kernel.tiles_run()
 
     def paths(dt: str) -> tuple[str, ...]:
         """The kernel's float32 path and PyTorch's; and the tiles where they run, over 16-bit K/V."""

@@ -26,10 +26,10 @@ verifications take, not the long-prefill path. The configurations:
                        the 32-weight ones (`int8.FAST`); K/V float16
     int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
                        path for the others (`int8.WIDE`); K/V float16 (the default for GGUF files)
-    int16-float-attention/kv-float16
-                       the same, with few-row attention kept off AMX's tiles where they run
-                       (TRIFORCE_ATTENTION_TILES=0); every other float16 configuration takes them
-                       there, and the report says so per configuration (`attention_tiles`)
+    int16-tiles-attention/kv-float16
+                       the same, with few-row attention on AMX's tiles where they run
+                       (TRIFORCE_ATTENTION_TILES=1, opt-in); the report says per configuration
+                       whether its attention took them (`attention_tiles`)
 
 and two that read the sequence as a prefill does, in chunks of `--prefill-chunk` tokens (1,024,
 the engine's `prefill_chunk`) through the many-row path (PyTorch's attention, `Transformer._project`),
@@ -100,11 +100,11 @@ CONFIGS = {
     "int16/kv-float16": (int8.WIDE, torch.float16),
     "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
     "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
-    "int16-float-attention/kv-float16": (int8.WIDE, torch.float16),
+    "int16-tiles-attention/kv-float16": (int8.WIDE, torch.float16),
 }
-# The configurations whose few-row attention keeps its float32 path where AMX's tiles run
-# (TRIFORCE_ATTENTION_TILES=0); every other one over float16 K/V takes the tiles there.
-FLOAT_ATTENTION = {"int16-float-attention/kv-float16"}
+# The configurations whose few-row attention over float16 K/V takes AMX's tiles where they run
+# (TRIFORCE_ATTENTION_TILES=1); every other one keeps its float32 path.
+TILES_ATTENTION = {"int16-tiles-attention/kv-float16"}
 # The configurations read in a prefill's chunks, and the TRIFORCE_TILES each sets.
 PREFILL = {"int16-prefill/kv-float16": "0", "tiles-prefill/kv-float16": "1"}
 
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         model.integer_products = on  # the model's own switch (`Transformer.integer_products`)
         prefill = name in PREFILL
         with (switches.switched(int8.TILES_ENV, PREFILL.get(name, "1")),
-              switches.switched(native_attention.TILES_ENV, name not in FLOAT_ATTENTION)):
+              switches.switched(native_attention.TILES_ENV, name in TILES_ATTENTION)):
             for start, logits in teacher_forced(model, ids, kv_dtype, a.prefill_chunk if prefill else chunk,
                                                 None if prefill else check_at):
                 tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
@@ -358,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             r["by_depth"].append({"from": lo, "to": hi, **{k: f[k] for k in BY_DEPTH}})
         r["integer_products"] = int8.LEVEL_NAMES[on]
         r["kv_dtype"] = str(kv_dtype).removeprefix("torch.")
-        with switches.switched(native_attention.TILES_ENV, name not in FLOAT_ATTENTION):
+        with switches.switched(native_attention.TILES_ENV, name in TILES_ATTENTION):
             attention = native_attention.kernel()
             r["attention_tiles"] = kv_dtype != torch.float32 and attention is not None and attention.tiles()
         if prefill:
@@ -392,8 +392,8 @@ def main(argv: list[str] | None = None) -> int:
             "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
 
     # Few-row attention on the tiles against its float32 path, the same products otherwise.
-    if {"int16/kv-float16", *FLOAT_ATTENTION} <= set(names):
-        a_, b_ = "int16/kv-float16", "int16-float-attention/kv-float16"
+    if {"int16/kv-float16", *TILES_ATTENTION} <= set(names):
+        a_, b_ = "int16-tiles-attention/kv-float16", "int16/kv-float16"
         results[a_]["against_float_attention"] = {
             "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
             "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),

@@ -19,15 +19,18 @@ rounded), a row per dtype, every dtype's forwards alternated with the others' (a
 over GGUF blocks in each mode (`triforce_core.models.int8`: the float path, two levels of 8-bit
 activations for the K types, ...), alternated likewise. With `--pages huge,small`,
 likewise every cache on 2 MB pages (`triforce_core.models.huge_pages`, the default) and on ordinary
-4 KB ones.
+4 KB ones. With `--attention tiles,float`, few-row attention over a 16-bit cache on AMX's tiles
+(where they run) and on its float32 path, alternated likewise.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
-                                [--pages huge,small] [--products 0,fast,int8] [--no-pytorch-layers] [--json OUT]
+                                [--pages huge,small] [--products 0,fast,int8] [--attention tiles,float]
+                                [--no-pytorch-layers] [--json OUT]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import time
@@ -36,7 +39,7 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core.models import huge_pages, int8, native_layers
+from triforce_core.models import huge_pages, int8, native_attention, native_layers, switches
 from bench.loading import load_bench
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.cli.harness import Bench
@@ -92,7 +95,8 @@ def forward_times(lane, rows: int) -> tuple[float, float]:
 
 
 def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtypes: tuple[str | None, ...] = (None,),
-            pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",), products: tuple[str | None, ...] = (None,)) -> dict:
+            pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",), products: tuple[str | None, ...] = (None,),
+            attention: tuple[str | None, ...] = (None,)) -> dict:
     if native_layers.kernel() is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
     results, bandwidths = [], []
@@ -114,37 +118,48 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             bandwidth = measure_bandwidth(torch.device("cpu"))
             bandwidths.append(bandwidth)
             own = {v: lane.model.integer_products for v, lane in lanes.items()}
-            times = {(v, pr, path): [] for v in decs for pr in products for path in paths}
+            times = {(v, (pr, at), path): [] for v in decs for pr in products for at in attention for path in paths}
             for i in range(repeats + 2):
-                for v, pr, path in (list(times) if i % 2 == 0 else list(times)[::-1]):
+                for v, (pr, at), path in (list(times) if i % 2 == 0 else list(times)[::-1]):
                     lanes[v].model.integer_products = own[v] if pr is None else int8.MODE_WORDS[pr]
-                    with native_layers.switched(path == "native"):
+                    with native_layers.switched(path == "native"), attention_switched(at):
                         t = step_seconds(lanes[v], rows)
                     if i >= 2:
-                        times[v, pr, path].append(t)
+                        times[v, (pr, at), path].append(t)
             for v, lane in lanes.items():
                 lane.model.integer_products = own[v]
-            for v, pr in dict.fromkeys((v, pr) for v, pr, _ in times):
+            for v, (pr, at) in dict.fromkeys((v, x) for v, x, _ in times):
                 lane, pg = lanes[v], v[1]
                 model = lane.model
                 keys = lane.cache.length + rows
                 read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())
-                med = {path: sorted(times[v, pr, path])[len(times[v, pr, path]) // 2] * 1e3 for path in paths}
+                med = {path: sorted(times[v, (pr, at), path])[len(times[v, (pr, at), path]) // 2] * 1e3 for path in paths}
                 floor = read / (bandwidth * 1e9) * 1e3
                 kv = str(lane.cache.k.dtype).removeprefix("torch.")
                 mode = own[v] if pr is None else int8.MODE_WORDS[pr]
+                with attention_switched(at):
+                    tiles = kv != "float32" and native_attention.kernel() is not None and native_attention.kernel().tiles()
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
-                       "products": int8.LEVEL_NAMES[mode], "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
+                       "products": int8.LEVEL_NAMES[mode], "attention": "tiles" if tiles else "float",
+                       "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
                 if pytorch_layers:
                     row["speedup"] = med["pytorch"] / med["native"]
                 results.append(row)
                 torch_part = f", pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x)" if pytorch_layers else ""
                 say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V on {pg} pages, "
-                    f"{int8.LEVEL_NAMES[mode]} products ({read / 1e6:.1f} MB): "
+                    f"{int8.LEVEL_NAMES[mode]} products, {row['attention']} attention ({read / 1e6:.1f} MB): "
                     f"native {med['native']:.2f} ms{torch_part}; "
                     f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")
         del decs
     return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
+
+
+def attention_switched(path: str | None):
+    """Few-row attention on AMX's tiles ("tiles", where they run) or its float32 path ("float")
+    inside the block; None: as the environment has it."""
+    if path is None:
+        return contextlib.nullcontext()
+    return switches.switched(native_attention.TILES_ENV, path == "tiles")
 
 
 def parse_contexts(text: str, repeats: int) -> list[int]:
@@ -174,6 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--products", default=None,
                    help="comma-separated modes of the native layers' products over GGUF blocks, measured alternately: "
                    "0 (the float path), fast, int8, int8x2 (default: the engine's own alone; see triforce_core.models.int8)")
+    p.add_argument("--attention", default=None,
+                   help="comma-separated few-row attention paths over a 16-bit cache, measured alternately: tiles "
+                   "(AMX's, where they run: TRIFORCE_ATTENTION_TILES=1), float (the float32 path, the default) "
+                   "(default: as the environment has it, alone)")
     p.add_argument("--no-pytorch-layers", action="store_true",
                    help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -199,13 +218,19 @@ def main(argv: list[str] | None = None) -> int:
         if not products or any(x not in int8.MODE_WORDS for x in products) or len(set(products)) != len(products):
             print("error: --products takes distinct names of 0, fast, int8, int8x2", file=sys.stderr)
             return 2
+    attention: tuple[str | None, ...] = (None,)
+    if a.attention is not None:
+        attention = tuple(x.strip().lower() for x in a.attention.split(",") if x.strip())
+        if not attention or any(x not in ("tiles", "float") for x in attention) or len(set(attention)) != len(attention):
+            print("error: --attention takes distinct names of tiles, float", file=sys.stderr)
+            return 2
     bench = load_bench(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
     report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers,
-                     pages=pages, products=products)
+                     pages=pages, products=products, attention=attention)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),
                            "cores": os.cpu_count()}, repeats=a.repeats)
     write_json(a.json, report)

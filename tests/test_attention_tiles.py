@@ -6,12 +6,11 @@ path of `csrc/few_rows.c`). What it claims:
   limits, blocks a row cannot see, the chunks' attention mass).
 - A row's result does not depend on the rows beside it, bit for bit (1 to 136 rows a call).
 - It is another arithmetic than the float32 path (a control that the tiles ran), which
-  `TRIFORCE_ATTENTION_TILES=0` brings back; float32 K/V and head sizes that are not a multiple of
-  16 keep the float32 path; the disk cache's key names it.
+  `TRIFORCE_ATTENTION_TILES=0` (the default) keeps; float32 K/V and head sizes that are not a
+  multiple of 16 keep the float32 path; the disk cache's key names it.
 - A model decoding over a float16 cache on the tiles: a verification's logits equal the steps'
-  bit for bit (7 and 17 rows), and its forwards do take the tiles (a control for
-  test_kv_dtype's greedy tests, which on such a machine run every speculative mode on them
-  against autoregressive decoding, no tie tolerated).
+  bit for bit (7 and 17 rows), its forwards do take the tiles (a control), and every
+  speculative mode's greedy output equals autoregressive decoding's, no tie tolerated.
 
 Where the tiles do not run, the tests that need them skip.
 """
@@ -21,9 +20,10 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler, to_ours
-from test_kv_dtype import PROMPT, _pair, greedy_reference
+from test_kv_dtype import MODES, PROMPT, _config, _pair, greedy_reference
 
 import triforce_core.models.native_attention as native_attention
+from triforce_core import TriForceEngine
 from triforce_core.models import switches
 from triforce_core.models.arithmetic import arithmetic_key
 
@@ -36,9 +36,12 @@ def kernel() -> native_attention.Kernel:
 
 
 @pytest.fixture
-def tiles(kernel) -> native_attention.Kernel:
-    if not kernel.tiles():
+def tiles(kernel, monkeypatch) -> native_attention.Kernel:
+    """The kernel with the tiles switched on (`TRIFORCE_ATTENTION_TILES=1`, opt-in)."""
+    if not kernel.tiles_run():
         pytest.skip("AMX's bfloat16 tiles do not run on this machine")
+    monkeypatch.setenv(native_attention.TILES_ENV, "1")
+    assert kernel.tiles()
     return kernel
 
 
@@ -107,7 +110,7 @@ def test_a_row_is_the_same_bit_for_bit_whatever_the_rows_beside_it(tiles):
                     f"row {r} in calls of {rows}"
 
 
-def test_the_tiles_are_another_arithmetic_which_the_switch_turns_off(tiles):
+def test_the_tiles_are_another_arithmetic_which_the_default_keeps_off(tiles, monkeypatch):
     q, k, v = _inputs(2, 7, 3000, 64, seed=3)
     limits = torch.arange(3000 - 6, 3001)
     on, _ = tiles.attention(q, k, v, limits, 0.125)
@@ -135,6 +138,11 @@ def test_the_disk_cache_key_names_the_attention_tiles(tiles):
     assert on != off and arithmetic_key("cpu") == on
 
 
+def test_the_default_keeps_the_float32_path(kernel, monkeypatch):
+    monkeypatch.delenv(native_attention.TILES_ENV, raising=False)
+    assert not kernel.tiles()
+
+
 # -- a model over a float16 cache --------------------------------------------------------------
 def test_a_verification_over_a_float16_cache_equals_the_steps_on_the_tiles(tiles):
     model = to_ours(make_hf("llama_gqa_llama3", seed=0))  # head size 16: the tiles' smallest
@@ -150,3 +158,12 @@ def test_a_step_on_the_tiles_differs_from_one_off_them(tiles):
     with tiles_off():
         greedy_off = greedy_reference(model, PROMPT, 4, torch.float16)
     assert greedy_on[1] != greedy_off[1]  # the top-2 gaps: other logits
+
+
+def test_every_mode_on_the_tiles_equals_autoregressive_decoding_token_for_token(tiles):
+    t, d = _pair()
+    ref, _ = greedy_reference(t, PROMPT, 40, torch.float16)
+    engine = TriForceEngine(t, d)
+    for mode, lookup in MODES:
+        cfg = _config(mode, "float16", lookup=lookup, **({"lookup_max": 8} if lookup else {}))
+        assert engine.run(PROMPT, cfg).token_ids == ref, mode

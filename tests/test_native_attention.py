@@ -191,6 +191,6 @@ def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kern
     assert attention.main(["--keys", "2048", "--rows", "4", "--repeats", "1", "--kv-dtypes", "float16",
                            "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["results"]
-    assert set(row["ms"]) == {"native", "pytorch"} | ({"tiles"} if kernel.tiles() else set())
+    assert set(row["ms"]) == {"native", "pytorch"} | ({"tiles"} if kernel.tiles_run() else set())
     assert attention.main(["--keys", "4096", "--rows", "140"]) == 2
     assert "--rows in 1..136" in capsys.readouterr().err

@@ -557,6 +557,21 @@ INLINE ATT_TARGET __m512i twice(__m512i pair, const int high) {
     return _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
 }
 
+/* split_pair of a widened 16-bit key or value, whose lo is exact (its low 16 bits zero): no
+ * rounding step. split_exact_twice gives hi and lo each twice in its lane (the values' B operand). */
+INLINE ATT_TARGET __m512i split_exact(__m512 a) {
+    __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i lo = _mm512_castps_si512(_mm512_sub_ps(a, _mm512_castsi512_ps(hi)));
+    return _mm512_or_si512(hi, _mm512_srli_epi32(lo, 16));
+}
+
+INLINE ATT_TARGET void split_exact_twice(__m512 a, __m512i *hi2, __m512i *lo2) {
+    __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i lo = _mm512_castps_si512(_mm512_sub_ps(a, _mm512_castsi512_ps(hi)));
+    *hi2 = _mm512_or_si512(hi, _mm512_srli_epi32(hi, 16));
+    *lo2 = _mm512_or_si512(lo, _mm512_srli_epi32(lo, 16));
+}
+
 /* 16 keys' or values' elements from element i, as float32 (exact). */
 INLINE ATT_TARGET __m512 load16(const void *p, int64_t i, const int kind) {
     __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
@@ -664,42 +679,71 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
         const char *kh = (const char *)k + (h * head_stride + t0 * D) * es;
         const char *vhd = (const char *)v + (h * head_stride + t0 * D) * es;
         const uint32_t *qh = qt + (int64_t)h * CT * J * 2 * TQ * TQ;
-        /* 1. the block's keys and values split into pairs (rows past n zero) */
-        for (int t = 0; t < n; t++)
+        /* 1. the block's values split into hi and lo, each twice in its dword (rows past n zero);
+           meanwhile the next job's keys and values are asked for into the level-2 cache: its
+           splits would otherwise wait on the memory (the float path prefetches likewise) */
+        const char *nk = NULL, *nv = NULL;
+        int nn = 0;
+        if (job + 1 < job_end) {
+            int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;
+            nn = (int)((T - t1) < block ? (T - t1) : block);
+            nk = (const char *)k + (h1 * head_stride + t1 * D) * es;
+            nv = (const char *)v + (h1 * head_stride + t1 * D) * es;
+        }
+        for (int t = 0; t < n; t++) {
+            if (t < nn)
+                for (int64_t c0 = 0; c0 < D * es; c0 += 64) {
+                    __builtin_prefetch(nk + (int64_t)t * D * es + c0, 0, 1);
+                    __builtin_prefetch(nv + (int64_t)t * D * es + c0, 0, 1);
+                }
             for (int j = 0; j < J; j++) {
-                __m512 a = load16(kh, (int64_t)t * D + j * TQ, kind);
-                _mm512_store_si512(kc + (int64_t)t * D + j * TQ, split_pair(a));
-                __m512i pv = split_pair(load16(vhd, (int64_t)t * D + j * TQ, kind));
-                _mm512_store_si512(vh + (int64_t)t * D + j * TQ, twice(pv, 1));
-                _mm512_store_si512(vl + (int64_t)t * D + j * TQ, twice(pv, 0));
+                __m512i h2, l2;
+                split_exact_twice(load16(vhd, (int64_t)t * D + j * TQ, kind), &h2, &l2);
+                _mm512_store_si512(vh + (int64_t)t * D + j * TQ, h2);
+                _mm512_store_si512(vl + (int64_t)t * D + j * TQ, l2);
             }
+        }
         if (n16 > n) {
             memset(kc + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
             memset(vh + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
             memset(vl + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
         }
-        /* 2. scores S^T [n16][R16]: tiles 0-1 two column tiles' sums, 2 the keys, 3-6 the queries */
-        for (int c = 0; c < CT; c += 2) {
-            const int two = c + 1 < CT;
-            const uint32_t *q0 = qh + (int64_t)c * J * 2 * TQ * TQ, *q1 = q0 + (int64_t)J * 2 * TQ * TQ;
-            for (int g = 0; g < n16; g += TQ) {
+        /* 2. scores S^T [n16][R16], a column tile and 64 keys at a time: tiles 0-3 the sums of
+           four groups of 16 keys (four independent chains of tile products, where one chain
+           waits on each product's latency), 4-5 the keys, 6-7 the queries' hi and lo. The keys
+           are split into pairs just before their first column tile reads them (still in the
+           first-level cache) */
+        for (int c = 0; c < CT; c++) {
+            const uint32_t *qc = qh + (int64_t)c * J * 2 * TQ * TQ;
+            for (int g = 0; g < n16; g += 4 * TQ) {
+                const int ng = (n16 - g) / TQ < 4 ? (n16 - g) / TQ : 4;
+                if (c == 0)
+                    for (int t = g; t < g + 4 * TQ && t < n; t++)
+                        for (int j = 0; j < J; j++)
+                            _mm512_store_si512(kc + (int64_t)t * D + j * TQ,
+                                               split_exact(load16(kh, (int64_t)t * D + j * TQ, kind)));
                 _tile_zero(0);
                 _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
                 for (int j = 0; j < J; j++) {
-                    _tile_loadd(2, kc + (int64_t)g * D + j * TQ, D * 4);
-                    _tile_loadd(3, q0 + (int64_t)j * 2 * TQ * TQ, 64);
-                    _tile_loadd(4, q0 + ((int64_t)j * 2 + 1) * TQ * TQ, 64);
-                    _tile_dpbf16ps(0, 2, 3);
-                    _tile_dpbf16ps(0, 2, 4);
-                    if (two) {
-                        _tile_loadd(5, q1 + (int64_t)j * 2 * TQ * TQ, 64);
-                        _tile_loadd(6, q1 + ((int64_t)j * 2 + 1) * TQ * TQ, 64);
-                        _tile_dpbf16ps(1, 2, 5);
-                        _tile_dpbf16ps(1, 2, 6);
-                    }
+                    _tile_loadd(6, qc + (int64_t)j * 2 * TQ * TQ, 64);
+                    _tile_loadd(7, qc + ((int64_t)j * 2 + 1) * TQ * TQ, 64);
+                    const uint32_t *kg = kc + (int64_t)g * D + j * TQ;
+#define KEYS(i, a)                                             \
+    if (ng > i) {                                              \
+        _tile_loadd(a, kg + (int64_t)i * TQ * D, D * 4);       \
+        _tile_dpbf16ps(i, a, 6);                               \
+        _tile_dpbf16ps(i, a, 7);                               \
+    }
+                    KEYS(0, 4) KEYS(1, 5) KEYS(2, 4) KEYS(3, 5)
+#undef KEYS
                 }
-                _tile_stored(0, st + (int64_t)g * R16 + c * TQ, R16 * 4);
-                if (two) _tile_stored(1, st + (int64_t)g * R16 + (c + 1) * TQ, R16 * 4);
+                float *sg = st + (int64_t)g * R16 + c * TQ;
+                _tile_stored(0, sg, R16 * 4);
+                if (ng > 1) _tile_stored(1, sg + (int64_t)TQ * R16, R16 * 4);
+                if (ng > 2) _tile_stored(2, sg + (int64_t)2 * TQ * R16, R16 * 4);
+                if (ng > 3) _tile_stored(3, sg + (int64_t)3 * TQ * R16, R16 * 4);
             }
         }
         /* 3. per column tile, down the keys with the rows in lanes: the visible keys' max, their
