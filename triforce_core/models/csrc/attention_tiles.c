@@ -1,0 +1,392 @@
+/* Few-row attention on AMX's bfloat16 tiles: every row's products at once (opt-in,
+ * `native_attention.TILES_ENV`). Included by few_rows.c, whose jobs, blocks and outputs it
+ * shares.
+ *
+ * Where AMX's bfloat16 tiles run (after the process asks for their state), a block's scores and
+ * its weighted sum are tile products, and their cost hardly depends on the rows: a 16-row tile
+ * product takes one instruction, so a verification's 28 rows cost about what a step's 4 do,
+ * where few_rows.c's float32 path does seven times the multiply-adds for seven tokens.
+ *
+ * Exactness of the parts. A tile product multiplies bfloat16 pairs (8-bit significands) into
+ * float32 sums. A float16 key or value (11 bits) is split exactly into hi + lo, hi its float32's
+ * top 16 bits (truncated) and lo the rest (at most 3 bits, exact in bfloat16). A query (float32)
+ * and a probability are split the same way with lo rounded to bfloat16: 16 of their 24 bits, a
+ * relative error below 2^-16, next to the 2^-11 of the float16 cache. Each dword of a tile holds
+ * one element's pair (lo in its low half, hi in its high half) against the other side's part
+ * twice, so one instruction sums lo x part + hi x part:
+ *   score[t][r] = sum over 16-dim pieces j of (K_j . qhi_j) then (K_j . qlo_j)
+ *   out[r][d]   = sum over 16-key groups g of (P_g . Vhi_g) then (P_g . Vlo_g)
+ * in that order for every row and every key: a row's result does not depend on the rows beside
+ * it in its tile (each output of a tile product is formed on its own), so a verification row
+ * equals the step it replaces, bit for bit, as on the float32 path.
+ *
+ * The scores come out as S^T (a key per tile row, the query rows across), so the softmax runs
+ * down the keys with the rows in vector lanes; the probabilities are transposed once per 16 keys
+ * for the weighted sum, whose A operand takes rows.
+ *
+ * Measured on a 2-core Xeon (docs: Results): 28 rows over 32K keys 0.64x the float32 path's
+ * time, but 4 rows (a step) 2.1x, the splits of the keys and values (per cached element,
+ * whatever the rows) not keeping up with the memory's stream; hence opt-in. */
+#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && __GNUC__ >= 11
+#include <cpuid.h>
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#define ATT_TILES 1
+#define ATT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-bf16")))
+#endif
+
+static int att_tiles_state = -1; /* -1: not asked yet */
+static int att_tiles_on = 0;
+
+/* Whether AMX's bfloat16 tiles run in this process (asking the kernel for their state once). */
+static int att_tiles_run(void) {
+    if (att_tiles_state >= 0) return att_tiles_state;
+    int ok = 0;
+#ifdef ATT_TILES
+    unsigned a, b, c, d;
+    if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1) && (c >> 29 & 1) &&  /* OSXSAVE, F16C */
+        __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) &&
+        (b >> 31 & 1) && (d >> 22 & 1) && (d >> 24 & 1)) {  /* AVX-512 F/DQ/BW/VL, AMX-BF16, AMX-TILE */
+        unsigned lo32, hi32;
+        __asm__ volatile("xgetbv" : "=a"(lo32), "=d"(hi32) : "c"(0));
+        /* XCR0: the AVX-512 state (bits 5-7) and the tiles' (17, 18) are saved by the system */
+        if ((lo32 & 0xe0u) == 0xe0u && (lo32 >> 17 & 3) == 3)
+            ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
+    }
+#endif
+    att_tiles_state = ok;
+    return ok;
+}
+
+/* Tiles on (want != 0, where they run) or off for the calls that follow; returns whether on. */
+int attention_tiles(int want) {
+    att_tiles_on = want && att_tiles_run();
+    return att_tiles_on;
+}
+
+#ifdef ATT_TILES
+#define TQ 16 /* rows (query rows, keys) of a tile */
+
+struct att_tile_config {
+    uint8_t palette;
+    uint8_t start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+};
+
+static ATT_TARGET void att_tile_configure(void) {
+    struct att_tile_config c;
+    memset(&c, 0, sizeof(c));
+    c.palette = 1;
+    for (int t = 0; t < 8; t++) c.rows[t] = TQ, c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* Each lane's pair: its top 16 bits (hi, truncated) in the high half, the rest rounded to
+ * bfloat16 (lo, exact when it fits) in the low half. */
+INLINE ATT_TARGET __m512i split_pair(__m512 a) {
+    __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i r = _mm512_castps_si512(_mm512_sub_ps(a, _mm512_castsi512_ps(hi)));
+    r = _mm512_add_epi32(r, _mm512_add_epi32(_mm512_set1_epi32(0x7fff), _mm512_and_si512(_mm512_srli_epi32(r, 16),
+                                                                                          _mm512_set1_epi32(1))));
+    return _mm512_or_si512(hi, _mm512_srli_epi32(r, 16));
+}
+
+/* The pair's hi (high = 1) or lo half in both halves of each lane. */
+INLINE ATT_TARGET __m512i twice(__m512i pair, const int high) {
+    __m512i x = high ? _mm512_srli_epi32(pair, 16) : _mm512_and_si512(pair, _mm512_set1_epi32(0xffff));
+    return _mm512_or_si512(x, _mm512_slli_epi32(x, 16));
+}
+
+/* split_pair of a widened 16-bit key or value, whose lo is exact (its low 16 bits zero): no
+ * rounding step. split_exact_twice gives hi and lo each twice in its lane (the values' B operand). */
+INLINE ATT_TARGET __m512i split_exact(__m512 a) {
+    __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i lo = _mm512_castps_si512(_mm512_sub_ps(a, _mm512_castsi512_ps(hi)));
+    return _mm512_or_si512(hi, _mm512_srli_epi32(lo, 16));
+}
+
+INLINE ATT_TARGET void split_exact_twice(__m512 a, __m512i *hi2, __m512i *lo2) {
+    __m512i hi = _mm512_and_si512(_mm512_castps_si512(a), _mm512_set1_epi32((int)0xffff0000u));
+    __m512i lo = _mm512_castps_si512(_mm512_sub_ps(a, _mm512_castsi512_ps(hi)));
+    *hi2 = _mm512_or_si512(hi, _mm512_srli_epi32(hi, 16));
+    *lo2 = _mm512_or_si512(lo, _mm512_srli_epi32(lo, 16));
+}
+
+/* 16 keys' or values' elements from element i, as float32 (exact). */
+INLINE ATT_TARGET __m512 load16(const void *p, int64_t i, const int kind) {
+    __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)p + i));
+    if (kind == KV_F16) return _mm512_cvtph_ps(h);
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+}
+
+INLINE ATT_TARGET __m512 exp_nonpositive16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 fn = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(0.5f)),
+                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(LN2_HI), x);
+    r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(LN2_LO), r);
+    __m512 p = _mm512_setzero_ps();
+#define STEP(c) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+    EXP_C(STEP)
+#undef STEP
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
+    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
+}
+
+/* r[i][j] <- r[j][i] for 16 vectors of 16 dwords. */
+INLINE ATT_TARGET void transpose16(__m512i r[16]) {
+    __m512i t[16];
+    for (int i = 0; i < 8; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 4; i++) {
+        r[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        r[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        r[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    for (int h = 0; h < 16; h += 8)
+        for (int i = 0; i < 4; i++) {
+            t[h + i] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0x88);
+            t[h + i + 4] = _mm512_shuffle_i32x4(r[h + i], r[h + i + 4], 0xdd);
+        }
+    for (int i = 0; i < 8; i++) {
+        r[i] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0x88);
+        r[i + 8] = _mm512_shuffle_i32x4(t[i], t[i + 8], 0xdd);
+    }
+}
+
+/* A thread's scratch buffer `which` of at least `words` dwords, 64-byte aligned, kept for its
+ * next calls (a fresh one of a few hundred KB each call cost page faults every layer); NULL
+ * when it cannot be had. Buffer 0 is a job's, 1 the queries' tiles of the calling thread. */
+static __thread uint32_t *tile_buffers[2];
+static __thread size_t tile_buffer_words[2];
+
+static uint32_t *tile_scratch(int which, size_t words) {
+    if (tile_buffer_words[which] < words) {
+        free(tile_buffers[which]);
+        size_t n = (words + 15) / 16 * 16;
+        tile_buffers[which] = aligned_alloc(64, n * 4);
+        tile_buffer_words[which] = tile_buffers[which] ? n : 0;
+    }
+    return tile_buffers[which];
+}
+
+/* The queries as the scores' B operand: qt[h][c][j][part][k][n] = query row c*16+n's dim j*16+k,
+ * part 0 hi and 1 lo, twice in its dword (zero for rows past R). */
+static ATT_TARGET void tile_queries(const float *q, int H, int R, int D, int CT, uint32_t *qt) {
+    int J = D / TQ;
+    memset(qt, 0, sizeof(uint32_t) * (size_t)H * CT * J * 2 * TQ * TQ);
+    __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                      _mm512_set1_epi32(TQ));
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < J; j++) {
+                __m512i pair = split_pair(_mm512_loadu_ps(q + ((int64_t)h * R + r) * D + j * TQ));
+                uint32_t *tile = qt + ((((int64_t)h * CT + r / TQ) * J + j) * 2) * TQ * TQ + r % TQ;
+                _mm512_i32scatter_epi32(tile, down, twice(pair, 1), 4);
+                _mm512_i32scatter_epi32(tile + TQ * TQ, down, twice(pair, 0), 4);
+            }
+}
+
+/* `blocks` on the tiles (K/V float16 or bfloat16, D % 16 == 0): the same jobs and outputs. */
+INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void *v, int64_t head_stride, int H, int R,
+                                   int D, int64_t T, const int64_t *limit, int block, int64_t job_begin,
+                                   int64_t job_end, float *out, float *m_out, float *l_out, int chunk,
+                                   float *chunk_sum, const int kind) {
+    (void)H;
+    const int CT = (R + TQ - 1) / TQ, R16 = CT * TQ, J = D / TQ, B16 = (block + TQ - 1) / TQ * TQ;
+    int64_t nb = (T + block - 1) / block, n_chunks = chunk > 0 ? T / chunk : 0;
+    /* per thread: the block's keys as pairs [B16][D], its values hi and lo twice [B16][D], the
+       scores and then probabilities S^T [B16][R16], those as the weighted sum's A tiles
+       [CT][B16 / 16][16][16], one partial output [R16][D] */
+    size_t words = (size_t)B16 * D * 3 + (size_t)B16 * R16 * 2 + (size_t)R16 * D;
+    uint32_t *kc = tile_scratch(0, words);
+    if (!kc) return -1;
+    uint32_t *vh = kc + (size_t)B16 * D, *vl = vh + (size_t)B16 * D;
+    float *st = (float *)(vl + (size_t)B16 * D);
+    uint32_t *pa = (uint32_t *)(st + (size_t)B16 * R16);
+    float *ot = (float *)(pa + (size_t)B16 * R16);
+    att_tile_configure();
+    const int64_t es = kv_size(kind);
+
+    for (int64_t job = job_begin; job < job_end; job++) {
+        int64_t h = job / nb, b = job % nb;
+        int64_t t0 = b * block;
+        int n = (int)((T - t0) < block ? (T - t0) : block), n16 = (n + TQ - 1) / TQ * TQ;
+        const char *kh = (const char *)k + (h * head_stride + t0 * D) * es;
+        const char *vhd = (const char *)v + (h * head_stride + t0 * D) * es;
+        const uint32_t *qh = qt + (int64_t)h * CT * J * 2 * TQ * TQ;
+        /* 1. the block's values split into hi and lo, each twice in its dword (rows past n zero);
+           meanwhile the next job's keys and values are asked for into the level-2 cache: its
+           splits would otherwise wait on the memory (the float path prefetches likewise) */
+        const char *nk = NULL, *nv = NULL;
+        int nn = 0;
+        if (job + 1 < job_end) {
+            int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;
+            nn = (int)((T - t1) < block ? (T - t1) : block);
+            nk = (const char *)k + (h1 * head_stride + t1 * D) * es;
+            nv = (const char *)v + (h1 * head_stride + t1 * D) * es;
+        }
+        for (int t = 0; t < n; t++) {
+            if (t < nn)
+                for (int64_t c0 = 0; c0 < D * es; c0 += 64) {
+                    __builtin_prefetch(nk + (int64_t)t * D * es + c0, 0, 1);
+                    __builtin_prefetch(nv + (int64_t)t * D * es + c0, 0, 1);
+                }
+            for (int j = 0; j < J; j++) {
+                __m512i h2, l2;
+                split_exact_twice(load16(vhd, (int64_t)t * D + j * TQ, kind), &h2, &l2);
+                _mm512_store_si512(vh + (int64_t)t * D + j * TQ, h2);
+                _mm512_store_si512(vl + (int64_t)t * D + j * TQ, l2);
+            }
+        }
+        if (n16 > n) {
+            memset(kc + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
+            memset(vh + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
+            memset(vl + (int64_t)n * D, 0, sizeof(uint32_t) * (size_t)(n16 - n) * D);
+        }
+        /* 2. scores S^T [n16][R16], a column tile and 64 keys at a time: tiles 0-3 the sums of
+           four groups of 16 keys (four independent chains of tile products, where one chain
+           waits on each product's latency), 4-5 the keys, 6-7 the queries' hi and lo. The keys
+           are split into pairs just before their first column tile reads them (still in the
+           first-level cache) */
+        for (int c = 0; c < CT; c++) {
+            const uint32_t *qc = qh + (int64_t)c * J * 2 * TQ * TQ;
+            for (int g = 0; g < n16; g += 4 * TQ) {
+                const int ng = (n16 - g) / TQ < 4 ? (n16 - g) / TQ : 4;
+                if (c == 0)
+                    for (int t = g; t < g + 4 * TQ && t < n; t++)
+                        for (int j = 0; j < J; j++)
+                            _mm512_store_si512(kc + (int64_t)t * D + j * TQ,
+                                               split_exact(load16(kh, (int64_t)t * D + j * TQ, kind)));
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int j = 0; j < J; j++) {
+                    _tile_loadd(6, qc + (int64_t)j * 2 * TQ * TQ, 64);
+                    _tile_loadd(7, qc + ((int64_t)j * 2 + 1) * TQ * TQ, 64);
+                    const uint32_t *kg = kc + (int64_t)g * D + j * TQ;
+#define KEYS(i, a)                                             \
+    if (ng > i) {                                              \
+        _tile_loadd(a, kg + (int64_t)i * TQ * D, D * 4);       \
+        _tile_dpbf16ps(i, a, 6);                               \
+        _tile_dpbf16ps(i, a, 7);                               \
+    }
+                    KEYS(0, 4) KEYS(1, 5) KEYS(2, 4) KEYS(3, 5)
+#undef KEYS
+                }
+                float *sg = st + (int64_t)g * R16 + c * TQ;
+                _tile_stored(0, sg, R16 * 4);
+                if (ng > 1) _tile_stored(1, sg + (int64_t)TQ * R16, R16 * 4);
+                if (ng > 2) _tile_stored(2, sg + (int64_t)2 * TQ * R16, R16 * 4);
+                if (ng > 3) _tile_stored(3, sg + (int64_t)3 * TQ * R16, R16 * 4);
+            }
+        }
+        /* 3. per column tile, down the keys with the rows in lanes: the visible keys' max, their
+           exponentials (zero where not visible) and sums, each chunk's sum; then the
+           probabilities as pairs, transposed into the weighted sum's A tiles */
+        int64_t stat = (h * nb + b) * R;
+        for (int c = 0; c < CT; c++) {
+            int32_t lim[TQ];
+            for (int i = 0; i < TQ; i++) {
+                int r = c * TQ + i;
+                int64_t x = r < R ? (limit ? limit[r] : T) - t0 : n;
+                lim[i] = x <= 0 ? 0 : x < n ? (int32_t)x : n;
+            }
+            __m512i limv = _mm512_loadu_si512(lim);
+            __m512 m = _mm512_set1_ps(-INFINITY);
+            for (int t = 0; t < n; t++) {
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+                m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (int64_t)t * R16 + c * TQ));
+            }
+            __m512 l = _mm512_setzero_ps(), cs = _mm512_setzero_ps();
+            for (int t = 0; t < n16; t++) {
+                float *sp = st + (int64_t)t * R16 + c * TQ;
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+                __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sp), m)));
+                _mm512_storeu_ps(sp, e);
+                l = _mm512_add_ps(l, e);
+                if (chunk_sum && t < n) {
+                    cs = _mm512_add_ps(cs, e);
+                    if ((t + 1) % chunk == 0) {
+                        int64_t ci = (t0 + t) / chunk;
+                        if (ci < n_chunks) {
+                            float lanes[TQ];
+                            _mm512_storeu_ps(lanes, cs);
+                            for (int i = 0; i < TQ && c * TQ + i < R; i++)
+                                chunk_sum[((int64_t)h * R + c * TQ + i) * n_chunks + ci] = lanes[i];
+                        }
+                        cs = _mm512_setzero_ps();
+                    }
+                }
+            }
+            float ml[TQ], ll[TQ];
+            _mm512_storeu_ps(ml, m);
+            _mm512_storeu_ps(ll, l);
+            for (int i = 0; i < TQ && c * TQ + i < R; i++) {
+                m_out[stat + c * TQ + i] = ml[i];
+                l_out[stat + c * TQ + i] = ll[i];
+            }
+            for (int g = 0; g < n16; g += TQ) {
+                __m512i rows[TQ];
+                for (int i = 0; i < TQ; i++) rows[i] = split_pair(_mm512_loadu_ps(st + (int64_t)(g + i) * R16 + c * TQ));
+                transpose16(rows);
+                uint32_t *tile = pa + ((int64_t)c * (B16 / TQ) + g / TQ) * TQ * TQ;
+                for (int i = 0; i < TQ; i++) _mm512_store_si512(tile + i * TQ, rows[i]);
+            }
+        }
+        /* 4. the block's partial output [R][D]: tiles 0-3 four 16-dim pieces' sums, 4 the
+           probabilities, 5 and 6 the values' hi and lo */
+        float *o = out + stat * D;
+        for (int c = 0; c < CT; c++) {
+            for (int d0 = 0; d0 < J; d0 += 4) {
+                const int nd = J - d0 < 4 ? J - d0 : 4;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int g = 0; g < n16; g += TQ) {
+                    _tile_loadd(4, pa + ((int64_t)c * (B16 / TQ) + g / TQ) * TQ * TQ, 64);
+                    const uint32_t *h0 = vh + (int64_t)g * D + d0 * TQ, *l0 = vl + (int64_t)g * D + d0 * TQ;
+#define PIECE(i)                                            \
+    if (nd > i) {                                           \
+        _tile_loadd(5, h0 + i * TQ, D * 4);                 \
+        _tile_loadd(6, l0 + i * TQ, D * 4);                 \
+        _tile_dpbf16ps(i, 4, 5);                            \
+        _tile_dpbf16ps(i, 4, 6);                            \
+    }
+                    PIECE(0) PIECE(1) PIECE(2) PIECE(3)
+#undef PIECE
+                }
+                if (nd > 0) _tile_stored(0, ot + d0 * TQ, D * 4);
+                if (nd > 1) _tile_stored(1, ot + (d0 + 1) * TQ, D * 4);
+                if (nd > 2) _tile_stored(2, ot + (d0 + 2) * TQ, D * 4);
+                if (nd > 3) _tile_stored(3, ot + (d0 + 3) * TQ, D * 4);
+            }
+            int rows = R - c * TQ < TQ ? R - c * TQ : TQ;
+            memcpy(o + (int64_t)c * TQ * D, ot, sizeof(float) * (size_t)rows * D);
+        }
+    }
+    _tile_release();
+    return 0;
+}
+
+static ATT_TARGET int blocks_tiles_f16(const uint32_t *qt, const void *k, const void *v, int64_t hs, int H, int R,
+                                       int D, int64_t T, const int64_t *limit, int block, int64_t j0, int64_t j1,
+                                       float *out, float *m, float *l, int chunk, float *cs) {
+    return blocks_tiles(qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
+}
+static ATT_TARGET int blocks_tiles_bf16(const uint32_t *qt, const void *k, const void *v, int64_t hs, int H, int R,
+                                        int D, int64_t T, const int64_t *limit, int block, int64_t j0, int64_t j1,
+                                        float *out, float *m, float *l, int chunk, float *cs) {
+    return blocks_tiles(qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
+}
+#endif
