@@ -108,6 +108,16 @@ def test_the_table_names_every_figure():
     assert "1100.0" in table and "120.0" in table and "130.0 tok/s" in table and "83.3 %" in table
 
 
+def test_a_generation_only_report_leaves_prompt_processing_out():
+    """`--generation-only` (llama-bench's test at a depth alone): no pp runs, no pp line."""
+    report = peer_report()
+    report["runs"] = [r for r in report["runs"] if r["kind"] == "tg"]
+    report["prompt_processing"] = llama_cpp.best_of(report["runs"], "pp")
+    assert report["prompt_processing"] is None
+    table = llama_cpp.format_table({**report, "lookup": None})
+    assert "generation of 64 at depth 6000" in table and "prompt processing" not in table
+
+
 def test_chat_compares_every_configuration_with_the_peer(chat_engine):
     text = words(300, seed=11)
     turns = chat.workload(text, quotes=1, open_count=0, seed=1)
