@@ -27,12 +27,7 @@
  * Measured on a 2-core Xeon (docs: Results): 28 rows over 32K keys 0.64x the float32 path's
  * time, but 4 rows (a step) 2.1x, the splits of the keys and values (per cached element,
  * whatever the rows) not keeping up with the memory's stream; hence opt-in. */
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && __GNUC__ >= 11
-#include <cpuid.h>
-#include <immintrin.h>
-#include <string.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#ifdef AMX_X86
 #define ATT_TILES 1
 #define ATT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-bf16")))
 #endif
@@ -46,15 +41,10 @@ static int att_tiles_run(void) {
     int ok = 0;
 #ifdef ATT_TILES
     unsigned a, b, c, d;
-    if (__get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1) && (c >> 29 & 1) &&  /* OSXSAVE, F16C */
-        __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 17 & 1) && (b >> 30 & 1) &&
-        (b >> 31 & 1) && (d >> 22 & 1) && (d >> 24 & 1)) {  /* AVX-512 F/DQ/BW/VL, AMX-BF16, AMX-TILE */
-        unsigned lo32, hi32;
-        __asm__ volatile("xgetbv" : "=a"(lo32), "=d"(hi32) : "c"(0));
-        /* XCR0: the AVX-512 state (bits 5-7) and the tiles' (17, 18) are saved by the system */
-        if ((lo32 & 0xe0u) == 0xe0u && (lo32 >> 17 & 3) == 3)
-            ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    }
+    ok = __get_cpuid(1, &a, &b, &c, &d) && (c >> 29 & 1) &&                     /* F16C */
+         __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 17 & 1) &&
+         (b >> 30 & 1) && (b >> 31 & 1) &&                                        /* AVX-512 F, DQ, BW, VL */
+         amx_has(22) && amx_has(24) && amx_permitted(1);                         /* AMX-BF16, AMX-TILE */
 #endif
     att_tiles_state = ok;
     return ok;
@@ -68,22 +58,6 @@ int attention_tiles(int want) {
 
 #ifdef ATT_TILES
 #define TQ 16 /* rows (query rows, keys) of a tile */
-
-struct att_tile_config {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-static ATT_TARGET void att_tile_configure(void) {
-    struct att_tile_config c;
-    memset(&c, 0, sizeof(c));
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = TQ, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
-}
 
 /* Each lane's pair: its top 16 bits (hi, truncated) in the high half, the rest rounded to
  * bfloat16 (lo, exact when it fits) in the low half. */
@@ -123,20 +97,10 @@ INLINE ATT_TARGET __m512 load16(const void *p, int64_t i, const int kind) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-INLINE ATT_TARGET __m512 exp_nonpositive16(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 fn = _mm512_roundscale_ps(_mm512_fmadd_ps(x, _mm512_set1_ps(LOG2E), _mm512_set1_ps(0.5f)),
-                                     _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(LN2_HI), x);
-    r = _mm512_fnmadd_ps(fn, _mm512_set1_ps(LN2_LO), r);
-    __m512 p = _mm512_setzero_ps();
-#define STEP(c) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
-    EXP_C(STEP)
-#undef STEP
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    __m512i e = _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(fn), _mm512_set1_epi32(127)), 23);
-    return _mm512_mul_ps(p, _mm512_castsi512_ps(e));
-}
+/* Rounding down, as _mm256_floor_ps does. */
+#define FLOOR512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
+
+INLINE ATT_TARGET __m512 exp_nonpositive16(__m512 x) { EXP_NONPOSITIVE_VECTOR(512, FLOOR512) }
 
 /* r[i][j] <- r[j][i] for 16 vectors of 16 dwords. */
 INLINE ATT_TARGET void transpose16(__m512i r[16]) {
@@ -213,7 +177,7 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
     float *st = (float *)(vl + (size_t)B16 * D);
     uint32_t *pa = (uint32_t *)(st + (size_t)B16 * R16);
     float *ot = (float *)(pa + (size_t)B16 * R16);
-    att_tile_configure();
+    amx_configure();
     const int64_t es = kv_size(kind);
 
     for (int64_t job = job_begin; job < job_end; job++) {

@@ -104,20 +104,23 @@ static inline float exp_nonpositive(float x) {
     return p * scale.f;
 }
 
+/* exp_nonpositive's steps on a vector of BITS (256, 512) floats x, returned; FLOOR rounds down. */
+#define EXP_NONPOSITIVE_VECTOR(BITS, FLOOR)                                                              \
+    x = _mm##BITS##_max_ps(x, _mm##BITS##_set1_ps(-87.0f));                                              \
+    __m##BITS fn = FLOOR(_mm##BITS##_fmadd_ps(x, _mm##BITS##_set1_ps(LOG2E), _mm##BITS##_set1_ps(0.5f)));\
+    __m##BITS r = _mm##BITS##_fnmadd_ps(fn, _mm##BITS##_set1_ps(LN2_HI), x);                             \
+    r = _mm##BITS##_fnmadd_ps(fn, _mm##BITS##_set1_ps(LN2_LO), r);                                       \
+    __m##BITS p = _mm##BITS##_setzero_ps();                                                              \
+    EXP_C(EXP_VECTOR_STEP_##BITS)                                                                        \
+    p = _mm##BITS##_fmadd_ps(_mm##BITS##_mul_ps(p, r), r, _mm##BITS##_add_ps(r, _mm##BITS##_set1_ps(1.0f)));\
+    __m##BITS##i e = _mm##BITS##_slli_epi32(                                                             \
+        _mm##BITS##_add_epi32(_mm##BITS##_cvtps_epi32(fn), _mm##BITS##_set1_epi32(127)), 23);            \
+    return _mm##BITS##_mul_ps(p, _mm##BITS##_castsi##BITS##_ps(e));
+#define EXP_VECTOR_STEP_256(c) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+#define EXP_VECTOR_STEP_512(c) p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(c));
+
 #ifdef HAVE_AVX2
-static inline __m256 exp_nonpositive8(__m256 x) {
-    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
-    __m256 fn = _mm256_floor_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(LOG2E), _mm256_set1_ps(0.5f)));
-    __m256 r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(LN2_HI), x);
-    r = _mm256_fnmadd_ps(fn, _mm256_set1_ps(LN2_LO), r);
-    __m256 p = _mm256_setzero_ps();
-#define STEP(c) p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-    EXP_C(STEP)
-#undef STEP
-    p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fn), _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
-}
+static inline __m256 exp_nonpositive8(__m256 x) { EXP_NONPOSITIVE_VECTOR(256, _mm256_floor_ps) }
 #endif
 
 /* The largest of s[0..n) (-inf for n = 0). */
@@ -463,6 +466,7 @@ static int blocks_bf16(const float *q, const void *k, const void *v, int64_t hs,
 typedef int (*BlocksFn)(const float *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
                         int, int64_t, int64_t, float *, float *, float *, int, float *);
 
+#include "amx.c"
 #include "attention_tiles.c"
 
 /* Combine the blocks: result [H, R, D]; m_out is overwritten with each block's weight

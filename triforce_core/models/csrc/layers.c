@@ -34,6 +34,7 @@
 #include "quant_rows.c"
 #include "int8_rows.c"
 #include "int16_rows.c"
+#include "amx.c"
 #include "tile_rows.c"
 #include "integer_products.c"
 

@@ -27,17 +27,12 @@
  * The weights are laid out as the tiles take them (four consecutive inputs of each of 16 outputs
  * a 64-byte row), gathered, scaled and split once a super-block for all of a group's rows.
  *
- * The tiles run only after the process asks the kernel for their state (arch_prctl
- * ARCH_REQ_XCOMP_PERM): without it the first tile instruction faults. `tiles_ready` asks once,
- * after the processor says it has them (cpuid) and the system saves their state (XCR0).
+ * `tiles_ready` asks once whether the process may run them (amx.c: cpuid, XCR0, arch_prctl).
  *
- * Included by layers.c after int16_rows.c.
+ * Included by layers.c after int16_rows.c and amx.c.
  */
 
-#if defined(__x86_64__) && defined(__linux__) && defined(__GNUC__) && __GNUC__ >= 11
-#include <cpuid.h>
-#include <sys/syscall.h>
-#include <unistd.h>
+#ifdef AMX_X86
 #define TILES_X86 1
 #define TILE_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,amx-tile,amx-int8")))
 #endif
@@ -174,37 +169,16 @@ static int tiles_ready(void) {
     if (tiles_state >= 0) return tiles_state;
     int ok = 0;
 #ifdef TILES_X86
-    unsigned a, b, c, d;
-    if (int8_runs(INT8_AVX512_VNNI) && __get_cpuid_count(7, 0, &a, &b, &c, &d) && (d >> 24 & 1) && (d >> 25 & 1) &&
-        __get_cpuid(1, &a, &b, &c, &d) && (c >> 27 & 1)) {
-        unsigned lo32, hi32;
-        __asm__ volatile("xgetbv" : "=a"(lo32), "=d"(hi32) : "c"(0));
-        /* XCR0 bits 17 (TILECFG) and 18 (TILEDATA): the system saves the tiles' state */
-        if ((lo32 >> 17 & 3) == 3) ok = syscall(SYS_arch_prctl, 0x1023 /* ARCH_REQ_XCOMP_PERM */, 18 /* XTILEDATA */) == 0;
-    }
+    ok = int8_runs(INT8_AVX512_VNNI) && amx_has(24) && amx_has(25) && amx_permitted(0); /* AMX-TILE, AMX-INT8 */
 #endif
     tiles_state = ok;
     return ok;
 }
 
 #ifdef TILES_X86
-struct tile_config {
-    uint8_t palette;
-    uint8_t start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-};
-
-/* Tiles 0 and 1: 64 inputs' hi and lo of 16 rows; 2 and 3: Wl and Wh of 16 outputs (sixteen rows
- * of four inputs each); 4-7: the int32 sums C_hl, C_ll, C_hh, C_lh, 16 rows x 16 outputs. */
-static TILE_TARGET void tile_configure(void) {
-    struct tile_config c;
-    memset(&c, 0, sizeof(c));
-    c.palette = 1;
-    for (int t = 0; t < 8; t++) c.rows[t] = 16, c.colsb[t] = 64;
-    _tile_loadconfig(&c);
-}
+/* The tiles (amx_configure): 0 and 1 64 inputs' hi and lo of 16 rows; 2 and 3 Wl and Wh of 16
+ * outputs (sixteen rows of four inputs each); 4-7 the int32 sums C_hl, C_ll, C_hh, C_lh, 16 rows
+ * x 16 outputs. */
 
 /* Byte i of each lane. */
 static INLINE TILE_TARGET __m512i byte_of(__m512i v, int i) { return _mm512_and_si512(_mm512_srli_epi32(v, 8 * i), _mm512_set1_epi32(255)); }
@@ -311,7 +285,7 @@ static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64
         _mm512_store_ps(acc[t], _mm512_setzero_ps());
         _mm512_store_ps(mac[t], _mm512_setzero_ps());
     }
-    tile_configure();
+    amx_configure();
     for (int b = 0; b < nb; b++) {
         const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * block_bytes(p->type);
         __m512 dv, dmv = _mm512_setzero_ps();
