@@ -343,14 +343,14 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
     return 0;
 }
 
-static ATT_TARGET int blocks_tiles_f16(const uint32_t *qt, const void *k, const void *v, int64_t hs, int H, int R,
+static ATT_TARGET int blocks_tiles_f16(const void *qt, const void *k, const void *v, int64_t hs, int H, int R,
                                        int D, int64_t T, const int64_t *limit, int block, int64_t j0, int64_t j1,
                                        float *out, float *m, float *l, int chunk, float *cs) {
-    return blocks_tiles(qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
+    return blocks_tiles((const uint32_t *)qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
 }
-static ATT_TARGET int blocks_tiles_bf16(const uint32_t *qt, const void *k, const void *v, int64_t hs, int H, int R,
+static ATT_TARGET int blocks_tiles_bf16(const void *qt, const void *k, const void *v, int64_t hs, int H, int R,
                                         int D, int64_t T, const int64_t *limit, int block, int64_t j0, int64_t j1,
                                         float *out, float *m, float *l, int chunk, float *cs) {
-    return blocks_tiles(qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
+    return blocks_tiles((const uint32_t *)qt, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
 }
 #endif

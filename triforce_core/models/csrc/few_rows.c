@@ -447,23 +447,24 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
     return 0;
 }
 
-/* `blocks` compiled once per kind of K/V, each with its loads fixed. */
-static int blocks_f32(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+/* `blocks` compiled once per kind of K/V, each with its loads fixed; q is the queries as the
+ * path takes them (float32 rows here, tiles in attention_tiles.c). */
+static int blocks_f32(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
                       const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
                       int chunk, float *cs) {
-    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F32);
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F32);
 }
-static int blocks_f16(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+static int blocks_f16(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
                       const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
                       int chunk, float *cs) {
-    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
 }
-static int blocks_bf16(const float *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
+static int blocks_bf16(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
                        const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
                        int chunk, float *cs) {
-    return blocks(q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
 }
-typedef int (*BlocksFn)(const float *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
+typedef int (*BlocksFn)(const void *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
                         int, int64_t, int64_t, float *, float *, float *, int, float *);
 
 #include "amx.c"
@@ -519,38 +520,27 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
     BlocksFn blocks_of = kind == KV_F16 ? blocks_f16 : kind == KV_BF16 ? blocks_bf16 : blocks_f32;
     if (kind != KV_F32 && kind != KV_F16 && kind != KV_BF16) return -2;
     int failed = 0;
+    const void *qa = q;  /* the queries as the path takes them */
 #ifdef ATT_TILES
     if (att_tiles_on && kind != KV_F32 && D % TQ == 0 && D <= 256) {
         int CT = (R + TQ - 1) / TQ;
         uint32_t *qt = tile_scratch(1, (size_t)H * CT * D * 2 * TQ);
         if (!qt) return -1;
         tile_queries(q, H, R, D, CT, qt);
-#ifdef _OPENMP
-#pragma omp parallel num_threads(threads) reduction(| : failed)
-        {
-            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-            failed |= (kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16)(
-                qt, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n, out, m_out, l_out,
-                chunk, chunk_sum);
-        }
-#else
-        failed = (kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16)(
-            qt, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
-#endif
-        if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
-        return failed;
+        qa = qt;
+        blocks_of = kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16;
     }
 #endif
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-        failed |= blocks_of(q, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
+        failed |= blocks_of(qa, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
                             out, m_out, l_out, chunk, chunk_sum);
     }
 #else
     (void)threads;
-    failed = blocks_of(q, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
+    failed = blocks_of(qa, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
 #endif
     if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
     return failed;
