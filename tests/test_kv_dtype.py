@@ -38,12 +38,12 @@ from triforce_core.serving.session import ChatSession
 from triforce_core.serving.slots import Slot
 
 HALF = [torch.float16, torch.bfloat16]
+NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 def no_tiles():
-    """The float32 path even where AMX's tiles run (their arithmetic is another)."""
+    """The float32 path even where AMX's tiles run and the environment switches them on."""
     return switches.switched(native_attention.TILES_ENV, False)
-NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
 
 
 # -- the native kernel -------------------------------------------------------------------------
