@@ -143,6 +143,14 @@ def test_the_default_keeps_the_float32_path(kernel, monkeypatch):
     assert not kernel.tiles()
 
 
+@pytest.mark.parametrize("word,on", [("1", True), ("yes", True), (" On ", True), ("0", False), ("off", False),
+                                     ("False", False), (" no ", False)])
+def test_a_switch_reads_the_words_people_write(monkeypatch, word, on):
+    monkeypatch.setenv(native_attention.TILES_ENV, word)
+    assert switches.is_on(native_attention.TILES_ENV, default=False) is on
+    assert switches.is_on(native_attention.TILES_ENV, default=True) is on
+
+
 # -- a model over a float16 cache --------------------------------------------------------------
 def test_a_verification_over_a_float16_cache_equals_the_steps_on_the_tiles(tiles):
     model = to_ours(make_hf("llama_gqa_llama3", seed=0))  # head size 16: the tiles' smallest

@@ -117,7 +117,7 @@ TILES_ENV = "TRIFORCE_TILES"
 
 def tiles_wanted() -> bool:
     """Whether a prefill may take the tiles (`TRIFORCE_TILES`, on unless "0"/"off")."""
-    return os.environ.get(TILES_ENV, "1").strip().lower() not in ("0", "off", "false", "no")
+    return switches.is_on(TILES_ENV)
 
 
 def enabled() -> bool:

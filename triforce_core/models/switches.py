@@ -1,5 +1,5 @@
-"""Environment switches ("NAME=0" turns a fast path off, "NAME=1" an opt-in one on), set for the
-length of a block.
+"""Environment switches ("NAME=0" turns a fast path off, "NAME=1" an opt-in one on; "off",
+"false" and "no" read as "0"), set for the length of a block.
 
 The native kernels (`native_build.Loader`) and the huge pages (`huge_pages`) each read one; the
 benchmarks turn them on and off inside one process to compare both sides.
@@ -11,10 +11,14 @@ import os
 from contextlib import contextmanager
 
 
+OFF = ("0", "off", "false", "no")
+
+
 def is_on(name: str, default: bool = True) -> bool:
-    """Whether switch `name` is on (anything but "0"; `default` when unset)."""
+    """Whether switch `name` is on (anything but "0", "off", "false" or "no", in any case and
+    spacing; `default` when unset)."""
     value = os.environ.get(name)
-    return default if value is None else value != "0"
+    return default if value is None else value.strip().lower() not in OFF
 
 
 @contextmanager
