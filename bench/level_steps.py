@@ -137,8 +137,9 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                 floor = read / (bandwidth * 1e9) * 1e3
                 kv = str(lane.cache.k.dtype).removeprefix("torch.")
                 mode = own[v] if pr is None else int8.MODE_WORDS[pr]
+                kernel = native_attention.kernel()
                 with attention_switched(at):
-                    tiles = kv != "float32" and native_attention.kernel() is not None and native_attention.kernel().tiles()
+                    tiles = kv != "float32" and kernel is not None and kernel.tiles()
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
                        "products": int8.LEVEL_NAMES[mode], "attention": "tiles" if tiles else "float",
                        "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}

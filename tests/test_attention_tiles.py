@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler, to_ours
-from test_kv_dtype import MODES, PROMPT, _config, _pair, greedy_reference
+from test_kv_dtype import MODES, PROMPT, _config, _pair, greedy_reference, no_tiles
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import TriForceEngine
@@ -43,10 +43,6 @@ def tiles(kernel, monkeypatch) -> native_attention.Kernel:
     monkeypatch.setenv(native_attention.TILES_ENV, "1")
     assert kernel.tiles()
     return kernel
-
-
-def tiles_off():
-    return switches.switched(native_attention.TILES_ENV, False)
 
 
 def _inputs(H, R, T, D, seed, dtype=torch.float16):
@@ -114,7 +110,7 @@ def test_the_tiles_are_another_arithmetic_which_the_default_keeps_off(tiles, mon
     q, k, v = _inputs(2, 7, 3000, 64, seed=3)
     limits = torch.arange(3000 - 6, 3001)
     on, _ = tiles.attention(q, k, v, limits, 0.125)
-    with tiles_off():
+    with no_tiles():
         assert not tiles.tiles()
         off, _ = tiles.attention(q, k, v, limits, 0.125)
         wide, _ = tiles.attention(q, k.float(), v.float(), limits, 0.125)
@@ -133,7 +129,7 @@ def test_the_tiles_are_another_arithmetic_which_the_default_keeps_off(tiles, mon
 
 def test_the_disk_cache_key_names_the_attention_tiles(tiles):
     on = arithmetic_key("cpu")
-    with tiles_off():
+    with no_tiles():
         off = arithmetic_key("cpu")
     assert on != off and arithmetic_key("cpu") == on
 
@@ -163,7 +159,7 @@ def test_a_step_on_the_tiles_differs_from_one_off_them(tiles):
     """The control for the model-level tests: a float16 cache's forward does take the tiles."""
     model, _ = _pair()
     greedy_on = greedy_reference(model, PROMPT, 4, torch.float16)
-    with tiles_off():
+    with no_tiles():
         greedy_off = greedy_reference(model, PROMPT, 4, torch.float16)
     assert greedy_on[1] != greedy_off[1]  # the top-2 gaps: other logits
 

@@ -71,16 +71,24 @@ class Kernel:
         self.lib = lib
         self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
+        self._tiles_asked: bool | None = None  # the switch as last passed to the library
+        self._tiles_on = False  # and what the library answered
 
     def tiles(self) -> bool:
         """Whether calls over 16-bit K/V take AMX's tiles from now on: where they run and
         `TRIFORCE_ATTENTION_TILES=1` (read at each call, so a benchmark can compare both in one
-        process). `native_layers.decode_layers` asks it before each call too."""
-        return bool(self.lib.attention_tiles(int(switches.is_on(TILES_ENV, default=False))))
+        process). `native_layers.decode_layers` asks it before each call too: the library is told
+        only when the switch has changed (a step asks once a layer)."""
+        want = switches.is_on(TILES_ENV, default=False)
+        if want != self._tiles_asked:
+            self._tiles_on = bool(self.lib.attention_tiles(int(want)))
+            self._tiles_asked = want
+        return self._tiles_on
 
     def tiles_run(self) -> bool:
         """Whether AMX's bfloat16 tiles run in this process, whatever the switch says."""
         runs = bool(self.lib.attention_tiles(1))
+        self._tiles_asked = None  # the library now holds "on": tell it the switch again
         self.tiles()
         return runs
 
