@@ -30,6 +30,9 @@ verifications take, not the long-prefill path. The configurations:
                        the same, with few-row attention on AMX's tiles where they run
                        (TRIFORCE_ATTENTION_TILES=1, opt-in); the report says per configuration
                        whether its attention took them (`attention_tiles`)
+    int16/kv-bfloat16  int16/kv-float16's products; K/V bfloat16 (8-bit significands, not 11)
+    int16-tiles-attention/kv-bfloat16
+                       the same on the tiles, which take a bfloat16 cache's elements as stored
 
 and two that read the sequence as a prefill does, in chunks of `--prefill-chunk` tokens (1,024,
 the engine's `prefill_chunk`) through the many-row path (PyTorch's attention, `Transformer._project`),
@@ -101,10 +104,12 @@ CONFIGS = {
     "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
     "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
     "int16-tiles-attention/kv-float16": (int8.WIDE, torch.float16),
+    "int16/kv-bfloat16": (int8.WIDE, torch.bfloat16),
+    "int16-tiles-attention/kv-bfloat16": (int8.WIDE, torch.bfloat16),
 }
 # The configurations whose few-row attention over float16 K/V takes AMX's tiles where they run
 # (TRIFORCE_ATTENTION_TILES=1); every other one keeps its float32 path.
-TILES_ATTENTION = {"int16-tiles-attention/kv-float16"}
+TILES_ATTENTION = {"int16-tiles-attention/kv-float16", "int16-tiles-attention/kv-bfloat16"}
 # The configurations read in a prefill's chunks, and the TRIFORCE_TILES each sets.
 PREFILL = {"int16-prefill/kv-float16": "0", "tiles-prefill/kv-float16": "1"}
 
@@ -392,12 +397,13 @@ def main(argv: list[str] | None = None) -> int:
             "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
 
     # Few-row attention on the tiles against its float32 path, the same products otherwise.
-    if {"int16/kv-float16", *TILES_ATTENTION} <= set(names):
-        a_, b_ = "int16-tiles-attention/kv-float16", "int16/kv-float16"
-        results[a_]["against_float_attention"] = {
-            "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
-            "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
-            "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
+    for kv in ("float16", "bfloat16"):
+        a_, b_ = f"int16-tiles-attention/kv-{kv}", f"int16/kv-{kv}"
+        if {a_, b_} <= set(names):
+            results[a_]["against_float_attention"] = {
+                "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
+                "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
+                "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
 
     report = {
         "target": a.target if a.target == "smollm2" else path.name,  # its name: no folder of the machine it ran on

@@ -24,9 +24,13 @@
  * down the keys with the rows in vector lanes; the probabilities are transposed once per 16 keys
  * for the weighted sum, whose A operand takes rows.
  *
- * Measured on a 2-core Xeon (docs: Results): 28 rows over 32K keys 0.64x the float32 path's
- * time, but 4 rows (a step) 2.1x, the splits of the keys and values (per cached element,
- * whatever the rows) not keeping up with the memory's stream; hence opt-in. */
+ * A bfloat16 cache needs no split: its keys and values go to the tiles as stored, half the
+ * tile products (`blocks_tiles_bf16_cache`, head sizes a multiple of 32).
+ *
+ * Measured on a 2-core Xeon (docs: Results), 8 KV heads of 64: over a float16 cache, 28 rows
+ * over 32K keys 0.64-0.71x the float32 path's time, but 4 rows (a step) 1.6-2.1x, the splits of
+ * the keys and values (per cached element, whatever the rows) not keeping up with the memory's
+ * stream; over a bfloat16 cache 28 rows 0.50x and 4 rows 1.1x. Hence opt-in. */
 #ifdef AMX_X86
 #define ATT_TILES 1
 #define ATT_TARGET __attribute__((target("avx2,fma,f16c,avx512f,avx512bw,avx512dq,avx512vl,amx-tile,amx-bf16")))
@@ -337,6 +341,262 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
             }
             int rows = R - c * TQ < TQ ? R - c * TQ : TQ;
             memcpy(o + (int64_t)c * TQ * D, ot, sizeof(float) * (size_t)rows * D);
+        }
+    }
+    _tile_release();
+    return 0;
+}
+
+/* ---- a bfloat16 cache: its keys and values as stored --------------------------------------
+ *
+ * A bfloat16 key or value is already a tile operand: no split. A tile product then takes
+ * bfloat16 pairs of consecutive elements, as the cache holds them:
+ *   score[t][r] = sum over 32-dim pieces j of (K_j . qhi_j) then (K_j . qlo_j)
+ *     the keys' A tile read straight from the cache (16 keys, 32 dims: 64 bytes a key's row),
+ *     the queries' hi and lo parts as B, pairs of consecutive dims (`tile_queries_bf16`);
+ *   out[r][d]   = sum over 32-key groups g of (Phi_g . V_g) then (Plo_g . V_g)
+ *     the probabilities' hi and lo parts as A, pairs of consecutive keys, and the values as B,
+ *     two consecutive keys' elements of a dim in each dword (one permutation a pair of keys).
+ * Half the tile products of the split path's and no per-element split: the cache's bytes go
+ * to the tiles as they are. Rows stay independent (each output of a tile product is formed on
+ * its own), so a verification's row equals its step bit for bit. Head sizes a multiple of 32. */
+
+/* The queries as the scores' B operand over a bfloat16 cache: qt[h][c][j][part][k][n] =
+ * query row c*16+n's dims 32j+2k (low half) and 32j+2k+1 (high half), part 0 hi and 1 lo
+ * (zero for rows past R). */
+static ATT_TARGET void tile_queries_bf16(const float *q, int H, int R, int D, int CT, uint32_t *qt) {
+    int J = D / (2 * TQ);
+    memset(qt, 0, sizeof(uint32_t) * (size_t)H * CT * J * 2 * TQ * TQ);
+    const __m512i down = _mm512_mullo_epi32(_mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15),
+                                            _mm512_set1_epi32(TQ));
+    /* split_pair's words are (lo, hi) per element: the odd words of two registers are 32
+       elements' hi, the even ones their lo */
+    __m512i odd = _mm512_setzero_si512(), even = _mm512_setzero_si512();
+    {
+        uint16_t o[32], e[32];
+        for (int i = 0; i < 32; i++) o[i] = (uint16_t)(2 * i + 1), e[i] = (uint16_t)(2 * i);
+        odd = _mm512_loadu_si512(o);
+        even = _mm512_loadu_si512(e);
+    }
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < J; j++) {
+                const float *x = q + ((int64_t)h * R + r) * D + j * 2 * TQ;
+                __m512i p0 = split_pair(_mm512_loadu_ps(x)), p1 = split_pair(_mm512_loadu_ps(x + TQ));
+                uint32_t *tile = qt + ((((int64_t)h * CT + r / TQ) * J + j) * 2) * TQ * TQ + r % TQ;
+                _mm512_i32scatter_epi32(tile, down, _mm512_permutex2var_epi16(p0, odd, p1), 4);
+                _mm512_i32scatter_epi32(tile + TQ * TQ, down, _mm512_permutex2var_epi16(p0, even, p1), 4);
+            }
+}
+
+/* The next job's keys and values not yet asked for. */
+struct ahead { const char *k, *k_end, *v, *v_end; };
+
+/* Up to `lines` more of them (half keys, half values) asked for into the level-2 cache. */
+static inline void ahead_lines(struct ahead *a, int lines) {
+    for (int i = 0; i < lines; i += 2) {
+        if (a->k < a->k_end) __builtin_prefetch(a->k, 0, 1), a->k += 64;
+        if (a->v < a->v_end) __builtin_prefetch(a->v, 0, 1), a->v += 64;
+    }
+}
+
+/* `blocks` on the tiles over a bfloat16 cache (D % 32 == 0): the same jobs and outputs. */
+static ATT_TARGET int blocks_tiles_bf16_cache(const void *qtv, const void *k, const void *v, int64_t head_stride, int H,
+                                              int R, int D, int64_t T, const int64_t *limit, int block,
+                                              int64_t job_begin, int64_t job_end, float *out, float *m_out,
+                                              float *l_out, int chunk, float *chunk_sum) {
+    (void)H;
+    const uint32_t *qt = (const uint32_t *)qtv;
+    const int CT = (R + TQ - 1) / TQ, R16 = CT * TQ, J = D / (2 * TQ), B32 = (block + 2 * TQ - 1) / (2 * TQ) * (2 * TQ);
+    int64_t nb = (T + block - 1) / block, n_chunks = chunk > 0 ? T / chunk : 0;
+    /* per thread: the values as key pairs [B32 / 2][D], the scores and then probabilities S^T
+       [B32][R16], those as the weighted sum's A tiles (hi, lo) [CT][B32 / 32][2][16][16], one
+       partial output [R16][D], a last group's 16 keys zero-padded [16][D / 2] */
+    size_t words = (size_t)B32 / 2 * D + (size_t)B32 * R16 * 2 + (size_t)R16 * D + (size_t)TQ * D / 2;
+    uint32_t *vi = tile_scratch(0, words);
+    if (!vi) return -1;
+    float *st = (float *)(vi + (size_t)B32 / 2 * D);
+    uint32_t *pa = (uint32_t *)(st + (size_t)B32 * R16);
+    float *ot = (float *)(pa + (size_t)B32 * R16);
+    uint16_t *ktail = (uint16_t *)(ot + (size_t)R16 * D);
+    __m512i lo_pairs, hi_pairs; /* words of two keys' 32 elements: (a_i, b_i) for i < 16, then i >= 16 */
+    {
+        uint16_t l[32], u[32];
+        for (int i = 0; i < 16; i++) l[2 * i] = (uint16_t)i, l[2 * i + 1] = (uint16_t)(32 + i), u[2 * i] = (uint16_t)(16 + i),
+                                     u[2 * i + 1] = (uint16_t)(48 + i);
+        lo_pairs = _mm512_loadu_si512(l);
+        hi_pairs = _mm512_loadu_si512(u);
+    }
+    amx_configure();
+
+    for (int64_t job = job_begin; job < job_end; job++) {
+        int64_t h = job / nb, b = job % nb;
+        int64_t t0 = b * block;
+        int n = (int)((T - t0) < block ? (T - t0) : block), n16 = (n + TQ - 1) / TQ * TQ,
+            n32 = (n + 2 * TQ - 1) / (2 * TQ) * (2 * TQ);
+        const uint16_t *kh = (const uint16_t *)k + h * head_stride + t0 * D;
+        const uint16_t *vhd = (const uint16_t *)v + h * head_stride + t0 * D;
+        const uint32_t *qh = qt + (int64_t)h * CT * J * 2 * TQ * TQ;
+        /* The next job's keys and values are asked for into the level-2 cache a few lines a
+           key while this one's softmax runs (step 3): asked for all at once, they kept the
+           core waiting on the memory, then the memory waiting on the core. */
+        struct ahead nx = {NULL, NULL, NULL, NULL};
+        int per_key = 0;
+        if (job + 1 < job_end) {
+            int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;
+            int64_t bytes = (int64_t)((T - t1) < block ? (T - t1) : block) * D * 2;
+            nx.k = (const char *)((const uint16_t *)k + h1 * head_stride + t1 * D), nx.k_end = nx.k + bytes;
+            nx.v = (const char *)((const uint16_t *)v + h1 * head_stride + t1 * D), nx.v_end = nx.v + bytes;
+            per_key = (int)((2 * bytes / 64 + n16 - 1) / n16);
+        }
+        /* 1. the values as key pairs (keys past n zero: a zero probability times a stale value
+           that is not a number would not be zero) */
+        for (int t = 0; t < n32; t += 2) {
+            uint32_t *row = vi + (int64_t)(t / 2) * D;
+            for (int d = 0; d < D; d += 2 * TQ) {
+                __m512i a = t < n ? _mm512_loadu_si512(vhd + (int64_t)t * D + d) : _mm512_setzero_si512();
+                __m512i c = t + 1 < n ? _mm512_loadu_si512(vhd + (int64_t)(t + 1) * D + d) : _mm512_setzero_si512();
+                _mm512_store_si512(row + d, _mm512_permutex2var_epi16(a, lo_pairs, c));
+                _mm512_store_si512(row + d + TQ, _mm512_permutex2var_epi16(a, hi_pairs, c));
+            }
+        }
+        /* 2. scores S^T [n16][R16], a column tile and 64 keys at a time: tiles 0-3 four groups
+           of 16 keys' sums, 4-5 the keys (from the cache; a last group past n from ktail, zero
+           beyond n), 6-7 the queries' hi and lo */
+        const int tail = n % TQ ? n / TQ * TQ : -1; /* the first key of a partial group of 16 */
+        if (tail >= 0) {
+            memset(ktail, 0, sizeof(uint16_t) * (size_t)TQ * D);
+            memcpy(ktail, kh + (int64_t)tail * D, sizeof(uint16_t) * (size_t)(n - tail) * D);
+        }
+        for (int c = 0; c < CT; c++) {
+            const uint32_t *qc = qh + (int64_t)c * J * 2 * TQ * TQ;
+            for (int g = 0; g < n16; g += 4 * TQ) {
+                const int ng = (n16 - g) / TQ < 4 ? (n16 - g) / TQ : 4;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int j = 0; j < J; j++) {
+                    _tile_loadd(6, qc + (int64_t)j * 2 * TQ * TQ, 64);
+                    _tile_loadd(7, qc + ((int64_t)j * 2 + 1) * TQ * TQ, 64);
+#define KEYS(i, a)                                                                                       \
+    if (ng > i) {                                                                                        \
+        const int first = g + i * TQ;                                                                    \
+        if (first == tail)                                                                               \
+            _tile_loadd(a, ktail + j * 2 * TQ, D * 2);                                                   \
+        else                                                                                             \
+            _tile_loadd(a, kh + (int64_t)first * D + j * 2 * TQ, D * 2);                                 \
+        _tile_dpbf16ps(i, a, 6);                                                                         \
+        _tile_dpbf16ps(i, a, 7);                                                                         \
+    }
+                    KEYS(0, 4) KEYS(1, 5) KEYS(2, 4) KEYS(3, 5)
+#undef KEYS
+                }
+                float *sg = st + (int64_t)g * R16 + c * TQ;
+                _tile_stored(0, sg, R16 * 4);
+                if (ng > 1) _tile_stored(1, sg + (int64_t)TQ * R16, R16 * 4);
+                if (ng > 2) _tile_stored(2, sg + (int64_t)2 * TQ * R16, R16 * 4);
+                if (ng > 3) _tile_stored(3, sg + (int64_t)3 * TQ * R16, R16 * 4);
+            }
+        }
+        /* 3. per column tile, down the keys with the rows in lanes: the visible keys' max, their
+           exponentials (zero where not visible, and for the keys past n16 up to n32) and sums,
+           each chunk's sum; then the probabilities' hi and lo as key pairs, transposed into the
+           weighted sum's A tiles */
+        int64_t stat = (h * nb + b) * R;
+        for (int c = 0; c < CT; c++) {
+            int32_t lim[TQ];
+            for (int i = 0; i < TQ; i++) {
+                int r = c * TQ + i;
+                int64_t x = r < R ? (limit ? limit[r] : T) - t0 : n;
+                lim[i] = x <= 0 ? 0 : x < n ? (int32_t)x : n;
+            }
+            __m512i limv = _mm512_loadu_si512(lim);
+            __m512 m = _mm512_set1_ps(-INFINITY);
+            for (int t = 0; t < n; t++) {
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+                m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (int64_t)t * R16 + c * TQ));
+            }
+            __m512 l = _mm512_setzero_ps(), cs = _mm512_setzero_ps();
+            for (int t = 0; t < n16; t++) {
+                float *sp = st + (int64_t)t * R16 + c * TQ;
+                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+                __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sp), m)));
+                _mm512_storeu_ps(sp, e);
+                l = _mm512_add_ps(l, e);
+                if (c == 0) ahead_lines(&nx, per_key);
+                if (chunk_sum && t < n) {
+                    cs = _mm512_add_ps(cs, e);
+                    if ((t + 1) % chunk == 0) {
+                        int64_t ci = (t0 + t) / chunk;
+                        if (ci < n_chunks) {
+                            float lanes[TQ];
+                            _mm512_storeu_ps(lanes, cs);
+                            for (int i = 0; i < TQ && c * TQ + i < R; i++)
+                                chunk_sum[((int64_t)h * R + c * TQ + i) * n_chunks + ci] = lanes[i];
+                        }
+                        cs = _mm512_setzero_ps();
+                    }
+                }
+            }
+            for (int t = n16; t < n32; t++) _mm512_storeu_ps(st + (int64_t)t * R16 + c * TQ, _mm512_setzero_ps());
+            float ml[TQ], ll[TQ];
+            _mm512_storeu_ps(ml, m);
+            _mm512_storeu_ps(ll, l);
+            for (int i = 0; i < TQ && c * TQ + i < R; i++) {
+                m_out[stat + c * TQ + i] = ml[i];
+                l_out[stat + c * TQ + i] = ll[i];
+            }
+            const __m512i low = _mm512_set1_epi32(0xffff), high = _mm512_set1_epi32((int)0xffff0000u);
+            for (int g = 0; g < n32; g += 2 * TQ) {
+                __m512i his[TQ], los[TQ];
+                for (int i = 0; i < TQ; i++) {
+                    __m512i a = split_pair(_mm512_loadu_ps(st + (int64_t)(g + 2 * i) * R16 + c * TQ));
+                    __m512i u = split_pair(_mm512_loadu_ps(st + (int64_t)(g + 2 * i + 1) * R16 + c * TQ));
+                    his[i] = _mm512_or_si512(_mm512_srli_epi32(a, 16), _mm512_and_si512(u, high));
+                    los[i] = _mm512_or_si512(_mm512_and_si512(a, low), _mm512_slli_epi32(u, 16));
+                }
+                transpose16(his);
+                transpose16(los);
+                uint32_t *tile = pa + (((int64_t)c * (B32 / (2 * TQ)) + g / (2 * TQ)) * 2) * TQ * TQ;
+                for (int i = 0; i < TQ; i++) {
+                    _mm512_store_si512(tile + i * TQ, his[i]);
+                    _mm512_store_si512(tile + TQ * TQ + i * TQ, los[i]);
+                }
+            }
+        }
+        /* 4. the block's partial output [R][D]: tiles 0-3 four 16-dim pieces' sums, 4 and 5 the
+           probabilities' hi and lo, 6 the values */
+        float *o = out + stat * D;
+        const int JD = D / TQ;
+        for (int c = 0; c < CT; c++) {
+            for (int d0 = 0; d0 < JD; d0 += 4) {
+                const int nd = JD - d0 < 4 ? JD - d0 : 4;
+                _tile_zero(0);
+                _tile_zero(1);
+                _tile_zero(2);
+                _tile_zero(3);
+                for (int g = 0; g < n32; g += 2 * TQ) {
+                    const uint32_t *tile = pa + (((int64_t)c * (B32 / (2 * TQ)) + g / (2 * TQ)) * 2) * TQ * TQ;
+                    _tile_loadd(4, tile, 64);
+                    _tile_loadd(5, tile + TQ * TQ, 64);
+                    const uint32_t *v0 = vi + (int64_t)(g / 2) * D + d0 * TQ;
+#define PIECE(i)                                            \
+    if (nd > i) {                                           \
+        _tile_loadd(6, v0 + i * TQ, D * 4);                 \
+        _tile_dpbf16ps(i, 4, 6);                            \
+        _tile_dpbf16ps(i, 5, 6);                            \
+    }
+                    PIECE(0) PIECE(1) PIECE(2) PIECE(3)
+#undef PIECE
+                }
+                if (nd > 0) _tile_stored(0, ot + d0 * TQ, D * 4);
+                if (nd > 1) _tile_stored(1, ot + (d0 + 1) * TQ, D * 4);
+                if (nd > 2) _tile_stored(2, ot + (d0 + 2) * TQ, D * 4);
+                if (nd > 3) _tile_stored(3, ot + (d0 + 3) * TQ, D * 4);
+            }
+            int rows = R - c * TQ < TQ ? R - c * TQ : TQ;
+            memcpy(o + (int64_t)c * TQ * D, ot, sizeof(uint32_t) * (size_t)rows * D);
         }
     }
     _tile_release();

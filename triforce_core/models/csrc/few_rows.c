@@ -526,9 +526,14 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
         int CT = (R + TQ - 1) / TQ;
         uint32_t *qt = tile_scratch(1, (size_t)H * CT * D * 2 * TQ);
         if (!qt) return -1;
-        tile_queries(q, H, R, D, CT, qt);
+        if (kind == KV_BF16 && D % (2 * TQ) == 0) {  /* the cache's bytes as they are */
+            tile_queries_bf16(q, H, R, D, CT, qt);
+            blocks_of = blocks_tiles_bf16_cache;
+        } else {
+            tile_queries(q, H, R, D, CT, qt);
+            blocks_of = kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16;
+        }
         qa = qt;
-        blocks_of = kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16;
     }
 #endif
 #ifdef _OPENMP
