@@ -30,6 +30,9 @@ verifications take, not the long-prefill path. The configurations:
                        the same, with few-row attention on AMX's tiles where they run
                        (TRIFORCE_ATTENTION_TILES=1, opt-in); the report says per configuration
                        whether its attention took them (`attention_tiles`)
+    step-tiles/kv-float16
+                       int16/kv-float16's activations and integers, the Q4_K and Q5_K parts summed
+                       in the order steps and verifications share on AMX's tiles (`int8.STEP_TILES`)
     int16/kv-bfloat16  int16/kv-float16's products; K/V bfloat16 (8-bit significands, not 11)
     int16-tiles-attention/kv-bfloat16
                        the same on the tiles, which take a bfloat16 cache's elements as stored
@@ -104,6 +107,7 @@ CONFIGS = {
     "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
     "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
     "int16-tiles-attention/kv-float16": (int8.WIDE, torch.float16),
+    "step-tiles/kv-float16": (int8.STEP_TILES, torch.float16),
     "int16/kv-bfloat16": (int8.WIDE, torch.bfloat16),
     "int16-tiles-attention/kv-bfloat16": (int8.WIDE, torch.bfloat16),
 }

@@ -1,4 +1,4 @@
-"""Integer products over a GGUF file's blocks (`csrc/int8_rows.c`, `csrc/int16_rows.c`), in one of four modes.
+"""Integer products over a GGUF file's blocks (`csrc/int8_rows.c`, `csrc/int16_rows.c`, `csrc/tile_rows.c`), in one of six modes.
 
 On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are compute-bound:
 each weight is widened to a float and multiplied by a float. llama.cpp instead quantizes each
@@ -33,6 +33,14 @@ Q4_0 0.85x; 16-bit activations Q4_K 1.88x and 1.78x, Q5_K 2.1x and 1.5x, Q6_K 2.
 
 - TILES (a prefill's rows where AMX's integer tiles run): WIDE's activations and integers on
   tiles, 3.0-3.3x WIDE's Q4_K products at 128-256 rows on a Sapphire-Rapids-class Xeon.
+- STEP_TILES (`TRIFORCE_INT8=step-tiles`, opt-in, where AMX's integer tiles run; WIDE elsewhere):
+  WIDE's activations and integers with the Q4_K and Q5_K parts summed a sub-block at a time in
+  an order every row count shares, up to 3 rows on VNNI (16 outputs in the lanes), more on the
+  tiles; Q6_K as WIDE. Over 16384 x 2048 Q4_K matrices read from memory, against WIDE: 1 row
+  1.13x its time, 2 rows 1.01x, 3 rows 0.74x, 7 rows 0.68x. A 1B-shape Q4_K_M step took 1.02-
+  1.06x WIDE's time, a 7-row verification 0.82-0.92x (`python -m bench.level_steps --products
+  int16,step-tiles`): the one-row kernel reads 16 outputs' rows a super-block at a time, which
+  the memory serves slower than WIDE's row after row, so not the default.
 
 Data and a thin wrapper only: `native_layers` loads the library; each model says which mode it
 takes (`Transformer.integer_products`, which the engine sets from `mode()`).
@@ -71,8 +79,12 @@ Q8_32, Q8_K = 0, 1
 # so only for a prefill's rows (`Transformer._project`): a step's and a verification's rows keep
 # WIDE's order, which makes them equal bit for bit. Where the tiles do not run, the same order by
 # the scalar reference (tests only; a prefill there takes WIDE).
-ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES = 1, 2, 3, 4, 5
-LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles"}
+# STEP_TILES: WIDE's activations with Q4_K and Q5_K parts on AMX tiles in an order every row
+# count shares (`csrc/tile_rows.c`, the steps' order: the weights as stored, each sub-block's
+# sums scaled after), so steps and verifications alike; Q6_K as WIDE.
+ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES, STEP_TILES = 1, 2, 3, 4, 5, 6
+LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles",
+               STEP_TILES: "step-tiles"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)
 Q16_BLOCK = (256, 576)  # struct block_q16_k: 256 inputs as int16, their scale and sums per 32
 
@@ -99,16 +111,24 @@ FAST_PATH_DEFAULT = WIDE
 # "3" ("fast") two levels for the K types and floats for the others, "4" ("int16") 16-bit
 # activations for the K types and floats for the others.
 MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,
-              "3": FAST, "fast": FAST, "4": WIDE, "int16": WIDE}
+              "3": FAST, "fast": FAST, "4": WIDE, "int16": WIDE, "6": STEP_TILES, "step-tiles": STEP_TILES}
 
 
 def mode() -> int:
     """The products' mode (`TRIFORCE_INT8`, FAST_PATH_DEFAULT when unset; anything else it cannot
-    read is one level, as any other switch reads as on)."""
+    read is one level, as any other switch reads as on). STEP_TILES where the tiles do not run
+    is WIDE: its order there would be the scalar reference's, a test's, not a decoder's."""
     value = os.environ.get(ENV)
     if value is None:
         return FAST_PATH_DEFAULT
-    return MODE_WORDS.get(value.strip().lower(), ONE_LEVEL)
+    chosen = MODE_WORDS.get(value.strip().lower(), ONE_LEVEL)
+    if chosen == STEP_TILES:
+        from . import native_layers  # noqa: PLC0415 (it imports this module)
+
+        kernel = native_layers.kernel()
+        if kernel is None or not kernel.int8.tiles():
+            return WIDE
+    return chosen
 
 
 # TRIFORCE_TILES=0 keeps a prefill on WIDE where the tiles run (the benchmarks' comparison).

@@ -123,7 +123,7 @@ class Transformer:
     integer_products: int
     """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
     `int8` mode (integer products over 8-bit activations, one level or two, or over 16-bit ones:
-    ONE_LEVEL .. WIDE; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
+    ONE_LEVEL .. WIDE, or STEP_TILES where AMX's tiles run; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
     `int8.mode()`); a model starts with `int8.mode()`."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
@@ -262,14 +262,15 @@ class Transformer:
         products over many rows were not measured against PyTorch's) is a float32 product.
 
         Where AMX's integer tiles run, the 16-bit activations' K-type parts take them
-        (`int8.TILES`: the same integers, summed in another order), only in a forward of more than
+        (`int8.TILES`: the same integers, summed in another order; from WIDE and from STEP_TILES,
+        whose steps and verifications have an order of their own), only in a forward of more than
         `ROWS` rows (`forward_rows`, x's own by default; the MLP's blocks of rows pass their
         forward's): no step or verification comes there, and theirs keep one order between them."""
         if self._integer(w):
             kernel = native_layers.kernel().int8
             mode = self.integer_products
             rows = x.shape[0] if forward_rows is None else forward_rows
-            if mode == int8.WIDE and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
+            if mode in (int8.WIDE, int8.STEP_TILES) and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
                 mode = int8.TILES
             y = kernel.product(x, w, mode)
             return y if bias is None else y + bias

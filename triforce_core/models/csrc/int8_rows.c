@@ -61,7 +61,7 @@ _Static_assert(sizeof(struct block_q8_k) == 292, "block_q8_k is 292 bytes");
 enum { INT8_SCALAR = 0, INT8_AVX2 = 1, INT8_AVX512_VNNI = 2 };
 enum { Q8_32 = 0, Q8_K = 1 }; /* activation layouts (int8_quantize_rows' kind) */
 /* What a product's `int8` argument asks for (int8.py's names): 0 the float path. */
-enum { INT8_ONE_LEVEL = 1, INT8_TWO_LEVELS = 2, INT8_FAST = 3, INT8_WIDE = 4, INT8_TILES = 5 };
+enum { INT8_ONE_LEVEL = 1, INT8_TWO_LEVELS = 2, INT8_FAST = 3, INT8_WIDE = 4, INT8_TILES = 5, INT8_STEP_TILES = 6 };
 
 #define I8_ROWS 16 /* activation rows sharing each unpacked group of weights */
 

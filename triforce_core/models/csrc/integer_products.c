@@ -3,7 +3,8 @@
  * for them, and the outputs split over the threads. A mode is int8.py's: INT8_ONE_LEVEL,
  * INT8_TWO_LEVELS, INT8_FAST (two levels for the 256-weight types), INT8_WIDE (16-bit
  * activations for the 256-weight types), INT8_TILES (WIDE with those parts on AMX tiles, for
- * a prefill's rows); in FAST, WIDE and TILES the 32-weight types keep the float
+ * a prefill's rows), INT8_STEP_TILES (the same activations, Q4_K and Q5_K on the tiles in the
+ * steps' order of tile_rows.c, Q6_K as WIDE); in FAST, WIDE and the tiles the 32-weight types keep the float
  * path, where the integer products cost more than it (`python -m bench.int8_rows`).
  *
  * Included by layers.c after tile_rows.c.
@@ -45,7 +46,7 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
          * rows at once, as before): a group's activations stay in the second level of cache
          * while the weights stream past them, where all of a prefill's rows for every job
          * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
-        int group = ta ? tile_group(K) : xw ? I16_ROWS : S;
+        int group = ta ? (ta->steps ? tile_group(K) / STEP_ROWS * STEP_ROWS : tile_group(K)) : xw ? I16_ROWS : S;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
             /* guided: a thread that finishes early takes jobs from the other's share (one step
@@ -59,7 +60,15 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
                 for (int i = 0; i < nparts && base < o1; base += parts[i].rows, i++) {
                     int64_t lo = o0 > base ? o0 - base : 0, hi = o1 - base < parts[i].rows ? o1 - base : parts[i].rows;
                     if (lo >= hi) continue;
-                    if (ta && is_k_type(parts[i].type))
+#ifdef TILES_X86
+                    if (ta && ta->steps && g <= VNNI_STEP_ROWS && step_type(parts[i].type) && path == INT8_AVX512_VNNI && tiles_ready()) {
+                        for (int64_t r = lo; r < hi; r += 16)  /* a few rows: VNNI in the tiles' order */
+                            vnni_step_outputs(&parts[i], r, r + 16 < hi ? r + 16 : hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256),
+                                              K, y + (int64_t)s0 * N + base, N, g);
+                        continue;
+                    }
+#endif
+                    if (ta && is_k_type(parts[i].type) && (!ta->steps || step_type(parts[i].type)))
                         tile_outputs(&parts[i], lo, hi, ta, s0, g, K, y + (int64_t)s0 * N + base, N, path);
                     else if (xw && is_k_type(parts[i].type))
                         int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
@@ -139,16 +148,27 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
 
 /* wide_stacked_product for a prefill's rows: the 256-weight types' parts on tiles (tile_rows.c:
  * the same 16-bit activations, their own order), the others by the float path as there. */
-static int tiles_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
+static int tiles_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
+                                 int steps) {
     int needk = 0;
     for (int i = 0; i < nparts; i++) needk |= is_k_type(parts[i].type);
     if (!needk || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
     int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
     tiles_ready();  /* asked once here, not first by two threads at once */
+    if (steps && S <= VNNI_STEP_ROWS && int8_path() == INT8_AVX512_VNNI && tiles_ready()) {
+        /* a step: VNNI in the tiles' order (vnni_step_outputs) reads the row as WIDE does,
+           so none of the tiles' layouts is made (they cost a step 4 % in allocations) */
+        struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL};
+        struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
+        if (!xw) return -1;
+        int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, &none);
+        free(xw);
+        return failed;
+    }
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
     struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
                           calloc((size_t)S_pad * (size_t)nb * 8, sizeof(int32_t)), calloc((size_t)S_pad * (size_t)nb, sizeof(float)),
-                          S_pad};
+                          S_pad, steps, NULL};
     int failed = -1;
     if (xw && a.hi && a.lo && a.bsums && a.d) {
         int nt = (int64_t)S * K < (1 << 14) ? 1 : threads;
@@ -157,7 +177,7 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
             quantize_q16_k(x + (int64_t)s * K, K, xw + (int64_t)s * nb);
             tile_acts_row(xw, K, s, &a);
         }
-        failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 0, &a);
+        failed = steps && step_acts(&a, S, K) ? -1 : product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 0, &a);
     }
     free(xw);
     tile_acts_free(&a);
@@ -175,7 +195,8 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                 int mode) {
     if (mode == INT8_WIDE) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
-    if (mode == INT8_TILES) return tiles_stacked_product(x, S, K, parts, nparts, y, threads);
+    if (mode == INT8_TILES || mode == INT8_STEP_TILES)
+        return tiles_stacked_product(x, S, K, parts, nparts, y, threads, mode == INT8_STEP_TILES);
     int k_only = mode == INT8_FAST, levels = mode == INT8_ONE_LEVEL ? 1 : 2;
     int need32 = 0, needk = 0, floats = 0;
     for (int i = 0; i < nparts; i++) {

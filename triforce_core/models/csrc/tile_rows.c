@@ -55,9 +55,12 @@ struct tile_acts {
     int32_t *bsums; /* [S_pad, K / 256, 8]: sum of q per 32 inputs */
     float *d;       /* [S_pad, K / 256]: the block's scale */
     int S_pad;
+    int steps;      /* 1: the steps' order (the kernel of `int8.STEP_TILES` below), 0: a prefill's */
+    uint8_t *st;    /* with steps, the rows as that kernel's A tiles (`step_acts`) */
 };
 
 static void tile_acts_free(struct tile_acts *a) {
+    free(a->st);
     free(a->hi);
     free(a->lo);
     free(a->bsums);
@@ -337,18 +340,371 @@ static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64
 }
 #endif
 
+/* ---- steps and verifications on the tiles: `int8.STEP_TILES` -----------------------------
+ *
+ * A step's or a verification's products on the tiles must cost about what a step's do on
+ * VNNI, and every row count must sum in one order (so a verification's row equals its step).
+ * The prefill's order above scales each weight by its sub-block's scale and splits it before
+ * the tiles take it: per call, more work than a step's whole product. Here the tiles take the
+ * weights as stored (Q4_K's 4-bit w, 0..15; Q5_K's 5-bit, 0..31), gathered for 16 outputs by a
+ * transposition of contiguous loads, and the scales apply to each sub-block's sums after:
+ *   S_j = sum of q_e w_e over sub-block j's 32 inputs   exact: |S_j| <= 32 x 32767 x 31 < 2^25
+ *   F   = fmaf((float)S_j, (float)sc_j, F) for j = 0..7, from F = 0
+ *   acc = fmaf(F, d_n * d_m, acc)
+ *   M   = fmaf((float)m_j, (float)bsum_j, M) for j = 0..7, from M = 0
+ *   mac = fmaf(M, dmin_n * d_m, mac)
+ * per output n, row m and super-block b in that order (`ref_step_block`, which the tile path
+ * follows lane for lane); the output is acc - mac. On the tiles one signed product a sub-block
+ * gives every S_j of up to STEP_ROWS rows: the A tile holds each row's hi, its lo less 128 (both
+ * signed bytes), and a row of ones, so that S_j = 256 C_hi + C_lo' + 128 C_ones (`step_acts`).
+ * Each output of a tile product is formed on its own, so a row does not depend on the rows
+ * beside it. Q6_K (16 sub-blocks of 16) keeps int16_rows.c's order in this mode, for every row
+ * count alike. */
+
+/* Rows a group of the steps' kernel takes: 2 x 7 + 1 tile rows. */
+#define STEP_ROWS 7
+
+static inline int step_type(int type) { return type == T_Q4_K || type == T_Q5_K; }
+
+/* Rows up to which a call takes VNNI (`vnni_step_outputs`) in this order, not the tiles. */
+#define VNNI_STEP_ROWS 3
+
+/* The steps' A tiles, a->st[group][K / 64][16][64] (zero where unused), from a's hi and lo of
+ * S rows: group G holds rows 7 G .. 7 G + M - 1 as tile rows 0..M-1 their hi, M..2M-1 their lo
+ * less 128, 2M ones. */
+static int step_acts(struct tile_acts *a, int S, int K) {
+    const int groups = (S + STEP_ROWS - 1) / STEP_ROWS, chunks = K / 64;
+    a->st = calloc((size_t)groups * chunks * 16 * 64, 1);
+    if (!a->st) return -1;
+    for (int G = 0; G < groups; G++) {
+        const int M = S - STEP_ROWS * G < STEP_ROWS ? S - STEP_ROWS * G : STEP_ROWS;
+        for (int c = 0; c < chunks; c++) {
+            uint8_t *t = a->st + ((int64_t)G * chunks + c) * 16 * 64;
+            for (int m = 0; m < M; m++) {
+                const int64_t at = ((int64_t)c * a->S_pad + STEP_ROWS * G + m) * 64;
+                memcpy(t + 64 * m, a->hi + at, 64);
+                for (int e = 0; e < 64; e++) t[64 * (M + m) + e] = (uint8_t)(a->lo[at + e] ^ 0x80);
+            }
+            memset(t + 64 * 2 * M, 1, 64);
+        }
+    }
+    return 0;
+}
+
+/* Weight e (0..255) of a Q4_K or Q5_K super-block as stored (no scale, no minimum). */
+static inline int ref_step_weight(int type, const uint8_t *blk, int e) {
+    int q = e / 64, i = e % 64, l = i % 32;
+    const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16) + 32 * q;
+    int w = i < 32 ? (qs[l] & 15) : (qs[l] >> 4);
+    if (type == T_Q5_K) w |= (blk[16 + l] >> (2 * q + i / 32) & 1) << 4;
+    return w;
+}
+
+static void ref_step_block(int type, const uint8_t *blk, const struct tile_acts *a, int s, int b, int K, float *acc, float *mac) {
+    int nb = K / 256;
+    const int32_t *bsum = a->bsums + ((int64_t)s * nb + b) * 8;
+    float F = 0.0f, M = 0.0f;
+    for (int j = 0; j < 8; j++) {
+        int32_t S = 0;
+        for (int e = 32 * j; e < 32 * j + 32; e++)
+            S += (256 * a->hi[tile_at(a, s, b, e)] + a->lo[tile_at(a, s, b, e)]) * ref_step_weight(type, blk, e);
+        int sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        F = fmaf((float)S, (float)sc, F);
+    }
+    float dx = a->d[(int64_t)s * nb + b];
+    *acc = fmaf(F, half_at(blk) * dx, *acc);
+    for (int j = 0; j < 8; j++) {
+        int sc, m;
+        scale_min_k4(j, blk + 4, &sc, &m);
+        M = fmaf((float)m, (float)bsum[j], M);
+    }
+    *mac = fmaf(M, half_at(blk + 2) * dx, *mac);
+}
+
+static void ref_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g, int K,
+                             float *y, int64_t ldy) {
+    int bb = block_bytes(p->type);
+    for (int64_t r = r0; r < r1; r++)
+        for (int s = s0; s < s0 + g; s++) {
+            float acc = 0.0f, mac = 0.0f;
+            for (int b = 0; b < K / 256; b++) ref_step_block(p->type, (const uint8_t *)p->data + r * p->ld + (int64_t)b * bb, a, s, b, K, &acc, &mac);
+            y[(int64_t)(s - s0) * ldy + r] = acc - mac;
+        }
+}
+
+#ifdef TILES_X86
+/* This kernel's tiles for M rows: 0 and 1 two sub-blocks' A tiles (2M + 1 rows of 32 bytes),
+ * 2 and 3 the low and the high nibbles of 64 inputs of 16 outputs (8 rows of four inputs each),
+ * 4-7 the int32 sums (2M + 1 rows x 16 outputs), two a chunk of 64 inputs, the next chunk's in
+ * the other two. */
+static TILE_TARGET void step_tiles_configure(int M) {
+    struct amx_config c;
+    memset(&c, 0, sizeof(c));
+    c.palette = 1;
+    c.rows[0] = c.rows[1] = (uint8_t)(2 * M + 1), c.colsb[0] = c.colsb[1] = 32;
+    c.rows[2] = c.rows[3] = 8, c.colsb[2] = c.colsb[3] = 64;
+    for (int t = 4; t < 8; t++) c.rows[t] = (uint8_t)(2 * M + 1), c.colsb[t] = 64;
+    _tile_loadconfig(&c);
+}
+
+/* The 32 bytes at base + off[n] of 16 outputs as 8 rows of 16 dwords: row k the dword k of
+ * every output. Outputs n and n + 8 share a register, then an 8 x 8 transposition of dwords in
+ * each half. */
+static INLINE TILE_TARGET void step_transpose(const uint8_t *base, const int64_t *off, __m512i rows[8]) {
+    __m512i z[8], t[8];
+    for (int n = 0; n < 8; n++)
+        z[n] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(base + off[n]))),
+                                  _mm256_loadu_si256((const __m256i *)(base + off[n + 8])), 1);
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm512_unpacklo_epi32(z[2 * i], z[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(z[2 * i], z[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) {
+        z[4 * i] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
+        z[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
+        z[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
+        z[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
+    }
+    /* z[0..3]: outputs 0-3 (and 8-11), z[4..7]: 4-7 (12-15); in each 128-bit lane of z[i] the
+       dwords k = i (lanes 0, 2) and k = i + 4 (lanes 1, 3) of four outputs */
+    const __m512i first = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13), second = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for (int i = 0; i < 4; i++) {
+        rows[i] = _mm512_permutex2var_epi64(z[i], first, z[i + 4]);
+        rows[i + 4] = _mm512_permutex2var_epi64(z[i], second, z[i + 4]);
+    }
+}
+
+/* A step's rows (up to VNNI_STEP_ROWS) on VNNI in the same order, 16 outputs in the lanes: the
+ * weights transposed as for the tiles (a dword of four inputs of each output), split into
+ * 16-bit pairs of even and of odd inputs, against the row's pair of the same inputs broadcast
+ * (block_q16_k keeps a 64's evens, then its odds: two consecutive activations are such a pair).
+ * One vpdpwssd then adds a pair to every output's S_j, which comes out in its lane, no
+ * reduction across lanes; the float operations after are the tiles' own, lane for lane. The
+ * tiles' fixed costs (the weights and the sums through memory) do not pay for so few rows: over
+ * 16384 x 2048 Q4_K matrices read from memory, 1, 2 and 3 rows here took 1.13, 1.27 and 1.37
+ * ms, on the tiles 1.47 ms from 2 rows, WIDE 1.00, 1.25 and 1.85. Outputs [r0, r0 + 16), those
+ * below r1 written; x the rows' K / 256 blocks each, y their outputs ldy apart. */
+static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *x, int K,
+                                             float *y, int64_t ldy, const int R) {
+    const int nb = K / 256, count = (int)(r1 - r0), bb = block_bytes(p->type), q5 = p->type == T_Q5_K, qs0 = q5 ? 48 : 16;
+    int32_t off32[16];
+    int64_t off[16];
+    for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i even = _mm512_set1_epi16(255), six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
+    __m512 acc[VNNI_STEP_ROWS], mac[VNNI_STEP_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), mac[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
+        /* the next 16 outputs' block b asked for now: it is read a job from now. Measured over
+           matrices read from memory (16384 x 2048 Q4_K): this against none 1.13 against 1.75 ms;
+           the next jobs' rows in order, all at once or a slice a super-block, this job's next
+           super-blocks, or two jobs ahead all took longer (1.2-1.7 ms) */
+        for (int n = 16; n < 32 && r0 + n < p->rows; n++)
+            for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+        __m512i qh[8];
+        if (q5) step_transpose(base + 16, off, qh);
+        __m512i S[VNNI_STEP_ROWS][8];
+        for (int r = 0; r < R; r++)
+            for (int j = 0; j < 8; j++) S[r][j] = _mm512_setzero_si512();
+        for (int c = 0; c < 4; c++) {
+            __m512i rows[8];
+            step_transpose(base + qs0 + 32 * c, off, rows);
+            for (int k = 0; k < 8; k++) {
+                /* inputs 64c + 4k + t (sub-block 2c) and 64c + 32 + 4k + t (2c + 1) of each output */
+                __m512i lo = _mm512_and_si512(rows[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rows[k], 4), nib);
+                if (q5) {
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * c), one), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * c + 1), one), 4));
+                }
+                /* inputs t = 0, 2 and t = 1, 3 as 16-bit pairs, against the activations' pairs: an
+                   even input 64c + i at qs[64c + i / 2], an odd one at qs[64c + 32 + i / 2] */
+                const __m512i le = _mm512_and_si512(lo, even), lo8 = _mm512_srli_epi16(lo, 8);
+                const __m512i he = _mm512_and_si512(hi, even), ho8 = _mm512_srli_epi16(hi, 8);
+                for (int r = 0; r < R; r++) {
+                    const int32_t *xq = (const int32_t *)x[(int64_t)r * nb + b].qs;
+                    S[r][2 * c] = _mm512_dpwssd_epi32(S[r][2 * c], le, _mm512_set1_epi32(xq[32 * c + k]));
+                    S[r][2 * c] = _mm512_dpwssd_epi32(S[r][2 * c], lo8, _mm512_set1_epi32(xq[32 * c + 16 + k]));
+                    S[r][2 * c + 1] = _mm512_dpwssd_epi32(S[r][2 * c + 1], he, _mm512_set1_epi32(xq[32 * c + 8 + k]));
+                    S[r][2 * c + 1] = _mm512_dpwssd_epi32(S[r][2 * c + 1], ho8, _mm512_set1_epi32(xq[32 * c + 24 + k]));
+                }
+            }
+        }
+        __m512i w0 = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
+        const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
+        const __m512 dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+        __m512i D0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
+        __m512i D1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
+        __m512i D2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
+        __m512 sc[8], mn[8];
+        for (int j = 0; j < 4; j++) {
+            sc[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D0, j), six));
+            mn[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D1, j), six));
+            sc[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four),
+                                                           _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4)));
+            mn[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4),
+                                                           _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4)));
+        }
+        for (int r = 0; r < R; r++) {
+            const struct block_q16_k *xb = x + (int64_t)r * nb + b;
+            __m512 F = _mm512_setzero_ps(), Mm = _mm512_setzero_ps();
+            for (int j = 0; j < 8; j++) F = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r][j]), sc[j], F);
+            const __m512 dx = _mm512_set1_ps(xb->d);
+            acc[r] = _mm512_fmadd_ps(F, _mm512_mul_ps(dv, dx), acc[r]);
+            for (int j = 0; j < 8; j++) Mm = _mm512_fmadd_ps(mn[j], _mm512_set1_ps((float)xb->bsums[j]), Mm);
+            mac[r] = _mm512_fmadd_ps(Mm, _mm512_mul_ps(dmv, dx), mac[r]);
+        }
+    }
+    for (int r = 0; r < R; r++)
+        _mm512_mask_storeu_ps(y + (int64_t)r * ldy + r0, (__mmask16)((1u << count) - 1u), _mm512_sub_ps(acc[r], mac[r]));
+}
+
+/* vnni_step_rows compiled for each row count (its sums stay in registers). */
+static TILE_TARGET void vnni_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *x, int K,
+                                          float *y, int64_t ldy, int R) {
+    switch (R) {
+    case 1: vnni_step_rows(p, r0, r1, x, K, y, ldy, 1); break;
+    case 2: vnni_step_rows(p, r0, r1, x, K, y, ldy, 2); break;
+    default: vnni_step_rows(p, r0, r1, x, K, y, ldy, 3); break;
+    }
+}
+
+/* Outputs [r0, r0 + 16) (those below r1 written) of a Q4_K or Q5_K part against rows [s0, s0 + g)
+ * of a (s0 a multiple of STEP_ROWS). */
+static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g,
+                                         int K, float *y, int64_t ldy) {
+    const int nb = K / 256, count = (int)(r1 - r0), q5 = p->type == T_Q5_K, qs0 = q5 ? 48 : 16, bb = block_bytes(p->type);
+    int32_t C[2][8][16][16] __attribute__((aligned(64))); /* [super-block parity][sub-block][tile row][output] */
+    uint8_t B[8][512] __attribute__((aligned(64)));     /* [2 q + (high nibbles)] */
+    int32_t off32[16];
+    int64_t off[16];
+    for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];  /* past r1: the last output again */
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
+    for (int t0 = 0; t0 < g; t0 += STEP_ROWS) {
+        const int M = g - t0 < STEP_ROWS ? g - t0 : STEP_ROWS;
+        const uint8_t *st = a->st + (int64_t)((s0 + t0) / STEP_ROWS) * (K / 64) * 16 * 64;
+        __m512 acc[STEP_ROWS], mac[STEP_ROWS];
+        for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), mac[m] = _mm512_setzero_ps();
+        step_tiles_configure(M);
+        /* software-pipelined: super-block b's tile products are issued before super-block
+           b - 1's sums are read back (C and the scales two deep), so neither the tile stores
+           nor the tile products are waited for */
+        __m512 sc[2][8], mn[2][8], dv[2], dmv[2];
+        for (int b = 0; b <= nb; b++) {
+            const int cur = b & 1, prev = cur ^ 1;
+            if (b < nb) {
+                const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
+                /* the next 16 outputs' super-block b asked for now: it is read a job from now,
+                   and sixteen streams a row apart are more than the hardware's prefetchers follow */
+                if (t0 == 0)
+                    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
+                        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+                /* d and dmin, then the six-bit sc_j and m_j (scale_min_k4) of the 16 outputs */
+                __m512i w0 = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
+                dv[cur] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
+                dmv[cur] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+                __m512i D0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
+                __m512i D1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
+                __m512i D2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
+                for (int j = 0; j < 4; j++) {
+                    sc[cur][j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D0, j), six));
+                    mn[cur][j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D1, j), six));
+                    sc[cur][j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four),
+                                                                        _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4)));
+                    mn[cur][j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4),
+                                                                        _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4)));
+                }
+                __m512i qh[8];
+                if (q5) step_transpose(base + 16, off, qh);
+                /* every weight of the super-block first, then the tile products: a tile load
+                   right after the stores it reads waited for them */
+                for (int q = 0; q < 4; q++) {
+                    __m512i rows[8];
+                    step_transpose(base + qs0 + 32 * q, off, rows);
+                    for (int k = 0; k < 8; k++) {
+                        __m512i lo = _mm512_and_si512(rows[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rows[k], 4), nib);
+                        if (q5) {
+                            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * q), one), 4));
+                            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * q + 1), one), 4));
+                        }
+                        _mm512_store_si512((void *)(B[2 * q] + 64 * k), lo);
+                        _mm512_store_si512((void *)(B[2 * q + 1] + 64 * k), hi);
+                    }
+                }
+                for (int q = 0; q < 4; q++) {
+                    const uint8_t *at = st + (int64_t)(4 * b + q) * 16 * 64;
+                    _tile_loadd(2, B[2 * q], 64);
+                    _tile_loadd(3, B[2 * q + 1], 64);
+                    _tile_loadd(0, at, 64);
+                    _tile_loadd(1, at + 32, 64);
+                    if (q % 2 == 0) {
+                        _tile_zero(4);
+                        _tile_zero(5);
+                        _tile_dpbsud(4, 0, 2);
+                        _tile_dpbsud(5, 1, 3);
+                        _tile_stored(4, C[cur][2 * q], 64);
+                        _tile_stored(5, C[cur][2 * q + 1], 64);
+                    } else {
+                        _tile_zero(6);
+                        _tile_zero(7);
+                        _tile_dpbsud(6, 0, 2);
+                        _tile_dpbsud(7, 1, 3);
+                        _tile_stored(6, C[cur][2 * q], 64);
+                        _tile_stored(7, C[cur][2 * q + 1], 64);
+                    }
+                }
+            }
+            if (b == 0) continue;
+            /* super-block b - 1's sums */
+            const int pb = b - 1;
+            __m512 F[STEP_ROWS];
+            for (int m = 0; m < M; m++) F[m] = _mm512_setzero_ps();
+            for (int j = 0; j < 8; j++) {
+                const __m512i w128 = _mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][2 * M]), 7);
+                for (int m = 0; m < M; m++) {
+                    __m512i S = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][m]), 8),
+                                                                  _mm512_load_si512((const void *)C[prev][j][M + m])), w128);
+                    F[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc[prev][j], F[m]);
+                }
+            }
+            for (int m = 0; m < M; m++) {
+                const int s = s0 + t0 + m;
+                const __m512 dx = _mm512_set1_ps(a->d[(int64_t)s * nb + pb]);
+                acc[m] = _mm512_fmadd_ps(F[m], _mm512_mul_ps(dv[prev], dx), acc[m]);
+                const int32_t *bsum = a->bsums + ((int64_t)s * nb + pb) * 8;
+                __m512 Mm = _mm512_setzero_ps();
+                for (int j = 0; j < 8; j++) Mm = _mm512_fmadd_ps(mn[prev][j], _mm512_set1_ps((float)bsum[j]), Mm);
+                mac[m] = _mm512_fmadd_ps(Mm, _mm512_mul_ps(dmv[prev], dx), mac[m]);
+            }
+        }
+        const __mmask16 keep = (__mmask16)((1u << count) - 1u);
+        for (int m = 0; m < M; m++)
+            _mm512_mask_storeu_ps(y + (int64_t)(t0 + m) * ldy + r0, keep, _mm512_sub_ps(acc[m], mac[m]));
+    }
+    _tile_release();
+}
+#endif
+
 /* Outputs [r0, r1) (at most 16) of a K-type part against rows [s0, s0 + g) of a, g <= TILE_GROUP:
  * y[(s - s0) * ldy + r]. The tiles where they run and the path is the widest, else the reference. */
 static void tile_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g, int K, float *y,
                          int64_t ldy, int path) {
 #ifdef TILES_X86
     if (path == INT8_AVX512_VNNI && tiles_ready()) {
-        amx_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
+        if (a->steps)
+            amx_step_outputs(p, r0, r1, a, s0, g, K, y, ldy);
+        else
+            amx_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
         return;
     }
 #endif
     (void)path;
-    ref_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
+    if (a->steps)
+        ref_step_outputs(p, r0, r1, a, s0, g, K, y, ldy);
+    else
+        ref_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
 }
 
 /* Whether this process runs the tiles (for int8.py: the prefill takes TILES only then). */

@@ -1,0 +1,210 @@
+"""Steps' and verifications' products in one order on AMX's tiles and on VNNI (`int8.STEP_TILES`,
+the steps' kernels of `csrc/tile_rows.c`). What they claim:
+
+- Q4_K and Q5_K parts give the scalar reference's products bit for bit: up to three rows on VNNI
+  (16 outputs in the lanes), more on the tiles (groups of seven rows), outputs past a tile's 16,
+  one thread and two, extreme inputs; where the tiles do not run here, those tests skip.
+- A row's result does not depend on the rows beside it: one row (VNNI) equals the same row in a
+  call of 2 to 40 (VNNI, then the tiles), so a verification's rows equal its steps'.
+- The products are those of the 16-bit activations times the weights, to float32 rounding (a
+  negative control: the two levels' inputs are not), summed in another order than `int8.WIDE`'s.
+- Q6_K parts keep WIDE's order in this mode, bit for bit; float and 32-weight parts the float path.
+- A model decoding in this mode: a verification's logits equal the steps' bit for bit, and
+  lookup and the paper's hierarchy equal autoregressive decoding token for token; its steps'
+  logits differ from WIDE's (a control that the mode took). Where the tiles do not run, the
+  mode is WIDE.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from conftest import assert_verification_rows_equal_steps, built, needs_compiler
+from gguf import GGMLQuantizationType as Q
+from gguf_files import random_blocks
+from test_int8_rows import _rows, _run, gguf_pair
+from test_int8_two_levels import _matrix
+from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
+from test_tile_rows import Q4_K_M_LIKE
+
+import triforce_core.models.native_layers as native_layers
+from triforce_core.kv import FullCache
+from triforce_core.models import int8
+from triforce_core.models.arithmetic import arithmetic_key
+from triforce_core.models.quantized import Matrix, StoredTensor
+
+pytestmark = needs_compiler
+STEP_TILES, WIDE = int8.STEP_TILES, int8.WIDE
+STEP_TYPES = (Q.Q4_K, Q.Q5_K)
+
+
+@pytest.fixture(scope="module")
+def kernels() -> int8.Int8:
+    return built(native_layers).int8
+
+
+@pytest.fixture
+def tiles(kernels) -> int8.Int8:
+    if not kernels.tiles():
+        pytest.skip("AMX's integer tiles do not run on this machine")
+    return kernels
+
+
+def _reference(kernels, x, m, threads=1):
+    with kernels.forced(int8.SCALAR):
+        return kernels.product(x, m, STEP_TILES, threads=threads)
+
+
+@pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
+def test_vnni_and_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype):
+    m, _ = _matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole jobs of 16 and 5
+    x = _rows(40, 768, seed=2)
+    for S in (1, 2, 3, 4, 7, 8, 14, 15, 40):  # VNNI up to 3, then groups of 7 rows on the tiles
+        want = _reference(tiles, x[:S], m)
+        for threads in (1, 2):
+            assert torch.equal(tiles.product(x[:S], m, STEP_TILES, threads=threads), want), f"{S} rows, {threads} threads"
+
+
+@pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
+def test_a_row_is_the_same_whatever_the_rows_beside_it(kernels, qtype):
+    m, _ = _matrix(qtype, 40, 1024, seed=8)
+    x = _rows(40, 1024, seed=9)
+    alone = [kernels.product(x[i : i + 1], m, STEP_TILES, threads=1)[0] for i in range(40)]
+    for S in (2, 3, 7, 17, 40):
+        together = kernels.product(x[:S], m, STEP_TILES, threads=2)
+        for i in range(S):
+            assert torch.equal(together[i], alone[i]), f"row {i} of {S}"
+
+
+@pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
+def test_the_edges_of_the_inputs(tiles, qtype):
+    """Halves, the clamp (q = -32767), zeros, denormals, a NaN (its block's outputs NaN), infinity,
+    a huge block, every input negative; one row (VNNI) and seven (tiles)."""
+    rows = _rows(7, 512, seed=4).numpy().copy()
+    rows[0, :16] = [32767, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5, -32767]
+    rows[1, 3] = np.nan
+    rows[2, 300] = np.inf
+    rows[3, :256] = 1e-40
+    rows[4, 256:] = 0.0
+    rows[5, 10] = 3.4e38
+    rows[6] = -np.abs(rows[6]) * 1e4
+    x = torch.from_numpy(rows)
+    m, _ = _matrix(qtype, 20, 512, seed=5)
+    for S in (7, 1):
+        for i in range(0, 7, S):
+            got, want = tiles.product(x[i : i + S], m, STEP_TILES, threads=2), _reference(tiles, x[i : i + S], m)
+            assert torch.equal(got.isnan(), want.isnan())
+            assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
+    assert bool(tiles.product(x[1:2], m, STEP_TILES)[0].isnan().all())
+
+
+@pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
+def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
+    """Every weight and scale at its type's extreme (Q4_K 15 x 63, Q5_K 31 x 63) against inputs at
+    +-32767: each sub-block's sum stays exact, so the products are the 16-bit activations' times
+    the weights, on the scalar reference and on the vector paths alike."""
+    rng = np.random.default_rng(13)
+    raw = random_blocks(qtype, 32, 512, rng).reshape(32, 2, -1)
+    raw[:, :, 4:16] = 0xFF  # every sc_j and m_j 63
+    raw[:, :, 16:] = 0xFF   # Q5_K's fifth bits, the nibbles: every weight at its top
+    t = StoredTensor(int(qtype), torch.from_numpy(raw.reshape(32, -1).copy()), (32, 512))
+    m, w = Matrix(stored=(t,)), t.dequantized()
+    x = torch.full((9, 512), 3.0)
+    x[1::2] = -3.0
+    x[2, ::3] = -3.0
+    for S in (1, 9):
+        y = kernels.product(x[:S], m, STEP_TILES, threads=2)
+        with kernels.forced(int8.SCALAR):
+            assert torch.equal(kernels.product(x[:S], m, STEP_TILES, threads=1), y)
+        d, q = _sixteen_bits(x[:S].numpy())
+        want = torch.from_numpy(d.astype(np.float64) * q) @ w.double().t()
+        assert ((y.double() - want).abs() <= 1e-6 * (x[:S].double().abs() @ w.double().abs().t())).all()
+
+
+@pytest.mark.parametrize("rows", [1, 5, 24])
+@pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
+def test_products_are_those_of_the_16_bit_activations(kernels, qtype, rows):
+    y, slack = assert_16_bit_products(kernels, qtype, STEP_TILES, rows)
+    m, _ = _matrix(qtype, 31, 768, seed=6)
+    wide = kernels.product(_rows(rows, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
+    assert ((y - wide).abs() <= slack).all()
+
+
+def test_summed_in_an_order_of_their_own(tiles):
+    """Not WIDE's lanes: over many outputs some differ in the last bits, for a step and a
+    verification alike (so a model's steps must take this mode for its verifications too)."""
+    m, _ = _matrix(Q.Q4_K, 256, 2048, seed=10)
+    x = _rows(7, 2048, seed=11)
+    for S in (1, 7):
+        assert not torch.equal(tiles.product(x[:S], m, STEP_TILES, threads=2), tiles.product(x[:S], m, WIDE, threads=2))
+
+
+def test_q6_k_keeps_wide_and_a_stack_its_parts(kernels):
+    m, _ = _matrix(Q.Q6_K, 40, 512, seed=14)
+    x = _rows(9, 512, seed=15)
+    for S in (1, 3, 9):
+        assert torch.equal(kernels.product(x[:S], m, STEP_TILES, threads=2), kernels.product(x[:S], m, WIDE, threads=2))
+    parts = mixed_stack(np.random.default_rng(11), 512)
+    for S in (1, 9):
+        assert_each_part_as_alone(kernels, _rows(S, 512, seed=12), parts, STEP_TILES)
+
+
+def test_the_mode_is_named_in_the_switch_and_needs_the_tiles(kernels, monkeypatch):
+    assert int8.LEVEL_NAMES[STEP_TILES] == "step-tiles"
+    for word in ("6", "step-tiles", " STEP-TILES "):
+        monkeypatch.setenv(int8.ENV, word)
+        assert int8.mode() == (STEP_TILES if kernels.tiles() else WIDE)
+
+
+@pytest.fixture(scope="module")
+def engine(tmp_path_factory):
+    return gguf_pair(tmp_path_factory.mktemp("step_tiles"), Q4_K_M_LIKE, seed=2)
+
+
+@pytest.fixture
+def step_tiles(tiles, engine, monkeypatch):
+    """The engine's models in this mode, as `TRIFORCE_INT8=step-tiles` sets them."""
+    monkeypatch.setenv(int8.ENV, "step-tiles")
+    models = [m for m in (engine.target, engine.draft) if m is not None]
+    before = [m.integer_products for m in models]
+    for m in models:
+        m.integer_products = int8.mode()
+    yield engine
+    for m, mode in zip(models, before):
+        m.integer_products = mode
+
+
+def test_a_verification_equals_the_steps_in_this_mode(step_tiles):
+    model = step_tiles.target
+    assert model.integer_products == STEP_TILES
+    ids = torch.randint(3, 300, (90,), generator=torch.Generator().manual_seed(4)).tolist()
+    for rows in (2, 3, 7, 9):  # VNNI against VNNI, then the tiles against VNNI's steps
+        assert_verification_rows_equal_steps(model, ids, rows=rows)
+
+
+def test_a_step_in_this_mode_differs_from_one_in_wide(step_tiles):
+    """The control for the model-level tests: a step's logits are this mode's, not WIDE's; the
+    disk cache's key tells the two apart."""
+    model = step_tiles.target
+    ids = torch.randint(3, 300, (40,), generator=torch.Generator().manual_seed(5)).tolist()
+
+    def step() -> torch.Tensor:
+        s = model.spec
+        cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 1, torch.float32, model.device)
+        model.forward(torch.tensor(ids[:-1]), cache.positions(0, len(ids) - 1), cache, logits_rows=None)
+        return model.forward(torch.tensor(ids[-1:]), cache.positions(len(ids) - 1, 1), cache).logits
+
+    mine = step()
+    model.integer_products = WIDE
+    wide = step()
+    model.integer_products = STEP_TILES
+    assert not torch.equal(mine, wide) and (mine - wide).abs().max() < 1e-3
+    assert arithmetic_key("cpu", STEP_TILES) != arithmetic_key("cpu", WIDE)
+
+
+def test_speculation_equals_autoregressive_decoding_in_this_mode(step_tiles):
+    ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist() * 2
+    reference = _run(step_tiles, "autoregressive", ids)
+    for mode in ("lookup", "triforce"):
+        assert _run(step_tiles, mode, ids) == reference, mode
