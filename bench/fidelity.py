@@ -31,7 +31,7 @@ verifications take, not the long-prefill path. The configurations:
                        (TRIFORCE_ATTENTION_TILES=1, opt-in); the report says per configuration
                        whether its attention took them (`attention_tiles`)
     step-tiles/kv-float16
-                       int16/kv-float16's activations and integers, the Q4_K and Q5_K parts summed
+                       int16/kv-float16's activations and integers, the K types' parts summed
                        in the order steps and verifications share on AMX's tiles (`int8.STEP_TILES`)
     int16/kv-bfloat16  int16/kv-float16's products; K/V bfloat16 (8-bit significands, not 11)
     int16-tiles-attention/kv-bfloat16

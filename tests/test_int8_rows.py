@@ -326,10 +326,10 @@ def _logits(model, n: int = 9) -> torch.Tensor:
 
 def test_an_engine_gives_its_models_the_default_mode_and_integer_products_change_the_logits(engine, monkeypatch):
     monkeypatch.delenv(int8.ENV, raising=False)
-    assert int8.mode() == int8.FAST_PATH_DEFAULT
+    assert native_layers.products_mode() == int8.default_mode(native_layers.kernel().int8.tiles())
     model = engine.target
     TriForceEngine(model, engine.draft)  # what an engine gives its models by default
-    assert model.integer_products == engine.draft.integer_products == int8.FAST_PATH_DEFAULT
+    assert model.integer_products == engine.draft.integer_products == native_layers.products_mode()
     TriForceEngine(model, engine.draft, exact=True)
     assert model.integer_products == engine.draft.integer_products == 0
     floats = _logits(model)

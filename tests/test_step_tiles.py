@@ -1,14 +1,14 @@
 """Steps' and verifications' products in one order on AMX's tiles and on VNNI (`int8.STEP_TILES`,
 the steps' kernels of `csrc/tile_rows.c`). What they claim:
 
-- Q4_K and Q5_K parts give the scalar reference's products bit for bit: up to three rows on VNNI
+- Q4_K, Q5_K and Q6_K parts give the scalar reference's products bit for bit: up to three rows on VNNI
   (16 outputs in the lanes), more on the tiles (groups of seven rows), outputs past a tile's 16,
   one thread and two, extreme inputs; where the tiles do not run here, those tests skip.
 - A row's result does not depend on the rows beside it: one row (VNNI) equals the same row in a
   call of 2 to 40 (VNNI, then the tiles), so a verification's rows equal its steps'.
 - The products are those of the 16-bit activations times the weights, to float32 rounding (a
   negative control: the two levels' inputs are not), summed in another order than `int8.WIDE`'s.
-- Q6_K parts keep WIDE's order in this mode, bit for bit; float and 32-weight parts the float path.
+- In a stack, float and 32-weight parts keep the float path's products exactly.
 - A model decoding in this mode: a verification's logits equal the steps' bit for bit, and
   lookup and the paper's hierarchy equal autoregressive decoding token for token; its steps'
   logits differ from WIDE's (a control that the mode took). Where the tiles do not run, the
@@ -36,7 +36,7 @@ from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
 STEP_TILES, WIDE = int8.STEP_TILES, int8.WIDE
-STEP_TYPES = (Q.Q4_K, Q.Q5_K)
+STEP_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 
 
 @pytest.fixture(scope="module")
@@ -101,13 +101,18 @@ def test_the_edges_of_the_inputs(tiles, qtype):
 
 @pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
 def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
-    """Every weight and scale at its type's extreme (Q4_K 15 x 63, Q5_K 31 x 63) against inputs at
-    +-32767: each sub-block's sum stays exact, so the products are the 16-bit activations' times
-    the weights, on the scalar reference and on the vector paths alike."""
+    """Every weight and scale at its type's extreme (Q4_K 15 x 63, Q5_K 31 x 63, Q6_K (0 - 32) x
+    -128 and (63 - 32) x -128) against inputs at +-32767: each sub-block's sum stays exact, so the
+    products are the 16-bit activations' times the weights, on the scalar reference and on the
+    vector paths alike."""
     rng = np.random.default_rng(13)
     raw = random_blocks(qtype, 32, 512, rng).reshape(32, 2, -1)
-    raw[:, :, 4:16] = 0xFF  # every sc_j and m_j 63
-    raw[:, :, 16:] = 0xFF   # Q5_K's fifth bits, the nibbles: every weight at its top
+    if qtype == Q.Q6_K:  # ql 0..127, qh 128..191, scales 192..207
+        raw[:16, :, :192], raw[16:, :, :192] = 0x00, 0xFF
+        raw[:, :, 192:208] = 0x80
+    else:
+        raw[:, :, 4:16] = 0xFF  # every sc_j and m_j 63
+        raw[:, :, 16:] = 0xFF   # Q5_K's fifth bits, the nibbles: every weight at its top
     t = StoredTensor(int(qtype), torch.from_numpy(raw.reshape(32, -1).copy()), (32, 512))
     m, w = Matrix(stored=(t,)), t.dequantized()
     x = torch.full((9, 512), 3.0)
@@ -140,11 +145,8 @@ def test_summed_in_an_order_of_their_own(tiles):
         assert not torch.equal(tiles.product(x[:S], m, STEP_TILES, threads=2), tiles.product(x[:S], m, WIDE, threads=2))
 
 
-def test_q6_k_keeps_wide_and_a_stack_its_parts(kernels):
-    m, _ = _matrix(Q.Q6_K, 40, 512, seed=14)
-    x = _rows(9, 512, seed=15)
-    for S in (1, 3, 9):
-        assert torch.equal(kernels.product(x[:S], m, STEP_TILES, threads=2), kernels.product(x[:S], m, WIDE, threads=2))
+def test_a_stack_gives_each_part_as_alone(kernels):
+    """The K types in this mode, float16 and 32-weight parts the float path's products exactly."""
     parts = mixed_stack(np.random.default_rng(11), 512)
     for S in (1, 9):
         assert_each_part_as_alone(kernels, _rows(S, 512, seed=12), parts, STEP_TILES)
@@ -154,7 +156,7 @@ def test_the_mode_is_named_in_the_switch_and_needs_the_tiles(kernels, monkeypatc
     assert int8.LEVEL_NAMES[STEP_TILES] == "step-tiles"
     for word in ("6", "step-tiles", " STEP-TILES "):
         monkeypatch.setenv(int8.ENV, word)
-        assert int8.mode() == (STEP_TILES if kernels.tiles() else WIDE)
+        assert native_layers.products_mode() == (STEP_TILES if kernels.tiles() else WIDE)
 
 
 @pytest.fixture(scope="module")
@@ -169,7 +171,7 @@ def step_tiles(tiles, engine, monkeypatch):
     models = [m for m in (engine.target, engine.draft) if m is not None]
     before = [m.integer_products for m in models]
     for m in models:
-        m.integer_products = int8.mode()
+        m.integer_products = native_layers.products_mode()
     yield engine
     for m, mode in zip(models, before):
         m.integer_products = mode

@@ -128,7 +128,8 @@ def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
 
 
 def test_summed_in_an_order_of_their_own(tiles):
-    """Not WIDE's lanes: over many outputs some differ in the last bits (why steps keep WIDE)."""
+    """Not WIDE's lanes: over many outputs some differ in the last bits (why steps and verifications
+    take an order of their own, not a prefill's)."""
     m, _ = _matrix(Q.Q4_K, 256, 2048, seed=10)
     x = _rows(32, 2048, seed=11)
     assert not torch.equal(tiles.product(x, m, TILES, threads=2), tiles.product(x, m, WIDE, threads=2))
@@ -158,21 +159,22 @@ def engine(tmp_path_factory):
 
 def test_a_prefill_takes_them_and_the_disk_cache_key_says_so(tiles, engine, monkeypatch):
     model = engine.target
-    assert model.integer_products == WIDE
+    few = model.integer_products  # the default where the tiles run: the steps' own order on them
+    assert few == int8.STEP_TILES
     layer = model.layers[0]
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(3))
     monkeypatch.delenv(int8.TILES_ENV, raising=False)
-    on_key = arithmetic_key("cpu", WIDE)
+    on_key = arithmetic_key("cpu", few)
     assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, TILES))
-    assert torch.equal(model._project(x[:17], layer.wqkv), tiles.product(x[:17], layer.wqkv, WIDE))  # a verification's rows
+    assert torch.equal(model._project(x[:17], layer.wqkv), tiles.product(x[:17], layer.wqkv, few))  # a verification's rows
     monkeypatch.setenv(int8.TILES_ENV, "0")
-    assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, WIDE))
-    assert arithmetic_key("cpu", WIDE) != on_key
+    assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, few))
+    assert arithmetic_key("cpu", few) != on_key
 
 
 def test_speculation_equals_autoregressive_decoding_after_a_prefill_on_tiles(tiles, engine, monkeypatch):
     """The prefill (120 tokens, past the native layers' rows) on tiles; the steps and
-    verifications after it on WIDE's order: lookup and the paper's hierarchy equal
+    verifications after it in their own order: lookup and the paper's hierarchy equal
     autoregressive decoding token for token. Control: the prefill really took the tiles."""
     monkeypatch.delenv(int8.TILES_ENV, raising=False)
     ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist() * 2

@@ -13,7 +13,7 @@ few-row forward (steps, verifications, the head); float32 weights keep their pat
   input (99.90 %, as the float path's 99.93 %), for twice the integer work.
 - FAST: two levels for the 256-weight types, where they beat the float products (Q4_K 1.9x at
   one row), the float path for the 32-weight ones, where two levels lose to it.
-- WIDE (the default on the fast path; `exact` takes the float path): the 256-weight types over
+- WIDE (the default on the fast path where AMX's tiles do not run; `exact` takes the float path): the 256-weight types over
   16-bit activations, one integer product a row (about 16 bits of each input: a weight times its
   sub-block's integer scale fits 16 bits, so `vpdpwssd` multiplies them); the float path for the
   32-weight ones. Faster than FAST at every row count, and closer to the float path.
@@ -33,14 +33,11 @@ Q4_0 0.85x; 16-bit activations Q4_K 1.88x and 1.78x, Q5_K 2.1x and 1.5x, Q6_K 2.
 
 - TILES (a prefill's rows where AMX's integer tiles run): WIDE's activations and integers on
   tiles, 3.0-3.3x WIDE's Q4_K products at 128-256 rows on a Sapphire-Rapids-class Xeon.
-- STEP_TILES (`TRIFORCE_INT8=step-tiles`, opt-in, where AMX's integer tiles run; WIDE elsewhere):
-  WIDE's activations and integers with the Q4_K and Q5_K parts summed a sub-block at a time in
-  an order every row count shares, up to 3 rows on VNNI (16 outputs in the lanes), more on the
-  tiles; Q6_K as WIDE. Over 16384 x 2048 Q4_K matrices read from memory, against WIDE: 1 row
-  1.13x its time, 2 rows 1.01x, 3 rows 0.74x, 7 rows 0.68x. A 1B-shape Q4_K_M step took 1.02-
-  1.06x WIDE's time, a 7-row verification 0.82-0.92x (`python -m bench.level_steps --products
-  int16,step-tiles`): the one-row kernel reads 16 outputs' rows a super-block at a time, which
-  the memory serves slower than WIDE's row after row, so not the default.
+- STEP_TILES (the default where AMX's integer tiles run, `default_mode`; WIDE elsewhere):
+  WIDE's activations and integers with the K types' parts summed a sub-block at a time in an
+  order every row count shares, up to 3 rows on VNNI (16 outputs in the lanes), more on the
+  tiles. Over 16384 x 2048 matrices read from memory, against WIDE: Q4_K 1 row 1.13x its time,
+  2 rows 1.01x, 3 rows 0.74x, 7 rows 0.68x; Q6_K 0.93x, 1.09x and 1.03x.
 
 Data and a thin wrapper only: `native_layers` loads the library; each model says which mode it
 takes (`Transformer.integer_products`, which the engine sets from `mode()`).
@@ -79,9 +76,9 @@ Q8_32, Q8_K = 0, 1
 # so only for a prefill's rows (`Transformer._project`): a step's and a verification's rows keep
 # WIDE's order, which makes them equal bit for bit. Where the tiles do not run, the same order by
 # the scalar reference (tests only; a prefill there takes WIDE).
-# STEP_TILES: WIDE's activations with Q4_K and Q5_K parts on AMX tiles in an order every row
-# count shares (`csrc/tile_rows.c`, the steps' order: the weights as stored, each sub-block's
-# sums scaled after), so steps and verifications alike; Q6_K as WIDE.
+# STEP_TILES: WIDE's activations with the K types' parts in an order every row count shares
+# (`csrc/tile_rows.c`, the steps' order: the weights as stored, each sub-block's sums scaled
+# after), on VNNI for up to 3 rows and on AMX's tiles for more, so steps and verifications alike.
 ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES, STEP_TILES = 1, 2, 3, 4, 5, 6
 LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles",
                STEP_TILES: "step-tiles"}
@@ -105,30 +102,35 @@ def act_bytes(K: int, kind: int) -> int:
 # 0.86x FAST's time at 8K tokens and 0.89x at 32K, a 7-row verification 0.84x and 0.86x; chat at
 # 4.5K tokens decoded 1.11x faster (`python -m bench.level_steps --products 0,fast,int16,int8`,
 # `python -m bench.chat ...+products-int16`, docs/results.md).
-# The engine gives each model its mode (`Transformer.integer_products`).
+# The engine gives each model its mode (`Transformer.integer_products`). Where AMX's integer
+# tiles run, `default_mode` is STEP_TILES instead: the same integers, a step at WIDE's cost and
+# a verification cheaper (below, and docs/results.md).
 FAST_PATH_DEFAULT = WIDE
 # What TRIFORCE_INT8 may name: "0" the float path, "1" (or "int8") one level, "2" ("int8x2") two,
 # "3" ("fast") two levels for the K types and floats for the others, "4" ("int16") 16-bit
-# activations for the K types and floats for the others.
+# activations for the K types and floats for the others, "6" ("step-tiles") those in the order
+# steps and verifications share on AMX's tiles (WIDE where they do not run).
 MODE_WORDS = {"0": 0, "off": 0, "1": ONE_LEVEL, "int8": ONE_LEVEL, "2": TWO_LEVELS, "int8x2": TWO_LEVELS,
               "3": FAST, "fast": FAST, "4": WIDE, "int16": WIDE, "6": STEP_TILES, "step-tiles": STEP_TILES}
 
 
-def mode() -> int:
-    """The products' mode (`TRIFORCE_INT8`, FAST_PATH_DEFAULT when unset; anything else it cannot
-    read is one level, as any other switch reads as on). STEP_TILES where the tiles do not run
-    is WIDE: its order there would be the scalar reference's, a test's, not a decoder's."""
+def default_mode(tiles: bool) -> int:
+    """The products' mode where `TRIFORCE_INT8` says nothing, given whether the native layers'
+    integer products run on AMX's tiles (`native_layers.products_mode` asks): STEP_TILES there (a
+    step at WIDE's cost, a verification cheaper: `python -m bench.level_steps --products
+    int16,step-tiles`), else FAST_PATH_DEFAULT."""
+    return STEP_TILES if tiles else FAST_PATH_DEFAULT
+
+
+def mode(tiles: bool = False) -> int:
+    """The products' mode (`TRIFORCE_INT8`, `default_mode(tiles)` when unset; anything else it
+    cannot read is one level, as any other switch reads as on). STEP_TILES where the tiles do not
+    run is WIDE: its order there would be the scalar reference's, a test's, not a decoder's."""
     value = os.environ.get(ENV)
     if value is None:
-        return FAST_PATH_DEFAULT
+        return default_mode(tiles)
     chosen = MODE_WORDS.get(value.strip().lower(), ONE_LEVEL)
-    if chosen == STEP_TILES:
-        from . import native_layers  # noqa: PLC0415 (it imports this module)
-
-        kernel = native_layers.kernel()
-        if kernel is None or not kernel.int8.tiles():
-            return WIDE
-    return chosen
+    return WIDE if chosen == STEP_TILES and not tiles else chosen
 
 
 # TRIFORCE_TILES=0 keeps a prefill on WIDE where the tiles run (the benchmarks' comparison).

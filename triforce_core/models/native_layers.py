@@ -304,3 +304,10 @@ def kernel() -> Layers | None:
     """The library, built and loaded at the first call; None where it cannot be (logged once)
     or when `TRIFORCE_NATIVE_LAYERS=0`."""
     return _loader.get()
+
+
+def products_mode() -> int:
+    """The `int8` mode a model's few-row products take (`int8.mode`), knowing whether this
+    process runs the integer products on AMX's tiles."""
+    layers = kernel()
+    return int8.mode(layers is not None and layers.int8.tiles())

@@ -124,12 +124,12 @@ class Transformer:
     """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
     `int8` mode (integer products over 8-bit activations, one level or two, or over 16-bit ones:
     ONE_LEVEL .. WIDE, or STEP_TILES where AMX's tiles run; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
-    `int8.mode()`); a model starts with `int8.mode()`."""
+    `native_layers.products_mode()`); a model starts with that."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
-        self.integer_products = int8.mode()
+        self.integer_products = native_layers.products_mode()
         self.device = device
         self.dtype = dtype
         s = self.spec

@@ -3,8 +3,8 @@
  * for them, and the outputs split over the threads. A mode is int8.py's: INT8_ONE_LEVEL,
  * INT8_TWO_LEVELS, INT8_FAST (two levels for the 256-weight types), INT8_WIDE (16-bit
  * activations for the 256-weight types), INT8_TILES (WIDE with those parts on AMX tiles, for
- * a prefill's rows), INT8_STEP_TILES (the same activations, Q4_K and Q5_K on the tiles in the
- * steps' order of tile_rows.c, Q6_K as WIDE); in FAST, WIDE and the tiles the 32-weight types keep the float
+ * a prefill's rows), INT8_STEP_TILES (the same activations, the K types in the steps' order of
+ * tile_rows.c: VNNI up to 3 rows, the tiles above); in FAST, WIDE and the tiles the 32-weight types keep the float
  * path, where the integer products cost more than it (`python -m bench.int8_rows`).
  *
  * Included by layers.c after tile_rows.c.

@@ -346,8 +346,9 @@ static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64
  * VNNI, and every row count must sum in one order (so a verification's row equals its step).
  * The prefill's order above scales each weight by its sub-block's scale and splits it before
  * the tiles take it: per call, more work than a step's whole product. Here the tiles take the
- * weights as stored (Q4_K's 4-bit w, 0..15; Q5_K's 5-bit, 0..31), gathered for 16 outputs by a
- * transposition of contiguous loads, and the scales apply to each sub-block's sums after:
+ * weights as stored (Q4_K's 4-bit w, 0..15; Q5_K's 5-bit, 0..31; Q6_K's 6-bit less 32),
+ * gathered for 16 outputs by a transposition of contiguous loads, and the scales apply to each
+ * sub-block's sums after (for Q4_K and Q5_K, as written here):
  *   S_j = sum of q_e w_e over sub-block j's 32 inputs   exact: |S_j| <= 32 x 32767 x 31 < 2^25
  *   F   = fmaf((float)S_j, (float)sc_j, F) for j = 0..7, from F = 0
  *   acc = fmaf(F, d_n * d_m, acc)
@@ -358,13 +359,13 @@ static TILE_TARGET void amx_tile_outputs(const struct part *p, int64_t r0, int64
  * gives every S_j of up to STEP_ROWS rows: the A tile holds each row's hi, its lo less 128 (both
  * signed bytes), and a row of ones, so that S_j = 256 C_hi + C_lo' + 128 C_ones (`step_acts`).
  * Each output of a tile product is formed on its own, so a row does not depend on the rows
- * beside it. Q6_K (16 sub-blocks of 16) keeps int16_rows.c's order in this mode, for every row
- * count alike. */
+ * beside it. Q6_K the same way over its 16 sub-blocks of 16 inputs, with its signed weights less
+ * 32 and its signed scales, no minimums (`ref_step_block6`). */
 
 /* Rows a group of the steps' kernel takes: 2 x 7 + 1 tile rows. */
 #define STEP_ROWS 7
 
-static inline int step_type(int type) { return type == T_Q4_K || type == T_Q5_K; }
+static inline int step_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
 
 /* Rows up to which a call takes VNNI (`vnni_step_outputs`) in this order, not the tiles. */
 #define VNNI_STEP_ROWS 3
@@ -400,7 +401,30 @@ static inline int ref_step_weight(int type, const uint8_t *blk, int e) {
     return w;
 }
 
+/* Weight e (0..255) of a Q6_K super-block less its 32: -32..31. */
+static inline int ref_step_weight6(const uint8_t *blk, int e) {
+    int h = e / 128, i = e % 128, g = i / 32, l = i % 32;
+    int ql = blk[64 * h + 32 * (g % 2) + l], qh = blk[128 + 32 * h + l];
+    return ((g < 2 ? ql & 15 : ql >> 4) | (qh >> (2 * g) & 3) << 4) - 32;
+}
+
+/* Q6_K in the same order: 16 sub-blocks of 16 inputs, its int8 scales, no minimums. */
+static void ref_step_block6(const uint8_t *blk, const struct tile_acts *a, int s, int b, int K, float *acc) {
+    float F = 0.0f;
+    for (int j = 0; j < 16; j++) {
+        int32_t S = 0;
+        for (int e = 16 * j; e < 16 * j + 16; e++)
+            S += (256 * a->hi[tile_at(a, s, b, e)] + a->lo[tile_at(a, s, b, e)]) * ref_step_weight6(blk, e);
+        F = fmaf((float)S, (float)(int8_t)blk[192 + j], F);
+    }
+    *acc = fmaf(F, half_at(blk + 208) * a->d[(int64_t)s * (K / 256) + b], *acc);
+}
+
 static void ref_step_block(int type, const uint8_t *blk, const struct tile_acts *a, int s, int b, int K, float *acc, float *mac) {
+    if (type == T_Q6_K) {
+        ref_step_block6(blk, a, s, b, K, acc);
+        return;
+    }
     int nb = K / 256;
     const int32_t *bsum = a->bsums + ((int64_t)s * nb + b) * 8;
     float F = 0.0f, M = 0.0f;
@@ -560,9 +584,85 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
         _mm512_mask_storeu_ps(y + (int64_t)r * ldy + r0, (__mmask16)((1u << count) - 1u), _mm512_sub_ps(acc[r], mac[r]));
 }
 
+/* Q6_K's 16 outputs' scales (16 signed bytes each, as floats) and d, gathered. */
+static INLINE TILE_TARGET void step_scales6(const uint8_t *base, __m512i vidx, __m512 sc[16], __m512 *dv) {
+    *dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(_mm512_i32gather_epi32(vidx, (const void *)(base + 206), 1), 16)));
+    for (int d4 = 0; d4 < 4; d4++) {
+        __m512i D = _mm512_i32gather_epi32(vidx, (const void *)(base + 192 + 4 * d4), 1);
+        for (int i = 0; i < 4; i++) sc[4 * d4 + i] = _mm512_cvtepi32_ps(_mm512_srai_epi32(_mm512_slli_epi32(D, 24 - 8 * i), 24));
+    }
+}
+
+/* Q6_K's weights less 32 (signed bytes) of 32 inputs 128 h + 32 g + 4 k + t of 16 outputs, row k
+ * the dword k of every output, from the transposed ql (the first and the second 32 of the half)
+ * and qh. */
+static INLINE TILE_TARGET __m512i step_weights6(const __m512i *t1, const __m512i *t2, const __m512i *th, int g, int k) {
+    const __m512i nib = _mm512_set1_epi8(15), three = _mm512_set1_epi8(3);
+    __m512i l = g % 2 ? t2[k] : t1[k];
+    l = g < 2 ? _mm512_and_si512(l, nib) : _mm512_and_si512(_mm512_srli_epi16(l, 4), nib);
+    __m512i h = _mm512_and_si512(_mm512_srli_epi16(th[k], 2 * g), three);
+    return _mm512_sub_epi8(_mm512_or_si512(l, _mm512_slli_epi16(h, 4)), _mm512_set1_epi8(32));
+}
+
+/* vnni_step_rows for Q6_K: 16 sub-blocks of 16 inputs, each finished (its float product added in
+ * order) as soon as its 32-input group is. */
+static INLINE TILE_TARGET void vnni_step_rows6(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *x, int K,
+                                              float *y, int64_t ldy, const int R) {
+    const int nb = K / 256, count = (int)(r1 - r0), bb = block_bytes(p->type);
+    int32_t off32[16];
+    int64_t off[16];
+    for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32);
+    __m512 acc[VNNI_STEP_ROWS];
+    for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
+    for (int b = 0; b < nb; b++) {
+        const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
+        for (int n = 16; n < 32 && r0 + n < p->rows; n++)  /* the next 16 outputs' block b, as vnni_step_rows */
+            for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+        __m512 sc[16], dv, F[VNNI_STEP_ROWS];
+        step_scales6(base, vidx, sc, &dv);
+        for (int r = 0; r < R; r++) F[r] = _mm512_setzero_ps();
+        for (int h = 0; h < 2; h++) {
+            __m512i t1[8], t2[8], th[8];
+            step_transpose(base + 64 * h, off, t1);
+            step_transpose(base + 64 * h + 32, off, t2);
+            step_transpose(base + 128 + 32 * h, off, th);
+            for (int g = 0; g < 4; g++) {
+                const int c = 2 * h + g / 2, o = 8 * (g % 2); /* the activations' 64 and pair offset */
+                __m512i S[VNNI_STEP_ROWS][2];
+                for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm512_setzero_si512();
+                for (int k = 0; k < 8; k++) {
+                    const __m512i w = step_weights6(t1, t2, th, g, k);
+                    const __m512i ev = _mm512_srai_epi16(_mm512_slli_epi16(w, 8), 8), od = _mm512_srai_epi16(w, 8);
+                    for (int r = 0; r < R; r++) {
+                        const int32_t *xq = (const int32_t *)x[(int64_t)r * nb + b].qs;
+                        S[r][k / 4] = _mm512_dpwssd_epi32(S[r][k / 4], ev, _mm512_set1_epi32(xq[32 * c + o + k]));
+                        S[r][k / 4] = _mm512_dpwssd_epi32(S[r][k / 4], od, _mm512_set1_epi32(xq[32 * c + 16 + o + k]));
+                    }
+                }
+                for (int r = 0; r < R; r++) {
+                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r][0]), sc[8 * h + 2 * g], F[r]);
+                    F[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S[r][1]), sc[8 * h + 2 * g + 1], F[r]);
+                }
+            }
+        }
+        for (int r = 0; r < R; r++)
+            acc[r] = _mm512_fmadd_ps(F[r], _mm512_mul_ps(dv, _mm512_set1_ps(x[(int64_t)r * nb + b].d)), acc[r]);
+    }
+    for (int r = 0; r < R; r++) _mm512_mask_storeu_ps(y + (int64_t)r * ldy + r0, (__mmask16)((1u << count) - 1u), acc[r]);
+}
+
 /* vnni_step_rows compiled for each row count (its sums stay in registers). */
 static TILE_TARGET void vnni_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *x, int K,
                                           float *y, int64_t ldy, int R) {
+    if (p->type == T_Q6_K) {
+        switch (R) {
+        case 1: vnni_step_rows6(p, r0, r1, x, K, y, ldy, 1); break;
+        case 2: vnni_step_rows6(p, r0, r1, x, K, y, ldy, 2); break;
+        default: vnni_step_rows6(p, r0, r1, x, K, y, ldy, 3); break;
+        }
+        return;
+    }
     switch (R) {
     case 1: vnni_step_rows(p, r0, r1, x, K, y, ldy, 1); break;
     case 2: vnni_step_rows(p, r0, r1, x, K, y, ldy, 2); break;
@@ -570,10 +670,100 @@ static TILE_TARGET void vnni_step_outputs(const struct part *p, int64_t r0, int6
     }
 }
 
+/* amx_step_outputs for Q6_K: a tile product a sub-block of 16 inputs (A tiles of 16 bytes a
+ * row, B tiles of 4 rows: four inputs of 16 outputs each), its weights less 32 signed, no
+ * minimums; the super-blocks pipelined as there. */
+static TILE_TARGET void amx_step_outputs6(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g,
+                                          int K, float *y, int64_t ldy) {
+    const int nb = K / 256, count = (int)(r1 - r0), bb = block_bytes(p->type);
+    int32_t C[2][16][16][16] __attribute__((aligned(64))); /* [super-block parity][sub-block][tile row][output] */
+    uint8_t B[16][256] __attribute__((aligned(64)));       /* [sub-block][4 rows of 16 outputs' 4 inputs] */
+    int32_t off32[16];
+    int64_t off[16];
+    for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32);
+    for (int t0 = 0; t0 < g; t0 += STEP_ROWS) {
+        const int M = g - t0 < STEP_ROWS ? g - t0 : STEP_ROWS;
+        const uint8_t *st = a->st + (int64_t)((s0 + t0) / STEP_ROWS) * (K / 64) * 16 * 64;
+        __m512 acc[STEP_ROWS];
+        for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
+        struct amx_config cfg;
+        memset(&cfg, 0, sizeof(cfg));
+        cfg.palette = 1;
+        cfg.rows[0] = cfg.rows[1] = (uint8_t)(2 * M + 1), cfg.colsb[0] = cfg.colsb[1] = 16;
+        cfg.rows[2] = cfg.rows[3] = 4, cfg.colsb[2] = cfg.colsb[3] = 64;
+        for (int t = 4; t < 8; t++) cfg.rows[t] = (uint8_t)(2 * M + 1), cfg.colsb[t] = 64;
+        _tile_loadconfig(&cfg);
+        __m512 sc[2][16], dv[2];
+        for (int b = 0; b <= nb; b++) {
+            const int cur = b & 1, prev = cur ^ 1;
+            if (b < nb) {
+                const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
+                if (t0 == 0)  /* the next 16 outputs' block b, as amx_step_outputs */
+                    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
+                        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+                step_scales6(base, vidx, sc[cur], &dv[cur]);
+                for (int h = 0; h < 2; h++) {
+                    __m512i t1[8], t2[8], th[8];
+                    step_transpose(base + 64 * h, off, t1);
+                    step_transpose(base + 64 * h + 32, off, t2);
+                    step_transpose(base + 128 + 32 * h, off, th);
+                    for (int q = 0; q < 4; q++)  /* sub-blocks 8h + 2q (rows 0-3) and 8h + 2q + 1 (4-7) */
+                        for (int k = 0; k < 8; k++)
+                            _mm512_store_si512((void *)(B[8 * h + 2 * q] + 64 * k), step_weights6(t1, t2, th, q, k));
+                }
+                for (int j = 0; j < 16; j += 2) {
+                    const uint8_t *at = st + (int64_t)(4 * b + j / 4) * 16 * 64 + 16 * (j % 4);
+                    _tile_loadd(0, at, 64);
+                    _tile_loadd(1, at + 16, 64);
+                    _tile_loadd(2, B[j], 64);
+                    _tile_loadd(3, B[j + 1], 64);
+                    if (j % 4 == 0) {
+                        _tile_zero(4);
+                        _tile_zero(5);
+                        _tile_dpbssd(4, 0, 2);
+                        _tile_dpbssd(5, 1, 3);
+                        _tile_stored(4, C[cur][j], 64);
+                        _tile_stored(5, C[cur][j + 1], 64);
+                    } else {
+                        _tile_zero(6);
+                        _tile_zero(7);
+                        _tile_dpbssd(6, 0, 2);
+                        _tile_dpbssd(7, 1, 3);
+                        _tile_stored(6, C[cur][j], 64);
+                        _tile_stored(7, C[cur][j + 1], 64);
+                    }
+                }
+            }
+            if (b == 0) continue;
+            const int pb = b - 1;
+            __m512 F[STEP_ROWS];
+            for (int m = 0; m < M; m++) F[m] = _mm512_setzero_ps();
+            for (int j = 0; j < 16; j++) {
+                const __m512i w128 = _mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][2 * M]), 7);
+                for (int m = 0; m < M; m++) {
+                    __m512i S = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][m]), 8),
+                                                                  _mm512_load_si512((const void *)C[prev][j][M + m])), w128);
+                    F[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc[prev][j], F[m]);
+                }
+            }
+            for (int m = 0; m < M; m++)
+                acc[m] = _mm512_fmadd_ps(F[m], _mm512_mul_ps(dv[prev], _mm512_set1_ps(a->d[(int64_t)(s0 + t0 + m) * nb + pb])), acc[m]);
+        }
+        const __mmask16 keep = (__mmask16)((1u << count) - 1u);
+        for (int m = 0; m < M; m++) _mm512_mask_storeu_ps(y + (int64_t)(t0 + m) * ldy + r0, keep, acc[m]);
+    }
+    _tile_release();
+}
+
 /* Outputs [r0, r0 + 16) (those below r1 written) of a Q4_K or Q5_K part against rows [s0, s0 + g)
  * of a (s0 a multiple of STEP_ROWS). */
 static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g,
                                          int K, float *y, int64_t ldy) {
+    if (p->type == T_Q6_K) {
+        amx_step_outputs6(p, r0, r1, a, s0, g, K, y, ldy);
+        return;
+    }
     const int nb = K / 256, count = (int)(r1 - r0), q5 = p->type == T_Q5_K, qs0 = q5 ? 48 : 16, bb = block_bytes(p->type);
     int32_t C[2][8][16][16] __attribute__((aligned(64))); /* [super-block parity][sub-block][tile row][output] */
     uint8_t B[8][512] __attribute__((aligned(64)));     /* [2 q + (high nibbles)] */
