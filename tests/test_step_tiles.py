@@ -20,13 +20,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, built, needs_compiler
+from conftest import assert_verification_rows_equal_steps, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf_files import random_blocks
 from test_int8_rows import _rows, _run, gguf_pair
 from test_int8_two_levels import _matrix
 from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
-from test_tile_rows import Q4_K_M_LIKE
+from test_tile_rows import Q4_K_M_LIKE, edge_rows, kernels, tiles  # noqa: F401 (the kernels and the tiles, as fixtures)
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.kv import FullCache
@@ -37,18 +37,6 @@ from triforce_core.models.quantized import Matrix, StoredTensor
 pytestmark = needs_compiler
 STEP_TILES, WIDE = int8.STEP_TILES, int8.WIDE
 STEP_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-
-
-@pytest.fixture(scope="module")
-def kernels() -> int8.Int8:
-    return built(native_layers).int8
-
-
-@pytest.fixture
-def tiles(kernels) -> int8.Int8:
-    if not kernels.tiles():
-        pytest.skip("AMX's integer tiles do not run on this machine")
-    return kernels
 
 
 def _reference(kernels, x, m, threads=1):
@@ -79,17 +67,8 @@ def test_a_row_is_the_same_whatever_the_rows_beside_it(kernels, qtype):
 
 @pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
 def test_the_edges_of_the_inputs(tiles, qtype):
-    """Halves, the clamp (q = -32767), zeros, denormals, a NaN (its block's outputs NaN), infinity,
-    a huge block, every input negative; one row (VNNI) and seven (tiles)."""
-    rows = _rows(7, 512, seed=4).numpy().copy()
-    rows[0, :16] = [32767, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5, -32767]
-    rows[1, 3] = np.nan
-    rows[2, 300] = np.inf
-    rows[3, :256] = 1e-40
-    rows[4, 256:] = 0.0
-    rows[5, 10] = 3.4e38
-    rows[6] = -np.abs(rows[6]) * 1e4
-    x = torch.from_numpy(rows)
+    """`edge_rows`' inputs, one row at a time (VNNI) and seven at once (tiles)."""
+    x = edge_rows(7)
     m, _ = _matrix(qtype, 20, 512, seed=5)
     for S in (7, 1):
         for i in range(0, 7, S):

@@ -65,19 +65,24 @@ def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype):
             assert torch.equal(tiles.product(x[:S], m, TILES, threads=threads), want), f"{S} rows, {threads} threads"
 
 
-@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
-def test_the_tiles_at_the_edges_of_the_inputs(tiles, qtype):
-    """Halves, the clamp (q = -32767: hi -128), zeros, denormals, a NaN (its block's d NaN, so
-    the row's outputs NaN as the float path's), infinity, a huge block."""
-    rows = _rows(20, 512, seed=4).numpy().copy()
+def edge_rows(S: int) -> torch.Tensor:
+    """S >= 7 rows of 512 inputs at the edges: halves, the clamp (q = -32767: hi -128), zeros,
+    denormals, a NaN (its block's d NaN, so the row's outputs NaN as the float path's), infinity,
+    a huge block, every input negative (hi at its floor)."""
+    rows = _rows(S, 512, seed=4).numpy().copy()
     rows[0, :16] = [32767, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5, -32767]
     rows[1, 3] = np.nan
     rows[2, 300] = np.inf
     rows[3, :256] = 1e-40
     rows[4, 256:] = 0.0
     rows[5, 10] = 3.4e38
-    rows[6] = -rows[6].__abs__() * 1e4  # every input negative: hi at its floor
-    x = torch.from_numpy(rows)
+    rows[6] = -np.abs(rows[6]) * 1e4
+    return torch.from_numpy(rows)
+
+
+@pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
+def test_the_tiles_at_the_edges_of_the_inputs(tiles, qtype):
+    x = edge_rows(20)
     m, _ = _matrix(qtype, 20, 512, seed=5)
     got, want = tiles.product(x, m, TILES, threads=2), _reference(tiles, x, m)
     assert torch.equal(got.isnan(), want.isnan()) and bool(got[1].isnan().all())

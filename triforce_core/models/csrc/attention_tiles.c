@@ -163,6 +163,76 @@ static ATT_TARGET void tile_queries(const float *q, int H, int R, int D, int CT,
             }
 }
 
+/* Tiles 0 .. count-1 (count <= 4) stored `apart` floats from each other from `to`, rows
+ * `stride` bytes apart: four groups of 16 keys' scores, or four 16-dim pieces of an output. */
+INLINE ATT_TARGET void store_four(float *to, int64_t apart, int stride, int count) {
+    if (count > 0) _tile_stored(0, to, stride);
+    if (count > 1) _tile_stored(1, to + apart, stride);
+    if (count > 2) _tile_stored(2, to + 2 * apart, stride);
+    if (count > 3) _tile_stored(3, to + 3 * apart, stride);
+}
+
+/* The next job's keys and values not yet asked for. */
+struct ahead { const char *k, *k_end, *v, *v_end; };
+
+/* Up to `lines` more of them (half keys, half values) asked for into the level-2 cache. */
+static inline void ahead_lines(struct ahead *a, int lines) {
+    for (int i = 0; i < lines; i += 2) {
+        if (a->k < a->k_end) __builtin_prefetch(a->k, 0, 1), a->k += 64;
+        if (a->v < a->v_end) __builtin_prefetch(a->v, 0, 1), a->v += 64;
+    }
+}
+
+/* Step 3's softmax for column tile c of a block's scores S^T (st, R16 floats a key), down the
+ * keys with the rows in lanes: the visible keys' max, their exponentials in place (zero where
+ * not visible) and sums, each chunk's sum; the block's m and l (at `stat`). With `nx`,
+ * `per_key` of the next job's lines asked for a key. */
+INLINE ATT_TARGET void softmax_down_keys(float *st, int R16, int c, int R, const int64_t *limit, int64_t T, int64_t t0, int n,
+                                         int n16, int64_t h, int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum,
+                                         float *m_out, float *l_out, struct ahead *nx, int per_key) {
+    int32_t lim[TQ];
+    for (int i = 0; i < TQ; i++) {
+        int r = c * TQ + i;
+        int64_t x = r < R ? (limit ? limit[r] : T) - t0 : n;
+        lim[i] = x <= 0 ? 0 : x < n ? (int32_t)x : n;
+    }
+    __m512i limv = _mm512_loadu_si512(lim);
+    __m512 m = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t++) {
+        __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+        m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (int64_t)t * R16 + c * TQ));
+    }
+    __m512 l = _mm512_setzero_ps(), cs = _mm512_setzero_ps();
+    for (int t = 0; t < n16; t++) {
+        float *sp = st + (int64_t)t * R16 + c * TQ;
+        __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
+        __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sp), m)));
+        _mm512_storeu_ps(sp, e);
+        l = _mm512_add_ps(l, e);
+        if (nx) ahead_lines(nx, per_key);
+        if (chunk_sum && t < n) {
+            cs = _mm512_add_ps(cs, e);
+            if ((t + 1) % chunk == 0) {
+                int64_t ci = (t0 + t) / chunk;
+                if (ci < n_chunks) {
+                    float lanes[TQ];
+                    _mm512_storeu_ps(lanes, cs);
+                    for (int i = 0; i < TQ && c * TQ + i < R; i++)
+                        chunk_sum[((int64_t)h * R + c * TQ + i) * n_chunks + ci] = lanes[i];
+                }
+                cs = _mm512_setzero_ps();
+            }
+        }
+    }
+    float ml[TQ], ll[TQ];
+    _mm512_storeu_ps(ml, m);
+    _mm512_storeu_ps(ll, l);
+    for (int i = 0; i < TQ && c * TQ + i < R; i++) {
+        m_out[stat + c * TQ + i] = ml[i];
+        l_out[stat + c * TQ + i] = ll[i];
+    }
+}
+
 /* `blocks` on the tiles (K/V float16 or bfloat16, D % 16 == 0): the same jobs and outputs. */
 INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void *v, int64_t head_stride, int H, int R,
                                    int D, int64_t T, const int64_t *limit, int block, int64_t job_begin,
@@ -251,11 +321,7 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
                     KEYS(0, 4) KEYS(1, 5) KEYS(2, 4) KEYS(3, 5)
 #undef KEYS
                 }
-                float *sg = st + (int64_t)g * R16 + c * TQ;
-                _tile_stored(0, sg, R16 * 4);
-                if (ng > 1) _tile_stored(1, sg + (int64_t)TQ * R16, R16 * 4);
-                if (ng > 2) _tile_stored(2, sg + (int64_t)2 * TQ * R16, R16 * 4);
-                if (ng > 3) _tile_stored(3, sg + (int64_t)3 * TQ * R16, R16 * 4);
+                store_four(st + (int64_t)g * R16 + c * TQ, (int64_t)TQ * R16, R16 * 4, ng);
             }
         }
         /* 3. per column tile, down the keys with the rows in lanes: the visible keys' max, their
@@ -263,46 +329,7 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
            probabilities as pairs, transposed into the weighted sum's A tiles */
         int64_t stat = (h * nb + b) * R;
         for (int c = 0; c < CT; c++) {
-            int32_t lim[TQ];
-            for (int i = 0; i < TQ; i++) {
-                int r = c * TQ + i;
-                int64_t x = r < R ? (limit ? limit[r] : T) - t0 : n;
-                lim[i] = x <= 0 ? 0 : x < n ? (int32_t)x : n;
-            }
-            __m512i limv = _mm512_loadu_si512(lim);
-            __m512 m = _mm512_set1_ps(-INFINITY);
-            for (int t = 0; t < n; t++) {
-                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
-                m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (int64_t)t * R16 + c * TQ));
-            }
-            __m512 l = _mm512_setzero_ps(), cs = _mm512_setzero_ps();
-            for (int t = 0; t < n16; t++) {
-                float *sp = st + (int64_t)t * R16 + c * TQ;
-                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
-                __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sp), m)));
-                _mm512_storeu_ps(sp, e);
-                l = _mm512_add_ps(l, e);
-                if (chunk_sum && t < n) {
-                    cs = _mm512_add_ps(cs, e);
-                    if ((t + 1) % chunk == 0) {
-                        int64_t ci = (t0 + t) / chunk;
-                        if (ci < n_chunks) {
-                            float lanes[TQ];
-                            _mm512_storeu_ps(lanes, cs);
-                            for (int i = 0; i < TQ && c * TQ + i < R; i++)
-                                chunk_sum[((int64_t)h * R + c * TQ + i) * n_chunks + ci] = lanes[i];
-                        }
-                        cs = _mm512_setzero_ps();
-                    }
-                }
-            }
-            float ml[TQ], ll[TQ];
-            _mm512_storeu_ps(ml, m);
-            _mm512_storeu_ps(ll, l);
-            for (int i = 0; i < TQ && c * TQ + i < R; i++) {
-                m_out[stat + c * TQ + i] = ml[i];
-                l_out[stat + c * TQ + i] = ll[i];
-            }
+            softmax_down_keys(st, R16, c, R, limit, T, t0, n, n16, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out, NULL, 0);
             for (int g = 0; g < n16; g += TQ) {
                 __m512i rows[TQ];
                 for (int i = 0; i < TQ; i++) rows[i] = split_pair(_mm512_loadu_ps(st + (int64_t)(g + i) * R16 + c * TQ));
@@ -334,10 +361,7 @@ INLINE ATT_TARGET int blocks_tiles(const uint32_t *qt, const void *k, const void
                     PIECE(0) PIECE(1) PIECE(2) PIECE(3)
 #undef PIECE
                 }
-                if (nd > 0) _tile_stored(0, ot + d0 * TQ, D * 4);
-                if (nd > 1) _tile_stored(1, ot + (d0 + 1) * TQ, D * 4);
-                if (nd > 2) _tile_stored(2, ot + (d0 + 2) * TQ, D * 4);
-                if (nd > 3) _tile_stored(3, ot + (d0 + 3) * TQ, D * 4);
+                store_four(ot + d0 * TQ, TQ, D * 4, nd);
             }
             int rows = R - c * TQ < TQ ? R - c * TQ : TQ;
             memcpy(o + (int64_t)c * TQ * D, ot, sizeof(float) * (size_t)rows * D);
@@ -387,17 +411,6 @@ static ATT_TARGET void tile_queries_bf16(const float *q, int H, int R, int D, in
                 _mm512_i32scatter_epi32(tile, down, _mm512_permutex2var_epi16(p0, odd, p1), 4);
                 _mm512_i32scatter_epi32(tile + TQ * TQ, down, _mm512_permutex2var_epi16(p0, even, p1), 4);
             }
-}
-
-/* The next job's keys and values not yet asked for. */
-struct ahead { const char *k, *k_end, *v, *v_end; };
-
-/* Up to `lines` more of them (half keys, half values) asked for into the level-2 cache. */
-static inline void ahead_lines(struct ahead *a, int lines) {
-    for (int i = 0; i < lines; i += 2) {
-        if (a->k < a->k_end) __builtin_prefetch(a->k, 0, 1), a->k += 64;
-        if (a->v < a->v_end) __builtin_prefetch(a->v, 0, 1), a->v += 64;
-    }
 }
 
 /* `blocks` on the tiles over a bfloat16 cache (D % 32 == 0): the same jobs and outputs. */
@@ -492,11 +505,7 @@ static ATT_TARGET int blocks_tiles_bf16_cache(const void *qtv, const void *k, co
                     KEYS(0, 4) KEYS(1, 5) KEYS(2, 4) KEYS(3, 5)
 #undef KEYS
                 }
-                float *sg = st + (int64_t)g * R16 + c * TQ;
-                _tile_stored(0, sg, R16 * 4);
-                if (ng > 1) _tile_stored(1, sg + (int64_t)TQ * R16, R16 * 4);
-                if (ng > 2) _tile_stored(2, sg + (int64_t)2 * TQ * R16, R16 * 4);
-                if (ng > 3) _tile_stored(3, sg + (int64_t)3 * TQ * R16, R16 * 4);
+                store_four(st + (int64_t)g * R16 + c * TQ, (int64_t)TQ * R16, R16 * 4, ng);
             }
         }
         /* 3. per column tile, down the keys with the rows in lanes: the visible keys' max, their
@@ -505,48 +514,9 @@ static ATT_TARGET int blocks_tiles_bf16_cache(const void *qtv, const void *k, co
            weighted sum's A tiles */
         int64_t stat = (h * nb + b) * R;
         for (int c = 0; c < CT; c++) {
-            int32_t lim[TQ];
-            for (int i = 0; i < TQ; i++) {
-                int r = c * TQ + i;
-                int64_t x = r < R ? (limit ? limit[r] : T) - t0 : n;
-                lim[i] = x <= 0 ? 0 : x < n ? (int32_t)x : n;
-            }
-            __m512i limv = _mm512_loadu_si512(lim);
-            __m512 m = _mm512_set1_ps(-INFINITY);
-            for (int t = 0; t < n; t++) {
-                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
-                m = _mm512_mask_max_ps(m, seen, m, _mm512_loadu_ps(st + (int64_t)t * R16 + c * TQ));
-            }
-            __m512 l = _mm512_setzero_ps(), cs = _mm512_setzero_ps();
-            for (int t = 0; t < n16; t++) {
-                float *sp = st + (int64_t)t * R16 + c * TQ;
-                __mmask16 seen = _mm512_cmpgt_epi32_mask(limv, _mm512_set1_epi32(t));
-                __m512 e = _mm512_maskz_mov_ps(seen, exp_nonpositive16(_mm512_sub_ps(_mm512_loadu_ps(sp), m)));
-                _mm512_storeu_ps(sp, e);
-                l = _mm512_add_ps(l, e);
-                if (c == 0) ahead_lines(&nx, per_key);
-                if (chunk_sum && t < n) {
-                    cs = _mm512_add_ps(cs, e);
-                    if ((t + 1) % chunk == 0) {
-                        int64_t ci = (t0 + t) / chunk;
-                        if (ci < n_chunks) {
-                            float lanes[TQ];
-                            _mm512_storeu_ps(lanes, cs);
-                            for (int i = 0; i < TQ && c * TQ + i < R; i++)
-                                chunk_sum[((int64_t)h * R + c * TQ + i) * n_chunks + ci] = lanes[i];
-                        }
-                        cs = _mm512_setzero_ps();
-                    }
-                }
-            }
+            softmax_down_keys(st, R16, c, R, limit, T, t0, n, n16, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out,
+                              c == 0 ? &nx : NULL, per_key);
             for (int t = n16; t < n32; t++) _mm512_storeu_ps(st + (int64_t)t * R16 + c * TQ, _mm512_setzero_ps());
-            float ml[TQ], ll[TQ];
-            _mm512_storeu_ps(ml, m);
-            _mm512_storeu_ps(ll, l);
-            for (int i = 0; i < TQ && c * TQ + i < R; i++) {
-                m_out[stat + c * TQ + i] = ml[i];
-                l_out[stat + c * TQ + i] = ll[i];
-            }
             const __m512i low = _mm512_set1_epi32(0xffff), high = _mm512_set1_epi32((int)0xffff0000u);
             for (int g = 0; g < n32; g += 2 * TQ) {
                 __m512i his[TQ], los[TQ];
@@ -590,10 +560,7 @@ static ATT_TARGET int blocks_tiles_bf16_cache(const void *qtv, const void *k, co
                     PIECE(0) PIECE(1) PIECE(2) PIECE(3)
 #undef PIECE
                 }
-                if (nd > 0) _tile_stored(0, ot + d0 * TQ, D * 4);
-                if (nd > 1) _tile_stored(1, ot + (d0 + 1) * TQ, D * 4);
-                if (nd > 2) _tile_stored(2, ot + (d0 + 2) * TQ, D * 4);
-                if (nd > 3) _tile_stored(3, ot + (d0 + 3) * TQ, D * 4);
+                store_four(ot + d0 * TQ, TQ, D * 4, nd);
             }
             int rows = R - c * TQ < TQ ? R - c * TQ : TQ;
             memcpy(o + (int64_t)c * TQ * D, ot, sizeof(uint32_t) * (size_t)rows * D);

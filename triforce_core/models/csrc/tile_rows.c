@@ -458,18 +458,61 @@ static void ref_step_outputs(const struct part *p, int64_t r0, int64_t r1, const
 }
 
 #ifdef TILES_X86
-/* This kernel's tiles for M rows: 0 and 1 two sub-blocks' A tiles (2M + 1 rows of 32 bytes),
- * 2 and 3 the low and the high nibbles of 64 inputs of 16 outputs (8 rows of four inputs each),
- * 4-7 the int32 sums (2M + 1 rows x 16 outputs), two a chunk of 64 inputs, the next chunk's in
- * the other two. */
-static TILE_TARGET void step_tiles_configure(int M) {
+/* The steps' tiles for M rows and sub-blocks of `sub` inputs (32; Q6_K's 16): 0 and 1 two
+ * sub-blocks' A tiles (2M + 1 rows of `sub` bytes), 2 and 3 their weights for 16 outputs
+ * (sub / 4 rows of four inputs each), 4-7 the int32 sums (2M + 1 rows x 16 outputs), two
+ * sub-blocks' in one pair, the next two's in the other. */
+static TILE_TARGET void step_tiles_configure(int M, int sub) {
     struct amx_config c;
     memset(&c, 0, sizeof(c));
     c.palette = 1;
-    c.rows[0] = c.rows[1] = (uint8_t)(2 * M + 1), c.colsb[0] = c.colsb[1] = 32;
-    c.rows[2] = c.rows[3] = 8, c.colsb[2] = c.colsb[3] = 64;
+    c.rows[0] = c.rows[1] = (uint8_t)(2 * M + 1), c.colsb[0] = c.colsb[1] = (uint16_t)sub;  /* a sub-block's bytes */
+    c.rows[2] = c.rows[3] = (uint8_t)(sub / 4), c.colsb[2] = c.colsb[3] = 64;
     for (int t = 4; t < 8; t++) c.rows[t] = (uint8_t)(2 * M + 1), c.colsb[t] = 64;
     _tile_loadconfig(&c);
+}
+
+/* The next 16 outputs' super-block (at base + 16 rows) asked for: it is read a job from now.
+ * Measured over matrices read from memory (16384 x 2048 Q4_K, VNNI's one row): this against none
+ * 1.13 against 1.75 ms; the next jobs' rows in order, all at once or a slice a super-block, this
+ * job's next super-blocks, or two jobs ahead all took longer (1.2-1.7 ms). */
+static INLINE void step_ahead(const struct part *p, int64_t r0, const uint8_t *base, int bb) {
+    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
+        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+}
+
+/* Q4_K's and Q5_K's 16 outputs' d, dmin, sc_j and m_j (scale_min_k4) as floats, gathered. */
+static INLINE TILE_TARGET void step_scales4(const uint8_t *base, __m512i vidx, __m512 sc[8], __m512 mn[8], __m512 *dv, __m512 *dmv) {
+    const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
+    __m512i w0 = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
+    *dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
+    *dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
+    __m512i D0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
+    __m512i D1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
+    __m512i D2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
+    for (int j = 0; j < 4; j++) {
+        sc[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D0, j), six));
+        mn[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D1, j), six));
+        sc[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four),
+                                                       _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4)));
+        mn[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4),
+                                                       _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4)));
+    }
+}
+
+/* A super-block's F for M rows from its `subs` sub-blocks' tile sums C[j][tile row][output]
+ * (rows 0..M-1 hi, M..2M-1 lo less 128, 2M the weights' sums): S_j = 256 C_hi + C_lo' + 128
+ * C_ones, F = fmaf(S_j, sc_j, F) in j's order. */
+static INLINE TILE_TARGET void step_sums(const int32_t (*C)[16][16], int subs, int M, const __m512 *sc, __m512 *F) {
+    for (int m = 0; m < M; m++) F[m] = _mm512_setzero_ps();
+    for (int j = 0; j < subs; j++) {
+        const __m512i w128 = _mm512_slli_epi32(_mm512_load_si512((const void *)C[j][2 * M]), 7);
+        for (int m = 0; m < M; m++) {
+            __m512i S = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[j][m]), 8),
+                                                          _mm512_load_si512((const void *)C[j][M + m])), w128);
+            F[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc[j], F[m]);
+        }
+    }
 }
 
 /* The 32 bytes at base + off[n] of 16 outputs as 8 rows of 16 dwords: row k the dword k of
@@ -516,17 +559,12 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
     int64_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];
     const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
-    const __m512i even = _mm512_set1_epi16(255), six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
+    const __m512i even = _mm512_set1_epi16(255);
     __m512 acc[VNNI_STEP_ROWS], mac[VNNI_STEP_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), mac[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-        /* the next 16 outputs' block b asked for now: it is read a job from now. Measured over
-           matrices read from memory (16384 x 2048 Q4_K): this against none 1.13 against 1.75 ms;
-           the next jobs' rows in order, all at once or a slice a super-block, this job's next
-           super-blocks, or two jobs ahead all took longer (1.2-1.7 ms) */
-        for (int n = 16; n < 32 && r0 + n < p->rows; n++)
-            for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+        step_ahead(p, r0, base, bb);
         __m512i qh[8];
         if (q5) step_transpose(base + 16, off, qh);
         __m512i S[VNNI_STEP_ROWS][8];
@@ -555,21 +593,8 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
                 }
             }
         }
-        __m512i w0 = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
-        const __m512 dv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
-        const __m512 dmv = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
-        __m512i D0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
-        __m512i D1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
-        __m512i D2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
-        __m512 sc[8], mn[8];
-        for (int j = 0; j < 4; j++) {
-            sc[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D0, j), six));
-            mn[j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D1, j), six));
-            sc[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four),
-                                                           _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4)));
-            mn[j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4),
-                                                           _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4)));
-        }
+        __m512 sc[8], mn[8], dv, dmv;
+        step_scales4(base, vidx, sc, mn, &dv, &dmv);
         for (int r = 0; r < R; r++) {
             const struct block_q16_k *xb = x + (int64_t)r * nb + b;
             __m512 F = _mm512_setzero_ps(), Mm = _mm512_setzero_ps();
@@ -617,8 +642,7 @@ static INLINE TILE_TARGET void vnni_step_rows6(const struct part *p, int64_t r0,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-        for (int n = 16; n < 32 && r0 + n < p->rows; n++)  /* the next 16 outputs' block b, as vnni_step_rows */
-            for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+        step_ahead(p, r0, base, bb);
         __m512 sc[16], dv, F[VNNI_STEP_ROWS];
         step_scales6(base, vidx, sc, &dv);
         for (int r = 0; r < R; r++) F[r] = _mm512_setzero_ps();
@@ -687,21 +711,13 @@ static TILE_TARGET void amx_step_outputs6(const struct part *p, int64_t r0, int6
         const uint8_t *st = a->st + (int64_t)((s0 + t0) / STEP_ROWS) * (K / 64) * 16 * 64;
         __m512 acc[STEP_ROWS];
         for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps();
-        struct amx_config cfg;
-        memset(&cfg, 0, sizeof(cfg));
-        cfg.palette = 1;
-        cfg.rows[0] = cfg.rows[1] = (uint8_t)(2 * M + 1), cfg.colsb[0] = cfg.colsb[1] = 16;
-        cfg.rows[2] = cfg.rows[3] = 4, cfg.colsb[2] = cfg.colsb[3] = 64;
-        for (int t = 4; t < 8; t++) cfg.rows[t] = (uint8_t)(2 * M + 1), cfg.colsb[t] = 64;
-        _tile_loadconfig(&cfg);
+        step_tiles_configure(M, 16);
         __m512 sc[2][16], dv[2];
         for (int b = 0; b <= nb; b++) {
             const int cur = b & 1, prev = cur ^ 1;
             if (b < nb) {
                 const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-                if (t0 == 0)  /* the next 16 outputs' block b, as amx_step_outputs */
-                    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
-                        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+                if (t0 == 0) step_ahead(p, r0, base, bb);
                 step_scales6(base, vidx, sc[cur], &dv[cur]);
                 for (int h = 0; h < 2; h++) {
                     __m512i t1[8], t2[8], th[8];
@@ -738,15 +754,7 @@ static TILE_TARGET void amx_step_outputs6(const struct part *p, int64_t r0, int6
             if (b == 0) continue;
             const int pb = b - 1;
             __m512 F[STEP_ROWS];
-            for (int m = 0; m < M; m++) F[m] = _mm512_setzero_ps();
-            for (int j = 0; j < 16; j++) {
-                const __m512i w128 = _mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][2 * M]), 7);
-                for (int m = 0; m < M; m++) {
-                    __m512i S = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][m]), 8),
-                                                                  _mm512_load_si512((const void *)C[prev][j][M + m])), w128);
-                    F[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc[prev][j], F[m]);
-                }
-            }
+            step_sums(C[prev], 16, M, sc[prev], F);
             for (int m = 0; m < M; m++)
                 acc[m] = _mm512_fmadd_ps(F[m], _mm512_mul_ps(dv[prev], _mm512_set1_ps(a->d[(int64_t)(s0 + t0 + m) * nb + pb])), acc[m]);
         }
@@ -771,13 +779,12 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
     int64_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];  /* past r1: the last output again */
     const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
-    const __m512i six = _mm512_set1_epi32(63), four = _mm512_set1_epi32(15);
     for (int t0 = 0; t0 < g; t0 += STEP_ROWS) {
         const int M = g - t0 < STEP_ROWS ? g - t0 : STEP_ROWS;
         const uint8_t *st = a->st + (int64_t)((s0 + t0) / STEP_ROWS) * (K / 64) * 16 * 64;
         __m512 acc[STEP_ROWS], mac[STEP_ROWS];
         for (int m = 0; m < M; m++) acc[m] = _mm512_setzero_ps(), mac[m] = _mm512_setzero_ps();
-        step_tiles_configure(M);
+        step_tiles_configure(M, 32);
         /* software-pipelined: super-block b's tile products are issued before super-block
            b - 1's sums are read back (C and the scales two deep), so neither the tile stores
            nor the tile products are waited for */
@@ -786,26 +793,8 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
             const int cur = b & 1, prev = cur ^ 1;
             if (b < nb) {
                 const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-                /* the next 16 outputs' super-block b asked for now: it is read a job from now,
-                   and sixteen streams a row apart are more than the hardware's prefetchers follow */
-                if (t0 == 0)
-                    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
-                        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
-                /* d and dmin, then the six-bit sc_j and m_j (scale_min_k4) of the 16 outputs */
-                __m512i w0 = _mm512_i32gather_epi32(vidx, (const void *)base, 1);
-                dv[cur] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(w0));
-                dmv[cur] = _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(w0, 16)));
-                __m512i D0 = _mm512_i32gather_epi32(vidx, (const void *)(base + 4), 1);
-                __m512i D1 = _mm512_i32gather_epi32(vidx, (const void *)(base + 8), 1);
-                __m512i D2 = _mm512_i32gather_epi32(vidx, (const void *)(base + 12), 1);
-                for (int j = 0; j < 4; j++) {
-                    sc[cur][j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D0, j), six));
-                    mn[cur][j] = _mm512_cvtepi32_ps(_mm512_and_si512(byte_of(D1, j), six));
-                    sc[cur][j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_and_si512(byte_of(D2, j), four),
-                                                                        _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D0, j), 6), 4)));
-                    mn[cur][j + 4] = _mm512_cvtepi32_ps(_mm512_or_si512(_mm512_srli_epi32(byte_of(D2, j), 4),
-                                                                        _mm512_slli_epi32(_mm512_srli_epi32(byte_of(D1, j), 6), 4)));
-                }
+                if (t0 == 0) step_ahead(p, r0, base, bb);
+                step_scales4(base, vidx, sc[cur], mn[cur], &dv[cur], &dmv[cur]);
                 __m512i qh[8];
                 if (q5) step_transpose(base + 16, off, qh);
                 /* every weight of the super-block first, then the tile products: a tile load
@@ -850,15 +839,7 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
             /* super-block b - 1's sums */
             const int pb = b - 1;
             __m512 F[STEP_ROWS];
-            for (int m = 0; m < M; m++) F[m] = _mm512_setzero_ps();
-            for (int j = 0; j < 8; j++) {
-                const __m512i w128 = _mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][2 * M]), 7);
-                for (int m = 0; m < M; m++) {
-                    __m512i S = _mm512_add_epi32(_mm512_add_epi32(_mm512_slli_epi32(_mm512_load_si512((const void *)C[prev][j][m]), 8),
-                                                                  _mm512_load_si512((const void *)C[prev][j][M + m])), w128);
-                    F[m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(S), sc[prev][j], F[m]);
-                }
-            }
+            step_sums(C[prev], 8, M, sc[prev], F);
             for (int m = 0; m < M; m++) {
                 const int s = s0 + t0 + m;
                 const __m512 dx = _mm512_set1_ps(a->d[(int64_t)s * nb + pb]);
