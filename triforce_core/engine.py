@@ -22,7 +22,6 @@ from .config import (EXACT_DTYPE, KV_DTYPES, GenerationConfig, SamplingConfig, c
                      default_sampling)
 from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
-from .models import native_layers
 from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
 from .models.transformer import Transformer
 from .decoding.loop import SpeculationLoop, make_generator
@@ -58,7 +57,7 @@ class TriForceEngine:
     `exact` (`--exact`): float32 arithmetic and K/V, float products, so that greedy output equals
     Hugging Face's token for token; slower on GGUF files. It takes float32 models, and a 16-bit
     `kv_dtype` (here or in a generation's config) is refused (ConfigError). Without it a model's
-    products over GGUF blocks take the `int8` mode `TRIFORCE_INT8` names (else `int8.default_mode`: `native_layers.products_mode`).
+    products over GGUF blocks take the `int8` mode `TRIFORCE_INT8` names (else `int8.default_mode`: `Transformer.products_mode`).
     The engine sets its models' `integer_products` accordingly (two engines over one model share it).
     """
 
@@ -82,7 +81,7 @@ class TriForceEngine:
             raise ValueError(f"exact computes in {EXACT_DTYPE}: the models are "
                              f"{', '.join(str(m.dtype).removeprefix('torch.') for m in models)}")
         for model in models:  # per model: the disk cache's key reads it too
-            model.integer_products = 0 if exact else native_layers.products_mode()
+            model.integer_products = 0 if exact else model.products_mode()
         self.exact = exact
         self.target = target
         self.draft = draft

@@ -124,17 +124,17 @@ class Transformer:
     """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
     `int8` mode (integer products over 8-bit activations, one level or two, or over 16-bit ones:
     ONE_LEVEL .. WIDE, or STEP_TILES where AMX's tiles run; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
-    `native_layers.products_mode()`); a model starts with that."""
+    `Transformer.products_mode()`); a model starts with that."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
         self.spec = ModelSpec.from_config(config)
-        self.integer_products = native_layers.products_mode()
         self.device = device
         self.dtype = dtype
         s = self.spec
         # Where the native layers may run (`native_layers`): float32 on the CPU.
         self._native_ok = device.type == "cpu" and dtype == torch.float32
+        self.integer_products = self.products_mode()
         keep_stored = (
             any(isinstance(w, StoredTensor) for w in state.values())
             and self._native_ok and s.hidden_size % LANES == 0 and native_layers.kernel() is not None
@@ -243,6 +243,12 @@ class Transformer:
     def _mlp(self, h: torch.Tensor, layer: _Layer, forward_rows: int) -> torch.Tensor:
         gate, up = self._project(h, layer.w_gate_up, forward_rows=forward_rows).chunk(2, dim=-1)
         return self._project(F.silu(gate) * up, layer.w_down, forward_rows=forward_rows)
+
+    def products_mode(self) -> int:
+        """The `int8` mode this model's few-row products take unless set otherwise: the native
+        layers' (`native_layers.products_mode`, which asks whether AMX's tiles run) where they may
+        run, else `int8.mode()` (nothing is built for a model that never takes them)."""
+        return native_layers.products_mode() if self._native_ok else int8.mode()
 
     def _integer(self, w) -> bool:
         """Whether `_project` takes the integer products for `w` (rows independent, bit for bit)."""
