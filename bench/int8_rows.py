@@ -1,18 +1,20 @@
 """Few-row products over quantized weights: the float path against the integer path, one process.
 
 For each GGML type and row count (1 row: a decoding step; 7: a verification of six drafted tokens
-and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (scales of a trained model's
+and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (or `--matrices` of them in
+turn, so that the weights come from memory as a forward's do; scales of a trained model's
 order) through the native layers' own product (`parts_product`): float32 arithmetic
 (`csrc/quant_rows.c`, the default) and integer products over 8-bit activations
 (`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), the same over two levels of 8-bit activations (a row
 and its residual, about 15 bits: `int8.TWO_LEVELS`), and, for the 256-weight types, over 16-bit
-activations (`csrc/int16_rows.c`, `int8.WIDE`), calls alternated, medians (and the ratio of the
+activations (`csrc/int16_rows.c`, `int8.WIDE`) and, where AMX's integer tiles run, the same in
+the order steps and verifications share there (`int8.STEP_TILES`), calls alternated, medians (and the ratio of the
 fastest calls, which other work on a shared machine disturbs least). The header states the
 machine, the threads and the integer paths' vector instructions; a ratio is float time / integer
 time, and "diff" is |y_int - y_float| / |y_float| over the whole output (what the rounded
 activations cost).
 
-    python -m bench.int8_rows [--types Q4_K,Q6_K,Q8_0] [--rows 1,7] [--shape 2048x2048]
+    python -m bench.int8_rows [--types Q4_K,Q6_K,Q8_0] [--rows 1,7] [--shape 2048x2048] [--matrices 1]
                               [--threads N] [--repeats 50] [--path avx512-vnni] [--json OUT]
 """
 
@@ -62,7 +64,7 @@ def random_matrix(name: str, rows: int, cols: int, seed: int = 0) -> Matrix:
 
 
 def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: int, repeats: int, path: int | None,
-            say=print) -> dict:
+            say=print, matrices: int = 1) -> dict:
     layers = native_layers.kernel()
     if layers is None:
         raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
@@ -75,14 +77,18 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
                "int8_path": int8.PATH_NAMES[kernels.path()]}
     say(f"# {machine['cpu']}; {threads} thread(s); integer path {machine['int8_path']}; [{n_out} x {n_in}]; "
         f"medians of {repeats}")
-    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS, int8.WIDE)
-    key = {int8.ONE_LEVEL: "int8", int8.TWO_LEVELS: "int8x2", int8.WIDE: "int16"}
-    suffix = {int8.ONE_LEVEL: "", int8.TWO_LEVELS: "_two_levels", int8.WIDE: "_int16"}
+    # the steps' order on VNNI and the tiles, where the tiles run (`int8.STEP_TILES`)
+    steps = (int8.STEP_TILES,) if kernels.tiles() else ()
+    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS, int8.WIDE) + steps
+    key = {int8.ONE_LEVEL: "int8", int8.TWO_LEVELS: "int8x2", int8.WIDE: "int16", int8.STEP_TILES: "step_tiles"}
+    suffix = {int8.ONE_LEVEL: "", int8.TWO_LEVELS: "_two_levels", int8.WIDE: "_int16", int8.STEP_TILES: "_step_tiles"}
     say(f"{'type':6} {'rows':>4} {'float us':>9} " + " ".join(f"{key[k] + ' us':>10}" for k in sides[1:])
         + " " + " ".join(f"{key[k]:>7}" for k in sides[1:]) + " " + " ".join(f"{key[k] + ' diff':>11}" for k in sides[1:]))
     results = []
     for name in types:
-        w = random_matrix(name, n_out, n_in)
+        # with several, each call goes through all of them: past the caches, as a forward's weights
+        ws = [random_matrix(name, n_out, n_in, seed=i) for i in range(matrices)]
+        w = ws[0]
         # 16-bit activations are for the 256-weight types; the others would time the float path again
         timed = sides if name in K_TYPES else sides[:3]
         for S in rows:
@@ -91,9 +97,10 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
             for i in range(repeats + 2):
                 for side in (timed if i % 2 == 0 else timed[::-1]):
                     t0 = time.perf_counter()
-                    y = kernels.product(x, w, side, threads)
+                    for wm in ws:
+                        y = kernels.product(x, wm, side, threads)
                     if i >= 2:  # two warm-up passes
-                        times[side].append(time.perf_counter() - t0)
+                        times[side].append((time.perf_counter() - t0) / len(ws))
             yf = kernels.product(x, w, 0, threads)
             us = {k: statistics.median(times[k]) * 1e6 for k in timed}
             row = {"type": name, "rows": S, "float_us": round(us[0], 1)}
@@ -112,7 +119,7 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
             results.append({**row, **machine})
     if path is not None:
         kernels.lib.int8_set_path(-1)
-    return {"machine": machine, "shape": [n_out, n_in], "repeats": repeats, "results": results}
+    return {"machine": machine, "shape": [n_out, n_in], "matrices": matrices, "repeats": repeats, "results": results}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shape", default="2048x2048", help="outputs x inputs (default: %(default)s)")
     parser.add_argument("--threads", type=int, default=None, help="threads (default: PyTorch's intra-op count)")
     parser.add_argument("--repeats", type=int, default=50, help="timed calls per side (default: %(default)s)")
+    parser.add_argument("--matrices", type=int, default=1,
+                        help="random matrices of the shape, each call through all of them, times per matrix: enough "
+                        "of them to outgrow the caches reads the weights from memory, as a forward does (default: %(default)s)")
     parser.add_argument("--path", choices=[n for n in int8.PATH_NAMES.values()], default=None,
                         help="force the integer path's vector instructions (default: the widest this processor runs)")
     parser.add_argument("--json", type=Path, default=None, help="also write the results here")
@@ -138,7 +148,10 @@ def main(argv: list[str] | None = None) -> int:
     if any(n_in % (256 if t in K_TYPES else 32) for t in types) or n_out < 1 or not all(1 <= r <= 64 for r in rows):
         parser.error("inputs must be whole blocks of every type (256 for the K types), rows 1..64")
     path = None if args.path is None else next(p for p, n in int8.PATH_NAMES.items() if n == args.path)
-    report = measure(types, rows, n_out, n_in, args.threads or torch.get_num_threads(), args.repeats, path)
+    if not 1 <= args.matrices <= 1000:
+        parser.error("--matrices takes 1 to 1000")
+    report = measure(types, rows, n_out, n_in, args.threads or torch.get_num_threads(), args.repeats, path,
+                     matrices=args.matrices)
     write_json(args.json, report)
     return 0
 

@@ -36,8 +36,10 @@ Q4_0 0.85x; 16-bit activations Q4_K 1.88x and 1.78x, Q5_K 2.1x and 1.5x, Q6_K 2.
 - STEP_TILES (the default where AMX's integer tiles run, `default_mode`; WIDE elsewhere):
   WIDE's activations and integers with the K types' parts summed a sub-block at a time in an
   order every row count shares, up to 3 rows on VNNI (16 outputs in the lanes), more on the
-  tiles. Over 16384 x 2048 matrices read from memory, against WIDE: Q4_K 1 row 1.13x its time,
-  2 rows 1.01x, 3 rows 0.74x, 7 rows 0.68x; Q6_K 0.93x, 1.09x and 1.03x.
+  tiles. Over 16384 x 2048 matrices read from memory, against WIDE's time: Q4_K 1 row 1.09x,
+  2 rows 1.00x, 3 rows 0.78x, 7 rows 0.62x; Q6_K 0.95x, 1.07x, 1.15x and 1.04x (`python -m
+  bench.int8_rows --types Q4_K,Q6_K --rows 1,2,3,7 --shape 16384x2048 --matrices 19`,
+  bench/results/int8-rows-step-tiles-from-memory.json).
 
 Data and a thin wrapper only: `native_layers` loads the library; each model says which mode it
 takes (`Transformer.integer_products`, which the engine sets from `mode()`).

@@ -473,9 +473,10 @@ static TILE_TARGET void step_tiles_configure(int M, int sub) {
 }
 
 /* The next 16 outputs' super-block (at base + 16 rows) asked for: it is read a job from now.
- * Measured over matrices read from memory (16384 x 2048 Q4_K, VNNI's one row): this against none
- * 1.13 against 1.75 ms; the next jobs' rows in order, all at once or a slice a super-block, this
- * job's next super-blocks, or two jobs ahead all took longer (1.2-1.7 ms). */
+ * Measured over 19 matrices read from memory (16384 x 2048 Q4_K, VNNI's one row, a loop like
+ * `bench.int8_rows --matrices`): this against none 1.13 against 1.75 ms; the next jobs' rows in
+ * order, all at once or a slice a super-block, this job's next super-blocks, or two jobs ahead
+ * all took longer (1.2-1.7 ms). */
 static INLINE void step_ahead(const struct part *p, int64_t r0, const uint8_t *base, int bb) {
     for (int n = 16; n < 32 && r0 + n < p->rows; n++)
         for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
@@ -549,8 +550,9 @@ static INLINE TILE_TARGET void step_transpose(const uint8_t *base, const int64_t
  * One vpdpwssd then adds a pair to every output's S_j, which comes out in its lane, no
  * reduction across lanes; the float operations after are the tiles' own, lane for lane. The
  * tiles' fixed costs (the weights and the sums through memory) do not pay for so few rows: over
- * 16384 x 2048 Q4_K matrices read from memory, 1, 2 and 3 rows here took 1.13, 1.27 and 1.37
- * ms, on the tiles 1.47 ms from 2 rows, WIDE 1.00, 1.25 and 1.85. Outputs [r0, r0 + 16), those
+ * 16384 x 2048 Q4_K matrices read from memory, 1, 2 and 3 rows here took 1.09, 1.00 and 0.78x
+ * WIDE's time, the tiles 1.25x at 2 rows (`python -m bench.int8_rows --matrices 19`; Q6_K on
+ * the tiles at 2 and 3 rows 1.28x and 1.30x, here 1.07x and 1.15x). Outputs [r0, r0 + 16), those
  * below r1 written; x the rows' K / 256 blocks each, y their outputs ldy apart. */
 static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *x, int K,
                                              float *y, int64_t ldy, const int R) {
