@@ -543,6 +543,19 @@ static INLINE TILE_TARGET void step_transpose(const uint8_t *base, const int64_t
     }
 }
 
+/* Q4_K's or Q5_K's weights of 64 inputs 64c + 4k + t (lo: sub-block 2c) and 64c + 32 + 4k + t
+ * (hi: 2c + 1) of 16 outputs from row k of their transposed nibbles, with Q5_K's fifth bits from
+ * row k of its transposed qh. */
+static INLINE TILE_TARGET void step_weights4(__m512i nibbles, __m512i qh, int q5, int c, __m512i *lo, __m512i *hi) {
+    const __m512i nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    *lo = _mm512_and_si512(nibbles, nib);
+    *hi = _mm512_and_si512(_mm512_srli_epi16(nibbles, 4), nib);
+    if (q5) {
+        *lo = _mm512_or_si512(*lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * c), one), 4));
+        *hi = _mm512_or_si512(*hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh, 2 * c + 1), one), 4));
+    }
+}
+
 /* A step's rows (up to VNNI_STEP_ROWS) on VNNI in the same order, 16 outputs in the lanes: the
  * weights transposed as for the tiles (a dword of four inputs of each output), split into
  * 16-bit pairs of even and of odd inputs, against the row's pair of the same inputs broadcast
@@ -560,7 +573,7 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
     int32_t off32[16];
     int64_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];
-    const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32);
     const __m512i even = _mm512_set1_epi16(255);
     __m512 acc[VNNI_STEP_ROWS], mac[VNNI_STEP_ROWS];
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), mac[r] = _mm512_setzero_ps();
@@ -577,11 +590,8 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
             step_transpose(base + qs0 + 32 * c, off, rows);
             for (int k = 0; k < 8; k++) {
                 /* inputs 64c + 4k + t (sub-block 2c) and 64c + 32 + 4k + t (2c + 1) of each output */
-                __m512i lo = _mm512_and_si512(rows[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rows[k], 4), nib);
-                if (q5) {
-                    lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * c), one), 4));
-                    hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * c + 1), one), 4));
-                }
+                __m512i lo, hi;
+                step_weights4(rows[k], q5 ? qh[k] : rows[k], q5, c, &lo, &hi);
                 /* inputs t = 0, 2 and t = 1, 3 as 16-bit pairs, against the activations' pairs: an
                    even input 64c + i at qs[64c + i / 2], an odd one at qs[64c + 32 + i / 2] */
                 const __m512i le = _mm512_and_si512(lo, even), lo8 = _mm512_srli_epi16(lo, 8);
@@ -780,7 +790,7 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
     int32_t off32[16];
     int64_t off[16];
     for (int n = 0; n < 16; n++) off[n] = (n < count ? n : count - 1) * p->ld, off32[n] = (int32_t)off[n];  /* past r1: the last output again */
-    const __m512i vidx = _mm512_loadu_si512((const void *)off32), nib = _mm512_set1_epi8(15), one = _mm512_set1_epi8(1);
+    const __m512i vidx = _mm512_loadu_si512((const void *)off32);
     for (int t0 = 0; t0 < g; t0 += STEP_ROWS) {
         const int M = g - t0 < STEP_ROWS ? g - t0 : STEP_ROWS;
         const uint8_t *st = a->st + (int64_t)((s0 + t0) / STEP_ROWS) * (K / 64) * 16 * 64;
@@ -805,11 +815,8 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
                     __m512i rows[8];
                     step_transpose(base + qs0 + 32 * q, off, rows);
                     for (int k = 0; k < 8; k++) {
-                        __m512i lo = _mm512_and_si512(rows[k], nib), hi = _mm512_and_si512(_mm512_srli_epi16(rows[k], 4), nib);
-                        if (q5) {
-                            lo = _mm512_or_si512(lo, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * q), one), 4));
-                            hi = _mm512_or_si512(hi, _mm512_slli_epi16(_mm512_and_si512(_mm512_srli_epi16(qh[k], 2 * q + 1), one), 4));
-                        }
+                        __m512i lo, hi;
+                        step_weights4(rows[k], q5 ? qh[k] : rows[k], q5, q, &lo, &hi);
                         _mm512_store_si512((void *)(B[2 * q] + 64 * k), lo);
                         _mm512_store_si512((void *)(B[2 * q + 1] + 64 * k), hi);
                     }
