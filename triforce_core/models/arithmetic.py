@@ -45,7 +45,7 @@ def arithmetic_key(device: torch.device | str = "cpu", integer_products: bool | 
         # the same bits (int8_rows.c). True counts as 1 (one level).
         parts.append(f"int8 {int(integer_products) if layers else 0}")
         # a prefill's Q4_K products on tiles sum in their own order (`Transformer._project`)
-        tiles = (layers and int(integer_products) in (int8.WIDE, int8.STEP_TILES) and int8.tiles_wanted()
+        tiles = (layers and int(integer_products) in int8.PREFILL_TILES_FROM and int8.tiles_wanted()
                  and native_layers.kernel().int8.tiles())
         parts.append(f"tiles {int(tiles)}")
         # few-row attention over a 16-bit cache on AMX's tiles sums in its own order

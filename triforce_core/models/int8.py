@@ -82,6 +82,9 @@ Q8_32, Q8_K = 0, 1
 # (`csrc/tile_rows.c`, the steps' order: the weights as stored, each sub-block's sums scaled
 # after), on VNNI for up to 3 rows and on AMX's tiles for more, so steps and verifications alike.
 ONE_LEVEL, TWO_LEVELS, FAST, WIDE, TILES, STEP_TILES = 1, 2, 3, 4, 5, 6
+# The few-row modes whose prefill (more than `native_layers.ROWS` rows) takes TILES where they run:
+# the same 16-bit activations and integers (`Transformer._project`; the disk cache's key says so).
+PREFILL_TILES_FROM = (WIDE, STEP_TILES)
 LEVEL_NAMES = {0: "float", ONE_LEVEL: "int8", TWO_LEVELS: "int8x2", FAST: "fast", WIDE: "int16", TILES: "tiles",
                STEP_TILES: "step-tiles"}
 ACT_BLOCKS = {Q8_32: (32, 320), Q8_K: (256, 292)}  # (K a multiple of, bytes a block)

@@ -276,7 +276,7 @@ class Transformer:
             kernel = native_layers.kernel().int8
             mode = self.integer_products
             rows = x.shape[0] if forward_rows is None else forward_rows
-            if mode in (int8.WIDE, int8.STEP_TILES) and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
+            if mode in int8.PREFILL_TILES_FROM and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
                 mode = int8.TILES
             y = kernel.product(x, w, mode)
             return y if bias is None else y + bias

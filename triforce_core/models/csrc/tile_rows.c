@@ -152,17 +152,6 @@ static void ref_tile_block(int type, const uint8_t *blk, const struct tile_acts 
     *mac = fmaf((float)M, half_at(blk + 2) * dx, *mac);
 }
 
-static void ref_tile_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g, int K,
-                             float *y, int64_t ldy) {
-    int bb = block_bytes(p->type);
-    for (int64_t r = r0; r < r1; r++)
-        for (int s = s0; s < s0 + g; s++) {
-            float acc = 0.0f, mac = 0.0f;
-            for (int b = 0; b < K / 256; b++) ref_tile_block(p->type, (const uint8_t *)p->data + r * p->ld + (int64_t)b * bb, a, s, b, K, &acc, &mac);
-            y[(int64_t)(s - s0) * ldy + r] = acc - mac;
-        }
-}
-
 /* ---- the tiles ---------------------------------------------------------------------------- */
 
 static int tiles_state = -1; /* -1: not asked yet */
@@ -446,13 +435,16 @@ static void ref_step_block(int type, const uint8_t *blk, const struct tile_acts 
     *mac = fmaf(M, half_at(blk + 2) * dx, *mac);
 }
 
-static void ref_step_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g, int K,
+/* The scalar reference of either order (a->steps: the steps', else a prefill's `ref_tile_block`). */
+static void ref_tile_outputs(const struct part *p, int64_t r0, int64_t r1, const struct tile_acts *a, int s0, int g, int K,
                              float *y, int64_t ldy) {
     int bb = block_bytes(p->type);
+    void (*block)(int, const uint8_t *, const struct tile_acts *, int, int, int, float *, float *) =
+        a->steps ? ref_step_block : ref_tile_block;
     for (int64_t r = r0; r < r1; r++)
         for (int s = s0; s < s0 + g; s++) {
             float acc = 0.0f, mac = 0.0f;
-            for (int b = 0; b < K / 256; b++) ref_step_block(p->type, (const uint8_t *)p->data + r * p->ld + (int64_t)b * bb, a, s, b, K, &acc, &mac);
+            for (int b = 0; b < K / 256; b++) block(p->type, (const uint8_t *)p->data + r * p->ld + (int64_t)b * bb, a, s, b, K, &acc, &mac);
             y[(int64_t)(s - s0) * ldy + r] = acc - mac;
         }
 }
@@ -881,10 +873,7 @@ static void tile_outputs(const struct part *p, int64_t r0, int64_t r1, const str
     }
 #endif
     (void)path;
-    if (a->steps)
-        ref_step_outputs(p, r0, r1, a, s0, g, K, y, ldy);
-    else
-        ref_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
+    ref_tile_outputs(p, r0, r1, a, s0, g, K, y, ldy);
 }
 
 /* Whether this process runs the tiles (for int8.py: the prefill takes TILES only then). */
