@@ -134,14 +134,16 @@ static int quantize_two_levels(const float *x, int S, int K, int kind, void *out
 }
 
 /* stacked_product with the 256-weight types' parts as integer products over 16-bit activations
- * (x's rows quantized once, int16_rows.c), the others by the float path. */
-static int wide_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads) {
+ * (x's rows quantized once, int16_rows.c), the others by the float path; with `ta` (no layouts:
+ * the steps' order for rows VNNI takes alone) as product_q's. */
+static int wide_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
+                                const struct tile_acts *ta) {
     int needk = 0;
     for (int i = 0; i < nparts; i++) needk |= is_k_type(parts[i].type);
     if (!needk || K % 256) return stacked_product(x, S, K, parts, nparts, y, threads);
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)(K / 256));
     if (!xw) return -1;
-    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, NULL);
+    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, ta);
     free(xw);
     return failed;
 }
@@ -152,18 +154,14 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
                                  int steps) {
     int needk = 0;
     for (int i = 0; i < nparts; i++) needk |= is_k_type(parts[i].type);
-    if (!needk || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
+    if (!needk || K % 256) return wide_stacked_product(x, S, K, parts, nparts, y, threads, NULL);
     int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
     tiles_ready();  /* asked once here, not first by two threads at once */
     if (steps && S <= VNNI_STEP_ROWS && int8_path() == INT8_AVX512_VNNI && tiles_ready()) {
-        /* a step: VNNI in the tiles' order (vnni_step_outputs) reads the row as WIDE does,
+        /* a step: VNNI in the tiles' order (vnni_step_outputs) reads the rows as WIDE does,
            so none of the tiles' layouts is made (they cost a step 4 % in allocations) */
-        struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL};
-        struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
-        if (!xw) return -1;
-        int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, &none);
-        free(xw);
-        return failed;
+        const struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL};
+        return wide_stacked_product(x, S, K, parts, nparts, y, threads, &none);
     }
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
     struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
@@ -194,7 +192,7 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
  * float path's exactly. */
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                 int mode) {
-    if (mode == INT8_WIDE) return wide_stacked_product(x, S, K, parts, nparts, y, threads);
+    if (mode == INT8_WIDE) return wide_stacked_product(x, S, K, parts, nparts, y, threads, NULL);
     if (mode == INT8_TILES || mode == INT8_STEP_TILES)
         return tiles_stacked_product(x, S, K, parts, nparts, y, threads, mode == INT8_STEP_TILES);
     int k_only = mode == INT8_FAST, levels = mode == INT8_ONE_LEVEL ? 1 : 2;
