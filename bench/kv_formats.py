@@ -1,0 +1,173 @@
+"""What an 8-bit K/V cache would cost in fidelity, before the engine holds one.
+
+    python -m bench.kv_formats --target smollm2 --tokens 4096 --json bench/results/kv-formats-smollm2.json
+
+Why. Seven rows of attention over a float16 cache cost seven rows of float32 arithmetic: the
+verification's attention is bound by the FMA units, not by memory. Integer products over 8-bit
+keys (exact int32 scores, the same bits on VNNI for a step and on AMX's tiles for a
+verification) would make extra rows nearly free, but only if 8-bit keys read the document about
+as faithfully as float16 does. This measures that first.
+
+How. The held-out document is read teacher-forced one token at a time (`bench.fidelity`'s
+sequence, Hugging Face float32 as the reference, the same figures) over a float16
+`FullCache`; after each step the new token's keys and values are rounded to the format's
+8-bit grid and written back as float16, so every later token reads them as such a cache would
+hold them (the token's own step read them unrounded). Products and attention are the engine's
+defaults, so only the cache's rounding differs between rows of the table. The formats:
+
+    float16             the default cache, untouched (the baseline)
+    bfloat16            a bfloat16 cache (8-bit significands), as `--kv-dtype bfloat16` holds it
+    keys-token          keys as int8, one absmax scale per token and KV head
+    keys-32             keys as int8 in blocks of 32 along the head, a float16 scale each (llama.cpp's q8_0)
+    keys-channel-32     keys as int8 per channel over groups of 32 tokens (KIVI's keys), a group
+                        once it is complete; the tokens of the group not yet complete stay float16
+    keys-channel-128    the same over groups of 128 tokens
+    keys-values-32      keys and values as q8_0 blocks
+    keys-channel-32+values-32
+                        keys per channel over 32 tokens, values as q8_0 blocks
+
+Nothing here changes the engine; the figures decide whether such a cache is worth building.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from bench.chat import DOCUMENT
+from bench.fidelity import Tally, _forward, figures, hf_logits, hf_model, sequence
+from bench.reports import write_json
+from triforce_core.cli.bench_report import load_average, machine_info
+from triforce_core.engine import TriForceEngine
+from triforce_core.kv import FullCache
+from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
+
+# name: (cache dtype, keys' rounding, values' rounding); a rounding is ("block", n) along the
+# head, ("channel", n) along n tokens, or None
+FORMATS = {
+    "float16": (torch.float16, None, None),
+    "bfloat16": (torch.bfloat16, None, None),
+    "keys-token": (torch.float16, ("block", 0), None),
+    "keys-32": (torch.float16, ("block", 32), None),
+    "keys-channel-32": (torch.float16, ("channel", 32), None),
+    "keys-channel-128": (torch.float16, ("channel", 128), None),
+    "keys-values-32": (torch.float16, ("block", 32), ("block", 32)),
+    "keys-channel-32+values-32": (torch.float16, ("channel", 32), ("block", 32)),
+}
+SHOWN = {"top1_agreement": "top-1", "top1_agreement_excluding_near_ties": "top-1 no ties", "mean_kl": "mean KL",
+         "p99_kl": "p99 KL", "max_kl": "max KL", "mean_nll": "mean NLL"}
+
+
+def int8_blocks(x: torch.Tensor, block: int) -> torch.Tensor:
+    """`x` [..., n] rounded to int8 in blocks of `block` along its last dimension (0: all of it),
+    one absmax scale per block kept as float16, as llama.cpp's q8_0 keeps it; returns the values
+    the cache would read back (float32)."""
+    n = x.shape[-1]
+    block = block or n
+    if n % block:
+        raise ValueError(f"a last dimension of {n} is not a whole number of blocks of {block}")
+    y = x.float().reshape(*x.shape[:-1], n // block, block)
+    scale = (y.abs().amax(-1, keepdim=True) / 127).half().float()
+    scale = torch.where(scale == 0, torch.ones_like(scale), scale)  # an all-zero block stays zero
+    return (torch.round(y / scale).clamp(-127, 127) * scale).reshape(x.shape)
+
+
+def int8_channels(k: torch.Tensor) -> torch.Tensor:
+    """Keys `k` [..., tokens, D] of one complete group rounded per channel: one absmax scale per
+    channel (of D) over the group's tokens."""
+    return int8_blocks(k.transpose(-1, -2), 0).transpose(-1, -2)
+
+
+def round_step(cache: FullCache, position: int, keys, values) -> None:
+    """Round what the step at `position` wrote (and, per channel, a group it completed)."""
+    for tensor, rounding in ((cache.k, keys), (cache.v, values)):
+        if rounding is None:
+            continue
+        kind, n = rounding
+        if kind == "block":
+            at = slice(position, position + 1)
+            tensor[:, :, at] = int8_blocks(tensor[:, :, at], n).to(tensor.dtype)
+        elif (position + 1) % n == 0:
+            group = slice(position + 1 - n, position + 1)
+            tensor[:, :, group] = int8_channels(tensor[:, :, group]).to(tensor.dtype)
+
+
+def measure(model, ids: list[int], ref: torch.Tensor, name: str) -> Tally:
+    """`ids` read one token a step over a cache of format `name`: every position's figures against `ref`."""
+    dtype, keys, values = FORMATS[name]
+    s = model.spec
+    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids), dtype, model.device)
+    next_ids = torch.tensor(ids[1:] + [-1])
+    tally = Tally(len(ids))
+    for i, token in enumerate(ids):
+        logits = _forward(model, [token], i, cache)
+        round_step(cache, i, keys, values)
+        tally.add(i, logits, ref[i:i + 1], next_ids[i:i + 1])
+    return tally
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.kv_formats", description=__doc__.split("\n\n")[0],
+                                epilog="Formats: " + ", ".join(FORMATS))
+    p.add_argument("--target", default="smollm2", help="a GGUF file, or smollm2 (default: %(default)s)")
+    p.add_argument("--document", type=Path, default=DOCUMENT, help="the text read (default: the held-out document)")
+    p.add_argument("--tokens", type=int, default=4096, help="positions compared (default: %(default)s)")
+    p.add_argument("--formats", default=",".join(FORMATS), help="comma-separated, of those listed below (default: all)")
+    p.add_argument("--tie-gap", type=float, default=0.05,
+                   help="a position whose HF top-2 logits differ by less is a near-tie (default: %(default)s)")
+    p.add_argument("--json", type=Path, default=None, help="also write the report here")
+    a = p.parse_args(argv)
+    names = [n for n in a.formats.split(",") if n]
+    unknown = [n for n in names if n not in FORMATS]
+    if unknown or not names:
+        print(f"error: --formats takes {', '.join(FORMATS)}", file=sys.stderr)
+        return 2
+    if a.tokens < 2:
+        print("error: --tokens must be at least 2", file=sys.stderr)
+        return 2
+    if not is_gguf(a.target):
+        print("error: --target must be a GGUF file (or smollm2)", file=sys.stderr)
+        return 2
+    try:
+        path = resolve(a.target)
+        text = a.document.read_text(encoding="utf-8")
+    except GGUFError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except OSError as e:
+        print(f"error: cannot read {a.document}: {e.strerror}", file=sys.stderr)
+        return 2
+
+    load_before = load_average()
+    engine = TriForceEngine.from_pretrained(str(path), None, device="cpu", dtype="float32")
+    model = engine.target
+    ids = sequence(engine.tokenizer, text, "chat", a.tokens)
+    hf = hf_model(path)
+    ref = hf_logits(hf, ids)
+    del hf
+    if ref.shape[-1] != model.vocab_size:
+        print(f"error: HF's vocabulary ({ref.shape[-1]}) differs from ours ({model.vocab_size})", file=sys.stderr)
+        return 1
+    hf_top1 = ref.argmax(-1)
+    top2 = ref.topk(2, dim=-1).values
+    near_tie = (top2[:, 0] - top2[:, 1]).double() < a.tie_gap
+    print(f"{path.name}: {len(ids)} positions, one token a step; near-ties: {int(near_tie.sum())}", file=sys.stderr)
+    print(f"{'format':28s} " + " ".join(f"{label:>14s}" for label in SHOWN.values()), file=sys.stderr)
+    results = {}
+    for name in names:
+        t0 = time.perf_counter()
+        r = figures(measure(model, ids, ref, name), hf_top1, near_tie)
+        r["seconds"] = time.perf_counter() - t0
+        results[name] = r
+        print(f"{name:28s} " + " ".join(f"{r[k]:14.6g}" for k in SHOWN), file=sys.stderr)
+    write_json(a.json, {"model": path.name, "positions": len(ids), "document": a.document.name,
+                        "machine": machine_info(engine, load_before, load_average()), "formats": results})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
