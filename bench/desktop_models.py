@@ -72,6 +72,9 @@ SHAPES = {
                           head_dim=64, rope_theta=500000.0, rms_eps=1e-5, context=131072),
     "llama-3.2-3b": Shape("Llama-3.2-3B", "llama", layers=28, width=3072, mlp=8192, heads=24, kv_heads=8,
                           head_dim=128, rope_theta=500000.0, rms_eps=1e-5, context=131072),
+    # the largest a 16 GB desktop runs at Q4_K_M (4.9 GB with its own vocabulary); untied head
+    "llama-3.1-8b": Shape("Llama-3.1-8B", "llama", layers=32, width=4096, mlp=14336, heads=32, kv_heads=8,
+                          head_dim=128, rope_theta=500000.0, rms_eps=1e-5, context=131072, tied=False),
     "qwen2.5-1.5b": Shape("Qwen2.5-1.5B", "qwen2", layers=28, width=1536, mlp=8960, heads=12, kv_heads=2,
                           head_dim=128, rope_theta=1000000.0, rms_eps=1e-6, context=32768, qkv_bias=True),
 }

@@ -37,6 +37,7 @@ def test_the_shapes_are_the_real_models():
     assert dm.parameter_count(dm.SHAPES["llama-3.2-1b"], 128256) == 1_235_814_400
     assert dm.parameter_count(dm.SHAPES["llama-3.2-3b"], 128256) == 3_212_749_824
     assert dm.parameter_count(dm.SHAPES["qwen2.5-1.5b"], 151936) == 1_543_714_304
+    assert dm.parameter_count(dm.SHAPES["llama-3.1-8b"], 128256) == 8_030_261_248
     untied = dm.Shape(**{**dm.SHAPES["llama-3.2-1b"].__dict__, "tied": False})
     assert dm.parameter_count(untied, 128256) == 1_235_814_400 + 128256 * 2048  # the control: a head counts
 
