@@ -53,6 +53,24 @@ def test_a_real_measurement_gives_a_kept_price(model, tmp_path, monkeypatch):
     assert kept["row_cost"] == c and kept["kv_dtype"] == "float32"
 
 
+def test_the_calibration_cache_is_drawn_a_layer_at_a_time(model, monkeypatch):
+    """No float32 copy of the whole calibration cache: on a desktop-size model that was a
+    gigabyte beside the cache at its first start."""
+    drawn, randn = [], torch.randn
+
+    def recorded(*args, **kwargs):
+        out = randn(*args, **kwargs)
+        drawn.append(out.numel())
+        return out
+
+    monkeypatch.setattr(torch, "randn", recorded)
+    _, _, context = row_cost.measure(model, torch.float16, repeats=1)
+    s = model.spec
+    layer = s.num_kv_heads * context * s.head_dim
+    assert drawn and max(drawn) <= layer < s.num_layers * layer  # a layer's K or V, never the whole
+    assert sum(drawn) >= 2 * s.num_layers * layer  # yet every layer's keys and values drawn
+
+
 def test_measured_once_then_read_from_disk(model, tmp_path, timed, monkeypatch):
     assert row_cost.measured_row_cost(model, torch.float32, tmp_path) == pytest.approx(0.3)
     assert row_cost.measured_row_cost(model, torch.float32, tmp_path) == pytest.approx(0.3)
