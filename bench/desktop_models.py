@@ -1,12 +1,13 @@
 """GGUF files with real desktop models' shapes and random weights, quantized by llama.cpp.
 
-Speed on a 135M model says little about the 1-3B models people run on a desktop; their weights
+Speed on a 135M model says little about the 1-8B models people run on a desktop; their weights
 are gigabytes behind a licence click. Speed depends on the shapes, not on the numbers, so this
 writes files with those models' exact shapes (layers, width, MLP width, heads, KV heads, head
 size, rope base, norm epsilon, tied embeddings, Qwen's q/k/v biases) and random weights, with
 SmolLM2's tokenizer and vocabulary (49,152 tokens, copied with every tokenizer.* key from the
 `smollm2` file): the vocabulary, and so the embedding and the head, is SmolLM2's size, not the
-real model's (128,256 for Llama 3.2, 151,936 for Qwen2.5). Their text is noise: for speed only.
+real model's (128,256 for Llama 3, 151,936 for Qwen2.5). Their text is noise: for speed only.
+The 8B shape's F16 file takes 14.8 GB of disk until it is quantized (4.47 GB at Q4_K_M).
 
 Steps, per shape:
 1. Write an F16 file with ggml's `gguf` writer, one tensor at a time (at most one tensor in
