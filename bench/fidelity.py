@@ -144,6 +144,22 @@ def sequence(tokenizer, text: str, prefix: str, tokens: int) -> list[int]:
     return ids[:tokens]
 
 
+def target_and_document(target: str, document: Path) -> tuple[Path, str] | None:
+    """The GGUF file `target` names and `document`'s text; None, with a one-line error printed,
+    where either cannot be had."""
+    if not is_gguf(target):
+        print("error: --target must be a GGUF file (or smollm2): the integer path runs on a GGUF file's blocks",
+              file=sys.stderr)
+        return None
+    try:
+        return resolve(target), document.read_text(encoding="utf-8")
+    except GGUFError as e:
+        print(f"error: {e}", file=sys.stderr)
+    except OSError as e:
+        print(f"error: cannot read {document}: {e.strerror}", file=sys.stderr)
+    return None
+
+
 def hf_model(path: Path):
     """Hugging Face's float32 model from the GGUF file (transformers dequantizes it)."""
     from transformers import AutoModelForCausalLM
@@ -291,19 +307,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.tokens < 2 or a.depth_bin < 1:
         print("error: --tokens must be at least 2 and --depth-bin at least 1", file=sys.stderr)
         return 2
-    if not is_gguf(a.target):
-        print("error: --target must be a GGUF file (or smollm2): the integer path runs on a GGUF file's blocks",
-              file=sys.stderr)
+    read = target_and_document(a.target, a.document)
+    if read is None:
         return 2
-    try:
-        path = resolve(a.target)
-        text = a.document.read_text(encoding="utf-8")
-    except GGUFError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot read {a.document}: {e.strerror}", file=sys.stderr)
-        return 2
+    path, text = read
 
     t_all = time.perf_counter()
     load_before = load_average()

@@ -39,12 +39,11 @@ from pathlib import Path
 import torch
 
 from bench.chat import DOCUMENT
-from bench.fidelity import Tally, _forward, figures, hf_logits, hf_model, sequence
+from bench.fidelity import Tally, _forward, figures, hf_logits, hf_model, sequence, target_and_document
 from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 
 # name: (cache dtype, keys' rounding, values' rounding); a rounding is ("block", n) along the
 # head, ("channel", n) along n tokens, or None
@@ -129,18 +128,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.tokens < 2:
         print("error: --tokens must be at least 2", file=sys.stderr)
         return 2
-    if not is_gguf(a.target):
-        print("error: --target must be a GGUF file (or smollm2)", file=sys.stderr)
+    read = target_and_document(a.target, a.document)
+    if read is None:
         return 2
-    try:
-        path = resolve(a.target)
-        text = a.document.read_text(encoding="utf-8")
-    except GGUFError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot read {a.document}: {e.strerror}", file=sys.stderr)
-        return 2
+    path, text = read
 
     load_before = load_average()
     engine = TriForceEngine.from_pretrained(str(path), None, device="cpu", dtype="float32")
