@@ -30,6 +30,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -84,6 +85,10 @@ DEFAULT_SHAPES = ("llama-3.2-1b", "llama-3.2-3b")
 # the K mixes use Q4_K, Q5_K and Q6_K on these shapes (every width a multiple of 256)
 TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K_S", "Q4_K_M", "Q5_K_S", "Q5_K_M", "Q6_K", "F16")
 DEFAULT_TYPES = ("Q4_K_M", "Q8_0")
+# bits a weight in each type's file, a little over (the K mixes keep some tensors wider):
+# what the disk must hold before a file is written
+BITS = {"Q4_0": 4.6, "Q4_1": 5.1, "Q8_0": 8.6, "Q4_K_S": 4.7, "Q4_K_M": 5.0, "Q5_K_S": 5.6, "Q5_K_M": 5.8,
+        "Q6_K": 6.7, "F16": 16.0}
 STD = 0.02  # small enough that activations stay finite through 28 layers
 CHUNK = 1 << 22  # numbers drawn at once (16 MB of float32)
 
@@ -275,9 +280,10 @@ def make(keys: list[str], types: list[str], out: Path, seed: int, keep_f16: bool
             made += wanted.values()
             continue
         f16 = out / file_name(key, "F16")
+        vocab = len(GGUFReader(tokenizer_from).fields["tokenizer.ggml.tokens"].data)
+        count = parameter_count(shape, vocab)
+        check_space(out, shape, count, missing, write_f16=not f16.is_file())
         if not f16.is_file():
-            vocab = len(GGUFReader(tokenizer_from).fields["tokenizer.ggml.tokens"].data)
-            count = parameter_count(shape, vocab)
             say(f"writing {f16.name}: {shape.label}'s shape, {count / 1e9:.2f}B parameters (vocabulary {vocab}), "
                 f"{count * 2 / 1e9:.1f} GB")
             t0 = time.perf_counter()
@@ -297,6 +303,17 @@ def make(keys: list[str], types: list[str], out: Path, seed: int, keep_f16: bool
             say(f"removed {f16.name} (--keep-f16 keeps it)")
         made += wanted.values()
     return made
+
+
+def check_space(out: Path, shape: Shape, count: int, missing: list[str], write_f16: bool) -> None:
+    """Refuse before writing anything when `out`'s disk cannot hold the F16 file (if it is still
+    to be written) beside every missing file: an 8B's F16 alone is 15 GB, and a disk filled
+    half-way through costs minutes for nothing."""
+    need = sum(count * BITS[t] / 8 for t in missing if t != "F16") + (count * 2 if write_f16 else 0)
+    free = shutil.disk_usage(out).free
+    if need > free:
+        raise DesktopModelError(f"{shape.label}'s files need about {need / 1e9:.1f} GB free in {out} "
+                                f"(the F16 file they are made from included), which has {free / 1e9:.1f} GB")
 
 
 def _quantize_tool(bin_dir: Path | None, say) -> Path:

@@ -85,3 +85,17 @@ def test_existing_files_are_kept(tmp_path, tokenizer_file):
     assert [p.name for p in paths] == ["llama-3.2-1b-shape.Q4_K_M.gguf", "llama-3.2-1b-shape.Q8_0.gguf"]
     assert all("exists: kept" in m for m in said) and len(said) == 2
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(p.name for p in paths)
+
+
+def test_a_disk_too_small_is_refused_before_anything_is_written(tmp_path, tokenizer_file, monkeypatch):
+    class Usage:
+        free = 10**9  # 1 GB: not an 8B's 15 GB of F16
+
+    monkeypatch.setattr(dm.shutil, "disk_usage", lambda path: Usage)
+    with pytest.raises(dm.DesktopModelError, match=r"need about 1[0-9]\.\d GB free in .* which has 1\.0 GB"):
+        dm.make(["llama-3.1-8b"], ["Q4_K_M"], tmp_path, 0, False, tokenizer_file, say=lambda m: None)
+    assert list(tmp_path.iterdir()) == []
+    # a kept F16 file is not counted again: only the quantized file's few bytes a weight
+    count = dm.parameter_count(dm.SHAPES["llama-3.1-8b"], 100)
+    dm.check_space(tmp_path, dm.SHAPES["llama-3.1-8b"], count // 8, ["Q4_K_M"], write_f16=False)
+
