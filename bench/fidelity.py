@@ -177,7 +177,7 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
     return out.logits[0].float()
 
 
-def _forward(model, ids: list[int], start: int, cache: FullCache) -> torch.Tensor:
+def logits_of_rows(model, ids: list[int], start: int, cache: FullCache) -> torch.Tensor:
     return model.forward(torch.tensor(ids), cache.positions(start, len(ids)), cache, logits_rows=slice(None)).logits
 
 
@@ -190,9 +190,9 @@ def teacher_forced(model, ids: list[int], kv_dtype: torch.dtype, chunk: int, che
     for start in range(0, len(ids), chunk):
         part = ids[start:start + chunk]
         if start == check_at:
-            steps = torch.cat([_forward(model, [t], start + i, cache) for i, t in enumerate(part)])
+            steps = torch.cat([logits_of_rows(model, [t], start + i, cache) for i, t in enumerate(part)])
             cache.truncate(start)
-            rows = _forward(model, part, start, cache)
+            rows = logits_of_rows(model, part, start, cache)
             if not torch.equal(rows, steps):
                 diff = (rows - steps).abs().max().item()
                 raise AssertionError(
@@ -201,7 +201,7 @@ def teacher_forced(model, ids: list[int], kv_dtype: torch.dtype, chunk: int, che
                     "or a model with a sliding window, leaves the one-call native path: see `default_chunk`)")
             yield start, rows
         else:
-            yield start, _forward(model, part, start, cache)
+            yield start, logits_of_rows(model, part, start, cache)
 
 
 class Tally:

@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 from bench.chat import DOCUMENT
-from bench.fidelity import Tally, _forward, figures, hf_logits, hf_model, sequence, target_and_document
+from bench.fidelity import Tally, figures, hf_logits, hf_model, logits_of_rows, sequence, target_and_document
 from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
@@ -103,7 +103,7 @@ def measure(model, ids: list[int], ref: torch.Tensor, name: str) -> Tally:
     next_ids = torch.tensor(ids[1:] + [-1])
     tally = Tally(len(ids))
     for i, token in enumerate(ids):
-        logits = _forward(model, [token], i, cache)
+        logits = logits_of_rows(model, [token], i, cache)
         round_step(cache, i, keys, values)
         tally.add(i, logits, ref[i:i + 1], next_ids[i:i + 1])
     return tally
