@@ -178,6 +178,7 @@ def hf_logits(hf, ids: list[int]) -> torch.Tensor:
 
 
 def logits_of_rows(model, ids: list[int], start: int, cache: FullCache) -> torch.Tensor:
+    """Every row's logits [len(ids), V] of one forward of `ids` from position `start` over `cache`."""
     return model.forward(torch.tensor(ids), cache.positions(start, len(ids)), cache, logits_rows=slice(None)).logits
 
 
