@@ -43,6 +43,7 @@ from pathlib import Path
 import torch
 
 from . import switches
+from .int16_kv import Int16Heads
 from .native_build import CSRC, FLAGS, Loader
 
 SOURCE = CSRC / "few_rows.c"
@@ -57,6 +58,10 @@ TILES_ENV = "TRIFORCE_ATTENTION_TILES"
 # heads x rows x keys below which one thread runs all the jobs (waking the other costs more than
 # it saves): one row over 4,096 keys took 0.81 ms on one thread, 0.49 ms on two.
 SMALL_WORK = 1 << 12
+# The integer attention's paths, in the kernel's numbering, and the rows above which the tiles
+# are its default where they run.
+INTEGER_PATHS = ("scalar", "vnni", "tiles")
+INTEGER_TILE_ROWS = 4
 
 
 def build(folder: Path | None = None) -> Path:
@@ -74,6 +79,10 @@ class Kernel:
         lib.attention.restype = I
         lib.attention_tiles.argtypes = [I]
         lib.attention_tiles.restype = I
+        lib.integer_attention.argtypes = [P, P, P, P, P, I64, I64, I, I, I, I64, P, I, I, I, P, P, P, I, P, P]
+        lib.integer_attention.restype = I
+        lib.integer_attention_paths.argtypes = []
+        lib.integer_attention_paths.restype = I
         self.lib = lib
         self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
@@ -145,6 +154,61 @@ class Kernel:
         if failed:
             raise MemoryError("few-row attention: out of memory for its scratch buffer")
         return result, chunk_sum  # each chunk's probability (the merge scaled the sums)
+
+
+    def integer_paths(self) -> tuple[str, ...]:
+        """The integer attention's paths that run on this machine, of INTEGER_PATHS."""
+        bits = self.lib.integer_attention_paths()
+        return tuple(name for i, name in enumerate(INTEGER_PATHS) if bits >> i & 1)
+
+    def integer_attention(self, q: torch.Tensor, heads: Int16Heads, limits: torch.Tensor | None, scale: float,
+                          chunk: int = 0, path: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """`attention` over an int16 cache (`int16_kv`), in integer arithmetic
+        (csrc/integer_attention.c): q [H, R, D] float32 over heads' first `heads.length` tokens.
+        `path` is one of INTEGER_PATHS (None: the tiles for more than INTEGER_TILE_ROWS rows where
+        they run, else VNNI where it runs); every path gives the same bits."""
+        H, R, D = q.shape
+        T = heads.length
+        if q.dtype != torch.float32 or heads.heads != H or heads.head_dim != D:
+            raise ValueError(f"integer attention: queries {tuple(q.shape)} {q.dtype} against {heads.heads} heads of "
+                             f"{heads.head_dim}")
+        if D % 64 or D > 256:
+            raise ValueError(f"integer attention covers head sizes that are multiples of 64 up to 256, not {D}")
+        if not 1 <= T <= heads.capacity or heads.k.shape != (H, heads.capacity * 2 * D) or heads.v.shape != heads.k.shape:
+            raise ValueError(f"integer attention: {T} tokens in a cache of {heads.capacity}, planes {tuple(heads.k.shape)}")
+        if limits is not None and limits.numel() != R:
+            raise ValueError(f"integer attention: {limits.numel()} limits for {R} query rows")
+        if chunk > 0 and BLOCK % chunk:
+            raise ValueError(f"integer attention: chunks of {chunk} keys do not divide its blocks of {BLOCK}")
+        paths = self.integer_paths()
+        if path is None:
+            path = "tiles" if R > INTEGER_TILE_ROWS and "tiles" in paths else "vnni" if "vnni" in paths else "scalar"
+        if path not in paths:
+            raise ValueError(f"integer attention: the {path} path does not run here (runs: {', '.join(paths)})")
+        _, threads = self.plan(H, R, T, chunk)
+        block = BLOCK
+        nb = -(-T // block)
+        q = (q * scale).contiguous()
+        if limits is not None:
+            limits = limits.to(torch.int64).contiguous()
+        out = torch.empty(H, nb, R, D)
+        m = torch.empty(H, nb, R)
+        l = torch.empty(H, nb, R)
+        result = torch.empty(H, R, D)
+        chunk_sum = torch.empty(H, R, T // chunk) if chunk > 0 else None
+        for t in (heads.k, heads.v, heads.sk, heads.sv):
+            if not t.is_contiguous():
+                raise ValueError("integer attention: the cache's planes and scales must be contiguous")
+        failed = self.lib.integer_attention(
+            q.data_ptr(), heads.k.data_ptr(), heads.v.data_ptr(), heads.sk.data_ptr(), heads.sv.data_ptr(),
+            heads.k.stride(0), heads.sk.stride(0), H, R, D, T, limits.data_ptr() if limits is not None else None,
+            block, threads, INTEGER_PATHS.index(path), out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
+            chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())
+        if failed == -1:
+            raise MemoryError("integer attention: out of memory for its scratch buffers")
+        if failed:
+            raise ValueError(f"integer attention refused its arguments ({failed})")
+        return result, chunk_sum
 
 
 _loader: Loader[Kernel] = Loader("few-row attention", SOURCE, FLAGS, ENV, Kernel)

@@ -375,6 +375,32 @@ INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int 
     weighted_scalar(w, ws, v, n, D, o, more, rows, kind);
 }
 
+/* A block's softmax: per row r of the scores s (rows `ss` apart, n keys from t0), the visible
+ * part (keys t < limit[r]), its max m and the exponentials exp(s - m) in place (zero past what
+ * the row sees), their sum l (at m_out, l_out [stat + r]), and with chunk_sum each whole chunk's
+ * sum, as `blocks` documents them. */
+static void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, int64_t T, int64_t t0, int n, int64_t h,
+                          int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum, float *m_out, float *l_out) {
+    for (int r = 0; r < R; r++) {
+        float *sr = s + (int64_t)r * ss;
+        int64_t lim = (limit ? limit[r] : T) - t0;
+        int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
+        float m = row_max(sr, seen);
+        float l = seen ? exponentiate(sr, seen, m) : 0.0f;
+        for (int t = seen; t < n; t++) sr[t] = 0.0f;
+        m_out[stat + r] = m;
+        l_out[stat + r] = l;
+        if (chunk_sum) {
+            float *cs = chunk_sum + (h * R + r) * n_chunks;
+            for (int c = 0; c * chunk < n && t0 / chunk + c < n_chunks; c++) {
+                float acc = 0.0f;
+                for (int t = c * chunk; t < (c + 1) * chunk; t++) acc += sr[t];
+                cs[t0 / chunk + c] = acc;
+            }
+        }
+    }
+}
+
 /* q: [H, R, D] pre-scaled; k, v (`kind`): head h at element h * head_stride, token t at + t * D;
  * limit[r]: row r sees keys t < limit[r] (limit NULL: every key). Blocks of `block` keys, nb = ceil(T / block).
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
@@ -417,24 +443,7 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
-        for (int r = 0; r < R; r++) {
-            float *sr = s + (int64_t)r * block;
-            int64_t lim = (limit ? limit[r] : T) - t0;
-            int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
-            float m = row_max(sr, seen);
-            float l = seen ? exponentiate(sr, seen, m) : 0.0f;
-            for (int t = seen; t < n; t++) sr[t] = 0.0f;
-            m_out[stat + r] = m;
-            l_out[stat + r] = l;
-            if (chunk_sum) {
-                float *cs = chunk_sum + (h * R + r) * n_chunks;
-                for (int c = 0; c * chunk < n && t0 / chunk + c < n_chunks; c++) {
-                    float acc = 0.0f;
-                    for (int t = c * chunk; t < (c + 1) * chunk; t++) acc += sr[t];
-                    cs[t0 / chunk + c] = acc;
-                }
-            }
-        }
+        block_softmax(s, block, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
         /* 3. the block's partial output, piece by piece as the scores (each row's running sum
            is stored between pieces and taken up again in the same order) */
         Prefetch pv = {vh + (int64_t)n * D * es, vh + (int64_t)n * D * es + (last ? 0 : bytes), step, ahead};
@@ -550,3 +559,6 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
     if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
     return failed;
 }
+
+#include <string.h>
+#include "integer_attention.c"

@@ -1,0 +1,493 @@
+/* Few-row attention over a 16-bit integer cache, in integer arithmetic: the same bits on the
+ * tiles (AMX-INT8) for many rows, on VNNI for a step, and in plain C. Included by few_rows.c,
+ * whose jobs, softmax and merge it shares.
+ *
+ * Why. Over a float16 cache every query row costs its own float32 multiply-adds, and seven
+ * rows (a verification) cost about seven times a step's. Integer products are exact, so a
+ * tile product of 16 rows and a step's VNNI products of 4 give the same sums, and the tiles'
+ * cost hardly grows with the rows.
+ *
+ * The cache. Each key and value vector (one token, one KV head) is stored as int16 on a grid
+ * of its own absmax (scale = absmax / 32767, float32, `sk`/`sv`), as two byte planes: its high
+ * byte plus 128 and its low byte, both unsigned, so x = 256 (hi - 128) + lo. Teacher-forced on
+ * SmolLM2 this grid reads the document 100x closer to float32 than a float16 cache does
+ * (`bench.kv_formats`). The planes are laid out as the products read them:
+ *   keys, per 16 tokens:  [plane 2][D / 4][16 tokens][4 dims]    (32 D bytes)
+ *   values, per 4 tokens: [plane 2][D][4 tokens]                 (8 D bytes)
+ * so 64 bytes of keys are 16 tokens' 4 dims (a tile's B row and a VNNI vector, lanes = keys),
+ * and 64 bytes of values are 16 dims of 4 tokens (lanes = dims). A head's keys and values each
+ * take `head_bytes`, covering the cache's capacity (a multiple of 64 tokens).
+ *
+ * The arithmetic, per row r (a query head of a token) and block of keys:
+ *   1. the query (pre-scaled) on a 14-bit grid of its absmax, split q = 128 qh + ql
+ *      (qh in [-64, 63], ql in [0, 127]);
+ *   2. A = sum_d k_d qh_d, B = sum_d k_d ql_d, exact in int32 (|A|, |B| < 2^29 for D <= 256);
+ *      score = (float)A * (128 c) + (float)B * c, c = sq sk (one fused multiply-add);
+ *   3. the softmax of few_rows.c (its exponential, its sums, its chunk sums);
+ *   4. p' = p sv[t], on a 14-bit grid of the row's largest in the block, split p = 128 ph + pl
+ *      (both in [0, 127]);
+ *   5. X = sum_t ph_t v_t, Y = sum_t pl_t v_t, exact in int32 for blocks of up to 256 keys;
+ *      the block's output (float)X * (128 s) + (float)Y * s, s = the block's grid step;
+ *   6. few_rows.c's merge.
+ * Only 2 and 5 differ between the paths, and they give integers: a row equals itself whatever
+ * rows share its call and whichever path ran it. The unsigned planes against signed parts are
+ * what VNNI (u8 x s8) and the tiles' TDPBSUD multiply; the planes' +128 is taken back as
+ * 32768 times the row's sum of parts.
+ */
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#define IAT_VNNI 1
+#endif
+#ifdef AMX_X86
+#define IAT_TILES 1
+#define IAT_TARGET __attribute__((target("avx512f,avx512bw,avx512vl,amx-tile,amx-int8")))
+#endif
+
+#define IAT_Q 8191  /* the queries' grid: 14 bits */
+#define IAT_P 16383 /* the weights': 14 bits of magnitude */
+#define IAT_BLOCK 256 /* the most keys a block may hold: 5.'s sums stay in int32 */
+
+enum { IAT_SCALAR = 0, IAT_VNNI_PATH = 1, IAT_TILES_PATH = 2 };
+
+static int iat_tiles_state = -1;
+
+/* Whether AMX's int8 tiles run in this process (asking for their state once). */
+static int iat_tiles_run(void) {
+    if (iat_tiles_state >= 0) return iat_tiles_state;
+    int ok = 0;
+#ifdef IAT_TILES
+    unsigned a, b, c, d;
+    ok = __get_cpuid_count(7, 0, &a, &b, &c, &d) && (b >> 16 & 1) && (b >> 30 & 1) && (b >> 31 & 1) &&
+         amx_has(24) && amx_has(25) && amx_permitted(1);                /* AVX-512 F, BW, VL; AMX-TILE, -INT8 */
+#endif
+    iat_tiles_state = ok;
+    return ok;
+}
+
+/* Which paths run here: bit 0 plain C, bit 1 VNNI, bit 2 the tiles. */
+int integer_attention_paths(void) {
+    int paths = 1;
+#ifdef IAT_VNNI
+    paths |= 2;
+#endif
+    if (iat_tiles_run()) paths |= 4;
+    return paths;
+}
+
+/* Byte offsets of token t's hi plane, dim d, in a head's keys and values. */
+static inline int64_t iat_key_at(int64_t t, int d, int D) { return t / 16 * 32 * D + (d / 4) * 64 + t % 16 * 4 + d % 4; }
+static inline int64_t iat_value_at(int64_t t, int d, int D) { return t / 4 * 8 * D + d * 4 + t % 4; }
+
+/* The queries (pre-scaled) [H][R][D] as grids: qs [H][R] their steps, qb [H][2][R16][D] the
+ * parts (0: qh, 1: ql; rows past R zero), qsum [H][2][R16] each part's sum over d. */
+static void iat_queries(const float *q, int H, int R, int D, int R16, float *qs, int8_t *qb, int32_t *qsum) {
+    memset(qb, 0, (size_t)H * 2 * R16 * D);
+    memset(qsum, 0, sizeof(int32_t) * (size_t)H * 2 * R16);
+    for (int h = 0; h < H; h++)
+        for (int r = 0; r < R; r++) {
+            const float *x = q + ((int64_t)h * R + r) * D;
+            float top = 0.0f;
+            for (int d = 0; d < D; d++) top = fabsf(x[d]) > top ? fabsf(x[d]) : top;
+            float inv = top > 0.0f ? (float)IAT_Q / top : 0.0f;
+            qs[h * R + r] = top / (float)IAT_Q;
+            int8_t *hi = qb + (((int64_t)h * 2) * R16 + r) * D, *lo = hi + (int64_t)R16 * D;
+            int32_t sh = 0, sl = 0;
+            for (int d = 0; d < D; d++) {
+                int v = (int)nearbyintf(x[d] * inv);
+                v = v > IAT_Q ? IAT_Q : v < -IAT_Q ? -IAT_Q : v;
+                hi[d] = (int8_t)(v >> 7);  /* floor: v = 128 hi + lo */
+                lo[d] = (int8_t)(v & 127);
+                sh += hi[d], sl += lo[d];
+            }
+            qsum[(h * 2) * R16 + r] = sh;
+            qsum[(h * 2 + 1) * R16 + r] = sl;
+        }
+}
+
+/* Step 2 on plain C: A and B [R][n16] of a head's keys from token t0 (n16 a multiple of 16). */
+static void iat_scores_scalar(const int8_t *qb, const int32_t *qsum, int R, int R16, int D, const uint8_t *k,
+                              int64_t t0, int n16, int32_t *A, int32_t *B, int ab) {
+    (void)qsum;
+    for (int r = 0; r < R; r++)
+        for (int t = 0; t < n16; t++) {
+            int32_t a = 0, b = 0;
+            for (int d = 0; d < D; d++) {
+                int64_t at = iat_key_at(t0 + t, d, D);
+                int32_t x = 256 * ((int32_t)k[at] - 128) + k[at + 16 * D];
+                a += x * qb[(int64_t)r * D + d];
+                b += x * qb[((int64_t)R16 + r) * D + d];
+            }
+            A[r * ab + t] = a, B[r * ab + t] = b;
+        }
+}
+
+/* Step 5 on plain C: X and Y [R][D] over n64 values from token t0 (weights ph, pl [R16][pw]). */
+static void iat_weighted_scalar(const int8_t *ph, const int8_t *pl, int pw, const int32_t *psum, int R, int R16, int D,
+                                const uint8_t *v, int64_t t0, int n64, int32_t *X, int32_t *Y) {
+    (void)psum, (void)R16;
+    for (int r = 0; r < R; r++)
+        for (int d = 0; d < D; d++) {
+            int32_t x = 0, y = 0;
+            for (int t = 0; t < n64; t++) {
+                int64_t at = iat_value_at(t0 + t, d, D);
+                int32_t e = 256 * ((int32_t)v[at] - 128) + v[at + 4 * D];
+                x += e * ph[(int64_t)r * pw + t];
+                y += e * pl[(int64_t)r * pw + t];
+            }
+            X[r * D + d] = x, Y[r * D + d] = y;
+        }
+}
+
+#ifdef IAT_VNNI
+/* Step 2 on VNNI, up to 4 rows at a time: lanes are 16 keys, one u8 x s8 product per plane and
+ * part, 4 dims a lane. */
+static void iat_scores_vnni(const int8_t *qb, const int32_t *qsum, int R, int R16, int D, const uint8_t *k, int64_t t0,
+                            int n16, int32_t *A, int32_t *B, int ab, Prefetch *pf) {
+    for (int g = 0; g < n16; g += 16) {
+        const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            prefetch(pf);
+            const int rows = R - r0 < 4 ? R - r0 : 4;
+            __m512i hh[4], lh[4], hl[4], ll[4];
+            for (int i = 0; i < 4; i++) hh[i] = lh[i] = hl[i] = ll[i] = _mm512_setzero_si512();
+            for (int j = 0; j < D / 4; j++) {
+                __m512i kh = _mm512_loadu_si512(kg + j * 64), kl = _mm512_loadu_si512(kg + 16 * D + j * 64);
+                for (int i = 0; i < rows; i++) {
+                    const int8_t *qr = qb + (int64_t)(r0 + i) * D;
+                    __m512i bh = _mm512_set1_epi32(*(const int32_t *)(qr + 4 * j));
+                    __m512i bl = _mm512_set1_epi32(*(const int32_t *)(qr + (int64_t)R16 * D + 4 * j));
+                    hh[i] = _mm512_dpbusd_epi32(hh[i], kh, bh);
+                    lh[i] = _mm512_dpbusd_epi32(lh[i], kl, bh);
+                    hl[i] = _mm512_dpbusd_epi32(hl[i], kh, bl);
+                    ll[i] = _mm512_dpbusd_epi32(ll[i], kl, bl);
+                }
+            }
+            for (int i = 0; i < rows; i++) {
+                int r = r0 + i;
+                __m512i a = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh[i], 8), lh[i]),
+                                             _mm512_set1_epi32(32768 * qsum[r]));
+                __m512i b = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl[i], 8), ll[i]),
+                                             _mm512_set1_epi32(32768 * qsum[R16 + r]));
+                _mm512_storeu_si512(A + r * ab + g, a);
+                _mm512_storeu_si512(B + r * ab + g, b);
+            }
+        }
+    }
+}
+
+/* Step 5 on VNNI: lanes are 16 dims, one product per plane and part, 4 tokens a lane. */
+static void iat_weighted_vnni(const int8_t *ph, const int8_t *pl, int pw, const int32_t *psum, int R, int R16, int D,
+                              const uint8_t *v, int64_t t0, int n64, int32_t *X, int32_t *Y, Prefetch *pf) {
+    const uint8_t *vb = v + t0 / 4 * 8 * D;
+    for (int c = 0; c < D; c += 16)
+        for (int r0 = 0; r0 < R; r0 += 4) {
+            const int rows = R - r0 < 4 ? R - r0 : 4;
+            __m512i hh[4], lh[4], hl[4], ll[4];
+            for (int i = 0; i < 4; i++) hh[i] = lh[i] = hl[i] = ll[i] = _mm512_setzero_si512();
+            for (int g = 0; g < n64 / 4; g++) {
+                if ((g & 3) == 0) prefetch(pf);
+                const uint8_t *vq = vb + (int64_t)g * 8 * D + c * 4;
+                __m512i vh = _mm512_loadu_si512(vq), vl = _mm512_loadu_si512(vq + 4 * D);
+                for (int i = 0; i < rows; i++) {
+                    __m512i bh = _mm512_set1_epi32(*(const int32_t *)(ph + (int64_t)(r0 + i) * pw + 4 * g));
+                    __m512i bl = _mm512_set1_epi32(*(const int32_t *)(pl + (int64_t)(r0 + i) * pw + 4 * g));
+                    hh[i] = _mm512_dpbusd_epi32(hh[i], vh, bh);
+                    lh[i] = _mm512_dpbusd_epi32(lh[i], vl, bh);
+                    hl[i] = _mm512_dpbusd_epi32(hl[i], vh, bl);
+                    ll[i] = _mm512_dpbusd_epi32(ll[i], vl, bl);
+                }
+            }
+            for (int i = 0; i < rows; i++) {
+                int r = r0 + i;
+                _mm512_storeu_si512(X + r * D + c, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh[i], 8), lh[i]),
+                                                                     _mm512_set1_epi32(32768 * psum[r])));
+                _mm512_storeu_si512(Y + r * D + c, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl[i], 8), ll[i]),
+                                                                     _mm512_set1_epi32(32768 * psum[R16 + r])));
+            }
+        }
+}
+#endif
+
+#ifdef IAT_TILES
+/* The four sums of a tile product (tiles 4-7: hi x qh-like, lo x qh, hi x ql, lo x ql) stored
+ * and combined as the VNNI path combines them, rows r0.. of A and B (or X and Y). */
+INLINE IAT_TARGET void iat_combine_tiles(int32_t *cbuf, const int32_t *sums, int R16, int r0, int R, int32_t *A,
+                                          int32_t *B, int ab) {
+    _tile_stored(4, cbuf, 64);
+    _tile_stored(5, cbuf + 256, 64);
+    _tile_stored(6, cbuf + 512, 64);
+    _tile_stored(7, cbuf + 768, 64);
+    for (int i = 0; i < 16 && r0 + i < R; i++) {
+        int r = r0 + i;
+        __m512i hh = _mm512_load_si512(cbuf + i * 16), lh = _mm512_load_si512(cbuf + 256 + i * 16);
+        __m512i hl = _mm512_load_si512(cbuf + 512 + i * 16), ll = _mm512_load_si512(cbuf + 768 + i * 16);
+        _mm512_storeu_si512(A + r * ab, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh, 8), lh),
+                                                         _mm512_set1_epi32(32768 * sums[r])));
+        _mm512_storeu_si512(B + r * ab, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl, 8), ll),
+                                                         _mm512_set1_epi32(32768 * sums[R16 + r])));
+    }
+}
+
+/* Step 2 on the tiles: C (16 rows x 16 keys) = the query part's rows (A, s8) x the key plane's
+ * 16 tokens (B, u8), 64 dims a product. */
+static IAT_TARGET void iat_scores_tiles(const int8_t *qb, const int32_t *qsum, int R, int R16, int D, const uint8_t *k,
+                                        int64_t t0, int n16, int32_t *A, int32_t *B, int ab, int32_t *cbuf, Prefetch *pf) {
+    for (int c = 0; c < R16; c += 16) {
+        const int8_t *qh = qb + (int64_t)c * D, *ql = qb + ((int64_t)R16 + c) * D;
+        if (D == 64) {
+            _tile_loadd(0, qh, D);
+            _tile_loadd(1, ql, D);
+        }
+        for (int g = 0; g < n16; g += 16) {
+            const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
+            prefetch(pf);
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int j = 0; j < D / 64; j++) {
+                if (D != 64) {
+                    _tile_loadd(0, qh + j * 64, D);
+                    _tile_loadd(1, ql + j * 64, D);
+                }
+                _tile_loadd(2, kg + j * 1024, 64);
+                _tile_loadd(3, kg + 16 * D + j * 1024, 64);
+                _tile_dpbsud(4, 0, 2);
+                _tile_dpbsud(5, 0, 3);
+                _tile_dpbsud(6, 1, 2);
+                _tile_dpbsud(7, 1, 3);
+            }
+            iat_combine_tiles(cbuf, qsum, R16, c, R, A + g, B + g, ab);
+        }
+    }
+}
+
+/* Step 5 on the tiles: C (16 rows x 16 dims) = the weights' rows (A, s8, 64 tokens) x the value
+ * plane's 16 quads of tokens (B, u8). */
+static IAT_TARGET void iat_weighted_tiles(const int8_t *ph, const int8_t *pl, int pw, const int32_t *psum, int R, int R16,
+                                          int D, const uint8_t *v, int64_t t0, int n64, int32_t *X, int32_t *Y,
+                                          int32_t *cbuf, Prefetch *pf) {
+    const uint8_t *vb = v + t0 / 4 * 8 * D;
+    for (int c = 0; c < R16; c += 16)
+        for (int dc = 0; dc < D; dc += 16) {
+            _tile_zero(4);
+            _tile_zero(5);
+            _tile_zero(6);
+            _tile_zero(7);
+            for (int s = 0; s < n64; s += 64) {
+                prefetch(pf);
+                _tile_loadd(0, ph + (int64_t)c * pw + s, pw);
+                _tile_loadd(1, pl + (int64_t)c * pw + s, pw);
+                const uint8_t *vq = vb + (int64_t)s / 4 * 8 * D + dc * 4;
+                _tile_loadd(2, vq, 8 * D);
+                _tile_loadd(3, vq + 4 * D, 8 * D);
+                _tile_dpbsud(4, 0, 2);
+                _tile_dpbsud(5, 0, 3);
+                _tile_dpbsud(6, 1, 2);
+                _tile_dpbsud(7, 1, 3);
+            }
+            iat_combine_tiles(cbuf, psum, R16, c, R, X + dc, Y + dc, D);
+        }
+}
+#endif
+
+/* The floats of integer sums: f[i] = (float)x[i] * (128 c) + (float)y[i] * c, one fused
+ * multiply-add, c = scale times cs[i] (cs NULL: 1). The vector lanes and the scalar tail do the
+ * same operations, so every element gets the same bits whichever ran it. */
+static void iat_floats_scaled(const int32_t *x, const int32_t *y, float scale, const float *cs, int n, float *f) {
+    int i = 0;
+#ifdef __AVX512F__
+    for (; i + 16 <= n; i += 16) {
+        __m512 c = cs ? _mm512_mul_ps(_mm512_set1_ps(scale), _mm512_loadu_ps(cs + i)) : _mm512_set1_ps(scale);
+        __m512 fy = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(y + i)), c);
+        _mm512_storeu_ps(f + i, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_loadu_si512(x + i)),
+                                                _mm512_mul_ps(c, _mm512_set1_ps(128.0f)), fy));
+    }
+#endif
+    for (; i < n; i++) {
+        float c = cs ? scale * cs[i] : scale;
+        f[i] = fmaf((float)x[i], c * 128.0f, (float)y[i] * c);
+    }
+}
+
+/* A row's scores over n keys: step 2's floats, c = the query's step times each key's. */
+static void iat_scores_of(const int32_t *a, const int32_t *b, float sq, const float *sk, int n, float *s) {
+    iat_floats_scaled(a, b, sq, sk, n, s);
+}
+
+/* A block's output row: step 5's floats, c = the weights' step. */
+static void iat_floats(const int32_t *x, const int32_t *y, float sp, int D, float *o) {
+    iat_floats_scaled(x, y, sp, NULL, D, o);
+}
+
+/* Step 4 for a row: its exponentials p [n] times the values' scales sv (in place), on a 14-bit
+ * grid of their largest, as parts ph and pl [n64] (zero past n) and the parts' sums; returns the
+ * grid's step. */
+static float iat_weights_of(float *p, const float *sv, int n, int n64, int8_t *ph, int8_t *pl, int32_t *sh,
+                            int32_t *sl) {
+    float top = 0.0f;
+    int t = 0;
+#ifdef __AVX512F__
+    __m512 tv = _mm512_setzero_ps();
+    for (; t + 16 <= n; t += 16) {
+        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + t), _mm512_loadu_ps(sv + t));
+        _mm512_storeu_ps(p + t, x);
+        tv = _mm512_max_ps(tv, x);
+    }
+    top = _mm512_reduce_max_ps(tv);
+#endif
+    for (; t < n; t++) {
+        p[t] *= sv[t];
+        top = p[t] > top ? p[t] : top;
+    }
+    float inv = top > 0.0f ? (float)IAT_P / top : 0.0f;
+    int32_t h = 0, l = 0;
+    t = 0;
+#ifdef __AVX512F__
+    __m512i hv = _mm512_setzero_si512(), lv = _mm512_setzero_si512();
+    for (; t + 16 <= n; t += 16) {
+        __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + t), _mm512_set1_ps(inv)));
+        x = _mm512_min_epi32(_mm512_max_epi32(x, _mm512_setzero_si512()), _mm512_set1_epi32(IAT_P));
+        __m512i xh = _mm512_srai_epi32(x, 7), xl = _mm512_and_si512(x, _mm512_set1_epi32(127));
+        _mm_storeu_si128((__m128i *)(ph + t), _mm512_cvtepi32_epi8(xh));
+        _mm_storeu_si128((__m128i *)(pl + t), _mm512_cvtepi32_epi8(xl));
+        hv = _mm512_add_epi32(hv, xh), lv = _mm512_add_epi32(lv, xl);
+    }
+    h = _mm512_reduce_add_epi32(hv), l = _mm512_reduce_add_epi32(lv);
+#endif
+    for (; t < n; t++) {
+        int x = (int)nearbyintf(p[t] * inv);  /* to nearest, ties to even: as cvtps_epi32 */
+        x = x > IAT_P ? IAT_P : x < 0 ? 0 : x;
+        ph[t] = (int8_t)(x >> 7), pl[t] = (int8_t)(x & 127);
+        h += ph[t], l += pl[t];
+    }
+    for (; t < n64; t++) ph[t] = pl[t] = 0;
+    *sh = h, *sl = l;
+    return top / (float)IAT_P;
+}
+
+/* Steps 2-5 for the jobs [job_begin, job_end) on `path`; outputs as `blocks`'. */
+static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, const uint8_t *k, const uint8_t *v,
+                      const float *sk, const float *sv, int64_t head_bytes, int64_t scale_stride, int H, int R, int R16,
+                      int D, int64_t T, const int64_t *limit, int block, int64_t job_begin, int64_t job_end, float *out,
+                      float *m_out, float *l_out, int chunk, float *chunk_sum, int path) {
+    (void)H;
+    int64_t nb = (T + block - 1) / block;
+    const int B64 = (block + 63) / 64 * 64;
+    /* per thread: scores [R][B64], A and B [R16][B64] (tiles write 16 rows), the weights' parts
+       [R16][B64] twice, X and Y [R16][D], the tiles' four sums */
+    size_t bytes = sizeof(float) * (size_t)R * B64 + sizeof(int32_t) * (size_t)R16 * B64 * 2 + (size_t)R16 * B64 * 2 +
+                   sizeof(int32_t) * (size_t)R16 * D * 2 + sizeof(int32_t) * 1024 + sizeof(int32_t) * 2 * R16 + 64 * 8;
+    char *scratch = aligned_alloc(64, (bytes + 63) / 64 * 64);
+    if (!scratch) return -1;
+    int32_t *cbuf = (int32_t *)scratch;
+    float *s = (float *)(cbuf + 1024);
+    int32_t *A = (int32_t *)(s + (size_t)R * B64), *B = A + (size_t)R16 * B64;
+    int32_t *X = B + (size_t)R16 * B64, *Y = X + (size_t)R16 * D, *psum = Y + (size_t)R16 * D;
+    int8_t *ph = (int8_t *)(psum + 2 * R16), *pl = ph + (size_t)R16 * B64;
+    float *ps = malloc(sizeof(float) * (size_t)R);
+    if (!ps) {
+        free(scratch);
+        return -1;
+    }
+    memset(ph, 0, (size_t)R16 * B64 * 2);
+#ifdef IAT_TILES
+    if (path == IAT_TILES_PATH) amx_configure();
+#endif
+    int64_t n_chunks = chunk > 0 ? T / chunk : 0;
+    for (int64_t job = job_begin; job < job_end; job++) {
+        int64_t h = job / nb, b = job % nb, t0 = b * block;
+        int n = (int)((T - t0) < block ? (T - t0) : block), n16 = (n + 15) / 16 * 16, n64 = (n + 63) / 64 * 64;
+        const uint8_t *kh = k + h * head_bytes, *vh = v + h * head_bytes;
+        const float *skh = sk + h * scale_stride + t0, *svh = sv + h * scale_stride + t0;
+        const int8_t *qbh = qb + (int64_t)h * 2 * R16 * D;
+        const int32_t *qsh = qsum + (int64_t)h * 2 * R16;
+        const float *qsr = qs + h * R;
+        /* the next job's keys and values are asked for into the level-2 cache while this one is
+           worked (as few_rows.c does), spread over the products' passes */
+        Prefetch pk = {NULL, NULL, 0, 0}, pv = {NULL, NULL, 0, 0};
+        if (job + 1 < job_end) {
+            int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;
+            int n1 = (int)((T - t1) < block ? (T - t1) : block);
+            int64_t kb = (int64_t)(n1 + 15) / 16 * 32 * D, vb = (int64_t)(n1 + 3) / 4 * 8 * D;
+            int rows = path == IAT_TILES_PATH ? R16 / 16 : (R + 3) / 4;
+            int64_t kc = (int64_t)n16 / 16 * rows;
+            int64_t vc = path == IAT_TILES_PATH ? (int64_t)rows * (D / 16) * (n64 / 64) : (int64_t)(D / 16) * rows * (n64 / 16);
+            pk = (Prefetch){(const char *)(k + h1 * head_bytes + t1 / 16 * 32 * D), NULL, 0, 0};
+            pk.end = pk.next + kb, pk.step = (kb / kc + 63) / 64 * 64;
+            pv = (Prefetch){(const char *)(v + h1 * head_bytes + t1 / 4 * 8 * D), NULL, 0, 0};
+            pv.end = pv.next + vb, pv.step = (vb / vc + 63) / 64 * 64;
+        }
+        /* 2. the scores' integer sums, then the scores */
+#ifdef IAT_TILES
+        if (path == IAT_TILES_PATH) iat_scores_tiles(qbh, qsh, R, R16, D, kh, t0, n16, A, B, B64, cbuf, &pk);
+        else
+#endif
+#ifdef IAT_VNNI
+        if (path == IAT_VNNI_PATH) iat_scores_vnni(qbh, qsh, R, R16, D, kh, t0, n16, A, B, B64, &pk);
+        else
+#endif
+            iat_scores_scalar(qbh, qsh, R, R16, D, kh, t0, n16, A, B, B64);
+        for (int r = 0; r < R; r++) iat_scores_of(A + r * B64, B + r * B64, qsr[r], skh, n, s + (int64_t)r * B64);
+        /* 3. the softmax */
+        int64_t stat = (h * nb + b) * R;
+        block_softmax(s, B64, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
+        /* 4. the weights times the values' scales, on their grid (zero past n) */
+        for (int r = 0; r < R; r++)
+            ps[r] = iat_weights_of(s + (int64_t)r * B64, svh, n, n64, ph + (int64_t)r * B64, pl + (int64_t)r * B64,
+                                   psum + r, psum + R16 + r);
+        /* 5. the weighted sums' integers, then the block's output */
+#ifdef IAT_TILES
+        if (path == IAT_TILES_PATH) iat_weighted_tiles(ph, pl, B64, psum, R, R16, D, vh, t0, n64, X, Y, cbuf, &pv);
+        else
+#endif
+#ifdef IAT_VNNI
+        if (path == IAT_VNNI_PATH) iat_weighted_vnni(ph, pl, B64, psum, R, R16, D, vh, t0, n64, X, Y, &pv);
+        else
+#endif
+            iat_weighted_scalar(ph, pl, B64, psum, R, R16, D, vh, t0, n64, X, Y);
+        float *o = out + stat * D;
+        for (int r = 0; r < R; r++) iat_floats(X + r * D, Y + r * D, ps[r], D, o + (int64_t)r * D);
+    }
+    free(ps);
+    free(scratch);
+    return 0;
+}
+
+/* The whole attention over an int16 cache (layout above): q [H][R][D] pre-scaled; sk, sv the
+ * scales, head h's at h * scale_stride; `path` IAT_SCALAR, IAT_VNNI_PATH or IAT_TILES_PATH;
+ * the rest as `attention`'s. Returns -1 when out of memory, -2 for a path that does not run
+ * here, -3 for sizes the arithmetic does not cover (D not a multiple of 64 or above 256, a
+ * block of more than IAT_BLOCK keys). */
+int integer_attention(const float *q, const uint8_t *k, const uint8_t *v, const float *sk, const float *sv,
+                      int64_t head_bytes, int64_t scale_stride, int H, int R, int D, int64_t T, const int64_t *limit,
+                      int block, int threads, int path, float *out, float *m_out, float *l_out, int chunk,
+                      float *chunk_sum, float *result) {
+    if (D % 64 || D > 256 || block > IAT_BLOCK || block % 64 || R < 1) return -3;
+    if (path < 0 || path > 2 || !(integer_attention_paths() >> path & 1)) return -2;
+    const int R16 = (R + 15) / 16 * 16;
+    float *qs = malloc(sizeof(float) * (size_t)H * R);
+    int8_t *qb = malloc((size_t)H * 2 * R16 * D);
+    int32_t *qsum = malloc(sizeof(int32_t) * (size_t)H * 2 * R16);
+    int failed = !qs || !qb || !qsum;
+    if (!failed) {
+        iat_queries(q, H, R, D, R16, qs, qb, qsum);
+        int64_t nb = (T + block - 1) / block, jobs = H * nb;
+#ifdef _OPENMP
+#pragma omp parallel num_threads(threads) reduction(| : failed)
+        {
+            int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
+            failed |= iat_blocks(qs, qb, qsum, k, v, sk, sv, head_bytes, scale_stride, H, R, R16, D, T, limit, block,
+                                 jobs * i / n, jobs * (i + 1) / n, out, m_out, l_out, chunk, chunk_sum, path);
+        }
+#else
+        (void)threads;
+        failed = iat_blocks(qs, qb, qsum, k, v, sk, sv, head_bytes, scale_stride, H, R, R16, D, T, limit, block, 0,
+                            jobs, out, m_out, l_out, chunk, chunk_sum, path);
+#endif
+        if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
+    }
+    free(qs);
+    free(qb);
+    free(qsum);
+    return failed ? -1 : 0;
+}
