@@ -53,6 +53,21 @@ def test_the_planes_hold_each_tokens_integers_where_the_kernel_reads_them():
     assert (kd - k).abs().max() <= k.abs().amax() / int16_kv.GRID
 
 
+def test_writing_a_token_at_a_time_packs_what_writing_at_once_does():
+    H, T, D = 2, 150, 128
+    k, v, whole = cache(H, T, D, 4, capacity=200)
+    pieces = int16_kv.empty(H, 200, D)
+    for start, stop in ((0, 1), (1, 17), (17, 100), (100, 150)):
+        int16_kv.write(pieces, k[:, start:stop], v[:, start:stop], start)
+    assert pieces.length == T
+    for a, b in ((pieces.k, whole.k), (pieces.v, whole.v), (pieces.sk, whole.sk), (pieces.sv, whole.sv)):
+        assert torch.equal(a, b)
+    with pytest.raises(ValueError, match="do not follow"):
+        int16_kv.write(pieces, k[:, :1], v[:, :1], T + 1)  # a gap
+    with pytest.raises(ValueError, match="do not follow"):
+        int16_kv.write(pieces, k[:, :120], v[:, :120], 150)  # past the capacity (256)
+
+
 SHAPES = [  # (H, R, T, D)
     (2, 1, 1, 64), (2, 1, 4099, 64), (3, 4, 300, 64), (2, 5, 256, 64), (2, 7, 257, 64), (2, 16, 1000, 64),
     (1, 17, 700, 64), (2, 28, 2049, 128), (1, 3, 513, 128),

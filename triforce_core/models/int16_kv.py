@@ -57,23 +57,47 @@ def _planes(ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ((ints >> 8) + 128).to(torch.uint8), (ints & 255).to(torch.uint8)
 
 
-def _padded(x: torch.Tensor, capacity: int) -> torch.Tensor:
-    return torch.nn.functional.pad(x, (0, 0, 0, capacity - x.shape[1]))
+def _key_bytes(start: int, stop: int, D: int) -> torch.Tensor:
+    """[stop - start, D] the high plane's byte of each token's dims in a head's keys (the low
+    plane's is 16 D further)."""
+    t, d = torch.arange(start, stop)[:, None], torch.arange(D)[None, :]
+    return t // 16 * 32 * D + d // 4 * 64 + t % 16 * 4 + d % 4
 
 
-def pack_keys(ints: torch.Tensor, capacity: int) -> torch.Tensor:
-    """Keys [H, T, D] int32 -> [H, capacity * 2 * D] uint8: per 16 tokens [plane][D/4][16][4]."""
-    H, _, D = ints.shape
-    hi, lo = (_padded(p, capacity).reshape(H, capacity // 16, 16, D // 4, 4).permute(0, 1, 3, 2, 4)
-              for p in _planes(ints))
-    return torch.stack([hi, lo], 2).reshape(H, -1).contiguous()
+def _value_bytes(start: int, stop: int, D: int) -> torch.Tensor:
+    """The same for values (the low plane's 4 D further)."""
+    t, d = torch.arange(start, stop)[:, None], torch.arange(D)[None, :]
+    return t // 4 * 8 * D + d * 4 + t % 4
 
 
-def pack_values(ints: torch.Tensor, capacity: int) -> torch.Tensor:
-    """Values [H, T, D] int32 -> [H, capacity * 2 * D] uint8: per 4 tokens [plane][D][4]."""
-    H, _, D = ints.shape
-    hi, lo = (_padded(p, capacity).reshape(H, capacity // 4, 4, D).permute(0, 1, 3, 2) for p in _planes(ints))
-    return torch.stack([hi, lo], 2).reshape(H, -1).contiguous()
+def empty(heads: int, capacity: int, head_dim: int) -> Int16Heads:
+    """An empty cache of `capacity` tokens (rounded up to a multiple of CAPACITY_STEP)."""
+    if head_dim % 64:
+        raise ValueError(f"an int16 cache needs a head size that is a multiple of 64, not {head_dim}")
+    capacity = -(-max(capacity, 1) // CAPACITY_STEP) * CAPACITY_STEP
+    planes = capacity * 2 * head_dim
+    return Int16Heads(torch.zeros(heads, planes, dtype=torch.uint8), torch.zeros(heads, planes, dtype=torch.uint8),
+                      torch.zeros(heads, capacity), torch.zeros(heads, capacity), head_dim, 0)
+
+
+def write(heads: Int16Heads, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+    """Keys and values [H, n, D] (float) of tokens start.. on their grids, into `heads`; its
+    length becomes start + n (what lay past it is no longer read)."""
+    H, n, D = k.shape
+    if v.shape != k.shape or H != heads.heads or D != heads.head_dim:
+        raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} for {heads.heads} heads of {heads.head_dim}")
+    if not 0 <= start <= heads.length or start + n > heads.capacity:
+        raise ValueError(f"tokens {start}..{start + n} do not follow the {heads.length} held in a cache of {heads.capacity}")
+    stop = start + n
+    for planes, scales, x, at, low in ((heads.k, heads.sk, k, _key_bytes(start, stop, D), 16 * D),
+                                       (heads.v, heads.sv, v, _value_bytes(start, stop, D), 4 * D)):
+        ints, scale = on_grid(x)
+        hi, lo = _planes(ints)
+        at = at.reshape(-1)
+        planes[:, at] = hi.reshape(H, -1)
+        planes[:, at + low] = lo.reshape(H, -1)
+        scales[:, start:stop] = scale
+    heads.length = stop
 
 
 def pack(k: torch.Tensor, v: torch.Tensor, capacity: int | None = None) -> Int16Heads:
@@ -82,14 +106,9 @@ def pack(k: torch.Tensor, v: torch.Tensor, capacity: int | None = None) -> Int16
     if k.dim() != 3 or k.shape != v.shape:
         raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} must both be [heads, tokens, head size]")
     H, T, D = k.shape
-    if D % 64:
-        raise ValueError(f"an int16 cache needs a head size that is a multiple of 64, not {D}")
-    capacity = -(-max(capacity or T, T, 1) // CAPACITY_STEP) * CAPACITY_STEP
-    ki, sk = on_grid(k)
-    vi, sv = on_grid(v)
-    pad = (0, capacity - T)
-    return Int16Heads(pack_keys(ki, capacity), pack_values(vi, capacity), torch.nn.functional.pad(sk, pad).contiguous(),
-                      torch.nn.functional.pad(sv, pad).contiguous(), D, T)
+    heads = empty(H, max(capacity or T, T), D)
+    write(heads, k, v, 0)
+    return heads
 
 
 def dequantized(k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -101,9 +101,6 @@ INLINE ATT_TARGET __m512 load16(const void *p, int64_t i, const int kind) {
     return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
 }
 
-/* Rounding down, as _mm256_floor_ps does. */
-#define FLOOR512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
-
 INLINE ATT_TARGET __m512 exp_nonpositive16(__m512 x) { EXP_NONPOSITIVE_VECTOR(512, FLOOR512) }
 
 /* r[i][j] <- r[j][i] for 16 vectors of 16 dwords. */

@@ -228,29 +228,25 @@ INLINE IAT_TARGET void iat_combine_tiles(int32_t *cbuf, const int32_t *sums, int
 }
 
 /* Step 2 on the tiles: C (16 rows x 16 keys) = the query part's rows (A, s8) x the key plane's
- * 16 tokens (B, u8), 64 dims a product. */
+ * 16 tokens (B, u8), 64 dims a product. A group's keys are loaded once for every row tile. */
 static IAT_TARGET void iat_scores_tiles(const int8_t *qb, const int32_t *qsum, int R, int R16, int D, const uint8_t *k,
                                         int64_t t0, int n16, int32_t *A, int32_t *B, int ab, int32_t *cbuf, Prefetch *pf) {
-    for (int c = 0; c < R16; c += 16) {
-        const int8_t *qh = qb + (int64_t)c * D, *ql = qb + ((int64_t)R16 + c) * D;
-        if (D == 64) {
-            _tile_loadd(0, qh, D);
-            _tile_loadd(1, ql, D);
-        }
-        for (int g = 0; g < n16; g += 16) {
-            const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
-            prefetch(pf);
+    for (int g = 0; g < n16; g += 16) {
+        const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
+        prefetch(pf);
+        for (int c = 0; c < R16; c += 16) {
+            const int8_t *qh = qb + (int64_t)c * D, *ql = qb + ((int64_t)R16 + c) * D;
             _tile_zero(4);
             _tile_zero(5);
             _tile_zero(6);
             _tile_zero(7);
             for (int j = 0; j < D / 64; j++) {
-                if (D != 64) {
-                    _tile_loadd(0, qh + j * 64, D);
-                    _tile_loadd(1, ql + j * 64, D);
+                if (c == 0 || D != 64) {
+                    _tile_loadd(2, kg + j * 1024, 64);
+                    _tile_loadd(3, kg + 16 * D + j * 1024, 64);
                 }
-                _tile_loadd(2, kg + j * 1024, 64);
-                _tile_loadd(3, kg + 16 * D + j * 1024, 64);
+                _tile_loadd(0, qh + j * 64, D);
+                _tile_loadd(1, ql + j * 64, D);
                 _tile_dpbsud(4, 0, 2);
                 _tile_dpbsud(5, 0, 3);
                 _tile_dpbsud(6, 1, 2);
@@ -267,8 +263,10 @@ static IAT_TARGET void iat_weighted_tiles(const int8_t *ph, const int8_t *pl, in
                                           int D, const uint8_t *v, int64_t t0, int n64, int32_t *X, int32_t *Y,
                                           int32_t *cbuf, Prefetch *pf) {
     const uint8_t *vb = v + t0 / 4 * 8 * D;
-    for (int c = 0; c < R16; c += 16)
-        for (int dc = 0; dc < D; dc += 16) {
+    /* the row tiles inside: each takes 16 dims' values of the block (8 KB) from the level-1
+       cache after the first */
+    for (int dc = 0; dc < D; dc += 16)
+        for (int c = 0; c < R16; c += 16) {
             _tile_zero(4);
             _tile_zero(5);
             _tile_zero(6);
@@ -430,7 +428,7 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
         for (int r = 0; r < R; r++) iat_scores_of(A + r * B64, B + r * B64, qsr[r], skh, n, s + (int64_t)r * B64);
         /* 3. the softmax */
         int64_t stat = (h * nb + b) * R;
-        block_softmax(s, B64, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
+        block_softmax(s, B64, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out, 1);
         /* 4. the weights times the values' scales, on their grid (zero past n) */
         for (int r = 0; r < R; r++)
             ps[r] = iat_weights_of(s + (int64_t)r * B64, svh, n, n64, ph + (int64_t)r * B64, pl + (int64_t)r * B64,
