@@ -33,6 +33,13 @@ against 16.2-16.6 and 4 rows 4.5-5.2 against 4.1-4.6 (`python -m bench.attention
 fidelity: teacher-forced on SmolLM2, top-1 agreement with HF 99.61 % against float16's 99.93 %,
 mean KL 5.8e-5 against 9.0e-7 (`bench.fidelity`). A step is what every mode takes most of, so
 the float32 path over float16 K/V stays the default. Float32 K/V (`--exact`) never take the tiles.
+
+`Kernel.integer_attention` reads a cache of another kind: keys and values as 16-bit integers
+(`int16_kv`), in integer arithmetic (csrc/integer_attention.c): each query row and each row's
+weights on 14-bit grids of their own, every sum exact in int32, so plain C, VNNI and AMX's int8
+tiles give the same bits and a verification's extra rows cost the tiles little. No cache holds
+such planes yet: the kernel is measured and tested on its own (`bench.attention --integer`,
+`bench.kv_formats`'s int16-attention).
 """
 
 from __future__ import annotations
@@ -137,15 +144,7 @@ class Kernel:
             raise ValueError(f"few-row attention: {limits.numel()} limits for {R} query rows")
         block, threads = self.plan(H, R, T, chunk)
         self.tiles()
-        nb = -(-T // block)
-        q = (q * scale).contiguous()
-        if limits is not None:
-            limits = limits.to(torch.int64).contiguous()
-        out = torch.empty(H, nb, R, D)
-        m = torch.empty(H, nb, R)
-        l = torch.empty(H, nb, R)
-        result = torch.empty(H, R, D)
-        chunk_sum = torch.empty(H, R, T // chunk) if chunk > 0 else None  # the kernel writes every chunk
+        q, limits, out, m, l, result, chunk_sum = _call_buffers(q, scale, limits, -(-T // block), T, chunk)
         failed = self.lib.attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), KINDS[k.dtype], H, R, D, T,
             limits.data_ptr() if limits is not None else None, block,
@@ -187,15 +186,7 @@ class Kernel:
             raise ValueError(f"integer attention: the {path} path does not run here (runs: {', '.join(paths)})")
         _, threads = self.plan(H, R, T, chunk)
         block = BLOCK
-        nb = -(-T // block)
-        q = (q * scale).contiguous()
-        if limits is not None:
-            limits = limits.to(torch.int64).contiguous()
-        out = torch.empty(H, nb, R, D)
-        m = torch.empty(H, nb, R)
-        l = torch.empty(H, nb, R)
-        result = torch.empty(H, R, D)
-        chunk_sum = torch.empty(H, R, T // chunk) if chunk > 0 else None
+        q, limits, out, m, l, result, chunk_sum = _call_buffers(q, scale, limits, -(-T // block), T, chunk)
         for t in (heads.k, heads.v, heads.sk, heads.sv):
             if not t.is_contiguous():
                 raise ValueError("integer attention: the cache's planes and scales must be contiguous")
@@ -209,6 +200,18 @@ class Kernel:
         if failed:
             raise ValueError(f"integer attention refused its arguments ({failed})")
         return result, chunk_sum
+
+
+def _call_buffers(q: torch.Tensor, scale: float, limits: torch.Tensor | None, nb: int, T: int, chunk: int):
+    """What a kernel call takes beside the cache: the queries pre-scaled, the limits as int64,
+    and the buffers it writes (blocks' outputs, maxima and sums over nb blocks, the result, each
+    chunk's mass when chunk > 0: the kernel writes every chunk)."""
+    H, R, D = q.shape
+    q = (q * scale).contiguous()
+    if limits is not None:
+        limits = limits.to(torch.int64).contiguous()
+    chunk_sum = torch.empty(H, R, T // chunk) if chunk > 0 else None
+    return q, limits, torch.empty(H, nb, R, D), torch.empty(H, nb, R), torch.empty(H, nb, R), torch.empty(H, R, D), chunk_sum
 
 
 _loader: Loader[Kernel] = Loader("few-row attention", SOURCE, FLAGS, ENV, Kernel)

@@ -137,7 +137,21 @@ static void iat_weighted_scalar(const int8_t *ph, const int8_t *pl, int pw, cons
         }
 }
 
+#if defined(IAT_VNNI) || defined(IAT_TILES)
+/* A part's sums in each lane from its products with the two planes, the high plane's +128 taken
+ * back: 256 hi_sum + lo_sum - 32768 (the part's sum over the lane's elements, `sum`). */
+#define IAT_PLANES(hi_sum, lo_sum, sum) \
+    _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hi_sum, 8), lo_sum), _mm512_set1_epi32(32768 * (sum)))
+#endif
+
 #ifdef IAT_VNNI
+/* The four products of a row's two parts (their 4 bytes broadcast: bh, bl) with the two planes. */
+#define IAT_DP4(i, hi, lo, bh, bl)                   \
+    hh[i] = _mm512_dpbusd_epi32(hh[i], hi, bh);      \
+    lh[i] = _mm512_dpbusd_epi32(lh[i], lo, bh);      \
+    hl[i] = _mm512_dpbusd_epi32(hl[i], hi, bl);      \
+    ll[i] = _mm512_dpbusd_epi32(ll[i], lo, bl);
+
 /* Step 2 on VNNI, up to 4 rows at a time: lanes are 16 keys, one u8 x s8 product per plane and
  * part, 4 dims a lane. */
 static void iat_scores_vnni(const int8_t *qb, const int32_t *qsum, int R, int R16, int D, const uint8_t *k, int64_t t0,
@@ -155,20 +169,13 @@ static void iat_scores_vnni(const int8_t *qb, const int32_t *qsum, int R, int R1
                     const int8_t *qr = qb + (int64_t)(r0 + i) * D;
                     __m512i bh = _mm512_set1_epi32(*(const int32_t *)(qr + 4 * j));
                     __m512i bl = _mm512_set1_epi32(*(const int32_t *)(qr + (int64_t)R16 * D + 4 * j));
-                    hh[i] = _mm512_dpbusd_epi32(hh[i], kh, bh);
-                    lh[i] = _mm512_dpbusd_epi32(lh[i], kl, bh);
-                    hl[i] = _mm512_dpbusd_epi32(hl[i], kh, bl);
-                    ll[i] = _mm512_dpbusd_epi32(ll[i], kl, bl);
+                    IAT_DP4(i, kh, kl, bh, bl)
                 }
             }
             for (int i = 0; i < rows; i++) {
                 int r = r0 + i;
-                __m512i a = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh[i], 8), lh[i]),
-                                             _mm512_set1_epi32(32768 * qsum[r]));
-                __m512i b = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl[i], 8), ll[i]),
-                                             _mm512_set1_epi32(32768 * qsum[R16 + r]));
-                _mm512_storeu_si512(A + r * ab + g, a);
-                _mm512_storeu_si512(B + r * ab + g, b);
+                _mm512_storeu_si512(A + r * ab + g, IAT_PLANES(hh[i], lh[i], qsum[r]));
+                _mm512_storeu_si512(B + r * ab + g, IAT_PLANES(hl[i], ll[i], qsum[R16 + r]));
             }
         }
     }
@@ -190,18 +197,13 @@ static void iat_weighted_vnni(const int8_t *ph, const int8_t *pl, int pw, const 
                 for (int i = 0; i < rows; i++) {
                     __m512i bh = _mm512_set1_epi32(*(const int32_t *)(ph + (int64_t)(r0 + i) * pw + 4 * g));
                     __m512i bl = _mm512_set1_epi32(*(const int32_t *)(pl + (int64_t)(r0 + i) * pw + 4 * g));
-                    hh[i] = _mm512_dpbusd_epi32(hh[i], vh, bh);
-                    lh[i] = _mm512_dpbusd_epi32(lh[i], vl, bh);
-                    hl[i] = _mm512_dpbusd_epi32(hl[i], vh, bl);
-                    ll[i] = _mm512_dpbusd_epi32(ll[i], vl, bl);
+                    IAT_DP4(i, vh, vl, bh, bl)
                 }
             }
             for (int i = 0; i < rows; i++) {
                 int r = r0 + i;
-                _mm512_storeu_si512(X + r * D + c, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh[i], 8), lh[i]),
-                                                                     _mm512_set1_epi32(32768 * psum[r])));
-                _mm512_storeu_si512(Y + r * D + c, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl[i], 8), ll[i]),
-                                                                     _mm512_set1_epi32(32768 * psum[R16 + r])));
+                _mm512_storeu_si512(X + r * D + c, IAT_PLANES(hh[i], lh[i], psum[r]));
+                _mm512_storeu_si512(Y + r * D + c, IAT_PLANES(hl[i], ll[i], psum[R16 + r]));
             }
         }
 }
@@ -220,10 +222,8 @@ INLINE IAT_TARGET void iat_combine_tiles(int32_t *cbuf, const int32_t *sums, int
         int r = r0 + i;
         __m512i hh = _mm512_load_si512(cbuf + i * 16), lh = _mm512_load_si512(cbuf + 256 + i * 16);
         __m512i hl = _mm512_load_si512(cbuf + 512 + i * 16), ll = _mm512_load_si512(cbuf + 768 + i * 16);
-        _mm512_storeu_si512(A + r * ab, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hh, 8), lh),
-                                                         _mm512_set1_epi32(32768 * sums[r])));
-        _mm512_storeu_si512(B + r * ab, _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(hl, 8), ll),
-                                                         _mm512_set1_epi32(32768 * sums[R16 + r])));
+        _mm512_storeu_si512(A + r * ab, IAT_PLANES(hh, lh, sums[r]));
+        _mm512_storeu_si512(B + r * ab, IAT_PLANES(hl, ll, sums[R16 + r]));
     }
 }
 
