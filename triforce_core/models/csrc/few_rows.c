@@ -380,47 +380,20 @@ INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int 
 #ifdef __AVX512F__
 static inline __m512 exp_nonpositive_16(__m512 x) { EXP_NONPOSITIVE_VECTOR(512, FLOOR512) }
 
-/* `exponentiate` 16 lanes at a time (its own order of the sum: a path of its own uses it). */
-static float exponentiate_16(float *s, int n, float m) {
-    __m512 mv = _mm512_set1_ps(m), acc = _mm512_setzero_ps();
-    int t = 0;
-    for (; t + 16 <= n; t += 16) {
-        __m512 e = exp_nonpositive_16(_mm512_sub_ps(_mm512_loadu_ps(s + t), mv));
-        _mm512_storeu_ps(s + t, e);
-        acc = _mm512_add_ps(acc, e);
-    }
-    if (t < n) {
-        __mmask16 tail = (__mmask16)((1u << (n - t)) - 1);
-        __m512 e = exp_nonpositive_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(tail, s + t), mv));
-        _mm512_mask_storeu_ps(s + t, tail, e);
-        acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(tail, e));
-    }
-    float lanes[16], l = 0.0f;
-    _mm512_storeu_ps(lanes, acc);
-    for (int j = 0; j < 16; j++) l += lanes[j];
-    return l;
-}
 #endif
 
 /* A block's softmax: per row r of the scores s (rows `ss` apart, n keys from t0), the visible
  * part (keys t < limit[r]), its max m and the exponentials exp(s - m) in place (zero past what
  * the row sees), their sum l (at m_out, l_out [stat + r]), and with chunk_sum each whole chunk's
- * sum, as `blocks` documents them. `wide`: the exponentials 16 lanes at a time where AVX-512
- * runs (another order of l's sum than the float32 path's, whose bits stay as they were). */
-INLINE void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, int64_t T, int64_t t0, int n, int64_t h,
-                          int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum, float *m_out, float *l_out,
-                          const int wide) {
+ * sum, as `blocks` documents them. */
+static void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, int64_t T, int64_t t0, int n, int64_t h,
+                          int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum, float *m_out, float *l_out) {
     for (int r = 0; r < R; r++) {
         float *sr = s + (int64_t)r * ss;
         int64_t lim = (limit ? limit[r] : T) - t0;
         int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
         float m = row_max(sr, seen);
-        float l = 0.0f;
-#ifdef __AVX512F__
-        if (wide && seen) l = exponentiate_16(sr, seen, m);
-        else
-#endif
-        l = seen ? exponentiate(sr, seen, m) : 0.0f;
+        float l = seen ? exponentiate(sr, seen, m) : 0.0f;
         for (int t = seen; t < n; t++) sr[t] = 0.0f;
         m_out[stat + r] = m;
         l_out[stat + r] = l;
@@ -477,7 +450,7 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
-        block_softmax(s, block, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out, 0);
+        block_softmax(s, block, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
         /* 3. the block's partial output, piece by piece as the scores (each row's running sum
            is stored between pieces and taken up again in the same order) */
         Prefetch pv = {vh + (int64_t)n * D * es, vh + (int64_t)n * D * es + (last ? 0 : bytes), step, ahead};

@@ -307,59 +307,99 @@ static void iat_floats_scaled(const int32_t *x, const int32_t *y, float scale, c
     }
 }
 
-/* A row's scores over n keys: step 2's floats, c = the query's step times each key's. */
-static void iat_scores_of(const int32_t *a, const int32_t *b, float sq, const float *sk, int n, float *s) {
-    iat_floats_scaled(a, b, sq, sk, n, s);
-}
-
 /* A block's output row: step 5's floats, c = the weights' step. */
 static void iat_floats(const int32_t *x, const int32_t *y, float sp, int D, float *o) {
     iat_floats_scaled(x, y, sp, NULL, D, o);
 }
 
-/* Step 4 for a row: its exponentials p [n] times the values' scales sv (in place), on a 14-bit
- * grid of their largest, as parts ph and pl [n64] (zero past n) and the parts' sums; returns the
- * grid's step. */
-static float iat_weights_of(float *p, const float *sv, int n, int n64, int8_t *ph, int8_t *pl, int32_t *sh,
-                            int32_t *sl) {
-    float top = 0.0f;
+/* Steps 2's floats, 3 and 4 for one row of a block, in three passes over its n keys:
+ *   1. the scores from the integer sums a and b (as iat_floats_scaled forms them), and the max m
+ *      of the `seen` the row sees;
+ *   2. e = exp(s - m) for those (zero past them, into s), their sum l, each whole chunk's sum
+ *      (cs: the row's sums from this block's first chunk, `chunks` of them; NULL: none), and the
+ *      largest e sv;
+ *   3. e sv on a 14-bit grid of that largest, as parts ph and pl [n64] (zero past n) and the
+ *      parts' sums.
+ * Returns the grid's step; m and l at *m_out and *l_out (m = -inf, l = 0 for a row that sees
+ * none of the block). The same operations whatever the path and the rows beside it. */
+static float iat_row(const int32_t *a, const int32_t *b, float sq, const float *sk, const float *sv, int n, int seen,
+                     int n64, float *s, int8_t *ph, int8_t *pl, int32_t *sh, int32_t *sl, float *m_out, float *l_out,
+                     int chunk, float *cs, int64_t chunks) {
+    float m = -INFINITY, l = 0.0f, top = 0.0f;
+    int32_t hsum = 0, lsum = 0;
+#ifdef __AVX512F__
+    const __m512i lane = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+    __m512 mv = _mm512_set1_ps(-INFINITY);
+    for (int t = 0; t < n; t += 16) {
+        __mmask16 in = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(n - t));
+        __m512 c = _mm512_mul_ps(_mm512_set1_ps(sq), _mm512_maskz_loadu_ps(in, sk + t));
+        __m512 fy = _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(in, b + t)), c);
+        __m512 sc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_maskz_loadu_epi32(in, a + t)),
+                                    _mm512_mul_ps(c, _mm512_set1_ps(128.0f)), fy);
+        _mm512_mask_storeu_ps(s + t, in, sc);
+        mv = _mm512_mask_max_ps(mv, _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - t)), mv, sc);
+    }
+    m = seen > 0 ? _mm512_reduce_max_ps(mv) : -INFINITY;
+    __m512 lv = _mm512_setzero_ps(), tv = _mm512_setzero_ps();
+    for (int t = 0; t < n; t += 16) {
+        __mmask16 in = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(n - t));
+        __mmask16 vis = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(seen - t));
+        __m512 e = seen > 0 ? _mm512_maskz_mov_ps(vis, exp_nonpositive_16(_mm512_sub_ps(_mm512_maskz_loadu_ps(vis, s + t),
+                                                                                          _mm512_set1_ps(m))))
+                            : _mm512_setzero_ps();
+        _mm512_mask_storeu_ps(s + t, in, e);
+        lv = _mm512_add_ps(lv, e);
+        tv = _mm512_max_ps(tv, _mm512_mul_ps(e, _mm512_maskz_loadu_ps(in, sv + t)));
+    }
+    float lanes[16];
+    _mm512_storeu_ps(lanes, lv);
+    for (int j = 0; j < 16; j++) l += lanes[j];
+    top = _mm512_reduce_max_ps(tv);
+#else
+    for (int t = 0; t < n; t++) {
+        float c = sq * sk[t];
+        s[t] = fmaf((float)a[t], c * 128.0f, (float)b[t] * c);
+        if (t < seen) m = s[t] > m ? s[t] : m;
+    }
+    for (int t = 0; t < n; t++) {
+        s[t] = t < seen ? exp_nonpositive(s[t] - m) : 0.0f;
+        l += s[t];
+        float x = s[t] * sv[t];
+        top = x > top ? x : top;
+    }
+#endif
+    if (cs)
+        for (int64_t c = 0; c < chunks && c * chunk < n; c++) {
+            float acc = 0.0f;
+            for (int t = (int)c * chunk; t < (c + 1) * chunk; t++) acc += s[t];
+            cs[c] = acc;
+        }
+    float inv = top > 0.0f ? (float)IAT_P / top : 0.0f;
     int t = 0;
 #ifdef __AVX512F__
-    __m512 tv = _mm512_setzero_ps();
-    for (; t + 16 <= n; t += 16) {
-        __m512 x = _mm512_mul_ps(_mm512_loadu_ps(p + t), _mm512_loadu_ps(sv + t));
-        _mm512_storeu_ps(p + t, x);
-        tv = _mm512_max_ps(tv, x);
-    }
-    top = _mm512_reduce_max_ps(tv);
-#endif
-    for (; t < n; t++) {
-        p[t] *= sv[t];
-        top = p[t] > top ? p[t] : top;
-    }
-    float inv = top > 0.0f ? (float)IAT_P / top : 0.0f;
-    int32_t h = 0, l = 0;
-    t = 0;
-#ifdef __AVX512F__
-    __m512i hv = _mm512_setzero_si512(), lv = _mm512_setzero_si512();
-    for (; t + 16 <= n; t += 16) {
-        __m512i x = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(p + t), _mm512_set1_ps(inv)));
-        x = _mm512_min_epi32(_mm512_max_epi32(x, _mm512_setzero_si512()), _mm512_set1_epi32(IAT_P));
-        __m512i xh = _mm512_srai_epi32(x, 7), xl = _mm512_and_si512(x, _mm512_set1_epi32(127));
+    __m512i hv = _mm512_setzero_si512(), wv = _mm512_setzero_si512();
+    for (; t < n64; t += 16) {
+        __mmask16 in = _mm512_cmplt_epi32_mask(lane, _mm512_set1_epi32(n - t));
+        __m512 x = _mm512_mul_ps(_mm512_mul_ps(_mm512_maskz_loadu_ps(in, s + t), _mm512_maskz_loadu_ps(in, sv + t)),
+                                 _mm512_set1_ps(inv));
+        __m512i xi = _mm512_min_epi32(_mm512_max_epi32(_mm512_cvtps_epi32(x), _mm512_setzero_si512()),
+                                      _mm512_set1_epi32(IAT_P));
+        __m512i xh = _mm512_srai_epi32(xi, 7), xl = _mm512_and_si512(xi, _mm512_set1_epi32(127));
         _mm_storeu_si128((__m128i *)(ph + t), _mm512_cvtepi32_epi8(xh));
         _mm_storeu_si128((__m128i *)(pl + t), _mm512_cvtepi32_epi8(xl));
-        hv = _mm512_add_epi32(hv, xh), lv = _mm512_add_epi32(lv, xl);
+        hv = _mm512_add_epi32(hv, xh), wv = _mm512_add_epi32(wv, xl);
     }
-    h = _mm512_reduce_add_epi32(hv), l = _mm512_reduce_add_epi32(lv);
-#endif
+    hsum = _mm512_reduce_add_epi32(hv), lsum = _mm512_reduce_add_epi32(wv);
+#else
     for (; t < n; t++) {
-        int x = (int)nearbyintf(p[t] * inv);  /* to nearest, ties to even: as cvtps_epi32 */
+        int x = (int)nearbyintf(s[t] * sv[t] * inv);  /* to nearest, ties to even: as cvtps_epi32 */
         x = x > IAT_P ? IAT_P : x < 0 ? 0 : x;
         ph[t] = (int8_t)(x >> 7), pl[t] = (int8_t)(x & 127);
-        h += ph[t], l += pl[t];
+        hsum += ph[t], lsum += pl[t];
     }
     for (; t < n64; t++) ph[t] = pl[t] = 0;
-    *sh = h, *sl = l;
+#endif
+    *sh = hsum, *sl = lsum, *m_out = m, *l_out = l;
     return top / (float)IAT_P;
 }
 
@@ -425,14 +465,17 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
         else
 #endif
             iat_scores_scalar(qbh, qsh, R, R16, D, kh, t0, n16, A, B, B64);
-        for (int r = 0; r < R; r++) iat_scores_of(A + r * B64, B + r * B64, qsr[r], skh, n, s + (int64_t)r * B64);
-        /* 3. the softmax */
+        /* 3-4. per row: the scores, the softmax, the weights on their grid */
         int64_t stat = (h * nb + b) * R;
-        block_softmax(s, B64, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out, 1);
-        /* 4. the weights times the values' scales, on their grid (zero past n) */
-        for (int r = 0; r < R; r++)
-            ps[r] = iat_weights_of(s + (int64_t)r * B64, svh, n, n64, ph + (int64_t)r * B64, pl + (int64_t)r * B64,
-                                   psum + r, psum + R16 + r);
+        for (int r = 0; r < R; r++) {
+            int64_t lim = (limit ? limit[r] : T) - t0;
+            int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
+            int64_t first = chunk > 0 ? t0 / chunk : 0, chunks = first < n_chunks ? n_chunks - first : 0;
+            float *cs = chunk_sum && chunks ? chunk_sum + (h * R + r) * n_chunks + first : NULL;
+            ps[r] = iat_row(A + r * B64, B + r * B64, qsr[r], skh, svh, n, seen, n64, s + (int64_t)r * B64,
+                            ph + (int64_t)r * B64, pl + (int64_t)r * B64, psum + r, psum + R16 + r, m_out + stat + r,
+                            l_out + stat + r, chunk, cs, chunks);
+        }
         /* 5. the weighted sums' integers, then the block's output */
 #ifdef IAT_TILES
         if (path == IAT_TILES_PATH) iat_weighted_tiles(ph, pl, B64, psum, R, R16, D, vh, t0, n64, X, Y, cbuf, &pv);
