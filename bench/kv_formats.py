@@ -55,7 +55,7 @@ from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models import int16_kv, native_attention, native_layers, transformer
+from triforce_core.models import int16_kv, native_attention, transformer
 
 # name: (cache dtype, keys' rounding, values' rounding); a rounding is ("block", n[, bits]) along
 # the head, ("channel", n) along n tokens (8 bits), or None
@@ -107,8 +107,8 @@ class KernelAttention:
     the keys and values the cache holds are written once per token into that layer's int16
     planes (`int16_kv.write`, a layer known by its keys' address), and every call reads them."""
 
-    def __init__(self, kernel, capacity: int):
-        self.kernel, self.capacity = kernel, capacity
+    def __init__(self, kernel, capacity: int, group: int = 1):
+        self.kernel, self.capacity, self.group = kernel, capacity, group  # group: query heads a KV head
         self.layers: dict[int, int16_kv.Int16Heads] = {}
 
     def __call__(self, q, k, v, mask, scale, chunk=0):
@@ -116,7 +116,9 @@ class KernelAttention:
         heads = self.layers.get(k.data_ptr())
         if heads is None:
             heads = self.layers[k.data_ptr()] = int16_kv.empty(H, self.capacity, D)
-        start = min(heads.length, T - 1)  # the tokens past those held, and the step's own (rewritten in place)
+        # the tokens past those held, and the forward's own (rewritten: the cache may have been
+        # truncated and refilled since)
+        start = min(heads.length, T - q.shape[1] // self.group)
         int16_kv.write(heads, k[:, start:T].float(), v[:, start:T].float(), start)
         return self.kernel.integer_attention(q, heads, None if mask is None else mask.limits, scale, chunk)
 
@@ -142,10 +144,11 @@ def measure(model, ids: list[int], ref: torch.Tensor, name: str) -> Tally:
     cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids), dtype, model.device)
     next_ids = torch.tensor(ids[1:] + [-1])
     tally = Tally(len(ids))
-    reader = KernelAttention(native_attention.kernel(), len(ids)) if name in INTEGER_ATTENTION else None
+    group = s.num_heads // s.num_kv_heads
+    reader = KernelAttention(native_attention.kernel(), len(ids), group) if name in INTEGER_ATTENTION else None
     for i, token in enumerate(ids):
-        if reader is not None:  # the one-call native forward would skip `attend`
-            with native_layers.switched(False), mock.patch.object(transformer, "attend", reader):
+        if reader is not None:  # a forward a layer at a time (the same products) calls `attend`
+            with mock.patch.object(model, "one_call", False), mock.patch.object(transformer, "attend", reader):
                 logits = logits_of_rows(model, [token], i, cache)
         else:
             logits = logits_of_rows(model, [token], i, cache)

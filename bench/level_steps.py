@@ -20,10 +20,14 @@ over GGUF blocks in each mode (`triforce_core.models.int8`: the float path, two 
 activations for the K types, ...), alternated likewise. With `--pages huge,small`,
 likewise every cache on 2 MB pages (`triforce_core.models.huge_pages`, the default) and on ordinary
 4 KB ones. With `--attention tiles,float`, few-row attention over a 16-bit cache on AMX's tiles
-(where they run) and on its float32 path, alternated likewise.
+(where they run) and on its float32 path, alternated likewise; `integer` reads each forward's
+cache through the integer attention kernel instead (`bench.kv_formats.KernelAttention`: the
+cache packed into int16 planes once, then each forward's own tokens), a layer at a time (the
+one-call forward calls the float kernel from C), what the kernel would make a forward cost before
+a cache holds its planes; `float-layers`, the float32 path a layer at a time, its control.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
-                                [--pages huge,small] [--products 0,fast,int8] [--attention tiles,float]
+                                [--pages huge,small] [--products 0,fast,int8] [--attention tiles,float,integer]
                                 [--no-pytorch-layers] [--json OUT]
 """
 
@@ -35,11 +39,13 @@ import os
 import sys
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
+from bench.kv_formats import KernelAttention
 from bench.reports import write_json
-from triforce_core.models import huge_pages, int8, native_attention, native_layers, switches
+from triforce_core.models import huge_pages, int8, native_attention, native_layers, switches, transformer
 from bench.loading import load_bench
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.cli.harness import Bench
@@ -119,10 +125,11 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             bandwidths.append(bandwidth)
             own = {v: lane.model.integer_products for v, lane in lanes.items()}
             times = {(v, (pr, at), path): [] for v in decs for pr in products for at in attention for path in paths}
+            readers: dict = {}  # the integer kernel's reader of each lane's cache
             for i in range(repeats + 2):
                 for v, (pr, at), path in (list(times) if i % 2 == 0 else list(times)[::-1]):
                     lanes[v].model.integer_products = own[v] if pr is None else int8.MODE_WORDS[pr]
-                    with native_layers.switched(path == "native"), attention_switched(at):
+                    with native_layers.switched(path == "native"), attention_switched(at, lanes[v], readers):
                         t = step_seconds(lanes[v], rows)
                     if i >= 2:
                         times[v, (pr, at), path].append(t)
@@ -138,10 +145,11 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                 kv = str(lane.cache.k.dtype).removeprefix("torch.")
                 mode = own[v] if pr is None else int8.MODE_WORDS[pr]
                 kernel = native_attention.kernel()
-                with attention_switched(at):
+                with attention_switched(at if at in ("tiles", "float") else "float"):
                     tiles = kv != "float32" and kernel is not None and kernel.tiles()
+                kind = at if at in ("integer", "float-layers") else "tiles" if tiles else "float"
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
-                       "products": int8.LEVEL_NAMES[mode], "attention": "tiles" if tiles else "float",
+                       "products": int8.LEVEL_NAMES[mode], "attention": kind,
                        "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
                 if pytorch_layers:
                     row["speedup"] = med["pytorch"] / med["native"]
@@ -155,11 +163,30 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
     return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
 
 
-def attention_switched(path: str | None):
+ATTENTION_PATHS = ("tiles", "float", "float-layers", "integer")
+
+
+def attention_switched(path: str | None, lane=None, readers: dict | None = None):
     """Few-row attention on AMX's tiles ("tiles", where they run) or its float32 path ("float")
-    inside the block; None: as the environment has it."""
+    inside the block; None: as the environment has it; "integer": `lane`'s forwards a layer at
+    a time, reading its cache through the integer kernel (a reader kept in `readers` per lane)."""
     if path is None:
         return contextlib.nullcontext()
+    if path == "float-layers":
+        stack = contextlib.ExitStack()
+        stack.enter_context(mock.patch.object(lane.model, "one_call", False))
+        stack.enter_context(switches.switched(native_attention.TILES_ENV, False))
+        return stack
+    if path == "integer":
+        model = lane.model
+        if id(lane) not in readers:
+            s = model.spec
+            readers[id(lane)] = KernelAttention(native_attention.kernel(), lane.cache.capacity,
+                                                s.num_heads // s.num_kv_heads)
+        stack = contextlib.ExitStack()
+        stack.enter_context(mock.patch.object(model, "one_call", False))
+        stack.enter_context(mock.patch.object(transformer, "attend", readers[id(lane)]))
+        return stack
     return switches.switched(native_attention.TILES_ENV, path == "tiles")
 
 
@@ -192,8 +219,9 @@ def main(argv: list[str] | None = None) -> int:
                    "0 (the float path), fast, int8, int8x2 (default: the engine's own alone; see triforce_core.models.int8)")
     p.add_argument("--attention", default=None,
                    help="comma-separated few-row attention paths over a 16-bit cache, measured alternately: tiles "
-                   "(AMX's, where they run: TRIFORCE_ATTENTION_TILES=1), float (the float32 path, the default) "
-                   "(default: as the environment has it, alone)")
+                   "(AMX's, where they run: TRIFORCE_ATTENTION_TILES=1), float (the float32 path, the default), "
+                   "float-layers (the same a layer at a time), integer (the integer kernel over the cache packed "
+                   "as int16, a layer at a time) (default: as the environment has it, alone)")
     p.add_argument("--no-pytorch-layers", action="store_true",
                    help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -222,8 +250,8 @@ def main(argv: list[str] | None = None) -> int:
     attention: tuple[str | None, ...] = (None,)
     if a.attention is not None:
         attention = tuple(x.strip().lower() for x in a.attention.split(",") if x.strip())
-        if not attention or any(x not in ("tiles", "float") for x in attention) or len(set(attention)) != len(attention):
-            print("error: --attention takes distinct names of tiles, float", file=sys.stderr)
+        if (not attention or any(x not in ATTENTION_PATHS for x in attention) or len(set(attention)) != len(attention)):
+            print(f"error: --attention takes distinct names of {', '.join(ATTENTION_PATHS)}", file=sys.stderr)
             return 2
     bench = load_bench(a.target, a.draft)
     limit = bench.engine.target.spec.max_position_embeddings
