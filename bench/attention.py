@@ -47,7 +47,7 @@ def timed_attend(q, k, v, mask, scale, path: str) -> float:
 def timed_integer(kernel, q, heads: int16_kv.Int16Heads, mask, scale, path: str) -> float:
     """Seconds for one integer-kernel call on `path`, causal as `attend`'s."""
     t0 = time.perf_counter()
-    kernel.integer_attention(q, heads, mask.limits, scale, path=path)
+    kernel.integer_attention(q, heads, None if mask is None else mask.limits, scale, path=path)
     return time.perf_counter() - t0
 
 

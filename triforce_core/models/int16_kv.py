@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 import torch
 
+from . import huge_pages
+
 GRID = 32767
 CAPACITY_STEP = 64  # the kernel reads whole groups of 64 tokens
 
@@ -76,7 +78,8 @@ def empty(heads: int, capacity: int, head_dim: int) -> Int16Heads:
         raise ValueError(f"an int16 cache needs a head size that is a multiple of 64, not {head_dim}")
     capacity = -(-max(capacity, 1) // CAPACITY_STEP) * CAPACITY_STEP
     planes = capacity * 2 * head_dim
-    return Int16Heads(torch.zeros(heads, planes, dtype=torch.uint8), torch.zeros(heads, planes, dtype=torch.uint8),
+    # on 2 MB pages, as a float cache is: every step streams the planes (`huge_pages`)
+    return Int16Heads(huge_pages.zeros((heads, planes), torch.uint8), huge_pages.zeros((heads, planes), torch.uint8),
                       torch.zeros(heads, capacity), torch.zeros(heads, capacity), head_dim, 0)
 
 
