@@ -77,6 +77,11 @@ int integer_attention_paths(void) {
 static inline int64_t iat_key_at(int64_t t, int d, int D) { return t / 16 * 32 * D + (d / 4) * 64 + t % 16 * 4 + d % 4; }
 static inline int64_t iat_value_at(int64_t t, int d, int D) { return t / 4 * 8 * D + d * 4 + t % 4; }
 
+/* The integer whose high plane's byte is at `at`, its low plane's `low` bytes further. */
+static inline int32_t iat_int(const uint8_t *planes, int64_t at, int64_t low) {
+    return 256 * ((int32_t)planes[at] - 128) + planes[at + low];
+}
+
 /* The queries (pre-scaled) [H][R][D] as grids: qs [H][R] their steps, qb [H][2][R16][D] the
  * parts (0: qh, 1: ql; rows past R zero), qsum [H][2][R16] each part's sum over d. */
 static void iat_queries(const float *q, int H, int R, int D, int R16, float *qs, int8_t *qb, int32_t *qsum) {
@@ -111,8 +116,7 @@ static void iat_scores_scalar(const int8_t *qb, const int32_t *qsum, int R, int 
         for (int t = 0; t < n16; t++) {
             int32_t a = 0, b = 0;
             for (int d = 0; d < D; d++) {
-                int64_t at = iat_key_at(t0 + t, d, D);
-                int32_t x = 256 * ((int32_t)k[at] - 128) + k[at + 16 * D];
+                int32_t x = iat_int(k, iat_key_at(t0 + t, d, D), 16 * D);
                 a += x * qb[(int64_t)r * D + d];
                 b += x * qb[((int64_t)R16 + r) * D + d];
             }
@@ -128,8 +132,7 @@ static void iat_weighted_scalar(const int8_t *ph, const int8_t *pl, int pw, cons
         for (int d = 0; d < D; d++) {
             int32_t x = 0, y = 0;
             for (int t = 0; t < n64; t++) {
-                int64_t at = iat_value_at(t0 + t, d, D);
-                int32_t e = 256 * ((int32_t)v[at] - 128) + v[at + 4 * D];
+                int32_t e = iat_int(v, iat_value_at(t0 + t, d, D), 4 * D);
                 x += e * ph[(int64_t)r * pw + t];
                 y += e * pl[(int64_t)r * pw + t];
             }
