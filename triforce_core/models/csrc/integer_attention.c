@@ -162,11 +162,11 @@ static void iat_scores_vnni(const int8_t *qb, const int32_t *qsum, int R, int R1
     for (int g = 0; g < n16; g += 16) {
         const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
         for (int r0 = 0; r0 < R; r0 += 4) {
-            prefetch(pf);
             const int rows = R - r0 < 4 ? R - r0 : 4;
             __m512i hh[4], lh[4], hl[4], ll[4];
             for (int i = 0; i < 4; i++) hh[i] = lh[i] = hl[i] = ll[i] = _mm512_setzero_si512();
             for (int j = 0; j < D / 4; j++) {
+                if ((j & 3) == 0) prefetch(pf);  /* a few lines at a time: a burst stalls on the queue */
                 __m512i kh = _mm512_loadu_si512(kg + j * 64), kl = _mm512_loadu_si512(kg + 16 * D + j * 64);
                 for (int i = 0; i < rows; i++) {
                     const int8_t *qr = qb + (int64_t)(r0 + i) * D;
@@ -194,7 +194,7 @@ static void iat_weighted_vnni(const int8_t *ph, const int8_t *pl, int pw, const 
             __m512i hh[4], lh[4], hl[4], ll[4];
             for (int i = 0; i < 4; i++) hh[i] = lh[i] = hl[i] = ll[i] = _mm512_setzero_si512();
             for (int g = 0; g < n64 / 4; g++) {
-                if ((g & 3) == 0) prefetch(pf);
+                prefetch(pf);
                 const uint8_t *vq = vb + (int64_t)g * 8 * D + c * 4;
                 __m512i vh = _mm512_loadu_si512(vq), vl = _mm512_loadu_si512(vq + 4 * D);
                 for (int i = 0; i < rows; i++) {
@@ -451,8 +451,9 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
             int n1 = (int)((T - t1) < block ? (T - t1) : block);
             int64_t kb = (int64_t)(n1 + 15) / 16 * 32 * D, vb = (int64_t)(n1 + 3) / 4 * 8 * D;
             int rows = path == IAT_TILES_PATH ? R16 / 16 : (R + 3) / 4;
-            int64_t kc = (int64_t)n16 / 16 * rows;
-            int64_t vc = path == IAT_TILES_PATH ? (int64_t)rows * (D / 16) * (n64 / 64) : (int64_t)(D / 16) * rows * (n64 / 16);
+            /* the products' calls of `prefetch` in this job */
+            int64_t kc = path == IAT_TILES_PATH ? (int64_t)n16 / 16 : (int64_t)n16 / 16 * rows * (D / 16);
+            int64_t vc = path == IAT_TILES_PATH ? (int64_t)rows * (D / 16) * (n64 / 64) : (int64_t)(D / 16) * rows * (n64 / 4);
             pk = (Prefetch){(const char *)(k + h1 * head_bytes + t1 / 16 * 32 * D), NULL, 0, 0};
             pk.end = pk.next + kb, pk.step = (kb / kc + 63) / 64 * 64;
             pv = (Prefetch){(const char *)(v + h1 * head_bytes + t1 / 4 * 8 * D), NULL, 0, 0};
