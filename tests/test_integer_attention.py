@@ -151,6 +151,12 @@ def test_refusals(kernel):
         kernel.integer_attention(q, heads, None, 0.125, path="gpu")
     with pytest.raises(ValueError, match="heads"):
         kernel.integer_attention(torch.randn(2, 2, 64), heads, None, 0.125)
+    for field, bad in (("sk", heads.sk.double()), ("k", heads.k.to(torch.int16)), ("sv", heads.sv[:, :64])):
+        good = getattr(heads, field)
+        setattr(heads, field, bad)
+        with pytest.raises(ValueError, match="contiguous uint8"):
+            kernel.integer_attention(q, heads, None, 0.125)
+        setattr(heads, field, good)
     heads.length = heads.capacity + 1
     with pytest.raises(ValueError, match="tokens in a cache"):
         kernel.integer_attention(q, heads, None, 0.125)

@@ -98,6 +98,7 @@ class Kernel:
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
         self._tiles_asked: bool | None = None  # the switch as last passed to the library
         self._tiles_on = False  # and what the library answered
+        self._integer_paths: tuple[str, ...] | None = None
 
     def tiles(self) -> bool:
         """Whether calls over 16-bit K/V take AMX's tiles from now on: where they run and
@@ -159,9 +160,12 @@ class Kernel:
 
 
     def integer_paths(self) -> tuple[str, ...]:
-        """The integer attention's paths that run on this machine, of INTEGER_PATHS."""
-        bits = self.lib.integer_attention_paths()
-        return tuple(name for i, name in enumerate(INTEGER_PATHS) if bits >> i & 1)
+        """The integer attention's paths that run on this machine, of INTEGER_PATHS (asked once:
+        the library probes the tiles at its first call)."""
+        if self._integer_paths is None:
+            bits = self.lib.integer_attention_paths()
+            self._integer_paths = tuple(name for i, name in enumerate(INTEGER_PATHS) if bits >> i & 1)
+        return self._integer_paths
 
     def integer_attention(self, q: torch.Tensor, heads: Int16Heads, limits: torch.Tensor | None, scale: float,
                           chunk: int = 0, path: str | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -178,6 +182,12 @@ class Kernel:
             raise ValueError(f"integer attention covers head sizes that are multiples of 64 up to 256, not {D}")
         if not 1 <= T <= heads.capacity or heads.k.shape != (H, heads.capacity * 2 * D) or heads.v.shape != heads.k.shape:
             raise ValueError(f"integer attention: {T} tokens in a cache of {heads.capacity}, planes {tuple(heads.k.shape)}")
+        # the kernel reads planes and scales by these sizes: their types and layouts, checked here
+        if (heads.k.dtype != torch.uint8 or heads.v.dtype != torch.uint8 or heads.sk.dtype != torch.float32
+                or heads.sv.dtype != torch.float32 or heads.sv.shape != heads.sk.shape or heads.sk.shape[0] != H
+                or not all(t.is_contiguous() for t in (heads.k, heads.v, heads.sk, heads.sv))):
+            raise ValueError("integer attention: the cache's planes must be contiguous uint8 and its scales "
+                             "contiguous float32 [heads, capacity]")
         if limits is not None and limits.numel() != R:
             raise ValueError(f"integer attention: {limits.numel()} limits for {R} query rows")
         if chunk > 0 and BLOCK % chunk:
@@ -190,9 +200,6 @@ class Kernel:
         _, threads = self.plan(H, R, T, chunk)
         block = BLOCK
         q, limits, out, m, l, result, chunk_sum = _call_buffers(q, scale, limits, -(-T // block), T, chunk)
-        for t in (heads.k, heads.v, heads.sk, heads.sv):
-            if not t.is_contiguous():
-                raise ValueError("integer attention: the cache's planes and scales must be contiguous")
         failed = self.lib.integer_attention(
             q.data_ptr(), heads.k.data_ptr(), heads.v.data_ptr(), heads.sk.data_ptr(), heads.sv.data_ptr(),
             heads.k.stride(0), heads.sk.stride(0), H, R, D, T, limits.data_ptr() if limits is not None else None,
