@@ -34,7 +34,7 @@ import torch
 from bench.reports import write_json
 from triforce_core.config import PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.kv import FullCache
+from triforce_core.kv import new_full_cache
 from triforce_core.models.transformer import Transformer
 
 ROPE3 = dict(rope_type="llama3", rope_theta=10000.0, factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
@@ -89,7 +89,7 @@ def rows_against_steps(model: Transformer, ids: list[int], kv_dtype: torch.dtype
     `kv_dtype`; None: the model's dtype): the largest |difference| of their logits, whether they
     are equal bit for bit, and whether their argmaxes agree."""
     s, dev = model.spec, model.device
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + rows + 16, kv_dtype or model.dtype, dev)
+    cache = new_full_cache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + rows + 16, kv_dtype or model.dtype, dev)
     model.forward(torch.tensor(ids, device=dev), cache.positions(0, len(ids)), cache, logits_rows=None)
     new = [(5, 9, 13, 2, 7, 11, 3)[i % 7] for i in range(rows)]
     together = model.forward(torch.tensor(new, device=dev), cache.positions(len(ids), rows), cache).logits

@@ -55,8 +55,12 @@ SELECT_BY = ("queries", "attention")
 # own dtype; its new keys and values are rounded into the cache's when written, and every
 # attention path reads them back from there (widened to float32 on the CPU), so every level and
 # every path sees the same rounded K/V and greedy output stays equal to autoregressive decoding
-# with the same K/V dtype.
-KV_DTYPES = ("float32", "float16", "bfloat16")
+# with the same K/V dtype. "int16" keeps the target's full cache as 16-bit integers on a grid per
+# vector, read by the integer attention kernel (`kv.int16`; a float32 model on the CPU, head sizes
+# a multiple of 64): closer to float32 than float16 (mean KL to Hugging Face 1.8e-7 against
+# 9.0e-7 on SmolLM2, `bench.kv_formats`) and its rows are integer products; the retrieval
+# level and the draft keep float16.
+KV_DTYPES = ("float32", "float16", "bfloat16", "int16")
 # The K/V dtype of a float32 Hugging Face model (a folder, a hub id, the demo pair) on the CPU when
 # none is asked for (auto): float32, so that greedy output equals Hugging Face's (on the shipped
 # pair, greedy answers equal float32's on 18 of 20 questions with float16, 12 of 20 with
@@ -177,7 +181,8 @@ class CacheConfig:
                    on CPU for verifications of up to 64 query rows, without sliding windows;
                    otherwise the queries rank) or "queries" (the target's latest query against
                    each chunk's mean key)
-    kv_dtype       what every cache keeps keys and values in: "float32", "float16", "bfloat16", or
+    kv_dtype       what every cache keeps keys and values in: "float32", "float16", "bfloat16",
+                   "int16" (the target's full cache only: see KV_DTYPES), or
                    None ("auto" is read as None): the engine's K/V dtype, by default float32
                    with `exact`, GGUF_KV_DTYPE for a GGUF file on the CPU, DEFAULT_KV_DTYPE for
                    another float32 model on the CPU and the model's own dtype elsewhere

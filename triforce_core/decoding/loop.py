@@ -45,7 +45,7 @@ import torch
 from ..config import GenerationConfig
 from ..detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled
-from ..kv import DiskCache, FullCache, RetrievalCache, StreamingCache, resolve_kv_dtype
+from ..kv import INT16, DiskCache, FullCache, RetrievalCache, StreamingCache, check_int16, new_full_cache, resolve_kv_dtype
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
 from ..models.loading import sync_device
@@ -98,10 +98,12 @@ class SpeculationLoop(Prefill):
         margin = self.margin = spec.cache_margin
         kv_name = cc.kv_dtype or kv_dtype
         self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized)
-        if full_cache is not None and full_cache.k.dtype != self.kv_dtype:
+        if self.kv_dtype == INT16:
+            check_int16(ts.head_dim, cc.chunk_size)
+        if full_cache is not None and full_cache.dtype != self.kv_dtype:
             full_cache, history = None, None
         if full_cache is None:
-            full = FullCache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, self.kv_dtype, target.device)
+            full = new_full_cache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, self.kv_dtype, target.device)
         else:
             full = full_cache
             full.make_room(capacity)
@@ -121,7 +123,10 @@ class SpeculationLoop(Prefill):
             ds = draft.spec
             scache = StreamingCache(
                 ds.num_layers, ds.num_kv_heads, ds.head_dim, cc.draft_sinks, cc.draft_window, margin,
-                draft.rotary, resolve_kv_dtype(kv_name, draft.dtype, draft.device, draft.quantized), draft.device,
+                # an int16 target cache leaves the draft its default: a StreamingLLM window re-rotates
+                # its keys, which float K/V do in one rounding
+                draft.rotary, resolve_kv_dtype(None if kv_name == "int16" else kv_name, draft.dtype, draft.device,
+                                               draft.quantized), draft.device,
             )
             self.small = StreamingLane(draft, scache, vocab)
         sampling = config.sampling

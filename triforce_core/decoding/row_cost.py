@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 
 from ..config import cache_home
-from ..kv import FullCache
+from ..kv import new_full_cache
 from ..kv.store import kv_dtype_name
 from ..models.arithmetic import arithmetic_key
 from ..models.loading import sync_device
@@ -101,14 +101,14 @@ def measure(model: Transformer, kv_dtype: torch.dtype, rows: int = ROWS, repeats
     tokens, and that context (CONTEXT, or less where the model's window is shorter)."""
     s = model.spec
     context = max(1, min(CONTEXT, s.max_position_embeddings - rows - 1))
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, context + rows + 1, kv_dtype, model.device)
+    cache = new_full_cache(s.num_layers, s.num_kv_heads, s.head_dim, context + rows + 1, kv_dtype, model.device)
     g = torch.Generator(device="cpu").manual_seed(0)
     shape = (s.num_kv_heads, context, s.head_dim)
     # a layer at a time: drawn whole, the float32 K (then V) of 8K tokens came to 0.9 GB beside
     # the cache on a 3B, 1.1 GB on an 8B, at the first start of every desktop-size model
     for layer in range(s.num_layers):
-        cache.k[layer, :, :context] = torch.randn(shape, generator=g).to(cache.k.device)
-        cache.v[layer, :, :context] = torch.randn(shape, generator=g).to(cache.v.device)
+        k, v = torch.randn(shape, generator=g), torch.randn(shape, generator=g)
+        cache.write(layer, 0, k.to(cache.device), v.to(cache.device))
     cache.length = context
     lane = Lane(model, cache, model.vocab_size)
     lane.covered = context

@@ -26,7 +26,8 @@ its span, after blocks that were themselves computed (or read) that way (`FullCa
 Reading blocks back therefore reproduces, bit for bit, the cache a fresh prefill builds.
 
 A file: a fixed header (magic, version, lengths), a JSON description (key, shape, dtype),
-the block's token ids (int32) and its keys and values, with a CRC-32 of everything after the
+the block's token ids (int32) and its keys and values (an int16 cache's: its planes and steps,
+`Int16Cache.span`), with a CRC-32 of everything after the
 fixed header. A file that is short, fails its checksum or describes something else is
 reported in one line, deleted and rebuilt by the next prefill; it is never used. Writes go
 to a temporary file in the same folder, a name of its own for each write, then
@@ -56,6 +57,7 @@ from ..config import GB, KV_CACHE_MAX_GB, cache_home
 from ..models.arithmetic import arithmetic_key
 from ..models.loading import weight_files
 from .full import FullCache
+from .int16 import SPAN_ALIGN, Int16Cache
 from .store import kv_dtype_name
 
 log = logging.getLogger(__name__)
@@ -65,6 +67,13 @@ VERSION = 1
 _FIXED = struct.Struct("<4sHIQI")  # magic, version, description length, body length, crc32(rest)
 SUFFIX = ".kv"
 DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
+
+
+def _kv_nbytes(cache: FullCache, n: int) -> int:
+    """The bytes of n tokens' keys and values as a block file holds them."""
+    if isinstance(cache, Int16Cache):
+        return cache.span_nbytes(n)
+    return 2 * cache.num_layers * cache.num_kv_heads * n * cache.head_dim * cache.k.element_size()
 
 
 def file_digest(path: Path, folder: Path | None = None) -> str:
@@ -227,14 +236,17 @@ class DiskCache:
             if kv is None:
                 break
             a, b = block.start, block.end
-            cache.k[:, :, a:b] = kv[0]
-            cache.v[:, :, a:b] = kv[1]
+            if isinstance(kv, torch.Tensor):  # an int16 cache's span
+                cache.put_span(a, b, kv)
+            else:
+                cache.k[:, :, a:b] = kv[0]
+                cache.v[:, :, a:b] = kv[1]
             cache.length = b
             cache.canonical = b
             done += b - a
         return done
 
-    def _read(self, block: Block, cache: FullCache) -> tuple[torch.Tensor, torch.Tensor] | None:
+    def _read(self, block: Block, cache: FullCache) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
         path = self.path(block)
         try:
             with open(path, "rb") as f:
@@ -246,7 +258,7 @@ class DiskCache:
         except OSError as e:
             self._bad(path, f"cannot be read ({e.strerror or e})")
             return None
-        L, H, _, D = cache.k.shape
+        L, H, D = cache.num_layers, cache.num_kv_heads, cache.head_dim
         n = block.end - block.start
         try:
             magic, version, desc_len, body_len, crc = _FIXED.unpack_from(data)
@@ -260,16 +272,17 @@ class DiskCache:
             desc = json.loads(bytes(rest[:desc_len]))
         except (struct.error, ValueError) as e:
             return self._bad(path, f"is malformed ({e})")
-        elem = cache.k.element_size()
-        expect = {"key": block.key, "shape": [L, H, n, D], "dtype": kv_dtype_name(cache.k.dtype)}
-        if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + 2 * L * H * n * D * elem:
+        expect = {"key": block.key, "shape": [L, H, n, D], "dtype": kv_dtype_name(cache.dtype)}
+        if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + _kv_nbytes(cache, n):
             return self._bad(path, "describes another block, shape or dtype")
         body = rest[desc_len:]
         ids = torch.frombuffer(body, dtype=torch.int32, count=n)
         if tuple(ids.tolist()) != block.tokens:
             return self._bad(path, "holds other tokens than its key says")
-        kv = torch.frombuffer(body, dtype=cache.k.dtype, offset=4 * n).view(2, L, H, n, D)
-        return kv[0].to(cache.k.device), kv[1].to(cache.k.device)
+        if isinstance(cache, Int16Cache):
+            return torch.frombuffer(body, dtype=torch.uint8, offset=4 * n).clone()
+        kv = torch.frombuffer(body, dtype=cache.dtype, offset=4 * n).view(2, L, H, n, D)
+        return kv[0].to(cache.device), kv[1].to(cache.device)
 
     def _bad(self, path: Path, why: str) -> None:
         line = f"K/V cache file {path.name} {why}: ignored and deleted; it is rebuilt by the next prefill"
@@ -294,12 +307,17 @@ class DiskCache:
         a, b = block.start, block.end
         if cache.canonical < b:
             raise ValueError(f"block {block.index} is not canonical in this cache (canonical up to {cache.canonical})")
-        L, H, _, D = cache.k.shape
+        L, H, D = cache.num_layers, cache.num_kv_heads, cache.head_dim
         n = b - a
         desc = json.dumps({"key": block.key, "shape": [L, H, n, D],
-                           "dtype": kv_dtype_name(cache.k.dtype)}).encode()
+                           "dtype": kv_dtype_name(cache.dtype)}).encode()
         ids = torch.tensor(block.tokens, dtype=torch.int32).numpy().tobytes()
-        kv = torch.stack([cache.k[:, :, a:b], cache.v[:, :, a:b]]).to("cpu").contiguous()
+        if isinstance(cache, Int16Cache):
+            if a % SPAN_ALIGN:  # a prefill chunk off the planes' groups: not kept (the next prefill recomputes it)
+                return False
+            kv = cache.span(a, b)
+        else:
+            kv = torch.stack([cache.k[:, :, a:b], cache.v[:, :, a:b]]).to("cpu").contiguous()
         body = ids + kv.view(-1).view(torch.uint8).numpy().tobytes()
         crc = zlib.crc32(body, zlib.crc32(desc))
         size = _FIXED.size + len(desc) + len(body)

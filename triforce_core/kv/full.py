@@ -58,16 +58,17 @@ class FullCache(KVStore):
         """Mean post-rope key of chunks [0, n_chunks): [L, Hkv, n_chunks, D] float32."""
         if n_chunks * chunk_size > self.length:
             raise ValueError("chunk_means beyond the cached tokens")
-        L, Hkv, cap, D = self.k.shape
+        L, Hkv, cap, D = self.num_layers, self.num_kv_heads, self.capacity, self.head_dim
         if self._means is None or self._means_chunk != chunk_size:
-            self._means = torch.zeros((L, Hkv, cap // chunk_size, D), dtype=torch.float32, device=self.k.device)
+            self._means = torch.zeros((L, Hkv, cap // chunk_size, D), dtype=torch.float32, device=self.device)
             self._means_chunk = chunk_size
             self._means_valid = 0
         valid = min(self._means_valid, self.low_water // chunk_size)
         if n_chunks > valid:
-            seg = self.k[:, :, valid * chunk_size : n_chunks * chunk_size]
-            seg = seg.reshape(L, Hkv, n_chunks - valid, chunk_size, D)
-            self._means[:, :, valid:n_chunks] = seg.float().mean(dim=3)
+            a, b = valid * chunk_size, n_chunks * chunk_size
+            for layer in range(L):  # a layer at a time: at 32K the whole cache in float32 would be GBs
+                keys = self.keys(layer, a, b).float().reshape(Hkv, n_chunks - valid, chunk_size, D)
+                self._means[layer, :, valid:n_chunks] = keys.mean(dim=2)
             valid = n_chunks
         self._means_valid = valid
         self.low_water = self.length

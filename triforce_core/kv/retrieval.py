@@ -46,8 +46,10 @@ class Selection:
 
 class RetrievalCache(KVStore):
     def __init__(self, full: FullCache, budget: int, chunk_size: int, recent: int, room: int):
-        L, Hkv, _, D = full.k.shape
-        super().__init__(L, Hkv, D, budget + room, full.k.dtype, full.k.device)
+        # An int16 full cache's tokens are kept here as float16: this level only proposes, so its
+        # reads need not be the target's, and the float kernel reads a 4K budget as fast.
+        dtype = full.dtype if full.dtype.is_floating_point else torch.float16
+        super().__init__(full.num_layers, full.num_kv_heads, full.head_dim, budget + room, dtype, full.device)
         self.full = full
         self.budget = budget
         self.chunk_size = chunk_size
@@ -66,7 +68,7 @@ class RetrievalCache(KVStore):
         with `mass` [L, Hkv, n] (attention the full target gave chunks [0, n)), rank by it, the
         queries' scores only breaking ties (chunks it never attended to)."""
         full, C = self.full, self.chunk_size
-        L, Hkv, _, D = full.k.shape
+        L, Hkv, D = full.num_layers, full.num_kv_heads, full.head_dim
         if upto > full.length:
             raise ValueError(f"cannot select over {upto} tokens; the full cache holds {full.length}")
         n_chunks = (upto + C - 1) // C
@@ -75,9 +77,8 @@ class RetrievalCache(KVStore):
         k = (self.budget - C - n_recent) // C  # chunks to retrieve among [1, r0 / C)
         n_cand = r0 // C - 1
         if upto <= self.budget or k >= n_cand:
-            self.k[:, :, :upto] = full.k[:, :, :upto]
-            self.v[:, :, :upto] = full.v[:, :, :upto]
-            self.length = upto
+            self.length = 0
+            self._copy_from_full(torch.arange(upto).expand(Hkv, upto))
             self.exact_positions = True  # slot == position, so sliding windows apply exactly
             counts = torch.full((n_chunks,), L * Hkv, dtype=torch.long)
             self.selection = Selection(upto, C, True, 0, counts, None)
@@ -95,16 +96,13 @@ class RetrievalCache(KVStore):
             rank = observed + 1e-3 * rank / rank.shape[-1]
         # 2. Top-k chunks per (layer, KV head), kept in sequence order.
         top = rank.topk(k, dim=-1).indices.sort(dim=-1).values + 1  # [L, Hkv, k] chunk ids
-        # 3. Gather: sink chunk, chosen chunks, recent tokens.
-        li = torch.arange(L, device=top.device)[:, None, None]
-        hi = torch.arange(Hkv, device=top.device)[None, :, None]
+        # 3. Gather: sink chunk, chosen chunks, recent tokens, by position [L, Hkv, n].
         n_sel = k * C
-        for src, dst in ((full.k, self.k), (full.v, self.v)):
-            chunks = src[:, :, :r0].view(L, Hkv, r0 // C, C, D)
-            dst[:, :, :C] = src[:, :, :C]
-            dst[:, :, C : C + n_sel] = chunks[li, hi, top].reshape(L, Hkv, n_sel, D)
-            dst[:, :, C + n_sel : C + n_sel + n_recent] = src[:, :, r0:upto]
-        self.length = C + n_sel + n_recent
+        chosen = (top[..., None] * C + torch.arange(C, device=top.device)).reshape(L, Hkv, n_sel)
+        index = torch.cat([torch.arange(C).expand(L, Hkv, C), chosen.cpu(),
+                           torch.arange(r0, upto).expand(L, Hkv, n_recent)], dim=2)
+        self.length = 0
+        self._copy_from_full(index)
         # Slots no longer equal positions: a sliding-window model's window is not applied at this
         # (approximate) level; the full target, which verifies every token, applies it exactly.
         self.exact_positions = False
@@ -118,6 +116,13 @@ class RetrievalCache(KVStore):
         """Append the full cache's exact keys/values of sequence positions [start, end)."""
         n = end - start
         self.reserve(n)
-        self.k[:, :, self.length : self.length + n] = self.full.k[:, :, start:end]
-        self.v[:, :, self.length : self.length + n] = self.full.v[:, :, start:end]
+        self._copy_from_full(torch.arange(start, end).expand(self.num_kv_heads, n))
+
+    def _copy_from_full(self, index: torch.Tensor) -> None:
+        """Append the full cache's keys/values of positions index ([Hkv, n], or [L, Hkv, n] a
+        layer's own), a layer at a time."""
+        n = index.shape[-1]
+        for layer in range(self.num_layers):
+            k, v = self.full.gather(layer, index if index.dim() == 2 else index[layer])
+            self.write(layer, self.length, k, v)
         self.length += n

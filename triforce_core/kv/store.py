@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from ..models import huge_pages
-from ..config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, KV_DTYPES
+from ..config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, KV_DTYPES, ConfigError
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
 GROW_SLACK = 4096  # the most tokens `make_room` adds beyond what is needed
@@ -23,7 +23,8 @@ GROW_SLACK = 4096  # the most tokens `make_room` adds beyond what is needed
 
 def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str,
                      quantized: bool = False) -> torch.dtype:
-    """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"), or for None /
+    """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"; "int16" is
+    torch.int16, a full cache's integer planes, `kv.int16`, for a float32 model on the CPU), or for None /
     "auto", when the model computes in float32 on the CPU with the native few-row attention
     kernel (where it was measured; PyTorch's few-row path would widen the whole cache at every
     step), `config.GGUF_KV_DTYPE` for a model whose weights are a GGUF file's (`quantized`,
@@ -38,6 +39,9 @@ def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.d
         return model_dtype
     if name not in _TORCH_DTYPES:
         raise ValueError(f"kv_dtype must be one of {', '.join(KV_DTYPES)} or auto, got {name!r}")
+    if name == "int16" and (torch.device(device).type != "cpu" or model_dtype != torch.float32):
+        raise ConfigError(f"kv_dtype int16 is read by the CPU's integer kernel: it needs a float32 model on the CPU, "
+                          f"not {kv_dtype_name(model_dtype)} on {torch.device(device).type}")
     return _TORCH_DTYPES[name]
 
 
@@ -66,12 +70,18 @@ class KVStore:
     ):
         if capacity < 1:
             raise ValueError(f"cache capacity must be >= 1, got {capacity}")
-        shape = (num_layers, num_kv_heads, capacity, head_dim)
-        # on 2 MB pages: every step streams all of it (`huge_pages`)
-        self.k = huge_pages.zeros(shape, dtype, device)
-        self.v = huge_pages.zeros(shape, dtype, device)
-        self.capacity = capacity
+        self.num_layers, self.num_kv_heads, self.head_dim = num_layers, num_kv_heads, head_dim
+        self.dtype, self.device = dtype, torch.device(device)
         self.length = 0
+        self._allocate(capacity)
+
+    def _allocate(self, capacity: int) -> None:
+        """Empty storage for `capacity` tokens (sets `capacity`)."""
+        shape = (self.num_layers, self.num_kv_heads, capacity, self.head_dim)
+        # on 2 MB pages: every step streams all of it (`huge_pages`)
+        self.k = huge_pages.zeros(shape, self.dtype, self.device)
+        self.v = huge_pages.zeros(shape, self.dtype, self.device)
+        self.capacity = capacity
 
     @property
     def free(self) -> int:
@@ -109,18 +119,34 @@ class KVStore:
         self.capacity = capacity
 
     @property
-    def plain_view(self) -> bool:
-        """Whether this cache writes and reads K/V as this class does (a subclass with its own
-        `view` does not): the forward may then run every layer in one native call."""
-        return type(self).view is KVStore.view
+    def native_storage(self) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor] | None] | None:
+        """(k, v, None) when this cache writes and reads K/V as this class does (a subclass with
+        its own `view` does not): the forward may then run every layer in one native call
+        (`native_layers.decode_layers`); an int16 cache gives its planes and steps; else None."""
+        return (self.k, self.v, None) if type(self).view is KVStore.view else None
+
+    def write(self, layer: int, start: int, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Keys and values [Hkv, n, D] of tokens start.. of one layer (rounded into the cache's
+        dtype); `length` is the caller's to set."""
+        self.k[layer].narrow(1, start, k.shape[1]).copy_(k)  # (cheaper than slice assignment: ~20 us a call)
+        self.v[layer].narrow(1, start, v.shape[1]).copy_(v)
+
+    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values of tokens index [Hkv, n] of each KV head: [Hkv, n, D] in
+        the cache's dtype (a float cache) or float32 (one that is not)."""
+        heads = torch.arange(self.num_kv_heads, device=index.device)[:, None]
+        return self.k[layer][heads, index], self.v[layer][heads, index]
+
+    def keys(self, layer: int, start: int, stop: int) -> torch.Tensor:
+        """One layer's keys of tokens [start, stop): [Hkv, n, D] (dtype as `gather`'s)."""
+        return self.k[layer, :, start:stop]
 
     def view(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
     ) -> tuple[torch.Tensor, torch.Tensor, int]:
         """Write k_new/v_new [Hkv, S, D] after the cached tokens; return keys/values [Hkv, T, D]."""
         t, s = self.length, k_new.shape[1]
-        self.k[layer].narrow(1, t, s).copy_(k_new)  # (cheaper than slice assignment: ~20 us a call)
-        self.v[layer].narrow(1, t, s).copy_(v_new)
+        self.write(layer, t, k_new, v_new)
         start = self.window_start(window)
         return self.k[layer, :, start : t + s], self.v[layer, :, start : t + s], start
 
@@ -139,7 +165,7 @@ class KVStore:
 
     def positions(self, logical_start: int, n: int) -> torch.Tensor:
         """Rotary positions of n new tokens whose sequence index starts at logical_start."""
-        return torch.arange(logical_start, logical_start + n, device=self.k.device)
+        return torch.arange(logical_start, logical_start + n, device=self.device)
 
     def snapshot(self) -> tuple:
         """What `restore` needs to return here: a copy of the valid slots (later writes may

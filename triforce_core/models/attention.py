@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from . import native_attention
+from .int16_kv import Int16Heads
 
 # Query rows up to which attention is computed as two matrix products (decode, verification).
 SMALL_QUERY_ROWS = 8
@@ -110,7 +111,7 @@ class Mask:
 FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
 
 
-def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None, scale: float,
+def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None, mask: Mask | None, scale: float,
            chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `attention_mask` (None: all visible)
     -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
@@ -126,9 +127,18 @@ def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask | None,
     slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with 3-D
     inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
     K/V in another dtype than q (a 16-bit cache) are widened to q's dtype on those paths.
+    `k` may instead be an int16 cache's heads (`Int16Heads`, `v` None): up to NATIVE_QUERY_ROWS
+    rows seeing a prefix of the keys go to the integer kernel, whose rows give the same bits
+    whatever rows share the call; others read the integers widened to float32.
     """
     R, T = q.shape[1], k.shape[1]
     cpu = q.device.type == "cpu"
+    if isinstance(k, Int16Heads):  # an int16 cache (`kv.int16`): the integer kernel for few rows
+        native = native_attention.kernel()
+        if R <= NATIVE_QUERY_ROWS and q.dtype == torch.float32 and (mask is None or mask.limits is not None):
+            return native.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
+        # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
+        k, v = native.integer_tokens(k, torch.arange(T).expand(k.heads, T))
     # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first (the draft's
     # 257-key window, one row, one thread: 0.69 ms a step against 0.84 widened, 0.75 in float32)
     if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype)

@@ -43,6 +43,11 @@ class Int16Heads:
     def capacity(self) -> int:
         return self.sk.shape[1]
 
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(heads, length, head size): the keys' shape as a float cache's view gives it."""
+        return self.heads, self.length, self.head_dim
+
 
 def on_grid(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x [..., D] float -> (integers [..., D] int32 in [-32767, 32767], scales [...] float32);
@@ -59,14 +64,14 @@ def _planes(ints: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return ((ints >> 8) + 128).to(torch.uint8), (ints & 255).to(torch.uint8)
 
 
-def _key_bytes(start: int, stop: int, D: int) -> torch.Tensor:
+def key_bytes(start: int, stop: int, D: int) -> torch.Tensor:
     """[stop - start, D] the high plane's byte of each token's dims in a head's keys (the low
     plane's is 16 D further)."""
     t, d = torch.arange(start, stop)[:, None], torch.arange(D)[None, :]
     return t // 16 * 32 * D + d // 4 * 64 + t % 16 * 4 + d % 4
 
 
-def _value_bytes(start: int, stop: int, D: int) -> torch.Tensor:
+def value_bytes(start: int, stop: int, D: int) -> torch.Tensor:
     """The same for values (the low plane's 4 D further)."""
     t, d = torch.arange(start, stop)[:, None], torch.arange(D)[None, :]
     return t // 4 * 8 * D + d * 4 + t % 4
@@ -92,8 +97,8 @@ def write(heads: Int16Heads, k: torch.Tensor, v: torch.Tensor, start: int) -> No
     if not 0 <= start <= heads.length or start + n > heads.capacity:
         raise ValueError(f"tokens {start}..{start + n} do not follow the {heads.length} held in a cache of {heads.capacity}")
     stop = start + n
-    for planes, scales, x, at, low in ((heads.k, heads.sk, k, _key_bytes(start, stop, D), 16 * D),
-                                       (heads.v, heads.sv, v, _value_bytes(start, stop, D), 4 * D)):
+    for planes, scales, x, at, low in ((heads.k, heads.sk, k, key_bytes(start, stop, D), 16 * D),
+                                       (heads.v, heads.sv, v, value_bytes(start, stop, D), 4 * D)):
         ints, scale = on_grid(x)
         hi, lo = _planes(ints)
         at = at.reshape(-1)

@@ -49,7 +49,7 @@ from pathlib import Path
 
 import torch
 
-from . import switches
+from . import int16_kv, switches
 from .int16_kv import Int16Heads
 from .native_build import CSRC, FLAGS, Loader
 
@@ -93,8 +93,14 @@ class Kernel:
         lib.integer_attention.restype = I
         lib.integer_attention_paths.argtypes = []
         lib.integer_attention_paths.restype = I
+        lib.integer_write.argtypes = [P, P, I, I64, I, I64, P, P, P, P, I64, I64]
+        lib.integer_write.restype = I
+        lib.integer_tokens.argtypes = [P, P, P, P, I64, I64, I, I, P, I64, P, P, I]
+        lib.integer_tokens.restype = I
         self.lib = lib
         self.address = ctypes.cast(lib.attention, ctypes.c_void_p).value  # for native_layers.decode_layers
+        self.integer_addresses = (ctypes.cast(lib.integer_write, ctypes.c_void_p).value,  # and its int16 cache
+                                  ctypes.cast(lib.integer_attention, ctypes.c_void_p).value)
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
         self._tiles_asked: bool | None = None  # the switch as last passed to the library
         self._tiles_on = False  # and what the library answered
@@ -178,23 +184,15 @@ class Kernel:
         if q.dtype != torch.float32 or heads.heads != H or heads.head_dim != D:
             raise ValueError(f"integer attention: queries {tuple(q.shape)} {q.dtype} against {heads.heads} heads of "
                              f"{heads.head_dim}")
-        if D % 64 or D > 256:
-            raise ValueError(f"integer attention covers head sizes that are multiples of 64 up to 256, not {D}")
-        if not 1 <= T <= heads.capacity or heads.k.shape != (H, heads.capacity * 2 * D) or heads.v.shape != heads.k.shape:
-            raise ValueError(f"integer attention: {T} tokens in a cache of {heads.capacity}, planes {tuple(heads.k.shape)}")
-        # the kernel reads planes and scales by these sizes: their types and layouts, checked here
-        if (heads.k.dtype != torch.uint8 or heads.v.dtype != torch.uint8 or heads.sk.dtype != torch.float32
-                or heads.sv.dtype != torch.float32 or heads.sv.shape != heads.sk.shape or heads.sk.shape[0] != H
-                or not all(t.is_contiguous() for t in (heads.k, heads.v, heads.sk, heads.sv))):
-            raise ValueError("integer attention: the cache's planes must be contiguous uint8 and its scales "
-                             "contiguous float32 [heads, capacity]")
+        self._check_heads(heads)
+        if not 1 <= T <= heads.capacity:
+            raise ValueError(f"integer attention: {T} tokens in a cache of {heads.capacity}")
         if limits is not None and limits.numel() != R:
             raise ValueError(f"integer attention: {limits.numel()} limits for {R} query rows")
         if chunk > 0 and BLOCK % chunk:
             raise ValueError(f"integer attention: chunks of {chunk} keys do not divide its blocks of {BLOCK}")
         paths = self.integer_paths()
-        if path is None:
-            path = "tiles" if R > INTEGER_TILE_ROWS and "tiles" in paths else "vnni" if "vnni" in paths else "scalar"
+        path = path or self.integer_path(R)
         if path not in paths:
             raise ValueError(f"integer attention: the {path} path does not run here (runs: {', '.join(paths)})")
         _, threads = self.plan(H, R, T, chunk)
@@ -210,6 +208,62 @@ class Kernel:
         if failed:
             raise ValueError(f"integer attention refused its arguments ({failed})")
         return result, chunk_sum
+
+
+    def integer_path(self, rows: int) -> str:
+        """The integer attention's default path for `rows` query rows: the tiles for more than
+        INTEGER_TILE_ROWS where they run, else VNNI where it runs, else plain C."""
+        paths = self.integer_paths()
+        return "tiles" if rows > INTEGER_TILE_ROWS and "tiles" in paths else "vnni" if "vnni" in paths else "scalar"
+
+    @staticmethod
+    def _check_heads(heads: Int16Heads) -> None:
+        """The planes and scales are the types, sizes and layout the kernel reads (`int16_kv`)."""
+        H, D, cap = heads.heads, heads.head_dim, heads.capacity
+        if D % 64 or D > 256:
+            raise ValueError(f"integer attention covers head sizes that are multiples of 64 up to 256, not {D}")
+        if (heads.k.shape != (H, cap * 2 * D) or heads.v.shape != heads.k.shape or heads.k.dtype != torch.uint8
+                or heads.v.dtype != torch.uint8 or heads.sk.dtype != torch.float32 or heads.sv.dtype != torch.float32
+                or heads.sv.shape != heads.sk.shape or cap % int16_kv.CAPACITY_STEP
+                or not all(t.is_contiguous() for t in (heads.k, heads.v, heads.sk, heads.sv))):
+            raise ValueError(f"integer attention: the cache's planes must be contiguous uint8 [heads, capacity x 2 x "
+                             f"head size] and its scales contiguous float32 [heads, capacity], capacity a multiple of "
+                             f"{int16_kv.CAPACITY_STEP} (planes {tuple(heads.k.shape)}, scales {tuple(heads.sk.shape)})")
+
+    def integer_write(self, heads: Int16Heads, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
+        """`int16_kv.write` in native code, the same bits: keys and values [H, n, D] of tokens
+        start.. onto their grids, into `heads`, whose length becomes start + n."""
+        self._check_heads(heads)
+        H, n, D = k.shape
+        if tuple(v.shape) != (H, n, D) or H != heads.heads or D != heads.head_dim:
+            raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} for {heads.heads} heads of "
+                             f"{heads.head_dim}")
+        if not 0 <= start <= heads.length or start + n > heads.capacity:
+            raise ValueError(f"tokens {start}..{start + n} do not follow the {heads.length} held in a cache of "
+                             f"{heads.capacity}")
+        k, v = k.float().contiguous(), v.float().contiguous()
+        if self.lib.integer_write(k.data_ptr(), v.data_ptr(), H, n, D, start, heads.k.data_ptr(), heads.v.data_ptr(),
+                                  heads.sk.data_ptr(), heads.sv.data_ptr(), heads.k.stride(0), heads.sk.stride(0)):
+            raise ValueError(f"integer write refused head size {D}")
+        heads.length = start + n
+
+    def integer_tokens(self, heads: Int16Heads, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """What `heads` holds for tokens index [H, n] (each below its length) of each head, as
+        float32 keys and values [H, n, D]: the integers times their steps."""
+        self._check_heads(heads)
+        H, D = heads.heads, heads.head_dim
+        if index.dim() != 2 or index.shape[0] != H:
+            raise ValueError(f"integer tokens: an index {tuple(index.shape)} for {H} heads")
+        index = index.to(torch.int64).contiguous()
+        n = index.shape[1]
+        if n and (int(index.min()) < 0 or int(index.max()) >= heads.length):
+            raise ValueError(f"integer tokens: indices outside the {heads.length} cached tokens")
+        k, v = torch.empty(H, n, D), torch.empty(H, n, D)
+        if self.lib.integer_tokens(heads.k.data_ptr(), heads.v.data_ptr(), heads.sk.data_ptr(), heads.sv.data_ptr(),
+                                   heads.k.stride(0), heads.sk.stride(0), H, D, index.data_ptr(), n, k.data_ptr(),
+                                   v.data_ptr(), self.threads or torch.get_num_threads()):
+            raise ValueError(f"integer tokens refused head size {D}")
+        return k, v
 
 
 def _call_buffers(q: torch.Tensor, scale: float, limits: torch.Tensor | None, nb: int, T: int, chunk: int):

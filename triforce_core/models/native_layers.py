@@ -29,6 +29,7 @@ import torch
 from . import int8, native_attention
 from .native_build import CSRC, FLAGS, Loader
 from .ggml_types import BLOCKS, F32, IN_OUT, Part, Stacked
+from .int16_kv import Int16Heads
 
 SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
@@ -39,6 +40,9 @@ ENV = "TRIFORCE_NATIVE_LAYERS"
 # and its bonus row. Past it a GGUF model's forward dequantizes every matrix for PyTorch's
 # products: SmolLM2 at 6K keys, 17 rows took 150 ms that way against 100 ms for 16 here.
 ROWS = 17
+# `decode_layers`' kind for an int16 cache (csrc/layers.c's CACHE_I16; the float kinds are
+# native_attention.KINDS').
+INT16_KIND = 3
 
 
 class Layers:
@@ -55,7 +59,7 @@ class Layers:
         lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I]
         lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
-        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I]
+        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I, P]
         lib.decode_layers_takes.argtypes = [I]
         for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows, lib.decode_layers,
                   lib.decode_layers_takes):
@@ -167,18 +171,23 @@ class Layers:
         return LayerTable(layers)
 
     def takes(self, kv_dtype: torch.dtype) -> bool:
-        """Whether `decode_layers` can write a cache of this dtype."""
-        kind = native_attention.KINDS.get(kv_dtype)
+        """Whether `decode_layers` can write a cache of this dtype (torch.int16: int16 planes)."""
+        kind = INT16_KIND if kv_dtype == torch.int16 else native_attention.KINDS.get(kv_dtype)
         return kind is not None and bool(self.lib.decode_layers_takes(kind))
 
     def decode_layers(self, x: torch.Tensor, table: LayerTable, eps: float, H: int, Hkv: int, D: int, cos: torch.Tensor,
                       sin: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
                       attention: native_attention.Kernel, capture_queries: bool = False,
-                      chunk: int = 0, integer: bool = False) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+                      chunk: int = 0, integer: bool = False,
+                      steps: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """x [S, E] through every layer in one call, in place; the S new tokens' keys and values
         are written into k_cache/v_cache ([L, Hkv, capacity, D], `length` cached) after the
         cached ones, and every row attends causally to all cached keys (no window). The same
         arithmetic as layer_in, the cache's write, `attention.attention` and layer_out per layer.
+
+        An int16 cache (`kv.int16`) comes as its planes k_cache/v_cache [L, Hkv, capacity x 2 D]
+        uint8 with `steps`, its scales (sk, sv) [L, Hkv, capacity] float32: the new tokens are
+        written onto their grids and attention is `attention.integer_attention`'s.
 
         Returns the rotated queries [L, S, H, D] when `capture_queries`, and when `chunk` > 0
         each layer's attention probability per whole chunk of keys [L, Hkv, G S, T // chunk]
@@ -189,27 +198,56 @@ class Layers:
         self._vector("cos", cos, S, D)
         self._vector("sin", sin, S, D)
         table.check(E, H, Hkv, D)
-        if (tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.dim() != 4 or tuple(k_cache.shape[:2]) != (L, Hkv)
-                or k_cache.shape[3] != D or k_cache.dtype != v_cache.dtype or k_cache.stride() != v_cache.stride()
-                or k_cache.stride(3) != 1 or k_cache.stride(2) != D):
-            raise ValueError(f"decode_layers: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} are not alike "
-                             f"[layers {L}, KV heads {Hkv}, capacity, head size {D}] with contiguous token rows")
-        if not 0 <= length <= k_cache.shape[2] - S:
-            raise ValueError(f"decode_layers: {S} new tokens after {length} do not fit a capacity of {k_cache.shape[2]}")
-        block, attn_threads = attention.plan(Hkv, R, T, chunk)
-        attention.tiles()
+        planes = None
+        if steps is not None:
+            planes, capacity = self._int16_planes(k_cache, v_cache, steps, L, Hkv, D, R, attention)
+            block, attn_threads = native_attention.BLOCK, attention.plan(Hkv, R, T, chunk)[1]
+            kind, layer_stride, head_stride = INT16_KIND, 0, 0
+        else:
+            if (tuple(k_cache.shape) != tuple(v_cache.shape) or k_cache.dim() != 4 or tuple(k_cache.shape[:2]) != (L, Hkv)
+                    or k_cache.shape[3] != D or k_cache.dtype != v_cache.dtype or k_cache.stride() != v_cache.stride()
+                    or k_cache.stride(3) != 1 or k_cache.stride(2) != D or k_cache.dtype not in native_attention.KINDS):
+                raise ValueError(f"decode_layers: caches {tuple(k_cache.shape)} and {tuple(v_cache.shape)} are not alike "
+                                 f"[layers {L}, KV heads {Hkv}, capacity, head size {D}] with contiguous token rows")
+            capacity = k_cache.shape[2]
+            block, attn_threads = attention.plan(Hkv, R, T, chunk)
+            attention.tiles()
+            kind, layer_stride, head_stride = native_attention.KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1)
+        if not 0 <= length <= capacity - S:
+            raise ValueError(f"decode_layers: {S} new tokens after {length} do not fit a capacity of {capacity}")
         queries = torch.empty(L, S, H, D) if capture_queries else None
         chunk_sum = torch.empty(L, Hkv, R, T // chunk) if chunk > 0 else None
         failed = self.lib.decode_layers(
             x.data_ptr(), S, E, table.array, L, eps, H, Hkv, D, table.intermediate, cos.data_ptr(),
-            sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), native_attention.KINDS[k_cache.dtype],
-            k_cache.stride(0), k_cache.stride(1), length, attention.address, block,
-            None if queries is None else queries.data_ptr(), max(chunk, 0),
-            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(integer))
+            sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), kind, layer_stride, head_stride, length,
+            attention.address, block, None if queries is None else queries.data_ptr(), max(chunk, 0),
+            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(integer),
+            None if planes is None else ctypes.byref(planes))
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
         self._check(failed)
         return queries, chunk_sum
+
+    @staticmethod
+    def _int16_planes(k: torch.Tensor, v: torch.Tensor, steps: tuple[torch.Tensor, torch.Tensor], L: int, Hkv: int,
+                      D: int, R: int, attention: native_attention.Kernel) -> tuple[Int16Planes, int]:
+        """An int16 cache's description for the kernel, after checking every size it will read
+        by (ValueError); and its capacity in tokens."""
+        sk, sv = steps
+        capacity = sk.shape[-1] if sk.dim() == 3 else 0
+        for layer in range(L):  # each layer as the integer kernel checks a call's heads
+            native_attention.Kernel._check_heads(Int16Heads(k[layer], v[layer], sk[layer], sv[layer], D, 0))
+        if (k.dim() != 3 or tuple(k.shape) != (L, Hkv, capacity * 2 * D) or v.shape != k.shape
+                or tuple(sk.shape) != (L, Hkv, capacity) or sv.shape != sk.shape or not k.is_contiguous()
+                or not v.is_contiguous() or not sk.is_contiguous() or not sv.is_contiguous()):
+            raise ValueError(f"decode_layers: int16 planes {tuple(k.shape)}, {tuple(v.shape)} and steps {tuple(sk.shape)}, "
+                             f"{tuple(sv.shape)} are not [layers {L}, KV heads {Hkv}, capacity x 2 x {D}] and "
+                             f"[{L}, {Hkv}, capacity], contiguous")
+        write, attend = attention.integer_addresses
+        path = native_attention.INTEGER_PATHS.index(attention.integer_path(R))
+        planes = Int16Planes(k.data_ptr(), v.data_ptr(), sk.data_ptr(), sv.data_ptr(), k.stride(0), k.stride(1),
+                             sk.stride(0), sk.stride(1), write, attend, path)
+        return planes, capacity
 
     def dequantize(self, raw: torch.Tensor, qtype: int, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
         """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32 (into `out`, a
@@ -227,6 +265,14 @@ class Layers:
                                     self._threads()):
             raise ValueError(f"GGML type {qtype} with {cols} columns cannot be dequantized")
         return out
+
+
+class Int16Planes(ctypes.Structure):
+    """An int16 cache, as `struct int16_cache` in csrc/layers.c."""
+
+    P, I64 = ctypes.c_void_p, ctypes.c_int64
+    _fields_ = [("k", P), ("v", P), ("sk", P), ("sv", P), ("layer_bytes", I64), ("head_bytes", I64),
+                ("layer_steps", I64), ("head_steps", I64), ("write", P), ("attend", P), ("path", ctypes.c_int)]
 
 
 class LayerWeights(ctypes.Structure):

@@ -24,6 +24,7 @@ import torch.nn.functional as F
 
 from . import int8, native_attention, native_layers
 from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
+from .int16_kv import Int16Heads
 from .ggml_types import LANES
 from .quantized import Matrix, StoredTensor
 from .rotary import Rotary, apply_rotary
@@ -42,11 +43,13 @@ class AttentionCache(Protocol):
 
     length: int
     exact_positions: bool  # key index == absolute position (needed for sliding windows)
-    plain_view: bool  # K/V written and read as `KVStore` does: the one-call forward may run (`_one_call`)
+    # (k, v, steps) where the one-call forward may write and read the K/V itself (`_one_call`;
+    # steps: an int16 cache's scales), else None
+    native_storage: tuple | None
 
     def view(
         self, layer: int, k_new: torch.Tensor, v_new: torch.Tensor, window: int | None
-    ) -> tuple[torch.Tensor, torch.Tensor, int]: ...
+    ) -> tuple[torch.Tensor | Int16Heads, torch.Tensor | None, int]: ...
 
     def advance(self, n: int) -> None: ...
 
@@ -285,19 +288,22 @@ class Transformer:
 
     def _one_call(self, S: int, cache: AttentionCache):
         """The attention kernel when this forward can run as one `decode_layers` call, else None:
-        a plain cache (`KVStore`'s own write and view) with room for the S tokens, no layer
+        a cache the kernel can write (`native_storage`: float K/V written as `KVStore` writes
+        them, or an int16 cache's planes) with room for the S tokens, no layer
         with a window, and few enough rows for the native attention kernel (`attend`'s rule).
         Short caches too: there PyTorch's attention ran about as fast as the kernel, and the
         per-layer Python around it costs more."""
-        if not getattr(cache, "plain_view", False):
+        storage = getattr(cache, "native_storage", None)
+        if storage is None:
             return None
-        s, k = self.spec, cache.k
+        s, k = self.spec, storage[0]
         if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows)
                 or s.num_heads // s.num_kv_heads * S > NATIVE_QUERY_ROWS or k.device.type != "cpu"):
             return None
         fused = native_layers.kernel()
         attention = native_attention.kernel()
-        return attention if attention is not None and fused is not None and fused.takes(k.dtype) else None
+        dtype = torch.int16 if storage[2] is not None else k.dtype
+        return attention if attention is not None and fused is not None and fused.takes(dtype) else None
 
     @torch.inference_mode()
     def forward(
@@ -332,9 +338,10 @@ class Transformer:
             if self._layer_table is None:
                 self._layer_table = fused.layer_table(self.layers)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions else 0
-            q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, cache.k,
-                                                  cache.v, cache.length, attention, capture_queries, chunk,
-                                                  self.integer_products)
+            k_cache, v_cache, steps = cache.native_storage
+            q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, k_cache,
+                                                  v_cache, cache.length, attention, capture_queries, chunk,
+                                                  self.integer_products, steps)
             if mass_all is not None:
                 key_mass.layers += [_cached_chunks(mass, cache.length // chunk, G, S) for mass in mass_all]
         for i, layer in enumerate(self.layers if attention is None else ()):

@@ -536,3 +536,66 @@ int integer_attention(const float *q, const uint8_t *k, const uint8_t *v, const 
     free(qsum);
     return failed ? -1 : 0;
 }
+
+/* Step 0, the cache's own: tokens' keys and values [H][n][D] float onto their grids, written
+ * as the tokens start.. of each head (planes and scales as `integer_attention` reads them).
+ * The arithmetic of int16_kv.on_grid, which the tests hold it to bit for bit: the step is
+ * absmax / 32767, the factor (1 / absmax) * 32767 (PyTorch's scalar-over-tensor division),
+ * each element rounded to nearest even; a zero vector gets step and integers 0, a NaN the
+ * integer -32767. Bounds are the caller's (native_attention.Kernel.integer_write). */
+static void iat_write_heads(const float *x, int H, int64_t n, int D, int64_t start, uint8_t *planes, float *steps,
+                            int64_t head_bytes, int64_t scale_stride, int values) {
+    const int64_t low = values ? 4 * D : 16 * D;
+    for (int h = 0; h < H; h++)
+        for (int64_t i = 0; i < n; i++) {
+            const float *row = x + ((int64_t)h * n + i) * D;
+            float top = 0.0f;
+            for (int d = 0; d < D; d++) top = fabsf(row[d]) > top ? fabsf(row[d]) : top;
+            const int64_t t = start + i;
+            steps[h * scale_stride + t] = top / 32767.0f;
+            const float inv = top > 0.0f ? (1.0f / top) * 32767.0f : 0.0f;
+            uint8_t *p = planes + h * head_bytes;
+            for (int d = 0; d < D; d++) {
+                float r = nearbyintf(row[d] * inv);
+                r = r > 32767.0f ? 32767.0f : r;
+                r = r >= -32767.0f ? r : -32767.0f;
+                const int32_t v = (int32_t)r;
+                const int64_t at = values ? iat_value_at(t, d, D) : iat_key_at(t, d, D);
+                p[at] = (uint8_t)((v >> 8) + 128);
+                p[at + low] = (uint8_t)(v & 255);
+            }
+        }
+}
+
+int integer_write(const float *k, const float *v, int H, int64_t n, int D, int64_t start, uint8_t *kp, uint8_t *vp,
+                  float *sk, float *sv, int64_t head_bytes, int64_t scale_stride) {
+    if (D % 64 || D > 256 || n < 0 || start < 0) return -3;
+    iat_write_heads(k, H, n, D, start, kp, sk, head_bytes, scale_stride, 0);
+    iat_write_heads(v, H, n, D, start, vp, sv, head_bytes, scale_stride, 1);
+    return 0;
+}
+
+/* What the cache holds for tokens index[h][i] (i < n) of each head, as float32 (the integer
+ * times its step): k_out, v_out [H][n][D]. For prefill's float attention and the retrieval
+ * level's copies. Indices are the caller's to check (each below the cached length). */
+int integer_tokens(const uint8_t *kp, const uint8_t *vp, const float *sk, const float *sv, int64_t head_bytes,
+                   int64_t scale_stride, int H, int D, const int64_t *index, int64_t n, float *k_out, float *v_out,
+                   int threads) {
+    if (D % 64 || D > 256 || n < 0) return -3;
+    (void)threads;
+#ifdef _OPENMP
+#pragma omp parallel for num_threads(threads) collapse(2) schedule(static) if ((int64_t)H * n * D > (1 << 16))
+#endif
+    for (int h = 0; h < H; h++)
+        for (int64_t i = 0; i < n; i++) {
+            const int64_t t = index[(int64_t)h * n + i];
+            const uint8_t *kh = kp + h * head_bytes, *vh = vp + h * head_bytes;
+            const float ks = sk[h * scale_stride + t], vs = sv[h * scale_stride + t];
+            float *ko = k_out + ((int64_t)h * n + i) * D, *vo = v_out + ((int64_t)h * n + i) * D;
+            for (int d = 0; d < D; d++) {
+                ko[d] = (float)iat_int(kh, iat_key_at(t, d, D), 16 * D) * ks;
+                vo[d] = (float)iat_int(vh, iat_value_at(t, d, D), 4 * D) * vs;
+            }
+        }
+    return 0;
+}

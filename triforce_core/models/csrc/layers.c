@@ -273,7 +273,24 @@ typedef int (*attention_fn)(const float *q, const void *k, const void *v, int64_
                             int D, int64_t T, const int64_t *limit, int block, int threads, float *out, float *m_out,
                             float *l_out, int chunk, float *chunk_sum, float *result);
 
-enum { CACHE_F32 = 0, CACHE_F16 = 1, CACHE_BF16 = 2 };
+enum { CACHE_F32 = 0, CACHE_F16 = 1, CACHE_BF16 = 2, CACHE_I16 = 3 };
+
+/* An int16 cache (csrc/integer_attention.c's layout): the planes k, v of every layer and head and
+ * their steps sk, sv, with the library's own writer and integer attention (`path`: its number). */
+typedef int (*integer_write_fn)(const float *k, const float *v, int H, int64_t n, int D, int64_t start, uint8_t *kp,
+                                uint8_t *vp, float *sk, float *sv, int64_t head_bytes, int64_t scale_stride);
+typedef int (*integer_attention_fn)(const float *q, const uint8_t *k, const uint8_t *v, const float *sk,
+                                    const float *sv, int64_t head_bytes, int64_t scale_stride, int H, int R, int D,
+                                    int64_t T, const int64_t *limit, int block, int threads, int path, float *out,
+                                    float *m_out, float *l_out, int chunk, float *chunk_sum, float *result);
+struct int16_cache {
+    uint8_t *k, *v;
+    float *sk, *sv;
+    int64_t layer_bytes, head_bytes, layer_steps, head_steps;
+    integer_write_fn write;
+    integer_attention_fn attend;
+    int path;
+};
 
 /* n floats into the cache's dtype, rounded to nearest even as PyTorch's copy_ rounds. */
 static void to_cache(const float *src, void *dst, int64_t n, int kind) {
@@ -295,12 +312,13 @@ static void to_cache(const float *src, void *dst, int64_t n, int kind) {
     }
 }
 
-/* Whether decode_layers can write a cache of this kind (float16 needs F16C's conversion). */
+/* Whether decode_layers can write a cache of this kind (float16 needs F16C's conversion; int16
+ * brings its own writer). */
 int decode_layers_takes(int kind) {
 #ifdef __F16C__
-    return kind == CACHE_F32 || kind == CACHE_F16 || kind == CACHE_BF16;
+    return kind == CACHE_F32 || kind == CACHE_F16 || kind == CACHE_BF16 || kind == CACHE_I16;
 #else
-    return kind == CACHE_F32 || kind == CACHE_BF16;
+    return kind == CACHE_F32 || kind == CACHE_BF16 || kind == CACHE_I16;
 #endif
 }
 
@@ -310,13 +328,16 @@ int decode_layers_takes(int kind) {
  * the attention's blocks of keys and threads (as native_attention.Kernel picks them).
  * queries (or NULL): [L, S, H, D], each layer's rotated queries before scaling. chunk > 0:
  * chunk_sum [L, Hkv, R, T / chunk] gets each layer's attention probability per whole chunk of
- * keys (the attention's own `chunk_sum`). Returns non-zero when scratch memory could not be
- * had or a call failed (-2: a cache dtype this build cannot write). */
+ * keys (the attention's own `chunk_sum`). An int16 cache (kind CACHE_I16) is `planes`, which
+ * writes and attends with its own functions (k_cache, v_cache and the strides are then unused).
+ * Returns non-zero when scratch memory could not be had or a call failed (-2: a cache dtype this
+ * build cannot write). */
 int decode_layers(float *x, int S, int E, const struct layer_weights *layers, int L, float eps, int H, int Hkv, int D,
                   int I, const float *cos, const float *sin, float scale, void *k_cache, void *v_cache, int kind,
                   int64_t layer_stride, int64_t head_stride, int64_t length, attention_fn attention, int block,
-                  float *queries, int chunk, float *chunk_sum, int attn_threads, int threads, int int8) {
-    if (!decode_layers_takes(kind)) return -2;
+                  float *queries, int chunk, float *chunk_sum, int attn_threads, int threads, int int8,
+                  const struct int16_cache *planes) {
+    if (!decode_layers_takes(kind) || (kind == CACHE_I16 && !planes)) return -2;
     int64_t T = length + S, nb = (T + block - 1) / block;
     int R = (H / Hkv) * S, es = kind == CACHE_F32 ? 4 : 2;
     size_t floats = (size_t)H * S * D + 2 * (size_t)Hkv * S * D + (size_t)Hkv * nb * R * (D + 2) + (size_t)Hkv * R * D;
@@ -338,8 +359,17 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
         failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, H, Hkv, D, cos, sin, q, k, v, threads, int8);
         if (failed) break;
         /* 2. the new keys and values into the cache, after the `length` cached ones */
-        char *kl = (char *)k_cache + i * layer_stride * es, *vl = (char *)v_cache + i * layer_stride * es;
-        for (int h = 0; h < Hkv; h++) {
+        char *kl = NULL, *vl = NULL;
+        if (kind != CACHE_I16) kl = (char *)k_cache + i * layer_stride * es, vl = (char *)v_cache + i * layer_stride * es;
+        uint8_t *kp = NULL, *vp = NULL;
+        float *sk = NULL, *sv = NULL;
+        if (kind == CACHE_I16) {
+            kp = planes->k + i * planes->layer_bytes, vp = planes->v + i * planes->layer_bytes;
+            sk = planes->sk + i * planes->layer_steps, sv = planes->sv + i * planes->layer_steps;
+            failed = planes->write(k, v, Hkv, S, D, length, kp, vp, sk, sv, planes->head_bytes, planes->head_steps);
+            if (failed) break;
+        }
+        for (int h = 0; h < Hkv && kind != CACHE_I16; h++) {
             to_cache(k + (int64_t)h * S * D, kl + (h * head_stride + length * D) * es, (int64_t)S * D, kind);
             to_cache(v + (int64_t)h * S * D, vl + (h * head_stride + length * D) * es, (int64_t)S * D, kind);
         }
@@ -350,8 +380,12 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
                     memcpy(queries + (((int64_t)i * S + s) * H + h) * D, q + ((int64_t)h * S + s) * D, sizeof(float) * (size_t)D);
         for (int64_t j = 0; j < (int64_t)H * S * D; j++) q[j] = q[j] * scale;
         float *cs = chunk > 0 ? chunk_sum + (int64_t)i * Hkv * R * (T / chunk) : NULL;
-        failed = attention(q, kl, vl, head_stride, kind, Hkv, R, D, T, limits, block, attn_threads, out, m, l,
-                           chunk > 0 ? chunk : 0, cs, result);
+        if (kind == CACHE_I16)
+            failed = planes->attend(q, kp, vp, sk, sv, planes->head_bytes, planes->head_steps, Hkv, R, D, T, limits,
+                                    block, attn_threads, planes->path, out, m, l, chunk > 0 ? chunk : 0, cs, result);
+        else
+            failed = attention(q, kl, vl, head_stride, kind, Hkv, R, D, T, limits, block, attn_threads, out, m, l,
+                               chunk > 0 ? chunk : 0, cs, result);
         if (failed) break;
         /* 4. output projection, MLP, residuals: result [Hkv, R, D] is [H, S, D] */
         failed = layer_out(x, S, E, result, H, D, w->w_o, w->n_o, w->mlp_norm, eps, w->w_gate_up, w->n_gu, w->w_down,
