@@ -51,9 +51,9 @@ from triforce_core.cli.bench_report import cpu_model
 from triforce_core.cli.harness import Bench
 from triforce_core.config import KV_DTYPES, PAPER_METHOD, CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
-from triforce_core.kv import FullCache
+from triforce_core.kv import kv_dtype_name, new_full_cache
 from triforce_core.models.loading import sync_device
-from triforce_core.models.roofline import decode_weight_bytes, measure_bandwidth
+from triforce_core.models.roofline import decode_weight_bytes, kv_bytes, measure_bandwidth
 
 
 def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtype: str | None = None):
@@ -67,13 +67,12 @@ def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtyp
     target = engine.target
     s, dev = target.spec, target.device
     history = torch.randint(16, target.vocab_size, (tokens,), generator=torch.Generator().manual_seed(seed)).tolist()
-    full = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg),
-                     engine.kv_dtype_for(cfg), dev)
+    full = new_full_cache(s.num_layers, s.num_kv_heads, s.head_dim, engine.capacity_for(tokens + 1, cfg),
+                          engine.kv_dtype_for(cfg), dev)
     g = torch.Generator(device=dev).manual_seed(seed)
     shape = (s.num_kv_heads, tokens, s.head_dim)
     for layer in range(s.num_layers):  # a layer at a time: no float32 copy of a whole long cache
-        full.k[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
-        full.v[layer, :, :tokens] = torch.randn(shape, generator=g, device=dev)
+        full.write(layer, 0, torch.randn(shape, generator=g, device=dev), torch.randn(shape, generator=g, device=dev))
     full.length = tokens
     dec = engine.make_loop(cfg, full.capacity, None, full_cache=full, history=history)
     dec.prefill(history + [history[-1]])  # feeds the last token: the retrieval selection needs its queries
@@ -139,15 +138,16 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                 lane, pg = lanes[v], v[1]
                 model = lane.model
                 keys = lane.cache.length + rows
-                read = decode_weight_bytes(model) + model.spec.kv_bytes(keys, lane.cache.k.element_size())
+                read = decode_weight_bytes(model) + kv_bytes(model, keys, lane.cache.dtype)
                 med = {path: sorted(times[v, (pr, at), path])[len(times[v, (pr, at), path]) // 2] * 1e3 for path in paths}
                 floor = read / (bandwidth * 1e9) * 1e3
-                kv = str(lane.cache.k.dtype).removeprefix("torch.")
+                kv = kv_dtype_name(lane.cache.dtype)
                 mode = own[v] if pr is None else int8.MODE_WORDS[pr]
                 kernel = native_attention.kernel()
                 with attention_switched(at if at in ("tiles", "float") else "float"):
                     tiles = kv != "float32" and kernel is not None and kernel.tiles()
-                kind = at if at in ("integer", "float-layers") else "tiles" if tiles else "float"
+                kind = ("integer" if kv == "int16" else at if at in ("integer", "float-layers")
+                        else "tiles" if tiles else "float")
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
                        "products": int8.LEVEL_NAMES[mode], "attention": kind,
                        "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}

@@ -21,9 +21,10 @@ import torch
 from conftest import CPU, DRAFT_OVERRIDES, assert_verification_rows_equal_steps, built, make_hf, needs_compiler, \
     perturbed, run_main, to_ours
 from test_kv_disk import CHUNK, block_files, config as disk_config, document_end, new_engine, two_turns
+from test_sampling_exactness import chi2_pvalue, first_two_counts
 
 import triforce_core.models.native_attention as native_attention
-from triforce_core import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, TriForceEngine
+from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
 from triforce_core.kv import INT16, FullCache, Int16Cache, RetrievalCache, new_full_cache, resolve_kv_dtype
 from triforce_core.models import int16_kv
@@ -246,6 +247,54 @@ def test_negative_control_a_step_off_the_grid_breaks_equality(kernel, monkeypatc
     monkeypatch.setattr(Int16Cache, "write", off_grid)
     with pytest.raises(AssertionError, match="differ from steps"):
         assert_verification_rows_equal_steps(t, PROMPT, INT16, 7)
+
+
+# -- sampling ------------------------------------------------------------------------------------------
+CHI = dict(vocab_size=16, hidden_size=128, intermediate_size=128, num_attention_heads=2, num_key_value_heads=1,
+           initializer_range=0.5, bos_token_id=None, eos_token_id=None)
+
+
+@functools.lru_cache(maxsize=None)
+def _chi_setup():
+    target = to_ours(make_hf("llama_gqa_llama3", seed=21, **CHI))
+    prompt = torch.randint(0, 16, (48,), generator=torch.Generator().manual_seed(4)).tolist()
+    # the exact law of the first two tokens, decoding over an int16 cache: [V, V]
+    s, n = target.spec, len(prompt)
+    cache = new_full_cache(s.num_layers, s.num_kv_heads, s.head_dim, n + 2, INT16, CPU)
+    p1 = target.forward(torch.tensor(prompt), torch.arange(n), cache, logits_rows=slice(-1, None)).logits[0]
+    p1 = p1.double().softmax(-1)
+    p2 = torch.empty(16, 16, dtype=torch.float64)
+    for x in range(16):
+        cache.truncate(n)
+        p2[x] = target.forward(torch.tensor([x]), torch.tensor([n]), cache).logits[0].double().softmax(-1)
+    joint = (p1[:, None] * p2).numpy()
+    return target, prompt, joint / joint.sum()
+
+
+def _chi_counts(mode: str, lookup: bool):
+    target, prompt, _ = _chi_setup()
+    spec = {"lookup_min_match": 1, "lookup_row_cost": 0.0} if lookup else {k: v for k, v in PAPER_METHOD.items()
+                                                                         if k not in ("lookup", "small_draft")}
+    cfg = GenerationConfig(
+        sampling=SamplingConfig(temperature=1.0, seed=0),
+        speculation=SpeculationConfig(mode=mode, gamma1=2, gamma2=2, max_new_tokens=2, ignore_eos=True, lookup=lookup,
+                                      small_draft=False, **spec),
+        cache=CacheConfig(budget=16, chunk_size=4, recent_tokens=4, refresh_every=0, kv_dtype="int16"))
+    return first_two_counts(TriForceEngine(target), prompt, cfg, 3000)
+
+
+@pytest.mark.parametrize("mode,lookup", [("retrieval", False), ("lookup", True)])
+def test_sampling_over_an_int16_cache_follows_the_targets_law(kernel, mode, lookup):
+    p = chi2_pvalue(_chi_counts(mode, lookup), _chi_setup()[2])
+    assert p > 1e-3, f"chi-square p = {p:.2e}"
+
+
+def test_negative_control_a_broken_verifier_fails_the_same_test(kernel, monkeypatch):
+    from test_sampling_exactness import break_verifier
+
+    break_verifier(monkeypatch)
+    p = chi2_pvalue(_chi_counts("retrieval", False), _chi_setup()[2])
+    assert p < 1e-3, f"chi-square p = {p:.2e}: the test has no power here"
 
 
 # -- the disk cache and the command line ---------------------------------------------------------------

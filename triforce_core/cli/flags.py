@@ -165,8 +165,10 @@ def add_kv_dtype_arg(parser) -> None:
         help=f"what the caches keep keys and values in (default auto: {GGUF_KV_DTYPE} for a GGUF file on the CPU, as "
         f"llama.cpp; {DEFAULT_KV_DTYPE} for another float32 model on the CPU, where greedy output equals Hugging "
         f"Face's; else the model's dtype; --exact: {DEFAULT_KV_DTYPE}). float16 is much faster on the CPU (about 0.6x "
-        "float32's step at 16K-64K) and changes an answer now and then; greedy output equals autoregressive "
-        "decoding with the same K/V dtype")
+        "float32's step at 16K-64K) and changes an answer now and then; int16 keeps the target's cache as 16-bit "
+        "integers read in integer arithmetic (head sizes a multiple of 64): 5x closer to float32 than float16 on "
+        "SmolLM2, and a verification's extra rows cost less. Greedy output equals autoregressive decoding with the "
+        "same K/V dtype")
 
 
 def add_exact_arg(parser) -> None:

@@ -42,8 +42,11 @@ class Limit:
 
 def kv_bytes(model: Transformer, context_tokens: int, kv_dtype: torch.dtype | None = None) -> int:
     """K and V of `context_tokens` tokens over all layers: 2 * L * Hkv * D * dtype bytes * context
-    (`kv_dtype`: the cache's; None: the model's dtype)."""
-    return model.spec.kv_bytes(context_tokens, torch.empty((), dtype=kv_dtype or model.dtype).element_size())
+    (`kv_dtype`: the cache's; None: the model's dtype); an int16 cache (torch.int16) also holds
+    two float32 steps per token and KV head."""
+    spec = model.spec
+    steps = 8 * spec.num_layers * spec.num_kv_heads * context_tokens if kv_dtype == torch.int16 else 0
+    return spec.kv_bytes(context_tokens, torch.empty((), dtype=kv_dtype or model.dtype).element_size()) + steps
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = BUFFER_BYTES, passes: int = 7) -> float:
