@@ -67,6 +67,10 @@ def test_the_kernels_writes_and_reads_equal_the_reference_bit_for_bit(kernel, D)
     kernel.integer_write(heads, k[:, 100:], v[:, 100:], 100)
     for got, want in ((heads.k, ref.k), (heads.v, ref.v), (heads.sk, ref.sk), (heads.sv, ref.sv)):
         assert torch.equal(got, want)
+    views = int16_kv.empty(H, 256, D)  # [T, H, D] tensors seen as [H, T, D], as a prefill's are: no copy
+    kernel.integer_write(views, k.transpose(0, 1).contiguous().transpose(0, 1),
+                         v.transpose(0, 1).contiguous().transpose(0, 1), 0)
+    assert all(torch.equal(a, b) for a, b in ((views.k, ref.k), (views.v, ref.v), (views.sk, ref.sk), (views.sv, ref.sv)))
     index = torch.randint(0, T, (H, 50), generator=torch.Generator().manual_seed(1))
     kw, vw = kernel.integer_tokens(heads, index)
     dk, dv = int16_kv.dequantized(k, v)
@@ -160,8 +164,15 @@ def test_the_retrieval_level_holds_the_int16_tokens_widened_to_float16(kernel):
     assert torch.equal(a.v[:, :, : a.length], b.v[:, :, : b.length].half())
 
 
-def test_int16_is_resolved_and_refused_where_it_cannot_run():
+def test_int16_is_resolved_and_refused_where_it_cannot_run(kernel):
     assert resolve_kv_dtype("int16", torch.float32, "cpu") == INT16
+    # the default for a GGUF file with heads of 128 or more where the kernel's vector paths run
+    vector = bool({"vnni", "tiles"} & set(kernel.integer_paths()))
+    assert resolve_kv_dtype(None, torch.float32, "cpu", quantized=True, head_dim=128) == (INT16 if vector else torch.float16)
+    assert resolve_kv_dtype(None, torch.float32, "cpu", quantized=True, head_dim=64) == torch.float16
+    assert resolve_kv_dtype(None, torch.float32, "cpu", quantized=True, head_dim=128, chunk_size=12) == torch.float16
+    assert resolve_kv_dtype(None, torch.float32, "cpu", quantized=False, head_dim=128) == torch.float32
+    assert resolve_kv_dtype("float16", torch.float32, "cpu", quantized=True, head_dim=128) == torch.float16
     with pytest.raises(ConfigError, match="float32 model on the CPU"):
         resolve_kv_dtype("int16", torch.bfloat16, "cpu")
     with pytest.raises(ConfigError, match="exact"):

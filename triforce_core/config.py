@@ -75,6 +75,13 @@ DEFAULT_KV_DTYPE = "float32"
 # verification 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive;
 # docs/benchmarks.md). `exact` (`--exact`) keeps float32.
 GGUF_KV_DTYPE = "float16"
+# ... and for a GGUF file whose heads are at least this wide (a multiple of 64 up to 256: Llama
+# 3.2 3B, Llama 3.1 8B, Qwen2.5 7B, Mistral 7B), where the integer attention kernel's vector
+# paths run: int16 (`kv.int16`). It reads closer to float32 than float16 (mean KL 1.8e-7 against
+# 9.0e-7 on SmolLM2) and measured faster there: the 3B shape's step 0.97-0.98x float16's and its
+# 7-row verification 0.73-0.85x at 8K-32K (bench/results/level-steps-3b-q4km-int16-cache.json).
+# Heads of 64 keep float16: the 1B shape's step was 1.03-1.05x, SmolLM2's chat 0.97x.
+INT16_KV_MIN_HEAD = 128
 # What `exact` (`--exact`, `TriForceEngine(exact=True)`) computes and keeps K/V in: greedy output
 # equals Hugging Face's token for token.
 EXACT_DTYPE = "float32"

@@ -49,7 +49,8 @@ class GenerationResult:
 class TriForceEngine:
     """A target model, an optional small draft sharing its vocabulary, and the tokenizer.
 
-    `kv_dtype` ("float32", "float16", "bfloat16"; None or "auto": the default, see
+    `kv_dtype` ("float32", "float16", "bfloat16", "int16": the target's cache as integers read in
+    integer arithmetic, `kv.int16`; None or "auto": the default, see
     `kv.resolve_kv_dtype`: float16 for a GGUF file on the CPU, as llama.cpp, float32 for another
     float32 model there): what the caches keep keys and values in when a generation's
     `CacheConfig.kv_dtype` names none (the app's `--kv-dtype` sets it here, for every user).
@@ -166,7 +167,8 @@ class TriForceEngine:
         one on an `exact` engine."""
         check_exact(self.exact, config.cache.kv_dtype)
         t = self.target
-        return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, t.dtype, t.device, t.quantized)
+        return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, t.dtype, t.device, t.quantized,
+                                t.spec.head_dim, config.cache.chunk_size)
 
     def arithmetic_for(self, config: GenerationConfig) -> str:
         """"exact" when a generation under `config` computes as `exact` does (float32 weights and

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..config import (DEFAULT_KV_DTYPE, GB, GGUF_KV_DTYPE, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
+from ..config import (DEFAULT_KV_DTYPE, GB, GGUF_KV_DTYPE, INT16_KV_MIN_HEAD, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
                       ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, check_exact,
                       default_kv_cache_folder, default_mode, default_sampling)
 
@@ -163,11 +163,12 @@ def add_kv_dtype_arg(parser) -> None:
     parser.add_argument(
         "--kv-dtype", choices=[*KV_DTYPES, "auto"], default=None,
         help=f"what the caches keep keys and values in (default auto: {GGUF_KV_DTYPE} for a GGUF file on the CPU, as "
-        f"llama.cpp; {DEFAULT_KV_DTYPE} for another float32 model on the CPU, where greedy output equals Hugging "
+        f"llama.cpp, int16 for the target of one with heads of {INT16_KV_MIN_HEAD} or more (3B-8B models) where the "
+        f"integer kernel's vector paths run; {DEFAULT_KV_DTYPE} for another float32 model on the CPU, where greedy output equals Hugging "
         f"Face's; else the model's dtype; --exact: {DEFAULT_KV_DTYPE}). float16 is much faster on the CPU (about 0.6x "
         "float32's step at 16K-64K) and changes an answer now and then; int16 keeps the target's cache as 16-bit "
         "integers read in integer arithmetic (head sizes a multiple of 64): 5x closer to float32 than float16 on "
-        "SmolLM2, and a verification's extra rows cost less. Greedy output equals autoregressive decoding with the "
+        "SmolLM2, a verification's extra rows cost less, a step with heads of 64 a few per cent more. Greedy output equals autoregressive decoding with the "
         "same K/V dtype")
 
 
@@ -176,7 +177,7 @@ def add_exact_arg(parser) -> None:
     parser.add_argument(
         "--exact", action="store_true",
         help="float32 K/V and arithmetic: equal to Hugging Face token for token; slower (GGUF files otherwise keep "
-        f"K/V in {GGUF_KV_DTYPE}, top-1 agreement with Hugging Face 99.93%% on SmolLM2). Not with a 16-bit "
+        f"K/V in {GGUF_KV_DTYPE} or int16, top-1 agreement with Hugging Face 99.93%% on SmolLM2). Not with a 16-bit "
         "--kv-dtype or --dtype")
 
 

@@ -97,7 +97,8 @@ class SpeculationLoop(Prefill):
         vocab = target.vocab_size
         margin = self.margin = spec.cache_margin
         kv_name = cc.kv_dtype or kv_dtype
-        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized)
+        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized, ts.head_dim,
+                                         cc.chunk_size)
         if self.kv_dtype == INT16:
             check_int16(ts.head_dim, cc.chunk_size)
         if full_cache is not None and full_cache.dtype != self.kv_dtype:

@@ -15,26 +15,33 @@ from __future__ import annotations
 import torch
 
 from ..models import huge_pages
-from ..config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, KV_DTYPES, ConfigError
+from ..config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, INT16_KV_MIN_HEAD, KV_DTYPES, ConfigError
 
 _TORCH_DTYPES = {name: getattr(torch, name) for name in KV_DTYPES}
 GROW_SLACK = 4096  # the most tokens `make_room` adds beyond what is needed
 
 
 def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str,
-                     quantized: bool = False) -> torch.dtype:
+                     quantized: bool = False, head_dim: int | None = None, chunk_size: int = 8) -> torch.dtype:
     """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"; "int16" is
     torch.int16, a full cache's integer planes, `kv.int16`, for a float32 model on the CPU), or for None /
     "auto", when the model computes in float32 on the CPU with the native few-row attention
     kernel (where it was measured; PyTorch's few-row path would widen the whole cache at every
     step), `config.GGUF_KV_DTYPE` for a model whose weights are a GGUF file's (`quantized`,
-    `Transformer.quantized`) and `config.DEFAULT_KV_DTYPE` for any other; elsewhere the model's
-    own dtype. (`exact` engines name float32: `TriForceEngine`.)"""
+    `Transformer.quantized`) and `config.DEFAULT_KV_DTYPE` for any other, except int16 for a
+    GGUF model's full cache (`head_dim` given) with heads of `config.INT16_KV_MIN_HEAD` or more
+    where the integer kernel's vector paths run and the retrieval level's `chunk_size` divides
+    its blocks of 256 keys; elsewhere the model's own dtype. (`exact`
+    engines name float32: `TriForceEngine`.)"""
     if name is None or name == "auto":
         if torch.device(device).type == "cpu" and model_dtype == torch.float32:
             from ..models import native_attention  # builds the kernel at the first call, as the first forward would
 
-            if native_attention.kernel() is not None:
+            kernel = native_attention.kernel()
+            if kernel is not None:
+                if (quantized and head_dim is not None and head_dim >= INT16_KV_MIN_HEAD and head_dim % 64 == 0
+                        and head_dim <= 256 and 256 % chunk_size == 0 and {"vnni", "tiles"} & set(kernel.integer_paths())):
+                    return torch.int16
                 return _TORCH_DTYPES[GGUF_KV_DTYPE if quantized else DEFAULT_KV_DTYPE]
         return model_dtype
     if name not in _TORCH_DTYPES:

@@ -71,19 +71,32 @@ _buffers = threading.local()
 def widened(k: torch.Tensor, v: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """k, v [H, T, D] (any strides) in `dtype`, contiguous. On the CPU the result lives in this
     thread's buffer, valid until its next call (`attend` uses it within the call)."""
-    n = k.numel()
-    most = WIDEN_BUFFER_BYTES // torch.empty((), dtype=dtype).element_size()  # elements
-    if k.device.type != "cpu" or 2 * n > most:
+    if k.device.type != "cpu":
         return k.to(dtype), v.to(dtype)
+    buffers = _buffer(tuple(k.shape), dtype)
+    if buffers is None:
+        return k.to(dtype), v.to(dtype)
+    kw, vw = buffers
+    kw.copy_(k)
+    vw.copy_(v)
+    return kw, vw
+
+
+def _buffer(shape: tuple[int, ...], dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two contiguous CPU tensors of `shape` in this thread's buffer (valid until its next
+    call), or None past WIDEN_BUFFER_BYTES (the caller allocates)."""
+    n = 1
+    for size in shape:
+        n *= size
+    most = WIDEN_BUFFER_BYTES // torch.empty((), dtype=dtype).element_size()  # elements
+    if 2 * n > most:
+        return None
     buf = getattr(_buffers, "buf", None)
     if buf is None or buf.dtype != dtype or buf.numel() < 2 * n:
         # a power of two: a prefill's growing cache reallocates it a few times, not every chunk
         _buffers.buf = None  # the old one goes first
         buf = _buffers.buf = torch.empty(min(1 << (2 * n - 1).bit_length(), most), dtype=dtype)
-    kw, vw = buf[:n].view(k.shape), buf[n : 2 * n].view(v.shape)
-    kw.copy_(k)
-    vw.copy_(v)
-    return kw, vw
+    return buf[:n].view(shape), buf[n : 2 * n].view(shape)
 
 
 @dataclass(frozen=True)
@@ -138,7 +151,7 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
         if R <= NATIVE_QUERY_ROWS and q.dtype == torch.float32 and (mask is None or mask.limits is not None):
             return native.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
         # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
-        k, v = native.integer_tokens(k, torch.arange(T).expand(k.heads, T))
+        k, v = native.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
     # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first (the draft's
     # 257-key window, one row, one thread: 0.69 ms a step against 0.84 widened, 0.75 in float32)
     if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype)

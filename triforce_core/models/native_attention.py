@@ -95,6 +95,8 @@ class Kernel:
         lib.integer_attention_paths.restype = I
         lib.integer_write.argtypes = [P, P, I, I64, I, I64, P, P, P, P, I64, I64]
         lib.integer_write.restype = I
+        lib.integer_write_strided.argtypes = [P, I64, I64, P, I64, I64, I, I64, I, I64, P, P, P, P, I64, I64]
+        lib.integer_write_strided.restype = I
         lib.integer_tokens.argtypes = [P, P, P, P, I64, I64, I, I, P, I64, P, P, I]
         lib.integer_tokens.restype = I
         self.lib = lib
@@ -241,15 +243,19 @@ class Kernel:
         if not 0 <= start <= heads.length or start + n > heads.capacity:
             raise ValueError(f"tokens {start}..{start + n} do not follow the {heads.length} held in a cache of "
                              f"{heads.capacity}")
-        k, v = k.float().contiguous(), v.float().contiguous()
-        if self.lib.integer_write(k.data_ptr(), v.data_ptr(), H, n, D, start, heads.k.data_ptr(), heads.v.data_ptr(),
-                                  heads.sk.data_ptr(), heads.sv.data_ptr(), heads.k.stride(0), heads.sk.stride(0)):
+        # rows of D contiguous floats at any head and token strides (a prefill's transposed views: no copy)
+        k, v = (x if x.dtype == torch.float32 and x.stride(2) == 1 else x.float().contiguous() for x in (k, v))
+        if self.lib.integer_write_strided(k.data_ptr(), k.stride(0), k.stride(1), v.data_ptr(), v.stride(0), v.stride(1),
+                                          H, n, D, start, heads.k.data_ptr(), heads.v.data_ptr(), heads.sk.data_ptr(),
+                                          heads.sv.data_ptr(), heads.k.stride(0), heads.sk.stride(0)):
             raise ValueError(f"integer write refused head size {D}")
         heads.length = start + n
 
-    def integer_tokens(self, heads: Int16Heads, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def integer_tokens(self, heads: Int16Heads, index: torch.Tensor,
+                       out: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """What `heads` holds for tokens index [H, n] (each below its length) of each head, as
-        float32 keys and values [H, n, D]: the integers times their steps."""
+        float32 keys and values [H, n, D]: the integers times their steps (into `out`, two
+        contiguous float32 [H, n, D] tensors, where given)."""
         self._check_heads(heads)
         H, D = heads.heads, heads.head_dim
         if index.dim() != 2 or index.shape[0] != H:
@@ -258,7 +264,12 @@ class Kernel:
         n = index.shape[1]
         if n and (int(index.min()) < 0 or int(index.max()) >= heads.length):
             raise ValueError(f"integer tokens: indices outside the {heads.length} cached tokens")
-        k, v = torch.empty(H, n, D), torch.empty(H, n, D)
+        if out is None:
+            k, v = torch.empty(H, n, D), torch.empty(H, n, D)
+        else:
+            k, v = out
+            if any(tuple(t.shape) != (H, n, D) or t.dtype != torch.float32 or not t.is_contiguous() for t in out):
+                raise ValueError(f"integer tokens: out must be two contiguous float32 {(H, n, D)} tensors")
         if self.lib.integer_tokens(heads.k.data_ptr(), heads.v.data_ptr(), heads.sk.data_ptr(), heads.sv.data_ptr(),
                                    heads.k.stride(0), heads.sk.stride(0), H, D, index.data_ptr(), n, k.data_ptr(),
                                    v.data_ptr(), self.threads or torch.get_num_threads()):

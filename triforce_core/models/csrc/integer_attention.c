@@ -537,18 +537,20 @@ int integer_attention(const float *q, const uint8_t *k, const uint8_t *v, const 
     return failed ? -1 : 0;
 }
 
-/* Step 0, the cache's own: tokens' keys and values [H][n][D] float onto their grids, written
- * as the tokens start.. of each head (planes and scales as `integer_attention` reads them).
+/* Step 0, the cache's own: tokens' keys and values [H][n][D] float (head h's token i at
+ * h * xh + i * xt floats, its D numbers contiguous: a prefill's transposed views need no copy)
+ * onto their grids, written as the tokens start.. of each head (planes and scales as
+ * `integer_attention` reads them).
  * The arithmetic of int16_kv.on_grid, which the tests hold it to bit for bit: the step is
  * absmax / 32767, the factor (1 / absmax) * 32767 (PyTorch's scalar-over-tensor division),
  * each element rounded to nearest even; a zero vector gets step and integers 0, a NaN the
  * integer -32767. Bounds are the caller's (native_attention.Kernel.integer_write). */
-static void iat_write_heads(const float *x, int H, int64_t n, int D, int64_t start, uint8_t *planes, float *steps,
-                            int64_t head_bytes, int64_t scale_stride, int values) {
+static void iat_write_heads(const float *x, int64_t xh, int64_t xt, int H, int64_t n, int D, int64_t start,
+                            uint8_t *planes, float *steps, int64_t head_bytes, int64_t scale_stride, int values) {
     const int64_t low = values ? 4 * D : 16 * D;
     for (int h = 0; h < H; h++)
         for (int64_t i = 0; i < n; i++) {
-            const float *row = x + ((int64_t)h * n + i) * D;
+            const float *row = x + h * xh + i * xt;
             float top = 0.0f;
             for (int d = 0; d < D; d++) top = fabsf(row[d]) > top ? fabsf(row[d]) : top;
             const int64_t t = start + i;
@@ -567,12 +569,20 @@ static void iat_write_heads(const float *x, int H, int64_t n, int D, int64_t sta
         }
 }
 
+int integer_write_strided(const float *k, int64_t kh, int64_t kt, const float *v, int64_t vh, int64_t vt, int H,
+                          int64_t n, int D, int64_t start, uint8_t *kp, uint8_t *vp, float *sk, float *sv,
+                          int64_t head_bytes, int64_t scale_stride) {
+    if (D % 64 || D > 256 || n < 0 || start < 0) return -3;
+    iat_write_heads(k, kh, kt, H, n, D, start, kp, sk, head_bytes, scale_stride, 0);
+    iat_write_heads(v, vh, vt, H, n, D, start, vp, sv, head_bytes, scale_stride, 1);
+    return 0;
+}
+
+/* The same, contiguous (decode_layers' writer). */
 int integer_write(const float *k, const float *v, int H, int64_t n, int D, int64_t start, uint8_t *kp, uint8_t *vp,
                   float *sk, float *sv, int64_t head_bytes, int64_t scale_stride) {
-    if (D % 64 || D > 256 || n < 0 || start < 0) return -3;
-    iat_write_heads(k, H, n, D, start, kp, sk, head_bytes, scale_stride, 0);
-    iat_write_heads(v, H, n, D, start, vp, sv, head_bytes, scale_stride, 1);
-    return 0;
+    return integer_write_strided(k, (int64_t)n * D, D, v, (int64_t)n * D, D, H, n, D, start, kp, vp, sk, sv, head_bytes,
+                                 scale_stride);
 }
 
 /* What the cache holds for tokens index[h][i] (i < n) of each head, as float32 (the integer
