@@ -396,3 +396,6 @@ def test_bench_chat_runs_configurations_in_several_kv_dtypes(chat_engine, one_th
                      "autoregressive+kv_dtype-float32": "float32", "autoregressive": DEFAULT_KV_DTYPE}
     assert report["results"]["lookup"]["identical_to_autoregressive"] is True
     assert all(row["new_tokens"][n] > 0 for row in report["turns"] for n in names)
+    prefills = report["prefill_by_kv_dtype"]  # each dtype's own prefill of the document
+    assert set(prefills) == set(kinds.values()) and all(p["tokens"] > 0 and p["tokens_per_s"] > 0
+                                                        for p in prefills.values())
