@@ -54,6 +54,17 @@ class FullCache(KVStore):
             super().grow(capacity)
             self._means = None  # sized by capacity; recomputed on the next selection
 
+    def copy_to(self, dst: KVStore, at: int, index: torch.Tensor) -> None:
+        """Write the keys/values of positions index ([Hkv, n], or [L, Hkv, n] each layer's own)
+        into the float store `dst`'s slots at.., every layer (one gather for all of them)."""
+        L, H = self.num_layers, self.num_kv_heads
+        idx = index if index.dim() == 3 else index[None].expand(L, -1, -1)
+        li = torch.arange(L, device=idx.device)[:, None, None]
+        hi = torch.arange(H, device=idx.device)[None, :, None]
+        n = idx.shape[-1]
+        dst.k[:, :, at : at + n] = self.k[li, hi, idx]
+        dst.v[:, :, at : at + n] = self.v[li, hi, idx]
+
     def chunk_means(self, chunk_size: int, n_chunks: int) -> torch.Tensor:
         """Mean post-rope key of chunks [0, n_chunks): [L, Hkv, n_chunks, D] float32."""
         if n_chunks * chunk_size > self.length:

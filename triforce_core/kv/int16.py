@@ -28,6 +28,7 @@ from ..config import ConfigError
 from ..models import huge_pages, native_attention
 from ..models.int16_kv import CAPACITY_STEP, Int16Heads, key_bytes, value_bytes
 from .full import FullCache
+from .store import KVStore
 
 INT16 = torch.int16  # the dtype that names this cache (`resolve_kv_dtype("int16")`)
 SPAN_ALIGN = 16  # tokens: a span from a multiple of it is whole 64-byte lines of keys and values
@@ -44,7 +45,7 @@ def check_int16(head_dim: int, chunk_size: int) -> None:
 
 
 def new_full_cache(num_layers: int, num_kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype,
-               device: torch.device | str) -> FullCache:
+                   device: torch.device | str) -> FullCache:
     """A target's full cache of K/V dtype `dtype` (`resolve_kv_dtype`): an `Int16Cache` for
     torch.int16, else a float `FullCache`."""
     if dtype == INT16:
@@ -55,8 +56,8 @@ def new_full_cache(num_layers: int, num_kv_heads: int, head_dim: int, capacity: 
 def _kernel() -> native_attention.Kernel:
     kernel = native_attention.kernel()
     if kernel is None:
-        raise RuntimeError("an int16 K/V cache needs the native attention kernel, which is not built here "
-                           "(use --kv-dtype float16)")
+        raise ConfigError("kv_dtype int16 needs the native attention kernel, which is off or not built here "
+                          "(use float16)")
     return kernel
 
 
@@ -113,7 +114,16 @@ class Int16Cache(FullCache):
         self.kernel.integer_write(self.heads(layer, start), k, v, start)
 
     def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer's keys and values of tokens index [Hkv, n] of each KV head, widened to
+        float32: [Hkv, n, D]."""
         return self.kernel.integer_tokens(self.heads(layer), index)
+
+    def copy_to(self, dst: KVStore, at: int, index: torch.Tensor) -> None:
+        # a layer at a time: the widened float32 copy of a whole budget over every layer would be
+        # GBs on an 8B model
+        for layer in range(self.num_layers):
+            k, v = self.gather(layer, index if index.dim() == 2 else index[layer])
+            dst.write(layer, at, k, v)
 
     def keys(self, layer: int, start: int, stop: int) -> torch.Tensor:
         return self.gather(layer, torch.arange(start, stop).expand(self.num_kv_heads, stop - start))[0]
@@ -160,7 +170,7 @@ class Int16Cache(FullCache):
 
     def put_span(self, start: int, stop: int, data: torch.Tensor) -> None:
         """The inverse of `span`, into tokens [start, stop) (which must follow the cached ones)."""
-        if start % SPAN_ALIGN or not 0 <= start <= self.length or stop > self.capacity:
+        if start % SPAN_ALIGN or not 0 <= start <= self.length or not start < stop <= self.capacity:
             raise ValueError(f"an int16 span {start}..{stop} does not follow the {self.length} tokens held "
                              f"on a multiple of {SPAN_ALIGN} within a capacity of {self.capacity}")
         n, (a, b) = stop - start, self._span_bytes(start, stop)

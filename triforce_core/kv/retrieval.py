@@ -78,7 +78,7 @@ class RetrievalCache(KVStore):
         n_cand = r0 // C - 1
         if upto <= self.budget or k >= n_cand:
             self.length = 0
-            self._copy_from_full(torch.arange(upto).expand(Hkv, upto))
+            self._copy_from_full(torch.arange(upto, device=full.device).expand(Hkv, upto))
             self.exact_positions = True  # slot == position, so sliding windows apply exactly
             counts = torch.full((n_chunks,), L * Hkv, dtype=torch.long)
             self.selection = Selection(upto, C, True, 0, counts, None)
@@ -98,9 +98,10 @@ class RetrievalCache(KVStore):
         top = rank.topk(k, dim=-1).indices.sort(dim=-1).values + 1  # [L, Hkv, k] chunk ids
         # 3. Gather: sink chunk, chosen chunks, recent tokens, by position [L, Hkv, n].
         n_sel = k * C
-        chosen = (top[..., None] * C + torch.arange(C, device=top.device)).reshape(L, Hkv, n_sel)
-        index = torch.cat([torch.arange(C).expand(L, Hkv, C), chosen.cpu(),
-                           torch.arange(r0, upto).expand(L, Hkv, n_recent)], dim=2)
+        dev = top.device
+        chosen = (top[..., None] * C + torch.arange(C, device=dev)).reshape(L, Hkv, n_sel)
+        index = torch.cat([torch.arange(C, device=dev).expand(L, Hkv, C), chosen,
+                           torch.arange(r0, upto, device=dev).expand(L, Hkv, n_recent)], dim=2)
         self.length = 0
         self._copy_from_full(index)
         # Slots no longer equal positions: a sliding-window model's window is not applied at this
@@ -116,13 +117,10 @@ class RetrievalCache(KVStore):
         """Append the full cache's exact keys/values of sequence positions [start, end)."""
         n = end - start
         self.reserve(n)
-        self._copy_from_full(torch.arange(start, end).expand(self.num_kv_heads, n))
+        self._copy_from_full(torch.arange(start, end, device=self.device).expand(self.num_kv_heads, n))
 
     def _copy_from_full(self, index: torch.Tensor) -> None:
         """Append the full cache's keys/values of positions index ([Hkv, n], or [L, Hkv, n] a
-        layer's own), a layer at a time."""
-        n = index.shape[-1]
-        for layer in range(self.num_layers):
-            k, v = self.full.gather(layer, index if index.dim() == 2 else index[layer])
-            self.write(layer, self.length, k, v)
-        self.length += n
+        layer's own)."""
+        self.full.copy_to(self, self.length, index)
+        self.length += index.shape[-1]

@@ -138,14 +138,9 @@ class KVStore:
         self.k[layer].narrow(1, start, k.shape[1]).copy_(k)  # (cheaper than slice assignment: ~20 us a call)
         self.v[layer].narrow(1, start, v.shape[1]).copy_(v)
 
-    def gather(self, layer: int, index: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """One layer's keys and values of tokens index [Hkv, n] of each KV head: [Hkv, n, D] in
-        the cache's dtype (a float cache) or float32 (one that is not)."""
-        heads = torch.arange(self.num_kv_heads, device=index.device)[:, None]
-        return self.k[layer][heads, index], self.v[layer][heads, index]
-
     def keys(self, layer: int, start: int, stop: int) -> torch.Tensor:
-        """One layer's keys of tokens [start, stop): [Hkv, n, D] (dtype as `gather`'s)."""
+        """One layer's keys of tokens [start, stop): [Hkv, n, D] in the cache's dtype (float32
+        for an int16 cache: its integers widened)."""
         return self.k[layer, :, start:stop]
 
     def view(
