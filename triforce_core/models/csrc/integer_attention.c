@@ -469,6 +469,16 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
         else
 #endif
             iat_scores_scalar(qbh, qsh, R, R16, D, kh, t0, n16, A, B, B64);
+        /* the next job's steps too (1 KB of each a block), here where the row passes below issue
+           no loads of their own */
+        if (job + 1 < job_end) {
+            int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;
+            const char *s1 = (const char *)(sk + h1 * scale_stride + t1), *v1 = (const char *)(sv + h1 * scale_stride + t1);
+            for (int64_t c = 0; c < (int64_t)block * 4; c += 64) {
+                __builtin_prefetch(s1 + c, 0, 1);
+                __builtin_prefetch(v1 + c, 0, 1);
+            }
+        }
         /* 3-4. per row: the scores, the softmax, the weights on their grid */
         int64_t stat = (h * nb + b) * R;
         for (int r = 0; r < R; r++) {
