@@ -306,18 +306,18 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
 
     t0 = time.perf_counter()
     # Warm-up: the document's prefill (shared by every turn after it) and each configuration once.
+    prefills = {}  # each K/V dtype's session prefills the document in its first warm-up turn
     for i, n in enumerate(names):
         warm = replace(configs[n], speculation=replace(configs[n].speculation, max_new_tokens=4))
-        _answer_as(n, lambda inspect: ask_first(n, "Hello.", warm, inspect) if i == 0
-                   else sessions[kv[n]].rerun_last(warm, inspect=inspect), models)
+        _, stats = _answer_as(n, lambda inspect: ask_first(n, "Hello.", warm, inspect) if i == 0
+                              else sessions[kv[n]].rerun_last(warm, inspect=inspect), models)
+        prefills.setdefault(str(kv[n]).removeprefix("torch."), stats)
     prefill_s = time.perf_counter() - t0
     say(f"[chat] document {session.document_tokens} tokens; prefill and warm-up {prefill_s:.1f}s")
     prefilled = session.turns[0].stats  # the first warm-up turn prefilled the document
-    # each K/V dtype's session prefilled the document in its first warm-up turn
-    prefills = {str(d).removeprefix("torch."): s.turns[0].stats for d, s in sessions.items()}
     if len(prefills) > 1:
         say("[chat] prefill of the document by K/V dtype: " + ", ".join(
-            f"{d} {p.prefill_tokens / p.prefill_s:.1f} tok/s" for d, p in prefills.items()))
+            f"{d} {(p.prompt_tokens - p.reused_tokens) / p.prefill_s:.1f} tok/s" for d, p in prefills.items()))
     for s in sessions.values():
         s.clear()
     first_prompt = (session.prompt_text(turns[0][1]), len(session.prompt_ids(turns[0][1]))) if peer else None
@@ -376,8 +376,9 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "settings": settings_of(split_name(n)[1]),
                         "row_cost": row_cost_of_config(engine, configs[n], kv[n])} for n in names},
         "results": results,
-        "prefill_by_kv_dtype": {d: {"tokens": p.prefill_tokens, "seconds": p.prefill_s,
-                                    "tokens_per_s": p.prefill_tokens / p.prefill_s} for d, p in prefills.items()},
+        "prefill_by_kv_dtype": {d: {"tokens": p.prompt_tokens - p.reused_tokens, "seconds": p.prefill_s,
+                                    "tokens_per_s": (p.prompt_tokens - p.reused_tokens) / p.prefill_s}
+                                for d, p in prefills.items()},
         "temperature": sampling.temperature,
         "repetition_penalty": sampling.repetition_penalty,
         "max_new_tokens": max_new_tokens,

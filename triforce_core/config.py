@@ -80,7 +80,8 @@ GGUF_KV_DTYPE = "float16"
 # paths run: int16 (`kv.int16`). It reads closer to float32 than float16 (mean KL 1.8e-7 against
 # 9.0e-7 on SmolLM2) and measured faster there: the 3B shape's step 0.97-0.98x float16's and its
 # 7-row verification 0.73-0.85x at 8K-32K (bench/results/level-steps-3b-q4km-int16-cache.json).
-# Heads of 64 keep float16: the 1B shape's step was 1.03-1.05x, SmolLM2's chat 0.97x.
+# Heads of 64 keep float16: the 1B shape's step was 1.02x, SmolLM2's chat 1.00x (lookup) and
+# 0.98x (autoregressive; bench/results/chat-smollm2-6k-rp12-int16-prefetch.json).
 INT16_KV_MIN_HEAD = 128
 # What `exact` (`--exact`, `TriForceEngine(exact=True)`) computes and keeps K/V in: greedy output
 # equals Hugging Face's token for token.
