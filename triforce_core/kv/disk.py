@@ -1,7 +1,7 @@
 """The target's prefilled K/V kept on disk, in blocks keyed by the exact tokens before them.
 
     disk = DiskCache(folder, model_key=model_fingerprint(target))
-    blocks = disk.blocks(tokens, 1024, full_cache.k.dtype)  # a key per whole 1024-token block of `tokens`
+    blocks = disk.blocks(tokens, 1024, full_cache.dtype)  # a key per whole 1024-token block of `tokens`
     n = disk.load(full_cache, blocks, first, end) # tokens read back (stops at a miss or a bad file)
     disk.save(full_cache, blocks[j])              # after block j was computed
 
@@ -26,8 +26,8 @@ its span, after blocks that were themselves computed (or read) that way (`FullCa
 Reading blocks back therefore reproduces, bit for bit, the cache a fresh prefill builds.
 
 A file: a fixed header (magic, version, lengths), a JSON description (key, shape, dtype),
-the block's token ids (int32) and its keys and values (an int16 cache's: its planes and steps,
-`Int16Cache.span`), with a CRC-32 of everything after the
+the block's token ids (int32) and its keys and values as the cache holds them
+(`FullCache.span`: an int16 cache's planes and steps), with a CRC-32 of everything after the
 fixed header. A file that is short, fails its checksum or describes something else is
 reported in one line, deleted and rebuilt by the next prefill; it is never used. Writes go
 to a temporary file in the same folder, a name of its own for each write, then
@@ -57,7 +57,6 @@ from ..config import GB, KV_CACHE_MAX_GB, cache_home
 from ..models.arithmetic import arithmetic_key
 from ..models.loading import weight_files
 from .full import FullCache
-from .int16 import SPAN_ALIGN, Int16Cache
 from .store import kv_dtype_name
 
 log = logging.getLogger(__name__)
@@ -67,13 +66,6 @@ VERSION = 1
 _FIXED = struct.Struct("<4sHIQI")  # magic, version, description length, body length, crc32(rest)
 SUFFIX = ".kv"
 DEFAULT_MAX_BYTES = int(KV_CACHE_MAX_GB * GB)
-
-
-def _kv_nbytes(cache: FullCache, n: int) -> int:
-    """The bytes of n tokens' keys and values as a block file holds them."""
-    if isinstance(cache, Int16Cache):
-        return cache.span_nbytes(n)
-    return 2 * cache.num_layers * cache.num_kv_heads * n * cache.head_dim * cache.k.element_size()
 
 
 def file_digest(path: Path, folder: Path | None = None) -> str:
@@ -236,17 +228,13 @@ class DiskCache:
             if kv is None:
                 break
             a, b = block.start, block.end
-            if isinstance(kv, torch.Tensor):  # an int16 cache's span
-                cache.put_span(a, b, kv)
-            else:
-                cache.k[:, :, a:b] = kv[0]
-                cache.v[:, :, a:b] = kv[1]
+            cache.put_span(a, b, kv)
             cache.length = b
             cache.canonical = b
             done += b - a
         return done
 
-    def _read(self, block: Block, cache: FullCache) -> tuple[torch.Tensor, torch.Tensor] | torch.Tensor | None:
+    def _read(self, block: Block, cache: FullCache) -> torch.Tensor | None:
         path = self.path(block)
         try:
             with open(path, "rb") as f:
@@ -273,16 +261,13 @@ class DiskCache:
         except (struct.error, ValueError) as e:
             return self._bad(path, f"is malformed ({e})")
         expect = {"key": block.key, "shape": [L, H, n, D], "dtype": kv_dtype_name(cache.dtype)}
-        if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + _kv_nbytes(cache, n):
+        if any(desc.get(k) != v for k, v in expect.items()) or body_len != 4 * n + cache.span_nbytes(n):
             return self._bad(path, "describes another block, shape or dtype")
         body = rest[desc_len:]
         ids = torch.frombuffer(body, dtype=torch.int32, count=n)
         if tuple(ids.tolist()) != block.tokens:
             return self._bad(path, "holds other tokens than its key says")
-        if isinstance(cache, Int16Cache):
-            return torch.frombuffer(body, dtype=torch.uint8, offset=4 * n).clone()
-        kv = torch.frombuffer(body, dtype=cache.dtype, offset=4 * n).view(2, L, H, n, D)
-        return kv[0].to(cache.device), kv[1].to(cache.device)
+        return torch.frombuffer(body, dtype=torch.uint8, offset=4 * n)  # the span (`FullCache.span`)
 
     def _bad(self, path: Path, why: str) -> None:
         line = f"K/V cache file {path.name} {why}: ignored and deleted; it is rebuilt by the next prefill"
@@ -312,13 +297,9 @@ class DiskCache:
         desc = json.dumps({"key": block.key, "shape": [L, H, n, D],
                            "dtype": kv_dtype_name(cache.dtype)}).encode()
         ids = torch.tensor(block.tokens, dtype=torch.int32).numpy().tobytes()
-        if isinstance(cache, Int16Cache):
-            if a % SPAN_ALIGN:  # a prefill chunk off the planes' groups: not kept (the next prefill recomputes it)
-                return False
-            kv = cache.span(a, b)
-        else:
-            kv = torch.stack([cache.k[:, :, a:b], cache.v[:, :, a:b]]).to("cpu").contiguous()
-        body = ids + kv.view(-1).view(torch.uint8).numpy().tobytes()
+        if a % cache.span_align:  # a prefill chunk off an int16 cache's groups: not kept (the next prefill recomputes it)
+            return False
+        body = ids + cache.span(a, b).numpy().tobytes()
         crc = zlib.crc32(body, zlib.crc32(desc))
         size = _FIXED.size + len(desc) + len(body)
         if not self._make_room(size, protect):

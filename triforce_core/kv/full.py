@@ -54,6 +54,42 @@ class FullCache(KVStore):
             super().grow(capacity)
             self._means = None  # sized by capacity; recomputed on the next selection
 
+    span_align = 1  # a span (`span`) may start at any token
+
+    def span(self, start: int, stop: int) -> torch.Tensor:
+        """Tokens [start, stop) as stored, for the disk cache: one CPU uint8 tensor (keys then
+        values, [2, L, Hkv, n, D] in the cache's dtype)."""
+        self._check_held(start, stop)
+        kv = torch.stack([self.k[:, :, start:stop], self.v[:, :, start:stop]]).to("cpu").contiguous()
+        return kv.view(-1).view(torch.uint8)
+
+    def span_nbytes(self, n: int) -> int:
+        """The bytes of an n-token span."""
+        return 2 * self.num_layers * self.num_kv_heads * n * self.head_dim * self.k.element_size()
+
+    def put_span(self, start: int, stop: int, data: torch.Tensor) -> None:
+        """The inverse of `span`, into tokens [start, stop) (which must follow the cached ones)."""
+        self._check_span(start, stop, data)
+        n = stop - start
+        kv = data.view(self.dtype).view(2, self.num_layers, self.num_kv_heads, n, self.head_dim)
+        self.k[:, :, start:stop] = kv[0]
+        self.v[:, :, start:stop] = kv[1]
+
+    def _check_held(self, start: int, stop: int) -> None:
+        """ValueError unless tokens [start, stop) are held and start may begin a span."""
+        if start % self.span_align or not 0 <= start < stop <= self.length:
+            raise ValueError(f"a span starts on a multiple of {self.span_align} within the {self.length} tokens "
+                             f"held, not {start}..{stop}")
+
+    def _check_span(self, start: int, stop: int, data: torch.Tensor) -> None:
+        """ValueError unless `data` is a span of tokens [start, stop) that may follow the held ones."""
+        if start % self.span_align or not 0 <= start <= self.length or not start < stop <= self.capacity:
+            raise ValueError(f"a span {start}..{stop} does not follow the {self.length} tokens held on a multiple of "
+                             f"{self.span_align} within a capacity of {self.capacity}")
+        if data.dtype != torch.uint8 or data.numel() != self.span_nbytes(stop - start):
+            raise ValueError(f"a span of {stop - start} tokens takes {self.span_nbytes(stop - start)} bytes, "
+                             f"not {data.numel()}")
+
     def copy_to(self, dst: KVStore, at: int, index: torch.Tensor) -> None:
         """Write the keys/values of positions index ([Hkv, n], or [L, Hkv, n] each layer's own)
         into the float store `dst`'s slots at.., every layer (one gather for all of them)."""

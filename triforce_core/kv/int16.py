@@ -34,13 +34,14 @@ INT16 = torch.int16  # the dtype that names this cache (`resolve_kv_dtype("int16
 SPAN_ALIGN = 16  # tokens: a span from a multiple of it is whole 64-byte lines of keys and values
 
 
-def check_int16(head_dim: int, chunk_size: int) -> None:
-    """ConfigError unless a model of this head size and a retrieval chunk of this size can run
-    over an int16 cache (the integer kernel's head sizes, its blocks of 256 keys per chunk sum)."""
+def check_int16(head_dim: int, chunk_size: int | None = None) -> None:
+    """ConfigError unless a model of this head size and a retrieval chunk of this size (None: no
+    retrieval) can run over an int16 cache (the integer kernel's head sizes, its blocks of 256
+    keys per chunk sum)."""
     if head_dim % 64 or head_dim > 256:
         raise ConfigError(f"kv_dtype int16 needs a head size that is a multiple of 64 up to 256, not {head_dim} "
                           "(use float16)")
-    if 256 % chunk_size:
+    if chunk_size is not None and 256 % chunk_size:
         raise ConfigError(f"kv_dtype int16 needs a retrieval chunk size that divides 256, not {chunk_size}")
 
 
@@ -72,9 +73,7 @@ class Int16Cache(FullCache):
                  device: torch.device | str = "cpu"):
         if torch.device(device).type != "cpu":
             raise ValueError("an int16 K/V cache runs on the CPU only")
-        if head_dim % 64 or head_dim > 256:
-            raise ValueError(f"an int16 K/V cache needs a head size that is a multiple of 64 up to 256, not {head_dim} "
-                             "(use --kv-dtype float16)")
+        check_int16(head_dim)
         self.kernel = _kernel()
         super().__init__(num_layers, num_kv_heads, head_dim, capacity, INT16, device)
 
@@ -144,12 +143,12 @@ class Int16Cache(FullCache):
     def native_storage(self) -> tuple[torch.Tensor, torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         return self.kp, self.vp, (self.sk, self.sv)
 
+    span_align = SPAN_ALIGN
+
     def span(self, start: int, stop: int) -> torch.Tensor:
         """Tokens [start, stop) as stored (start a multiple of SPAN_ALIGN): one uint8 tensor of
         the key planes, the value planes, then the keys' and values' steps, every layer and head."""
-        if start % SPAN_ALIGN or not 0 <= start < stop <= self.length:
-            raise ValueError(f"an int16 span starts on a multiple of {SPAN_ALIGN} within the {self.length} tokens "
-                             f"held, not {start}..{stop}")
+        self._check_held(start, stop)
         a, b = self._span_bytes(start, stop)
         keys, values = self.kp[:, :, a:b].clone(), self.vp[:, :, a:b].clone()
         # zeros for the tokens past `stop` in its group: a span's bytes depend on its tokens only
@@ -169,14 +168,9 @@ class Int16Cache(FullCache):
         return self.num_layers * self.num_kv_heads * (2 * (b - a) + 8 * n)
 
     def put_span(self, start: int, stop: int, data: torch.Tensor) -> None:
-        """The inverse of `span`, into tokens [start, stop) (which must follow the cached ones)."""
-        if start % SPAN_ALIGN or not 0 <= start <= self.length or not start < stop <= self.capacity:
-            raise ValueError(f"an int16 span {start}..{stop} does not follow the {self.length} tokens held "
-                             f"on a multiple of {SPAN_ALIGN} within a capacity of {self.capacity}")
+        self._check_span(start, stop, data)
         n, (a, b) = stop - start, self._span_bytes(start, stop)
         L, H = self.num_layers, self.num_kv_heads
-        if data.dtype != torch.uint8 or data.numel() != self.span_nbytes(n):
-            raise ValueError(f"an int16 span of {n} tokens takes {self.span_nbytes(n)} bytes, not {data.numel()}")
         plane, steps = L * H * (b - a), L * H * 4 * n
         at = 0
         for p in (self.kp, self.vp):

@@ -186,7 +186,7 @@ class Kernel:
         if q.dtype != torch.float32 or heads.heads != H or heads.head_dim != D:
             raise ValueError(f"integer attention: queries {tuple(q.shape)} {q.dtype} against {heads.heads} heads of "
                              f"{heads.head_dim}")
-        self._check_heads(heads)
+        self.check_heads(heads)
         if not 1 <= T <= heads.capacity:
             raise ValueError(f"integer attention: {T} tokens in a cache of {heads.capacity}")
         if limits is not None and limits.numel() != R:
@@ -219,7 +219,7 @@ class Kernel:
         return "tiles" if rows > INTEGER_TILE_ROWS and "tiles" in paths else "vnni" if "vnni" in paths else "scalar"
 
     @staticmethod
-    def _check_heads(heads: Int16Heads) -> None:
+    def check_heads(heads: Int16Heads) -> None:
         """The planes and scales are the types, sizes and layout the kernel reads (`int16_kv`)."""
         H, D, cap = heads.heads, heads.head_dim, heads.capacity
         if D % 64 or D > 256:
@@ -235,7 +235,7 @@ class Kernel:
     def integer_write(self, heads: Int16Heads, k: torch.Tensor, v: torch.Tensor, start: int) -> None:
         """`int16_kv.write` in native code, the same bits: keys and values [H, n, D] of tokens
         start.. onto their grids, into `heads`, whose length becomes start + n."""
-        self._check_heads(heads)
+        self.check_heads(heads)
         H, n, D = k.shape
         if tuple(v.shape) != (H, n, D) or H != heads.heads or D != heads.head_dim:
             raise ValueError(f"keys {tuple(k.shape)} and values {tuple(v.shape)} for {heads.heads} heads of "
@@ -256,7 +256,7 @@ class Kernel:
         """What `heads` holds for tokens index [H, n] (each below its length) of each head, as
         float32 keys and values [H, n, D]: the integers times their steps (into `out`, two
         contiguous float32 [H, n, D] tensors, where given)."""
-        self._check_heads(heads)
+        self.check_heads(heads)
         H, D = heads.heads, heads.head_dim
         if index.dim() != 2 or index.shape[0] != H:
             raise ValueError(f"integer tokens: an index {tuple(index.shape)} for {H} heads")

@@ -234,16 +234,15 @@ class Layers:
         by (ValueError); and its capacity in tokens."""
         sk, sv = steps
         capacity = sk.shape[-1] if sk.dim() == 3 else 0
-        # the whole cache's tensors at once, as the integer kernel checks a layer's (a check a
-        # layer in Python would cost a forward ~0.2 ms)
-        if (D % 64 or D > 256 or capacity % int16_kv.CAPACITY_STEP or k.dtype != torch.uint8 or v.dtype != torch.uint8
-                or sk.dtype != torch.float32 or sv.dtype != torch.float32 or tuple(k.shape) != (L, Hkv, capacity * 2 * D)
-                or v.shape != k.shape or tuple(sk.shape) != (L, Hkv, capacity) or sv.shape != sk.shape
+        # the whole cache's tensors once a forward (a check a layer in Python cost ~0.2 ms): every
+        # layer is a slice of them, laid out as layer 0's, which the kernel's own check covers
+        if (k.dim() != 3 or tuple(k.shape) != (L, Hkv, capacity * 2 * D) or v.shape != k.shape
+                or tuple(sk.shape) != (L, Hkv, capacity) or sv.shape != sk.shape
                 or not (k.is_contiguous() and v.is_contiguous() and sk.is_contiguous() and sv.is_contiguous())):
-            raise ValueError(f"decode_layers: int16 planes {tuple(k.shape)} {k.dtype}, {tuple(v.shape)} {v.dtype} and steps "
-                             f"{tuple(sk.shape)} {sk.dtype}, {tuple(sv.shape)} {sv.dtype} are not contiguous uint8 "
-                             f"[layers {L}, KV heads {Hkv}, capacity x 2 x {D}] and float32 [{L}, {Hkv}, capacity], "
-                             f"the capacity a multiple of {int16_kv.CAPACITY_STEP} and the head size of 64 up to 256")
+            raise ValueError(f"decode_layers: int16 planes {tuple(k.shape)}, {tuple(v.shape)} and steps {tuple(sk.shape)}, "
+                             f"{tuple(sv.shape)} are not contiguous [layers {L}, KV heads {Hkv}, capacity x 2 x {D}] "
+                             f"and [{L}, {Hkv}, capacity]")
+        native_attention.Kernel.check_heads(int16_kv.Int16Heads(k[0], v[0], sk[0], sv[0], D, 0))
         write, attend = attention.integer_addresses
         path = native_attention.INTEGER_PATHS.index(attention.integer_path(R))
         planes = Int16Planes(k.data_ptr(), v.data_ptr(), sk.data_ptr(), sv.data_ptr(), k.stride(0), k.stride(1),
