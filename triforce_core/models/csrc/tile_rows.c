@@ -464,14 +464,22 @@ static TILE_TARGET void step_tiles_configure(int M, int sub) {
     _tile_loadconfig(&c);
 }
 
-/* The next 16 outputs' super-block (at base + 16 rows) asked for: it is read a job from now.
- * Measured over 19 matrices read from memory (16384 x 2048 Q4_K, VNNI's one row, a loop like
- * `bench.int8_rows --matrices`): this against none 1.13 against 1.75 ms; the next jobs' rows in
- * order, all at once or a slice a super-block, this job's next super-blocks, or two jobs ahead
- * all took longer (1.2-1.7 ms). */
-static INLINE void step_ahead(const struct part *p, int64_t r0, const uint8_t *base, int bb) {
-    for (int n = 16; n < 32 && r0 + n < p->rows; n++)
-        for (int c0 = 0; c0 < bb; c0 += 64) __builtin_prefetch(base + n * p->ld + c0, 0, 3);
+/* Outputs 16 + n0 .. 16 + n0 + count - 1's super-block (base + 16 rows on: the next job's, read
+ * a job from now) asked for into the second-level cache, every line it touches. Each kernel
+ * asks for the next job's 16 a few at a time, spread over a super-block's work: 48 requests in
+ * a burst at its start (as before) stalled on the queue of misses, and the stalls were a fifth
+ * of the tiles' samples in `perf` (on the instructions after the requests). Over 19 16384 x 2048
+ * matrices read from memory (the A/B loop of `bench.int8_rows --matrices 19`, alternated):
+ * spread and into the second level against a burst into the first, Q4_K 0.95x at 1 row (VNNI),
+ * 0.83-0.85x at 7 (the tiles), Q6_K 0.80x at 1 and 0.82-0.83x at 7; a burst into the second
+ * level alone 0.96x at 7 rows, spread into the first 0.89x, two jobs ahead as one. Before it, a
+ * burst against none: 1.13 against 1.75 ms (one row). */
+static INLINE void step_ahead(const struct part *p, int64_t r0, const uint8_t *base, int bb, int n0, int count) {
+    for (int n = 16 + n0; n < 16 + n0 + count && r0 + n < p->rows; n++) {
+        const uint8_t *at = base + n * p->ld;
+        const uint8_t *line = (const uint8_t *)((uintptr_t)at & ~(uintptr_t)63);
+        for (; line < at + bb; line += 64) __builtin_prefetch(line, 0, 2);
+    }
 }
 
 /* Q4_K's and Q5_K's 16 outputs' d, dmin, sc_j and m_j (scale_min_k4) as floats, gathered. */
@@ -571,7 +579,6 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps(), mac[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-        step_ahead(p, r0, base, bb);
         __m512i qh[8];
         if (q5) step_transpose(base + 16, off, qh);
         __m512i S[VNNI_STEP_ROWS][8];
@@ -579,6 +586,7 @@ static INLINE TILE_TARGET void vnni_step_rows(const struct part *p, int64_t r0, 
             for (int j = 0; j < 8; j++) S[r][j] = _mm512_setzero_si512();
         for (int c = 0; c < 4; c++) {
             __m512i rows[8];
+            step_ahead(p, r0, base, bb, 4 * c, 4);
             step_transpose(base + qs0 + 32 * c, off, rows);
             for (int k = 0; k < 8; k++) {
                 /* inputs 64c + 4k + t (sub-block 2c) and 64c + 32 + 4k + t (2c + 1) of each output */
@@ -646,7 +654,6 @@ static INLINE TILE_TARGET void vnni_step_rows6(const struct part *p, int64_t r0,
     for (int r = 0; r < R; r++) acc[r] = _mm512_setzero_ps();
     for (int b = 0; b < nb; b++) {
         const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-        step_ahead(p, r0, base, bb);
         __m512 sc[16], dv, F[VNNI_STEP_ROWS];
         step_scales6(base, vidx, sc, &dv);
         for (int r = 0; r < R; r++) F[r] = _mm512_setzero_ps();
@@ -657,6 +664,7 @@ static INLINE TILE_TARGET void vnni_step_rows6(const struct part *p, int64_t r0,
             step_transpose(base + 128 + 32 * h, off, th);
             for (int g = 0; g < 4; g++) {
                 const int c = 2 * h + g / 2, o = 8 * (g % 2); /* the activations' 64 and pair offset */
+                step_ahead(p, r0, base, bb, 8 * h + 2 * g, 2);
                 __m512i S[VNNI_STEP_ROWS][2];
                 for (int r = 0; r < R; r++) S[r][0] = S[r][1] = _mm512_setzero_si512();
                 for (int k = 0; k < 8; k++) {
@@ -721,7 +729,6 @@ static TILE_TARGET void amx_step_outputs6(const struct part *p, int64_t r0, int6
             const int cur = b & 1, prev = cur ^ 1;
             if (b < nb) {
                 const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-                if (t0 == 0) step_ahead(p, r0, base, bb);
                 step_scales6(base, vidx, sc[cur], &dv[cur]);
                 for (int h = 0; h < 2; h++) {
                     __m512i t1[8], t2[8], th[8];
@@ -733,6 +740,7 @@ static TILE_TARGET void amx_step_outputs6(const struct part *p, int64_t r0, int6
                             _mm512_store_si512((void *)(B[8 * h + 2 * q] + 64 * k), step_weights6(t1, t2, th, q, k));
                 }
                 for (int j = 0; j < 16; j += 2) {
+                    if (t0 == 0) step_ahead(p, r0, base, bb, j, 2);
                     const uint8_t *at = st + (int64_t)(4 * b + j / 4) * 16 * 64 + 16 * (j % 4);
                     _tile_loadd(0, at, 64);
                     _tile_loadd(1, at + 16, 64);
@@ -797,7 +805,6 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
             const int cur = b & 1, prev = cur ^ 1;
             if (b < nb) {
                 const uint8_t *base = (const uint8_t *)p->data + r0 * p->ld + (int64_t)b * bb;
-                if (t0 == 0) step_ahead(p, r0, base, bb);
                 step_scales4(base, vidx, sc[cur], mn[cur], &dv[cur], &dmv[cur]);
                 __m512i qh[8];
                 if (q5) step_transpose(base + 16, off, qh);
@@ -814,6 +821,7 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
                     }
                 }
                 for (int q = 0; q < 4; q++) {
+                    if (t0 == 0) step_ahead(p, r0, base, bb, 4 * q, 4);
                     const uint8_t *at = st + (int64_t)(4 * b + q) * 16 * 64;
                     _tile_loadd(2, B[2 * q], 64);
                     _tile_loadd(3, B[2 * q + 1], 64);
