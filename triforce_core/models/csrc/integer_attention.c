@@ -236,9 +236,9 @@ static IAT_TARGET void iat_scores_tiles(const int8_t *qb, const int32_t *qsum, i
                                         int64_t t0, int n16, int32_t *A, int32_t *B, int ab, int32_t *cbuf, Prefetch *pf) {
     for (int g = 0; g < n16; g += 16) {
         const uint8_t *kg = k + (t0 + g) / 16 * 32 * D;
-        prefetch(pf);
         for (int c = 0; c < R16; c += 16) {
             const int8_t *qh = qb + (int64_t)c * D, *ql = qb + ((int64_t)R16 + c) * D;
+            prefetch(pf);
             _tile_zero(4);
             _tile_zero(5);
             _tile_zero(6);
@@ -255,6 +255,7 @@ static IAT_TARGET void iat_scores_tiles(const int8_t *qb, const int32_t *qsum, i
                 _tile_dpbsud(6, 1, 2);
                 _tile_dpbsud(7, 1, 3);
             }
+            prefetch(pf);
             iat_combine_tiles(cbuf, qsum, R16, c, R, A + g, B + g, ab);
         }
     }
@@ -283,6 +284,7 @@ static IAT_TARGET void iat_weighted_tiles(const int8_t *ph, const int8_t *pl, in
                 _tile_loadd(3, vq + 4 * D, 8 * D);
                 _tile_dpbsud(4, 0, 2);
                 _tile_dpbsud(5, 0, 3);
+                prefetch(pf);
                 _tile_dpbsud(6, 1, 2);
                 _tile_dpbsud(7, 1, 3);
             }
@@ -452,8 +454,8 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
             int64_t kb = (int64_t)(n1 + 15) / 16 * 32 * D, vb = (int64_t)(n1 + 3) / 4 * 8 * D;
             int rows = path == IAT_TILES_PATH ? R16 / 16 : (R + 3) / 4;
             /* the products' calls of `prefetch` in this job */
-            int64_t kc = path == IAT_TILES_PATH ? (int64_t)n16 / 16 : (int64_t)n16 / 16 * rows * (D / 16);
-            int64_t vc = path == IAT_TILES_PATH ? (int64_t)rows * (D / 16) * (n64 / 64) : (int64_t)(D / 16) * rows * (n64 / 4);
+            int64_t kc = path == IAT_TILES_PATH ? (int64_t)n16 / 16 * rows * 2 : (int64_t)n16 / 16 * rows * (D / 16);
+            int64_t vc = path == IAT_TILES_PATH ? (int64_t)rows * (D / 16) * (n64 / 64) * 2 : (int64_t)(D / 16) * rows * (n64 / 4);
             pk = (Prefetch){(const char *)(k + h1 * head_bytes + t1 / 16 * 32 * D), NULL, 0, 0};
             pk.end = pk.next + kb, pk.step = (kb / kc + 63) / 64 * 64;
             pv = (Prefetch){(const char *)(v + h1 * head_bytes + t1 / 4 * 8 * D), NULL, 0, 0};

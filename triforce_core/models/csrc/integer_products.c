@@ -160,13 +160,13 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
     if (steps && S <= VNNI_STEP_ROWS && int8_path() == INT8_AVX512_VNNI && tiles_ready()) {
         /* a step: VNNI in the tiles' order (vnni_step_outputs) reads the rows as WIDE does,
            so none of the tiles' layouts is made (they cost a step 4 % in allocations) */
-        const struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL};
+        const struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL, NULL};
         return wide_stacked_product(x, S, K, parts, nparts, y, threads, &none);
     }
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)nb);
     struct tile_acts a = {calloc((size_t)S_pad * (size_t)K, 1), calloc((size_t)S_pad * (size_t)K, 1),
                           calloc((size_t)S_pad * (size_t)nb * 8, sizeof(int32_t)), calloc((size_t)S_pad * (size_t)nb, sizeof(float)),
-                          S_pad, steps, NULL};
+                          S_pad, steps, NULL, NULL};
     int failed = -1;
     if (xw && a.hi && a.lo && a.bsums && a.d) {
         int nt = (int64_t)S * K < (1 << 14) ? 1 : threads;

@@ -57,10 +57,13 @@ struct tile_acts {
     int S_pad;
     int steps;      /* 1: the steps' order (the kernel of `int8.STEP_TILES` below), 0: a prefill's */
     uint8_t *st;    /* with steps, the rows as that kernel's A tiles (`step_acts`) */
+    float *fb;      /* with steps, bsums as floats (exact: |bsum| <= 32 x 32767), for the minimums' products
+                       to broadcast from memory (converting them there was 6 % of a 7-row product) */
 };
 
 static void tile_acts_free(struct tile_acts *a) {
     free(a->st);
+    free(a->fb);
     free(a->hi);
     free(a->lo);
     free(a->bsums);
@@ -365,7 +368,9 @@ static inline int step_type(int type) { return type == T_Q4_K || type == T_Q5_K 
 static int step_acts(struct tile_acts *a, int S, int K) {
     const int groups = (S + STEP_ROWS - 1) / STEP_ROWS, chunks = K / 64;
     a->st = calloc((size_t)groups * chunks * 16 * 64, 1);
-    if (!a->st) return -1;
+    a->fb = malloc(sizeof(float) * (size_t)S * (size_t)(K / 256) * 8);
+    if (!a->st || !a->fb) return -1;
+    for (int64_t i = 0; i < (int64_t)S * (K / 256) * 8; i++) a->fb[i] = (float)a->bsums[i];
     for (int G = 0; G < groups; G++) {
         const int M = S - STEP_ROWS * G < STEP_ROWS ? S - STEP_ROWS * G : STEP_ROWS;
         for (int c = 0; c < chunks; c++) {
@@ -853,9 +858,9 @@ static TILE_TARGET void amx_step_outputs(const struct part *p, int64_t r0, int64
                 const int s = s0 + t0 + m;
                 const __m512 dx = _mm512_set1_ps(a->d[(int64_t)s * nb + pb]);
                 acc[m] = _mm512_fmadd_ps(F[m], _mm512_mul_ps(dv[prev], dx), acc[m]);
-                const int32_t *bsum = a->bsums + ((int64_t)s * nb + pb) * 8;
+                const float *bsum = a->fb + ((int64_t)s * nb + pb) * 8;
                 __m512 Mm = _mm512_setzero_ps();
-                for (int j = 0; j < 8; j++) Mm = _mm512_fmadd_ps(mn[prev][j], _mm512_set1_ps((float)bsum[j]), Mm);
+                for (int j = 0; j < 8; j++) Mm = _mm512_fmadd_ps(mn[prev][j], _mm512_set1_ps(bsum[j]), Mm);
                 mac[m] = _mm512_fmadd_ps(Mm, _mm512_mul_ps(dmv[prev], dx), mac[m]);
             }
         }
