@@ -541,7 +541,7 @@ int integer_attention(const float *q, const uint8_t *k, const uint8_t *v, const 
         failed = iat_blocks(qs, qb, qsum, k, v, sk, sv, head_bytes, scale_stride, H, R, R16, D, T, limit, block, 0,
                             jobs, out, m_out, l_out, chunk, chunk_sum, path);
 #endif
-        if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL);
+        if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL, threads);
     }
     free(qs);
     free(qb);
