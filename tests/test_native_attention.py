@@ -121,6 +121,30 @@ def test_a_row_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, D):
         assert all(torch.equal(o, seen[0][0]) and torch.equal(m, seen[0][1]) for o, m in seen), f"row {r}"
 
 
+@pytest.mark.parametrize("kv", ["float16", "int16"])
+def test_the_same_bits_on_one_thread_and_on_two(kernel, kv):
+    """The jobs and the merge are split over the threads (the merge by head and row, above a
+    size: here 4 heads x 16 rows x 17 blocks x 64); each piece is one thread's, so the output
+    and the chunk masses do not move with the threads."""
+    from triforce_core.models import int16_kv
+
+    g = torch.Generator().manual_seed(11)
+    H, R, T, D = 4, 16, 4300, 64
+    q, k, v = torch.randn(H, R, D, generator=g), torch.randn(H, T, D, generator=g), torch.randn(H, T, D, generator=g)
+    limits = torch.arange(T - R + 1, T + 1)
+    heads = int16_kv.pack(k, v) if kv == "int16" else None
+    runs = []
+    for threads in (1, 2):
+        one = native_attention.Kernel(kernel.lib, threads=threads)
+        if heads is not None:
+            if "vnni" not in one.integer_paths():
+                pytest.skip("no VNNI here")
+            runs.append(one.integer_attention(q, heads, limits, 0.125, chunk=16))
+        else:
+            runs.append(one.attention(q, k.half(), v.half(), limits, 0.125, chunk=16))
+    assert torch.equal(runs[0][0], runs[1][0]) and torch.equal(runs[0][1], runs[1][1])
+
+
 def test_negative_control_a_leaked_key_is_caught(kernel):
     g = torch.Generator().manual_seed(5)
     H, R, T, D = 4, 7, 3000, 64
