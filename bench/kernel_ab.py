@@ -1,20 +1,23 @@
-"""The native layers library of two source trees, timed against each other in one process.
+"""The native libraries of two source trees, timed against each other in one process.
 
-    python -m bench.kernel_ab --base REV [--target FILE.gguf] [--rows 1,7,256]
-                              [--steps 1,7] [--context 4096] [--prefill 2048] [--repeats 8] [--json OUT]
+    python -m bench.kernel_ab --base REV [--target FILE.gguf] [--rows 1,7,256] [--steps 1,7]
+                              [--context 4096] [--kv-dtype int16] [--prefill 2048] [--repeats 8] [--json OUT]
     python -m bench.kernel_ab --base-env NAME=VALUE ...   (the working tree's library both sides,
                               the base with NAME=VALUE set: TRIFORCE_TILES=0, a prefill without tiles)
 
-Builds `layers.c` from git revision REV's `triforce_core/models/csrc` (extracted with
-`git archive` into a temporary folder) and from the working tree, with the flags the engine
-builds it with (`native_layers.LAYER_FLAGS`), loads both, and alternates them call by call
-(the order reversed every other repetition, medians of the repetitions):
+Builds the decoder layers' library (`layers.c`) and the attention's (`few_rows.c`) from git
+revision REV's `triforce_core/models/csrc` (extracted with `git archive` into a temporary
+folder) and from the working tree, with the flags the engine builds them with, loads both
+pairs, and alternates them call by call (the order reversed every other repetition, medians of
+the repetitions):
 
-- products: each projection of one layer of --target in the default products mode
-  (`int8.FAST_PATH_DEFAULT`), at each of --rows: milliseconds, GMAC/s, new/base, and whether
-  both gave the same bits (a change of speed must not be a change of arithmetic);
-- steps: a forward of each of --steps rows over a random cache of --context tokens
-  (`bench.level_steps.random_cache_decoder`), the process's library swapped between runs;
+- products: each projection of one layer of --target in the products mode the engine takes
+  here (`native_layers.products_mode`: the steps' order on AMX's tiles where they run), at each
+  of --rows: milliseconds, GMAC/s, new/base, and whether both gave the same bits (a change of
+  speed must not be a change of arithmetic);
+- steps: a forward of each of --steps rows over a random cache of --context tokens in
+  --kv-dtype (`bench.level_steps.random_cache_decoder`; default the engine's), the process's
+  two libraries swapped between runs;
 - prefill: --prefill random tokens through the model into an empty cache, in chunks of the
   default `prefill_chunk`, as a document's prefill runs (tokens a second).
 
@@ -36,12 +39,15 @@ import tempfile
 import time
 from io import BytesIO
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 
 from bench.reports import write_json
 from triforce_core.cli.bench_report import cpu_model
-from triforce_core.models import int8, native_build, native_layers
+from triforce_core.config import KV_DTYPES
+from triforce_core.kv.store import kv_dtype_name
+from triforce_core.models import int8, native_attention, native_build, native_layers
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "triforce_core/models/csrc"
@@ -55,8 +61,26 @@ def sources_at(rev: str, folder: Path) -> Path:
     return folder / CSRC / "layers.c"
 
 
-def load(source: Path, folder: Path) -> native_layers.Layers:
-    return native_layers.Layers(ctypes.CDLL(str(native_build.build(source, native_layers.LAYER_FLAGS, folder))))
+class Libraries(NamedTuple):
+    """One source tree's two libraries: the decoder layers' and the attention's (which the
+    layers call by address)."""
+
+    layers: native_layers.Layers
+    attention: native_attention.Kernel
+
+
+def load(layers_c: Path, folder: Path) -> Libraries:
+    """The libraries built from the csrc folder holding `layers_c`."""
+    layers = native_layers.Layers(ctypes.CDLL(str(native_build.build(layers_c, native_layers.LAYER_FLAGS, folder))))
+    attention = native_attention.Kernel(native_build.build(layers_c.with_name(native_attention.SOURCE.name),
+                                                           native_attention.FLAGS, folder))
+    return Libraries(layers, attention)
+
+
+def use(libs: Libraries) -> None:
+    """Every forward of this process takes `libs` from now on."""
+    native_layers._loader._loaded = libs.layers
+    native_attention._loader._loaded = libs.attention
 
 
 # Environment settings per side (`--base-env`), set around each of that side's runs.
@@ -92,16 +116,17 @@ def switched_env(values: dict[str, str]):
 
 def products(model, libs: dict, rows: list[int], repeats: int, say) -> list[dict]:
     layer = model.layers[len(model.layers) // 2]
+    mode = native_layers.products_mode()
     out = []
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
         w = getattr(layer, name)
         for S in rows:
             x = torch.randn(S, w.n_in, generator=torch.Generator().manual_seed(S))
-            ys = {n: lib.int8.product(x, w, int8.FAST_PATH_DEFAULT) for n, lib in libs.items()}
+            ys = {n: lib.layers.int8.product(x, w, mode) for n, lib in libs.items()}
 
             def run(lib):
                 t0 = time.perf_counter()
-                lib.int8.product(x, w, int8.FAST_PATH_DEFAULT)
+                lib.layers.int8.product(x, w, mode)
                 return time.perf_counter() - t0
 
             t = alternate(libs, repeats, run)
@@ -115,24 +140,25 @@ def products(model, libs: dict, rows: list[int], repeats: int, say) -> list[dict
     return out
 
 
-def steps(target: str, libs: dict, rows: list[int], context: int, repeats: int, say) -> list[dict]:
+def steps(target: str, libs: dict, rows: list[int], context: int, repeats: int, say, kv_dtype: str | None = None) -> list[dict]:
     from bench.level_steps import forward_times, random_cache_decoder
     from bench.loading import load_bench
 
     engine = load_bench(target, None).engine
-    dec, _ = random_cache_decoder(engine, context, seed=1)
+    dec, _ = random_cache_decoder(engine, context, seed=1, kv_dtype=kv_dtype)
     lane = dec.full
     out = []
     for S in rows:
         def run(lib):
-            native_layers._loader._loaded = lib  # the library every forward asks for
+            use(lib)
             forward_times(lane, S)  # one to settle the swapped library's caches
             return statistics.median(forward_times(lane, S)[0] for _ in range(9))
 
         t = alternate(libs, repeats, run)
-        row = {"rows": S, "context": context, "ms": {n: v * 1e3 for n, v in t.items()}, "new_over_base": t["base"] / t["new"]}
+        row = {"rows": S, "context": context, "kv_dtype": kv_dtype_name(lane.cache.dtype),
+               "ms": {n: v * 1e3 for n, v in t.items()}, "new_over_base": t["base"] / t["new"]}
         out.append(row)
-        say(f"[kernel-ab] a forward of {S} rows over {context} keys: base {row['ms']['base']:.2f} ms, "
+        say(f"[kernel-ab] a forward of {S} rows over {context} keys ({row['kv_dtype']} K/V): base {row['ms']['base']:.2f} ms, "
             f"new {row['ms']['new']:.2f} ms ({row['new_over_base']:.2f}x)")
     return out
 
@@ -149,7 +175,7 @@ def prefill(target: str, libs: dict, tokens: int, repeats: int, say) -> dict:
     cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, tokens + 1, engine.kv_dtype_for(GenerationConfig()), model.device)
 
     def run(lib):
-        native_layers._loader._loaded = lib
+        use(lib)
         cache.truncate(0)
         t0 = time.perf_counter()
         for at in range(0, tokens, chunk):
@@ -176,6 +202,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rows", default="1,7,256", help="row counts of the products")
     p.add_argument("--steps", default="1,7", help="row counts of the forwards ('' for none)")
     p.add_argument("--context", type=int, default=4096)
+    p.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
+                   help="the forwards' K/V dtype (default: the engine's for the target)")
     p.add_argument("--prefill", type=int, default=0, help="tokens of a prefill to time (0: none)")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--json", type=Path)
@@ -194,6 +222,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         new = load(native_layers.SOURCE, tmp / "lib-new")
+        own = Libraries(native_layers.kernel(), native_attention.kernel())  # restored at the end
         if args.base_env is not None:
             libs = {"base": new, "new": new}
         else:
@@ -207,13 +236,14 @@ def main(argv: list[str] | None = None) -> int:
 
         model = load_model(args.target, torch.device("cpu"), torch.float32).model
         report = {"base": args.base or f"this tree with {args.base_env}", "target": Path(args.target).name, "cpu": cpu_model(),
-                  "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[int8.FAST_PATH_DEFAULT],
+                  "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[native_layers.products_mode()],
                   "products": products(model, libs, parse(args.rows), args.repeats, say)}
         del model
         if parse(args.steps):
-            report["steps"] = steps(args.target, libs, parse(args.steps), args.context, args.repeats, say)
+            report["steps"] = steps(args.target, libs, parse(args.steps), args.context, args.repeats, say, args.kv_dtype)
         if args.prefill > 0:
             report["prefill"] = prefill(args.target, libs, args.prefill, max(2, args.repeats // 4), say)
+        use(own)
     if args.json:
         write_json(args.json, report)
     return 0

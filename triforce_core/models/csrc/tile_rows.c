@@ -477,8 +477,12 @@ static TILE_TARGET void step_tiles_configure(int M, int sub) {
  * matrices read from memory (the A/B loop of `bench.int8_rows --matrices 19`, alternated):
  * spread and into the second level against a burst into the first, Q4_K 0.95x at 1 row (VNNI),
  * 0.83-0.85x at 7 (the tiles), Q6_K 0.80x at 1 and 0.82-0.83x at 7; a burst into the second
- * level alone 0.96x at 7 rows, spread into the first 0.89x, two jobs ahead as one. Before it, a
- * burst against none: 1.13 against 1.75 ms (one row). */
+ * level alone 0.96x at 7 rows, spread into the first 0.89x, two jobs ahead as one; in the 1B
+ * shape's forwards at 8K (`bench.kernel_ab --base` the burst) a step 1.06-1.11x faster, a 7-row
+ * verification 1.10-1.12x. The second level is the trade of a forward, whose weights come from
+ * memory: a matrix that stays in the third level runs a step's Q4_K faster with the lines asked
+ * into the first (0.81x), Q6_K not (1.04x), and from memory the first level loses 3-9 %. Before
+ * it, a burst against none: 1.13 against 1.75 ms (one row). */
 static INLINE void step_ahead(const struct part *p, int64_t r0, const uint8_t *base, int bb, int n0, int count) {
     for (int n = 16 + n0; n < 16 + n0 + count && r0 + n < p->rows; n++) {
         const uint8_t *at = base + n * p->ld;
