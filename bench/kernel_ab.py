@@ -11,10 +11,11 @@ folder) and from the working tree, with the flags the engine builds them with, l
 pairs, and alternates them call by call (the order reversed every other repetition, medians of
 the repetitions):
 
-- products: each projection of one layer of --target in the products mode the engine takes
-  here (`native_layers.products_mode`: the steps' order on AMX's tiles where they run), at each
-  of --rows: milliseconds, GMAC/s, new/base, and whether both gave the same bits (a change of
-  speed must not be a change of arithmetic);
+- products: each projection of one layer of --target (with --from-memory: of every layer in
+  turn, so that the weights come from memory) in the products mode the engine takes here
+  (`native_layers.products_mode`: the steps' order on AMX's tiles where they run; or
+  --products-mode, on --path), at each of --rows: milliseconds, GMAC/s, new/base, and whether
+  both gave the same bits (a change of speed must not be a change of arithmetic);
 - steps: a forward of each of --steps rows over a random cache of --context tokens in
   --kv-dtype (`bench.level_steps.random_cache_decoder`; default the engine's), the process's
   two libraries swapped between runs;
@@ -114,20 +115,27 @@ def switched_env(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def products(model, libs: dict, rows: list[int], repeats: int, say) -> list[dict]:
-    layer = model.layers[len(model.layers) // 2]
-    mode = native_layers.products_mode()
+def products(model, libs: dict, rows: list[int], repeats: int, say, mode: int | None = None,
+             from_memory: bool = False) -> list[dict]:
+    """Each projection at each row count, in `mode` (default the engine's here). With
+    `from_memory`, a call goes through that projection of every layer in turn (times per matrix):
+    the weights then come from memory, as a forward's do, where one layer's matrix called again
+    is read from the caches."""
+    mode = native_layers.products_mode() if mode is None else mode
+    layers = model.layers if from_memory else [model.layers[len(model.layers) // 2]]
     out = []
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
-        w = getattr(layer, name)
+        ws = [getattr(layer, name) for layer in layers]
+        w = ws[0]
         for S in rows:
             x = torch.randn(S, w.n_in, generator=torch.Generator().manual_seed(S))
             ys = {n: lib.layers.int8.product(x, w, mode) for n, lib in libs.items()}
 
             def run(lib):
                 t0 = time.perf_counter()
-                lib.layers.int8.product(x, w, mode)
-                return time.perf_counter() - t0
+                for m in ws:
+                    lib.layers.int8.product(x, m, mode)
+                return (time.perf_counter() - t0) / len(ws)
 
             t = alternate(libs, repeats, run)
             macs = S * w.n_in * w.n_out
@@ -200,6 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", default=str(Path.home() / ".cache/triforce-studio/desktop-models/llama-3.2-1b-shape.Q4_K_M.gguf"),
                    help="a GGUF file (default: the 1B shape of bench.desktop_models)")
     p.add_argument("--rows", default="1,7,256", help="row counts of the products")
+    p.add_argument("--products-mode", default=None,
+                   help="the products' mode (int8.MODE_WORDS: int16, step-tiles, ...; default the engine's here)")
+    p.add_argument("--path", choices=list(int8.PATH_NAMES.values()), default=None,
+                   help="force the products' vector instructions on both sides, for the forwards too (default: the "
+                   "widest that runs)")
+    p.add_argument("--from-memory", action="store_true",
+                   help="each product call goes through that projection of every layer in turn (weights from memory)")
     p.add_argument("--steps", default="1,7", help="row counts of the forwards ('' for none)")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
@@ -213,6 +228,13 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     say = lambda line: print(line, flush=True)  # noqa: E731
     parse = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+    mode = None
+    if args.products_mode is not None:
+        if args.products_mode.strip().lower() not in int8.MODE_WORDS:
+            print(f"error: --products-mode takes one of {', '.join(int8.MODE_WORDS)}", file=sys.stderr)
+            return 2
+        mode = int8.MODE_WORDS[args.products_mode.strip().lower()]
+    path = None if args.path is None else next(k for k, v in int8.PATH_NAMES.items() if v == args.path)
     if args.base_env is not None:
         name, eq, value = args.base_env.partition("=")
         if not eq or not name.strip():
@@ -235,14 +257,23 @@ def main(argv: list[str] | None = None) -> int:
         from triforce_core.models.loading import load_model
 
         model = load_model(args.target, torch.device("cpu"), torch.float32).model
+        if path is not None:
+            for lib in libs.values():
+                if lib.layers.int8.lib.int8_set_path(path) != path:
+                    print(f"error: this processor cannot run the {args.path} path", file=sys.stderr)
+                    return 2
         report = {"base": args.base or f"this tree with {args.base_env}", "target": Path(args.target).name, "cpu": cpu_model(),
-                  "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[native_layers.products_mode()],
-                  "products": products(model, libs, parse(args.rows), args.repeats, say)}
+                  "threads": torch.get_num_threads(),
+                  "mode": int8.LEVEL_NAMES[native_layers.products_mode() if mode is None else mode],
+                  "path": int8.PATH_NAMES[libs["new"].layers.int8.path()], "from_memory": args.from_memory,
+                  "products": products(model, libs, parse(args.rows), args.repeats, say, mode, args.from_memory)}
         del model
         if parse(args.steps):
             report["steps"] = steps(args.target, libs, parse(args.steps), args.context, args.repeats, say, args.kv_dtype)
         if args.prefill > 0:
             report["prefill"] = prefill(args.target, libs, args.prefill, max(2, args.repeats // 4), say)
+        for lib in libs.values():
+            lib.layers.int8.lib.int8_set_path(-1)
         use(own)
     if args.json:
         write_json(args.json, report)
