@@ -16,6 +16,11 @@ the repetitions):
   (`native_layers.products_mode`: the steps' order on AMX's tiles where they run; or
   --products-mode, on --path), at each of --rows: milliseconds, GMAC/s, new/base, and whether
   both gave the same bits (a change of speed must not be a change of arithmetic);
+- random products: --matrices random [--shape] matrices of each of --random-types in turn (as
+  `bench.int8_rows --matrices`), at each of --rows;
+- attention: --attention-rows query rows over 16 random caches of --attention-keys tokens in
+  turn (--heads KV heads of --head-dim; --kv-dtype int16: the integer kernel, float16: the
+  float one), all rows seeing every key, as a step's or a verification's attention;
 - steps: a forward of each of --steps rows over a random cache of --context tokens in
   --kv-dtype (`bench.level_steps.random_cache_decoder`; default the engine's), the process's
   two libraries swapped between runs;
@@ -115,36 +120,93 @@ def switched_env(values: dict[str, str]):
                 os.environ[k] = v
 
 
-def products(model, libs: dict, rows: list[int], repeats: int, say, mode: int | None = None,
-             from_memory: bool = False) -> list[dict]:
-    """Each projection at each row count, in `mode` (default the engine's here). With
-    `from_memory`, a call goes through that projection of every layer in turn (times per matrix):
-    the weights then come from memory, as a forward's do, where one layer's matrix called again
-    is read from the caches."""
-    mode = native_layers.products_mode() if mode is None else mode
+def product_rows(libs: dict, label: str, ws: list, rows: list[int], repeats: int, mode: int, say) -> list[dict]:
+    """Each row count's product through `ws` in turn (times per matrix), the libraries alternated."""
+    w, out = ws[0], []
+    for S in rows:
+        x = torch.randn(S, w.n_in, generator=torch.Generator().manual_seed(S))
+        ys = {n: lib.layers.int8.product(x, w, mode) for n, lib in libs.items()}
+
+        def run(lib):
+            t0 = time.perf_counter()
+            for m in ws:
+                lib.layers.int8.product(x, m, mode)
+            return (time.perf_counter() - t0) / len(ws)
+
+        t = alternate(libs, repeats, run)
+        macs = S * w.n_in * w.n_out
+        row = {"matrix": label, "types": w.type_names(), "shape": [w.n_out, w.n_in], "matrices": len(ws), "rows": S,
+               "ms": {n: v * 1e3 for n, v in t.items()}, "gmacs": {n: macs / v / 1e9 for n, v in t.items()},
+               "new_over_base": t["base"] / t["new"], "same_bits": torch.equal(ys["base"], ys["new"])}
+        out.append(row)
+        say(f"[kernel-ab] {label} {row['types']} x {S} rows: base {row['ms']['base']:.2f} ms, new {row['ms']['new']:.2f} ms "
+            f"({row['new_over_base']:.2f}x), same bits: {row['same_bits']}")
+    return out
+
+
+def products(model, libs: dict, rows: list[int], repeats: int, say, mode: int, from_memory: bool = False) -> list[dict]:
+    """Each projection at each row count, in `mode`. With `from_memory`, a call goes through that
+    projection of every layer in turn (times per matrix): the weights then come from memory, as a
+    forward's do, where one layer's matrix called again is read from the caches."""
     layers = model.layers if from_memory else [model.layers[len(model.layers) // 2]]
     out = []
     for name in ("wqkv", "wo", "w_gate_up", "w_down"):
-        ws = [getattr(layer, name) for layer in layers]
-        w = ws[0]
-        for S in rows:
-            x = torch.randn(S, w.n_in, generator=torch.Generator().manual_seed(S))
-            ys = {n: lib.layers.int8.product(x, w, mode) for n, lib in libs.items()}
+        out += product_rows(libs, name, [getattr(layer, name) for layer in layers], rows, repeats, mode, say)
+    return out
 
-            def run(lib):
-                t0 = time.perf_counter()
-                for m in ws:
-                    lib.layers.int8.product(x, m, mode)
-                return (time.perf_counter() - t0) / len(ws)
 
-            t = alternate(libs, repeats, run)
-            macs = S * w.n_in * w.n_out
-            row = {"matrix": name, "types": w.type_names(), "shape": [w.n_out, w.n_in], "rows": S,
-                   "ms": {n: v * 1e3 for n, v in t.items()}, "gmacs": {n: macs / v / 1e9 for n, v in t.items()},
-                   "new_over_base": t["base"] / t["new"], "same_bits": torch.equal(ys["base"], ys["new"])}
-            out.append(row)
-            say(f"[kernel-ab] {name} {row['types']} x {S} rows: base {row['ms']['base']:.2f} ms, new {row['ms']['new']:.2f} ms "
-                f"({row['new_over_base']:.2f}x), same bits: {row['same_bits']}")
+def random_products(libs: dict, types: list[str], shape: tuple[int, int], count: int, rows: list[int], repeats: int,
+                    mode: int, say) -> list[dict]:
+    """`count` random [N x K] matrices of each type (`bench.int8_rows.random_matrix`) in turn."""
+    from bench.int8_rows import random_matrix
+
+    out = []
+    for name in types:
+        ws = [random_matrix(name, *shape, seed=i) for i in range(count)]
+        out += product_rows(libs, f"random {name}", ws, rows, repeats, mode, say)
+    return out
+
+
+def attention_calls(libs: dict, rows: list[int], keys: int, heads: int, head_dim: int, kv_dtype: str, repeats: int,
+                    say, layers: int = 16) -> list[dict]:
+    """Each row count's attention (all rows seeing every key) over `layers` random caches of
+    `keys` tokens in turn, as a forward's layers (float16: the float kernel; int16: the integer
+    kernel, on its default path), times per cache, the libraries alternated."""
+    from triforce_core.models import huge_pages, int16_kv
+
+    g = torch.Generator().manual_seed(keys)
+    caches = []
+    for _ in range(layers):
+        k, v = torch.randn(heads, keys, head_dim, generator=g), torch.randn(heads, keys, head_dim, generator=g)
+        if kv_dtype == "int16":
+            caches.append(int16_kv.pack(k, v))
+        else:  # on 2 MB pages, as the engine's caches are
+            dt = getattr(torch, kv_dtype)
+            caches.append(tuple(huge_pages.zeros(tuple(x.shape), dt).copy_(x) for x in (k, v)))
+    out = []
+    for R in rows:
+        q = torch.randn(heads, R, head_dim, generator=g)
+
+        def call(lib, c):
+            if kv_dtype == "int16":
+                return lib.attention.integer_attention(q, c, None, head_dim ** -0.5)[0]
+            return lib.attention.attention(q, c[0], c[1], None, head_dim ** -0.5)[0]
+
+        ys = {n: call(lib, caches[0]) for n, lib in libs.items()}
+
+        def run(lib):
+            t0 = time.perf_counter()
+            for c in caches:
+                call(lib, c)
+            return (time.perf_counter() - t0) / len(caches)
+
+        t = alternate(libs, repeats, run)
+        row = {"rows": R, "keys": keys, "heads": heads, "head_dim": head_dim, "kv_dtype": kv_dtype,
+               "ms": {n: v * 1e3 for n, v in t.items()}, "new_over_base": t["base"] / t["new"],
+               "same_bits": torch.equal(ys["base"], ys["new"])}
+        out.append(row)
+        say(f"[kernel-ab] attention, {R} rows over {keys} keys, {heads} heads of {head_dim}, {kv_dtype} K/V: base "
+            f"{row['ms']['base']:.3f} ms, new {row['ms']['new']:.3f} ms ({row['new_over_base']:.2f}x), same bits: {row['same_bits']}")
     return out
 
 
@@ -215,10 +277,22 @@ def main(argv: list[str] | None = None) -> int:
                    "widest that runs)")
     p.add_argument("--from-memory", action="store_true",
                    help="each product call goes through that projection of every layer in turn (weights from memory)")
+    p.add_argument("--random-types", default="",
+                   help="GGML types of random matrices to time as well (Q4_K,Q6_K; '' for none), at --rows")
+    p.add_argument("--shape", default="16384x2048", help="the random matrices' outputs x inputs")
+    p.add_argument("--matrices", type=int, default=19,
+                   help="random matrices of each type, a call going through all of them (enough to outgrow the caches)")
+    p.add_argument("--attention-rows", default="",
+                   help="row counts of attention calls to time ('' for none): query rows of one KV head, over "
+                   "16 random caches in turn")
+    p.add_argument("--attention-keys", type=int, default=8192)
+    p.add_argument("--heads", type=int, default=8, help="the attention calls' KV heads")
+    p.add_argument("--head-dim", type=int, default=64, help="the attention calls' head size")
     p.add_argument("--steps", default="1,7", help="row counts of the forwards ('' for none)")
     p.add_argument("--context", type=int, default=4096)
     p.add_argument("--kv-dtype", choices=KV_DTYPES, default=None,
-                   help="the forwards' K/V dtype (default: the engine's for the target)")
+                   help="the forwards' and the attention calls' K/V dtype (default: the engine's for the target; "
+                   "int16 for the calls)")
     p.add_argument("--prefill", type=int, default=0, help="tokens of a prefill to time (0: none)")
     p.add_argument("--repeats", type=int, default=8)
     p.add_argument("--json", type=Path)
@@ -235,6 +309,21 @@ def main(argv: list[str] | None = None) -> int:
             return 2
         mode = int8.MODE_WORDS[args.products_mode.strip().lower()]
     path = None if args.path is None else next(k for k, v in int8.PATH_NAMES.items() if v == args.path)
+    types = [t.strip().upper() for t in args.random_types.split(",") if t.strip()]
+    try:
+        shape = tuple(int(v) for v in args.shape.lower().split("x"))
+        if len(shape) != 2 or min(shape) < 1:
+            raise ValueError
+    except ValueError:
+        print(f"error: --shape takes OUTPUTSxINPUTS, not {args.shape!r}", file=sys.stderr)
+        return 2
+    if any(t not in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1") for t in types) or args.matrices < 1:
+        print("error: --random-types takes GGML types of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and --matrices at least 1",
+              file=sys.stderr)
+        return 2
+    if parse(args.attention_rows) and (args.kv_dtype or "int16") == "int16" and args.head_dim % 64:
+        print("error: the integer attention needs --head-dim a multiple of 64", file=sys.stderr)
+        return 2
     if args.base_env is not None:
         name, eq, value = args.base_env.partition("=")
         if not eq or not name.strip():
@@ -262,12 +351,18 @@ def main(argv: list[str] | None = None) -> int:
                 if lib.layers.int8.lib.int8_set_path(path) != path:
                     print(f"error: this processor cannot run the {args.path} path", file=sys.stderr)
                     return 2
+        mode = native_layers.products_mode() if mode is None else mode
         report = {"base": args.base or f"this tree with {args.base_env}", "target": Path(args.target).name, "cpu": cpu_model(),
-                  "threads": torch.get_num_threads(),
-                  "mode": int8.LEVEL_NAMES[native_layers.products_mode() if mode is None else mode],
+                  "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[mode],
                   "path": int8.PATH_NAMES[libs["new"].layers.int8.path()], "from_memory": args.from_memory,
                   "products": products(model, libs, parse(args.rows), args.repeats, say, mode, args.from_memory)}
         del model
+        if types:
+            report["random_products"] = random_products(libs, types, shape, args.matrices, parse(args.rows), args.repeats,
+                                                        mode, say)
+        if parse(args.attention_rows):
+            report["attention"] = attention_calls(libs, parse(args.attention_rows), args.attention_keys, args.heads,
+                                                  args.head_dim, args.kv_dtype or "int16", args.repeats, say)
         if parse(args.steps):
             report["steps"] = steps(args.target, libs, parse(args.steps), args.context, args.repeats, say, args.kv_dtype)
         if args.prefill > 0:
