@@ -49,6 +49,8 @@ from typing import NamedTuple
 
 import torch
 
+from bench.int8_rows import TYPES as RANDOM_TYPES
+from bench.int8_rows import random_matrix
 from bench.reports import write_json
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import KV_DTYPES
@@ -158,8 +160,6 @@ def products(model, libs: dict, rows: list[int], repeats: int, say, mode: int, f
 def random_products(libs: dict, types: list[str], shape: tuple[int, int], count: int, rows: list[int], repeats: int,
                     mode: int, say) -> list[dict]:
     """`count` random [N x K] matrices of each type (`bench.int8_rows.random_matrix`) in turn."""
-    from bench.int8_rows import random_matrix
-
     out = []
     for name in types:
         ws = [random_matrix(name, *shape, seed=i) for i in range(count)]
@@ -301,7 +301,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: no file {args.target} (python -m bench.desktop_models writes it)", file=sys.stderr)
         return 2
     say = lambda line: print(line, flush=True)  # noqa: E731
-    parse = lambda text: [int(v) for v in text.split(",") if v.strip()]  # noqa: E731
+
+    def parse(text: str) -> list[int]:
+        return [int(v) for v in text.split(",") if v.strip()]
+
+    try:
+        counts = [*parse(args.rows), *parse(args.steps), *parse(args.attention_rows)]
+    except ValueError:
+        print("error: --rows, --steps and --attention-rows take comma-separated integers", file=sys.stderr)
+        return 2
+    if min([*counts, args.attention_keys, args.heads, args.head_dim, args.context, args.repeats, 1]) < 1:
+        print("error: row counts, --attention-keys, --heads, --head-dim, --context and --repeats must be at least 1",
+              file=sys.stderr)
+        return 2
     mode = None
     if args.products_mode is not None:
         if args.products_mode.strip().lower() not in int8.MODE_WORDS:
@@ -317,9 +329,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         print(f"error: --shape takes OUTPUTSxINPUTS, not {args.shape!r}", file=sys.stderr)
         return 2
-    if any(t not in ("Q4_K", "Q5_K", "Q6_K", "Q8_0", "Q4_0", "Q4_1") for t in types) or args.matrices < 1:
-        print("error: --random-types takes GGML types of Q4_K, Q5_K, Q6_K, Q8_0, Q4_0, Q4_1 and --matrices at least 1",
-              file=sys.stderr)
+    quantized = [t for t in RANDOM_TYPES if t not in ("F32", "F16")]
+    if any(t not in quantized for t in types) or args.matrices < 1:
+        print(f"error: --random-types takes GGML types of {', '.join(quantized)} and --matrices at least 1", file=sys.stderr)
         return 2
     if parse(args.attention_rows) and (args.kv_dtype or "int16") == "int16" and args.head_dim % 64:
         print("error: the integer attention needs --head-dim a multiple of 64", file=sys.stderr)
