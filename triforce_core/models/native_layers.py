@@ -51,6 +51,10 @@ class Layers:
     integers a call: a matrix with more outputs than its buffer would be written past, as a
     lying GGUF file once made the native code do); the contents are the caller's."""
 
+    # the last int16 cache `decode_layers` described (`_int16_planes`): its key, description,
+    # capacity and attention kernel
+    _planes_memo: tuple | None = None
+
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
@@ -233,6 +237,15 @@ class Layers:
         """An int16 cache's description for the kernel, after checking every size it will read
         by (ValueError); and its capacity in tokens."""
         sk, sv = steps
+        path = native_attention.INTEGER_PATHS.index(attention.integer_path(R))
+        # the same cache as the last forward's (its memory, sizes and layout, the same attention
+        # path): its description stands; the checks below take views of each tensor, a few
+        # operators that cost a step ~0.5 ms where a forward has just streamed the caches
+        key = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in (k, v, sk, sv)) + (
+            L, Hkv, D, path, id(attention))
+        memo = Layers._planes_memo
+        if memo is not None and memo[0] == key:
+            return memo[1], memo[2]
         capacity = sk.shape[-1] if sk.dim() == 3 else 0
         # the whole cache's tensors once a forward (a check a layer in Python cost ~0.2 ms): every
         # layer is a slice of them, laid out as layer 0's, which the kernel's own check covers
@@ -244,24 +257,33 @@ class Layers:
                              f"and [{L}, {Hkv}, capacity]")
         native_attention.Kernel.check_heads(int16_kv.Int16Heads(k[0], v[0], sk[0], sv[0], D, 0))
         write, attend = attention.integer_addresses
-        path = native_attention.INTEGER_PATHS.index(attention.integer_path(R))
         planes = Int16Planes(k.data_ptr(), v.data_ptr(), sk.data_ptr(), sv.data_ptr(), k.stride(0), k.stride(1),
                              sk.stride(0), sk.stride(1), write, attend, path)
+        Layers._planes_memo = (key, planes, capacity, attention)  # the kernel held: its id stays its own
         return planes, capacity
 
-    def dequantize(self, raw: torch.Tensor, qtype: int, cols: int, out: torch.Tensor | None = None) -> torch.Tensor:
+    def dequantize(self, raw: torch.Tensor, qtype: int, cols: int, out: torch.Tensor | None = None,
+                   rows: list[int] | None = None) -> torch.Tensor:
         """raw [n, row bytes] uint8 of GGML type `qtype` -> [n, cols] float32 (into `out`, a
-        contiguous [n, cols] float32 tensor, where given)."""
+        contiguous [n, cols] float32 tensor, where given); with `rows` (indices into raw, negative
+        ones from its end, as indexing counts them), those rows only."""
         per_block, nbytes = BLOCKS.get(qtype, (0, 0))
         if not per_block or cols % per_block or raw.dim() != 2 or raw.dtype != torch.uint8 \
                 or raw.shape[1] != cols // per_block * nbytes:
             raise ValueError(f"dequantize: {tuple(raw.shape)} {raw.dtype} bytes are not rows of {cols} weights of GGML type {qtype}")
         raw = raw.contiguous()
+        index = None
+        if rows is not None:
+            n = raw.shape[0]
+            if any(not -n <= r < n for r in rows):
+                raise IndexError(f"dequantize: row indices {rows} out of range for {n} rows")
+            index = (ctypes.c_int64 * len(rows))(*(r + n if r < 0 else r for r in rows))
+        count = raw.shape[0] if rows is None else len(rows)
         if out is None:
-            out = torch.empty(raw.shape[0], cols)
-        elif tuple(out.shape) != (raw.shape[0], cols) or out.dtype != torch.float32 or not out.is_contiguous():
-            raise ValueError(f"dequantize: out must be contiguous float32 {(raw.shape[0], cols)}, got {tuple(out.shape)} {out.dtype}")
-        if self.lib.dequantize_rows(raw.data_ptr(), raw.stride(0), qtype, cols, None, raw.shape[0], out.data_ptr(),
+            out = torch.empty(count, cols)
+        elif tuple(out.shape) != (count, cols) or out.dtype != torch.float32 or not out.is_contiguous():
+            raise ValueError(f"dequantize: out must be contiguous float32 {(count, cols)}, got {tuple(out.shape)} {out.dtype}")
+        if self.lib.dequantize_rows(raw.data_ptr(), raw.stride(0), qtype, cols, index, count, out.data_ptr(),
                                     self._threads()):
             raise ValueError(f"GGML type {qtype} with {cols} columns cannot be dequantized")
         return out
