@@ -110,6 +110,19 @@ def _gather(x: torch.Tensor, rows) -> torch.Tensor:
 # -- 1. rollback -------------------------------------------------------------------------------
 
 
+def test_a_steps_rotary_rows_are_the_tables_and_the_positions_own():
+    """A decoding step's consecutive positions read the precomputed block as views; any other
+    positions (a block boundary crossed, out of order) are computed or gathered: every way gives
+    the values of computing those positions alone, bit for bit."""
+    rotary = _model("llama_gqa_llama3")[1].rotary
+    for positions in ([5], [300, 301, 302], [254, 255, 256, 257], [9, 4, 4], [511]):
+        p = torch.tensor(positions)
+        cos, sin = rotary.cos_sin(p, torch.float32)
+        want_cos, want_sin = rotary._compute(p, torch.float32, True)
+        assert cos.is_contiguous() and sin.is_contiguous()
+        assert torch.equal(cos, want_cos) and torch.equal(sin, want_sin), positions
+
+
 @pytest.mark.parametrize("kind", ["llama_gqa_llama3", "mistral_window"])
 def test_full_cache_rollback_is_exact(kind):
     """Truncate + rewrite gives exactly what a cache that only saw the final sequence gives."""

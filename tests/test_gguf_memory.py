@@ -111,6 +111,10 @@ def test_embedding_rows_equal_the_dequantized_tables_rows_bit_for_bit(loaded):
     got = model._embed(ids)
     assert got.dtype == torch.float32 and got.shape == (len(ids), embed.shape[1])
     assert torch.equal(got, table[ids])
+    # read in place by index, as indexing counts: from the end for negative ids, none past it
+    assert torch.equal(model._embed(torch.tensor([-1, -300])), table[[299, 0]])
+    with pytest.raises(IndexError):
+        model._embed(torch.tensor([300]))
 
 
 @pytest.mark.parametrize("with_kernel", [True, False], ids=["kernel", "gguf package"])
