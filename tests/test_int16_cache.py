@@ -27,7 +27,7 @@ import triforce_core.models.native_attention as native_attention
 from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD
 from triforce_core.kv import INT16, FullCache, Int16Cache, RetrievalCache, new_full_cache, resolve_kv_dtype
-from triforce_core.models import int16_kv
+from triforce_core.models import int16_kv, native_layers
 
 pytestmark = needs_compiler
 # Head size 64, the integer kernel's smallest: 4 query heads over 2 KV heads of 64.
@@ -224,6 +224,25 @@ def test_one_call_and_layer_by_layer_forwards_give_the_same_logits(kernel, monke
         t.forward(torch.tensor(PROMPT), torch.arange(len(PROMPT)), cache, logits_rows=None)
         got.append(t.forward(torch.tensor(PROMPT[:5]), torch.arange(300, 305), cache).logits)
     assert torch.equal(got[0], got[1])
+
+
+def test_a_cache_described_once_is_checked_again_when_another_comes(kernel):
+    """decode_layers keeps the last int16 cache's description while that cache stands (no views
+    of it a step); other memory or other sizes are checked again, and a mis-sized one refused."""
+    t, _ = _pair()
+    s = t.spec
+    L, Hkv, D = s.num_layers, s.num_kv_heads, s.head_dim
+    describe = native_layers.Layers._int16_planes
+    cache = new_full_cache(L, Hkv, D, 128, INT16, CPU)
+    k, v, (sk, sv) = cache.native_storage
+    first = describe(k, v, (sk, sv), L, Hkv, D, 4, kernel)
+    assert describe(k, v, (sk, sv), L, Hkv, D, 4, kernel)[0] is first[0]
+    with pytest.raises(ValueError, match="int16 planes"):
+        describe(k, v, (sk[:, :, :-1], sv), L, Hkv, D, 4, kernel)
+    other = new_full_cache(L, Hkv, D, 256, INT16, CPU)
+    k2, v2, steps2 = other.native_storage
+    second = describe(k2, v2, steps2, L, Hkv, D, 4, kernel)
+    assert second[0] is not first[0] and second[0].k == k2.data_ptr() and second[1] >= 256
 
 
 MODES = [("autoregressive", False), ("triforce", False), ("retrieval", False), ("draft", False), ("lookup", True),
