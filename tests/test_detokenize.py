@@ -81,3 +81,22 @@ def test_a_rounds_text_at_once_equals_its_tokens_texts():
             assert texts[-1] == "".join(per_token.push(part)), (step, i)
         assert "".join(texts) == tok.decode(ids)
     assert IncrementalDetokenizer(tok.decode).push_text([]) == ""
+
+
+def test_a_round_decodes_once_over_a_bounded_context():
+    """push_text keeps the text of the context it decoded last: a round decodes once (twice when
+    its anchor moves, every half window), over at least one window and under one and a half."""
+    tok = _tokenizer()
+    ids = tok.encode(TEXT * 2, add_special_tokens=False)
+    lengths: list[int] = []
+
+    def decode(seq):
+        lengths.append(len(seq))
+        return tok.decode(seq)
+
+    d, rounds = IncrementalDetokenizer(decode, window=32), 0
+    for i in range(0, len(ids), 3):
+        d.push_text(ids[i : i + 3])
+        rounds += 1
+    assert len(ids) > 200 and len(lengths) <= rounds + len(ids) // 16 + 1
+    assert max(lengths) < 48 + 3

@@ -16,13 +16,15 @@ from typing import Callable, Sequence
 
 class IncrementalDetokenizer:
     """`push` gives each token's own text (for colouring by level); `push_text` the text of a
-    whole round at once, with two decodes per round instead of two per token (the engine's
-    `Committed.text`, on the decoding loop's hot path)."""
+    whole round at once (the engine's `Committed.text`, on the decoding loop's hot path), with
+    one decode per round: its context starts at an anchor that moves half a window at a time, so
+    a round's context is the last round's decoded sequence, whose text is kept."""
 
     def __init__(self, decode: Callable[[Sequence[int]], str], window: int = 64):
         self.decode = decode
         self.window = window
         self.ids: list[int] = []
+        self._last: tuple[int, int, str] = (0, 0, "")  # push_text's last context: start, end, its text
 
     def push(self, ids: Sequence[int]) -> list[str]:
         """The text each of `ids` adds ('' for a token that completes no character yet)."""
@@ -45,9 +47,17 @@ class IncrementalDetokenizer:
         """The text `ids` add together (what ''.join(push(ids)) gives)."""
         if not ids:
             return ""
-        ctx = self.ids[-self.window :]
-        before = self.decode(ctx) if ctx else ""
+        # at least `window` tokens of context, as `push` reads, and less than 1.5 windows
+        half = max(self.window // 2, 1)
+        start = max(len(self.ids) - self.window, 0) // half * half
+        end = len(self.ids)
+        if self._last[:2] == (start, end):  # the last round decoded exactly this context
+            before = self._last[2]
+        else:
+            before = self.decode(self.ids[start:]) if end > start else ""
         self.ids += [int(t) for t in ids]
-        after = self.decode(ctx + [int(t) for t in ids]).rstrip("\ufffd")  # hold back an incomplete character
+        whole = self.decode(self.ids[start:])
+        self._last = (start, len(self.ids), whole)
+        after = whole.rstrip("\ufffd")  # hold back an incomplete character
         stem = before.rstrip("\ufffd")
         return after[len(stem) :] if after.startswith(stem) else after
