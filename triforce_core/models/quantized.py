@@ -44,7 +44,8 @@ class StoredTensor:
         [n, cols] float32) where given: a stacked matrix's parts go into one buffer, no copy."""
         kernel = native_layers.kernel()
         if kernel is not None and self.shape[1] % LANES == 0:
-            if rows is not None and rows.dim() == 1 and rows.dtype == torch.int64 and out is None and rows.device.type == "cpu":
+            if (rows is not None and rows.dim() == 1 and rows.dtype == torch.int64 and out is None
+                    and rows.device.type == "cpu"):
                 # a step's embedding: the kernel reads the rows in place (no gathered copy of their
                 # bytes, two operators fewer on every decoding step)
                 return kernel.dequantize(self.raw, self.type, self.shape[1], rows=rows.tolist())
