@@ -32,15 +32,21 @@ def test_pieces_add_up_to_the_whole_decode_whatever_the_chunking():
         assert "\ufffd" not in "".join(pieces)
 
 
-def test_cost_per_token_does_not_grow_with_the_answer():
-    tok = _tokenizer()
-    ids = tok.encode(TEXT * 4, add_special_tokens=False)
+def _counting(tok) -> tuple:
+    """The tokenizer's decode, and the list of the lengths it is called with."""
     lengths: list[int] = []
 
     def decode(seq):
         lengths.append(len(seq))
         return tok.decode(seq)
 
+    return decode, lengths
+
+
+def test_cost_per_token_does_not_grow_with_the_answer():
+    tok = _tokenizer()
+    ids = tok.encode(TEXT * 4, add_special_tokens=False)
+    decode, lengths = _counting(tok)
     d = IncrementalDetokenizer(decode, window=32)
     d.push(ids)
     assert len(ids) > 500 and max(lengths) == 33  # the window and the new token, never the whole answer
@@ -88,12 +94,7 @@ def test_a_round_decodes_once_over_a_bounded_context():
     its anchor moves, every half window), over at least one window and under one and a half."""
     tok = _tokenizer()
     ids = tok.encode(TEXT * 2, add_special_tokens=False)
-    lengths: list[int] = []
-
-    def decode(seq):
-        lengths.append(len(seq))
-        return tok.decode(seq)
-
+    decode, lengths = _counting(tok)
     d, rounds = IncrementalDetokenizer(decode, window=32), 0
     for i in range(0, len(ids), 3):
         d.push_text(ids[i : i + 3])
