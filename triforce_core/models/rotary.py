@@ -56,7 +56,7 @@ class Rotary:
             # The positions as Python numbers: one operator. After a forward has streamed the
             # weights through the caches, each operator's first call costs ~0.1-1 ms of misses,
             # and a step's positions are consecutive: two views of the block, not five operators.
-            at = positions.reshape(-1).tolist()
+            at = positions.tolist() if positions.dim() == 1 else positions.reshape(-1).tolist()
             lo, hi = min(at), max(at)
             start = lo // TABLE_BLOCK * TABLE_BLOCK
             if lo >= 0 and hi < start + TABLE_BLOCK:
