@@ -44,13 +44,11 @@ class StoredTensor:
         [n, cols] float32) where given: a stacked matrix's parts go into one buffer, no copy."""
         kernel = native_layers.kernel()
         if kernel is not None and self.shape[1] % LANES == 0:
-            if (rows is not None and rows.dim() == 1 and rows.dtype == torch.int64 and out is None
-                    and rows.device.type == "cpu"):
-                # a step's embedding: the kernel reads the rows in place (no gathered copy of their
-                # bytes, two operators fewer on every decoding step)
-                return kernel.dequantize(self.raw, self.type, self.shape[1], rows=rows.tolist())
-            raw = self.raw if rows is None else self.raw[rows]
-            return kernel.dequantize(raw, self.type, self.shape[1], out)
+            if rows is not None and rows.dim() == 1 and rows.dtype == torch.int64 and rows.device.type == "cpu":
+                # the kernel reads the rows in place by index (a step's embedding: no gathered
+                # copy of their bytes, two operators fewer a step)
+                return kernel.dequantize(self.raw, self.type, self.shape[1], out, rows=rows.tolist())
+            return kernel.dequantize(self.raw if rows is None else self.raw[rows], self.type, self.shape[1], out)
         raw = self.raw if rows is None else self.raw[rows]
         from gguf import GGMLQuantizationType, dequantize
 
