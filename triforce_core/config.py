@@ -82,7 +82,7 @@ GGUF_KV_DTYPE = "float16"
 # 7-row verification 0.73-0.85x at 8K-32K (bench/results/level-steps-3b-q4km-int16-cache.json).
 # Heads of 64 keep float16: the 1B shape's step was 1.02x, SmolLM2's chat 1.00x (lookup) and
 # 0.98x (autoregressive; bench/results/chat-smollm2-6k-rp12-int16-prefetch.json), the 1B shape's
-# chat (lookup, one engine a process) 0.72-0.89x (bench/results/chat-1b-shape-q4km-4k-lookup-*.json).
+# chat (lookup, one engine a process) 0.72-1.01x (bench/results/chat-1b-shape-q4km-4k-lookup-*.json).
 INT16_KV_MIN_HEAD = 128
 # What `exact` (`--exact`, `TriForceEngine(exact=True)`) computes and keeps K/V in: greedy output
 # equals Hugging Face's token for token.
