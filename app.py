@@ -126,13 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.engine is not None:
         return main_remote(args)
-    from triforce_core import ConfigError, ModelLoadError
-    from triforce_core.config import GB, default_mode
-    from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models
-    from triforce_core.cli.serve import access_policy
-    from triforce_core.serving.registry import app_model_names
-    from ui.settings import Settings
-    from ui.server import build_server, run_server
+    from triforce_core.startup import collector_paused
+
+    with collector_paused():  # the libraries' imports (torch, transformers, gradio): see startup
+        import transformers  # noqa: F401 - every model's config and tokenizer are read through it
+
+        from triforce_core import ConfigError, ModelLoadError
+        from triforce_core.config import GB, default_mode
+        from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models
+        from triforce_core.cli.serve import access_policy
+        from triforce_core.serving.registry import app_model_names
+        from ui.settings import Settings
+        from ui.server import build_server, run_server
 
     try:
         # everything but /v1 (whose bodies have the API's limit): an upload and the form around it

@@ -287,10 +287,15 @@ def load_engine(args, model_defaults: bool = True):
     """The engine for --target/--draft (default: the demo pair) and the config for its draft;
     sampling flags not given take the model's defaults (`model_defaults`), else `SamplingConfig()`'s."""
     from ..engine import TriForceEngine  # here: it imports torch
+    from ..startup import collector_paused
 
     target, draft = model_names(args)
-    engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype, kv_dtype=args.kv_dtype,
-                                            exact=args.exact)
+    # a command's one engine: reading a model's config and tokenizer imports some 700 more modules
+    # (transformers' GGUF and tokenizer code, sympy, accelerate), which the collector's passes
+    # would walk again and again; the engine then lives as long as the process
+    with collector_paused():
+        engine = TriForceEngine.from_pretrained(target, draft, device=args.device, dtype=args.dtype,
+                                                kv_dtype=args.kv_dtype, exact=args.exact)
     try:
         return engine, configs(args, has_draft=engine.draft is not None, defaults=_defaults(engine, model_defaults))
     except ConfigError as e:

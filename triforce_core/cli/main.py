@@ -52,12 +52,17 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
 
-    from torch import OutOfMemoryError as _OutOfMemory
+    from ..startup import collector_paused
 
-    from ..config import ConfigError
-    from ..engine import ContextLengthError
-    from ..models.loading import ModelLoadError
-    from ..serving.session import SessionError
+    with collector_paused():  # the libraries' imports: a second or more of collector passes otherwise
+        import transformers  # noqa: F401 - every model's config and tokenizer are read through it
+
+        from torch import OutOfMemoryError as _OutOfMemory
+
+        from ..config import ConfigError
+        from ..engine import ContextLengthError
+        from ..models.loading import ModelLoadError
+        from ..serving.session import SessionError
 
     try:
         if args.command == "chat":
