@@ -3,10 +3,12 @@
 Importing torch, transformers and the engine makes some 300,000 Python objects that live as long
 as the process. While they are made, the collector's full passes walk all of them again and
 again and find nothing to free: nine passes of up to 0.3 s in a start of `generate` on a 1B GGUF
-file (gc.callbacks). Paused for the imports, and the survivors then frozen (`gc.freeze`: later
-passes leave them out, so a pass during a chat stays short), that start took 0.84x its time
-(docs/results.md). Only the entry points (the command line, the app) pause it: a program that
-imports the library keeps its collector as it set it.
+file (gc.callbacks), more while a model's config and tokenizer import ~700 modules. Paused for
+the command line's imports and its engine's load, and the survivors then frozen (`gc.freeze`:
+later passes leave them out, so a pass during a chat stays short), that start took 0.72x its
+time; the app, whose imports alone are paused, 0.79x (docs/results.md, "How long a start
+takes"). Only the entry points pause it: a program that imports the library keeps its collector
+as it set it.
 """
 
 from __future__ import annotations
