@@ -126,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.engine is not None:
         return main_remote(args)
-    from triforce_core.startup import collector_paused
+    from triforce_core.cli.startup import collector_paused
 
     with collector_paused():  # the libraries' imports (torch, transformers, gradio): see startup
         import transformers  # noqa: F401 - every model's config and tokenizer are read through it

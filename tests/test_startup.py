@@ -1,5 +1,5 @@
 """The entry points import the heavy libraries with the cyclic garbage collector paused, then
-freeze what the imports made and run the collector again (`triforce_core.startup`).
+freeze what the imports made and run the collector again (`triforce_core.cli.startup`).
 
 Each check runs in a child process: freezing is for the whole process, and the test process's
 own objects must stay collectable for the tests that count on it.
@@ -24,7 +24,7 @@ def _child(code: str) -> str:
 def test_the_collector_is_off_in_the_block_and_what_it_made_is_frozen_after():
     out = _child("""
         import gc
-        from triforce_core.startup import collector_paused
+        from triforce_core.cli.startup import collector_paused
         before = gc.get_freeze_count()
         with collector_paused():
             inside = gc.isenabled()
@@ -37,7 +37,7 @@ def test_the_collector_is_off_in_the_block_and_what_it_made_is_frozen_after():
 def test_a_collector_the_caller_turned_off_stays_off_and_nothing_is_frozen():
     out = _child("""
         import gc
-        from triforce_core.startup import collector_paused
+        from triforce_core.cli.startup import collector_paused
         gc.disable()
         with collector_paused():
             made = [[i] for i in range(1_000)]
@@ -49,7 +49,7 @@ def test_a_collector_the_caller_turned_off_stays_off_and_nothing_is_frozen():
 def test_an_error_in_the_block_still_runs_the_collector_again():
     out = _child("""
         import gc
-        from triforce_core.startup import collector_paused
+        from triforce_core.cli.startup import collector_paused
         try:
             with collector_paused():
                 raise ValueError("bad")

@@ -287,7 +287,7 @@ def load_engine(args, model_defaults: bool = True):
     """The engine for --target/--draft (default: the demo pair) and the config for its draft;
     sampling flags not given take the model's defaults (`model_defaults`), else `SamplingConfig()`'s."""
     from ..engine import TriForceEngine  # here: it imports torch
-    from ..startup import collector_paused
+    from .startup import collector_paused
 
     target, draft = model_names(args)
     # a command's one engine: reading a model's config and tokenizer imports some 700 more modules

@@ -52,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
         except KeyboardInterrupt:
             return 130
 
-    from ..startup import collector_paused
+    from .startup import collector_paused
 
     with collector_paused():  # the libraries' imports: a second or more of collector passes otherwise
         import transformers  # noqa: F401 - every model's config and tokenizer are read through it
