@@ -151,15 +151,19 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
         models = served_models(args, target, draft, slots=args.api_slots)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
-        started = models.default()  # the started model, loaded now: a bad one stops here
-        name = started.id
-        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens, budget=args.budget)
-        defaults = defaults.for_model(started.engine)  # an instruct model's repetition control
-        defaults.config()
-        app = build_server(models=models, defaults=defaults, api_mode=args.mode, access=access,
-                           api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
-                           max_cached_sessions=args.max_cached_sessions,
-                           max_cache_bytes=int(args.max_cache_gb * GB))
+        # the started model (which the registry never lets go of) and the app live as long as the
+        # process: made with the collector paused, then frozen (see startup)
+        with collector_paused():
+            started = models.default()  # the started model, loaded now: a bad one stops here
+            name = started.id
+            defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens,
+                                budget=args.budget)
+            defaults = defaults.for_model(started.engine)  # an instruct model's repetition control
+            defaults.config()
+            app = build_server(models=models, defaults=defaults, api_mode=args.mode, access=access,
+                               api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
+                               max_cached_sessions=args.max_cached_sessions,
+                               max_cache_bytes=int(args.max_cache_gb * GB))
     except (ModelLoadError, ConfigError, ValueError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

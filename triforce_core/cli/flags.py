@@ -320,10 +320,14 @@ def served_models(args, target: str, draft: str | None, slots: int):
     from ..engine import TriForceEngine
     from ..models.folders import ModelFolders
     from ..serving.registry import ServedModels
+    from .startup import collector_paused
 
     def load(choice):
-        engine = TriForceEngine.from_pretrained(choice.target, choice.draft, device=args.device, dtype=args.dtype,
-                                                kv_dtype=args.kv_dtype, exact=args.exact)
+        # paused as a command's load is (load_engine), but nothing frozen: a model the registry
+        # lets go of must stay collectable
+        with collector_paused(freeze=False):
+            engine = TriForceEngine.from_pretrained(choice.target, choice.draft, device=args.device, dtype=args.dtype,
+                                                    kv_dtype=args.kv_dtype, exact=args.exact)
         apply_kv_cache_args(engine, args)
         return engine
 

@@ -102,12 +102,16 @@ def build_api(args):
     from ..config import ConfigError
     from ..serving.openai import ChatCompletionsAPI
     from ..serving.worker import EngineWorker
+    from .startup import collector_paused
 
     try:
         models = served_models(args, *model_names(args), slots=args.slots)
     except ValueError as e:  # a --models-dir that is no folder, before any model is loaded
         raise UsageError(str(e)) from None
-    served = models.default()  # the started model (ModelLoadError: one line, exit 2)
+    # the started model, which the registry never lets go of: loaded with the collector paused,
+    # then frozen (see startup)
+    with collector_paused():
+        served = models.default()  # the started model (ModelLoadError: one line, exit 2)
     try:
         config = configs(args, has_draft=served.engine.draft is not None)
     except ConfigError as e:

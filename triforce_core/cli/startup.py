@@ -6,9 +6,11 @@ again and find nothing to free: nine passes of up to 0.3 s in a start of `genera
 file (gc.callbacks), more while a model's config and tokenizer import ~700 modules. Paused for
 the command line's imports and its engine's load, and the survivors then frozen (`gc.freeze`:
 later passes leave them out, so a pass during a chat stays short), that start took 0.72x its
-time; the app, whose imports alone are paused, 0.79x (docs/results.md, "How long a start
-takes"). Only the entry points pause it: a program that imports the library keeps its collector
-as it set it.
+time; the app, whose imports alone were paused, 0.79x, and with its started model's load and
+its building paused too, another 0.90x (docs/results.md, "How long a start takes"). A server's
+later loads (the app's picker, a request's `model`) are paused without the freeze: the registry
+lets go of them. Only the entry points pause it: a program that imports the library keeps its
+collector as it set it.
 """
 
 from __future__ import annotations
@@ -19,10 +21,13 @@ from contextlib import contextmanager
 
 
 @contextmanager
-def collector_paused() -> Iterator[None]:
+def collector_paused(freeze: bool = True) -> Iterator[None]:
     """The block runs without the cyclic collector's passes; what exists when it ends is frozen
-    (left out of later passes) and the collector runs again. A collector the caller had turned
-    off stays off and nothing is frozen."""
+    (left out of later passes) and the collector runs again. With `freeze=False` nothing is
+    frozen: for what the process may let go of later (a server's models beyond the started one,
+    which the registry frees with `gc.collect`, and frozen objects are never collected). A
+    collector the caller had turned off (or a pause already running, in any thread) stays as
+    it is and nothing is frozen."""
     if not gc.isenabled():
         yield
         return
@@ -30,5 +35,6 @@ def collector_paused() -> Iterator[None]:
     try:
         yield
     finally:
-        gc.freeze()
+        if freeze:
+            gc.freeze()
         gc.enable()
