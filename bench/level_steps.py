@@ -148,14 +148,20 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                     tiles = kv != "float32" and kernel is not None and kernel.tiles()
                 kind = ("integer" if kv == "int16" else at if at in ("integer", "float-layers")
                         else "tiles" if tiles else "float")
+                # the retrieval level keeps an int16 configuration's tokens as float16: its rows
+                # say which configuration they belong to
+                asked = v[0] if v[0] is not None and v[0] != kv else None
                 row = {"context": T, "level": level, "rows": rows, "keys": keys, "kv_dtype": kv, "pages": pg, "bytes": read,
                        "products": int8.LEVEL_NAMES[mode], "attention": kind,
                        "ms": med, "bandwidth_gbs": bandwidth, "floor_ms": floor}
+                if asked is not None:
+                    row["configured_kv_dtype"] = asked
                 if pytorch_layers:
                     row["speedup"] = med["pytorch"] / med["native"]
                 results.append(row)
                 torch_part = f", pytorch {med['pytorch']:.2f} ms ({row['speedup']:.2f}x)" if pytorch_layers else ""
-                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv} K/V on {pg} pages, "
+                kv_said = f"{kv} K/V" + (f" (of the {asked} configuration)" if asked is not None else "")
+                say(f"[steps] {T} tokens, {level}, {rows} rows over {keys} keys, {kv_said} on {pg} pages, "
                     f"{int8.LEVEL_NAMES[mode]} products, {row['attention']} attention ({read / 1e6:.1f} MB): "
                     f"native {med['native']:.2f} ms{torch_part}; "
                     f"floor {floor:.2f} ms at {bandwidth:.1f} GB/s ({med['native'] / floor:.2f}x it)")

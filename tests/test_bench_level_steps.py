@@ -25,3 +25,18 @@ def test_each_level_is_timed_on_each_attention_path(tmp_path):
 def test_an_unknown_attention_path_is_refused(capsys):
     assert level_steps.main(["--context", "1100", "--attention", "float,gpu"]) == 2
     assert "--attention takes distinct names of tiles, float, float-layers, integer" in capsys.readouterr().err
+
+
+@needs_compiler
+def test_the_retrieval_levels_rows_say_which_configuration_they_belong_to(tmp_path, capsys):
+    # an int16 configuration keeps its retrieval level's tokens as float16: without the
+    # configuration's name its rows would read as a second float16 row
+    out = tmp_path / "steps.json"
+    assert level_steps.main(["--context", "1100", "--repeats", "1", "--no-pytorch-layers", "--kv-dtypes",
+                             "float16,int16", "--json", str(out)]) == 0
+    rows = json.loads(out.read_text())["results"]
+    retrieval = [(r["kv_dtype"], r.get("configured_kv_dtype")) for r in rows if r["level"] == "retrieval" and r["rows"] == 1]
+    assert sorted(retrieval, key=str) == [("float16", "int16"), ("float16", None)]
+    target = {(r["kv_dtype"], r.get("configured_kv_dtype")) for r in rows if r["level"] == "target"}
+    assert target == {("float16", None), ("int16", None)}
+    assert "float16 K/V (of the int16 configuration)" in capsys.readouterr().out
