@@ -138,3 +138,20 @@ def test_the_app_loads_its_started_model_paused_and_freezes_it_with_the_app():
             print(e)
     """)
     assert out == "True True True"
+
+
+def test_serve_loads_its_started_model_paused_and_freezes_it():
+    out = _child(_PASSES + """
+        from triforce_core.cli.main import build_parser
+        from triforce_core.cli.serve import build_api
+        import triforce_core.engine, triforce_core.serving.openai, triforce_core.serving.worker
+        from triforce_core.serving.registry import ServedModels
+        default = ServedModels.default
+        ServedModels.default = lambda self: over(lambda: default(self))  # the started model's load
+        args = build_parser().parse_args(["serve", "--slots", "1"])  # the demo pair
+        api = build_api(args)
+        tracked = {id(o) for o in gc.get_objects()}  # frozen objects are in no generation's list
+        print(len(passes), gc.isenabled(), id(api.engine) not in tracked)
+        api.worker.close()
+    """)
+    assert out == "0 True True"
