@@ -11,7 +11,7 @@ import pytest
 import torch
 from conftest import make_hf
 from gguf import GGUFReader
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
 
 from bench import desktop_models as dm
 from triforce_core.models.loading import load_model

@@ -32,7 +32,7 @@ import torch
 from conftest import CPU, ROOT, assert_verification_rows_equal_steps, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from gguf_files import hf_from_gguf, random_blocks, write_gguf
+from tests.helpers.gguf_files import hf_from_gguf, random_blocks, write_gguf
 from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
 import triforce_core.models.gguf_file as gguf_file

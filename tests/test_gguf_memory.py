@@ -26,7 +26,7 @@ import torch
 from conftest import CPU, ROOT, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFReader, quants
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
 
 from triforce_core.models import gguf_file, native_layers
 from triforce_core.models.loading import load_model
@@ -119,7 +119,7 @@ def test_embedding_rows_equal_the_dequantized_tables_rows_bit_for_bit(loaded):
 
 @pytest.mark.parametrize("with_kernel", [True, False], ids=["kernel", "gguf package"])
 def test_a_stacked_tile_dequantized_into_one_buffer_equals_the_concatenation(monkeypatch, with_kernel):
-    from gguf_files import random_blocks
+    from tests.helpers.gguf_files import random_blocks
 
     rng = np.random.default_rng(5)
     parts = [StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 256, rng)), (rows, 256))

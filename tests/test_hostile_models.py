@@ -4,7 +4,7 @@ GGUF files come from the internet. Measured on SmolLM2's file with one lie each:
 projection with twice its rows killed the process (`malloc(): invalid size`, the native code
 writing past a buffer sized from the settings); a doubled MLP matrix or a half embedding ran
 and answered; a head count that does not divide the width ended in a traceback. Here a tiny
-valid file is written, then variants that each tell one lie (tests/gguf_files.py), and:
+valid file is written, then variants that each tell one lie (tests/helpers/gguf_files.py), and:
 
 - every lie ends in one `ModelLoadError` line that names the file and what is wrong (the
   tensor with its shape and the expected one, or the setting), and nothing escapes;
@@ -33,7 +33,7 @@ import pytest
 import torch
 from conftest import CPU, ROOT, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import patch_tensor_info, write_gguf
+from tests.helpers.gguf_files import patch_tensor_info, write_gguf
 
 from triforce_core.models.loading import ModelLoadError, load_model
 

@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from conftest import at_once, chat_pair, make_hf, scrape_metrics, served_health, served_idle, served_pair, words
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
 

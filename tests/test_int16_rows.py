@@ -20,7 +20,7 @@ import pytest
 import torch
 from conftest import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks
+from tests.helpers.gguf_files import random_blocks
 from test_int8_rows import _rows
 from test_int8_two_levels import _matrix, _two_levels
 

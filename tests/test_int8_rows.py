@@ -26,7 +26,7 @@ import pytest
 import torch
 from conftest import CPU, assert_verification_rows_equal_steps, built, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks, write_gguf
+from tests.helpers.gguf_files import random_blocks, write_gguf
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine

@@ -18,7 +18,7 @@ import pytest
 import torch
 from conftest import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks
+from tests.helpers.gguf_files import random_blocks
 from test_int8_rows import _rows  # normal rows, a tiny one, a dominant input, zeros
 
 import triforce_core.models.native_layers as native_layers

@@ -306,7 +306,7 @@ def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path):
 def test_a_large_model_is_keyed_by_its_files_content(tmp_path):
     """Past `full_limit` the key is the content of the files the model came from, hashed once
     (kept by the file's identity) and changed by any byte of the file."""
-    from gguf_files import write_gguf
+    from tests.helpers.gguf_files import write_gguf
     from triforce_core.kv import disk
 
     path = write_gguf(make_hf("llama_mha", seed=3), tmp_path / "m.gguf", {})
@@ -332,7 +332,7 @@ def test_two_processes_writing_the_same_block_at_once_never_corrupt_it(tmp_path)
     replacing it makes the reader meet truncated files."""
     import multiprocessing
 
-    from disk_writers import empty_like, read_checked, shared_block, write_rounds
+    from tests.helpers.disk_writers import empty_like, read_checked, shared_block, write_rounds
 
     ctx = multiprocessing.get_context("spawn")  # fresh processes, as separate replicas are
     ready, both, done, seen, results = ctx.Barrier(3), ctx.Barrier(2), ctx.Event(), ctx.Value("i", 0), ctx.Queue()

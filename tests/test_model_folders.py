@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import make_hf
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
 from triforce_core.engine import TriForceEngine
 from triforce_core.models.loading import ModelLoadError
 from triforce_core.models.folders import ModelFolders, PathRefused, default_tool_folders

@@ -22,7 +22,7 @@ import gradio as gr
 import pytest
 
 from conftest import make_hf, running_server, words
-from gguf_files import write_gguf
+from tests.helpers.gguf_files import write_gguf
 from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, open_page, shown_gauge,
                       wait_status, watch_status)
 

@@ -266,7 +266,7 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
     the native attention too), float32, float16 and bfloat16 K/V, GQA and multi-head, q/k/v
     bias (qwen2), and a GGUF file mixing the stored types as Q4_K_M does."""
     if kind == "gguf_k_mix":
-        from gguf_files import write_gguf
+        from tests.helpers.gguf_files import write_gguf
         from test_gguf import K_MIX, LLAMA
 
         from conftest import make_hf

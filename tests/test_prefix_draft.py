@@ -23,7 +23,7 @@ import torch
 from conftest import CPU, make_hf, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from gguf_files import hf_from_gguf, write_gguf
+from tests.helpers.gguf_files import hf_from_gguf, write_gguf
 from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
 from scripts import train_smollm2_draft as training

@@ -174,7 +174,7 @@ def _same_tokenizer(ours, theirs, text: str) -> None:
 def test_a_gguf_models_tokenizer_travels_too(tmp_path):
     """A GGUF file's tokenizer (byte-level BPE, converted by transformers) rebuilt from its JSON;
     SmolLM2's too where it is installed."""
-    from gguf_files import write_gguf
+    from tests.helpers.gguf_files import write_gguf
     from triforce_core.engine import TriForceEngine
     from triforce_core.serving.tokenizer_wire import tokenizer_from_payload, tokenizer_payload
 

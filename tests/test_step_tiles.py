@@ -22,7 +22,7 @@ import pytest
 import torch
 from conftest import assert_verification_rows_equal_steps, needs_compiler
 from gguf import GGMLQuantizationType as Q
-from gguf_files import random_blocks
+from tests.helpers.gguf_files import random_blocks
 from test_int8_rows import _rows, _run, gguf_pair
 from test_int8_two_levels import _matrix
 from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
