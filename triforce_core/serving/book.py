@@ -23,9 +23,9 @@ from ..decoding.events import Event
 from ..documents.reading import BookReader, token_starts
 from .session import ChatSession
 
-# Measured with the demo pair on the Rust book (docs/long-documents.md, "Asking a whole book"):
-# six quote questions answered 5/6 with 4,096 tokens read, 4/6 with 8,192, 2/6 with 16,384 (the
-# passage read 6/6 each time), and a shorter read prefills sooner.
+# The budget that answered most quote questions on a whole book with the demo pair: a larger read
+# held the passage as often but answered fewer, and prefills later (docs/results.md, "Asking a
+# whole book"; `python -m bench.book`).
 DEFAULT_READING_BUDGET = 4_096
 # Tokens kept free beside the estimate: a part counted alone and the same part inside the
 # prompt can tokenize a few tokens apart.

@@ -67,11 +67,9 @@ class Turn:
     levels: list[str] = field(default_factory=list)
     stats: TurnStats | None = None  # None until the answer finished (a stopped answer keeps None)
     truncation: Truncation | None = None
-    # the parts of a book this turn read (`book.BookSession`: number, title, part, start, end,
-    # tokens); None when the session reads its whole document
+    # the book's parts this turn read (`book.BookSession`; number, title, part, start, end, tokens); None: whole document
     sections_read: list[dict] | None = None
-    # the prompt's passages this answer's retrieval selections read most (`citations`); [] in
-    # modes without a retrieval level
+    # the prompt's passages this answer's retrieval selections read most (`citations`); [] without retrieval
     passages: list[dict] = field(default_factory=list)
 
     @property

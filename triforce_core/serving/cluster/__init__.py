@@ -35,11 +35,10 @@ APP_NAME = "triforce"
 # send a busy document's requests away from its cache.
 MAX_ONGOING_REQUESTS = 32
 # Autoscaling's aim, in requests in flight per replica: the smallest number of clients whose
-# answers per second on one replica come within 5% of the best number measured (beyond it more
-# requests only queue: each waits longer, no more are answered), so a replica is added when its
-# requests would only wait. `python -m bench.cluster_load --sweep 1,2,4,8,16` (docs/cluster.md),
-# the demo pair on one replica of one core: 4 clients the best (12.7 answers/s), 2 clients 7% fewer
-# (11.9), 8 and 16 fewer again (10.5, 9.9) at 2.4x and 4.7x the median latency.
+# answers per second on one replica come within 5% of the best (beyond it more requests only
+# queue: each waits longer, no more are answered), so a replica is added when its requests would
+# only wait. The sweep behind it: `python -m bench.cluster_load --sweep 1,2,4,8,16` on the demo
+# pair, one replica of one core (docs/cluster.md).
 TARGET_ONGOING_REQUESTS = 4.0
 # Environment the replicas need from the command's: offline hub, cache folders, engine switches
 # (not the API key: the ingress holds it, the replicas take no requests but the ingress's).
