@@ -2,15 +2,13 @@
 
 Importing torch, transformers and the engine makes some 300,000 Python objects that live as long
 as the process. While they are made, the collector's full passes walk all of them again and
-again and find nothing to free: nine passes of up to 0.3 s in a start of `generate` on a 1B GGUF
-file (gc.callbacks), more while a model's config and tokenizer import ~700 modules. Paused for
-the command line's imports and its engine's load, and the survivors then frozen (`gc.freeze`:
-later passes leave them out, so a pass during a chat stays short), that start took 0.72x its
-time; the app, whose imports alone were paused, 0.79x, and with its started model's load and
-its building paused too, another 0.90x (docs/results.md, "How long a start takes"). A server's
-later loads (the app's picker, a request's `model`) are paused without the freeze: the registry
-lets go of them. Only the entry points pause it: a program that imports the library keeps its
-collector as it set it.
+again and find nothing to free, and more passes run while a model's config and tokenizer import
+~700 modules. So the entry points pause it for their imports and their engine's load (the app
+also while it builds itself around its started model), then freeze the survivors (`gc.freeze`:
+later passes leave them out, so a pass during a chat stays short); what that saves is in
+docs/results.md, "How long a start takes". A server's later loads (the app's picker, a
+request's `model`) are paused without the freeze: the registry lets go of them. Only the entry
+points pause it: a program that imports the library keeps its collector as it set it.
 """
 
 from __future__ import annotations
