@@ -14,7 +14,7 @@ Extension `triforce` (for a client that renders the speculation itself, such as 
 --engine URL`): `{"events": true}` makes each streamed chunk carry the engine's events of that
 chunk (`triforce_core.serving.event_wire`); `"inspect": true` adds the numbers behind each
 verification (`TokenCheck`s), `"mode"` picks the decoding mode for this request. Only with
-`stream: true`; a request without it is answered exactly as before.
+`stream: true`; a request without it gets no events.
 
 Parameters it does not support are a 400 naming them, never ignored silently. Errors have the
 protocol's shape: `{"error": {"message", "type", "param", "code"}}` (`ApiError`). A body's size

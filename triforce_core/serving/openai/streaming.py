@@ -20,7 +20,7 @@ chunk per prefill chunk (`PrefillProgress`), per `Prefilled` or `ChunksSelected`
 (its `Drafted` and `Verified` events travel with its `Committed`, in a chunk whose delta holds
 the round's text, or nothing while a stop sequence holds it back); `Finished` rides the final
 chunk, beside the statistics. The events describe the engine's tokens: a stop sequence cuts the
-text, not them. A request that does not ask gets exactly the chunks it got before.
+text, not them. A request that does not ask gets neither the events nor the chunks that carry only them.
 """
 
 from __future__ import annotations
