@@ -4,7 +4,7 @@ verification's rows against one-token steps.
 
 On the CPU our few-row kernels sum in one order whatever the rows beside, so a verification's
 logits equal a step's bit for bit and every mode's greedy output is the autoregressive output
-(tests/conftest.py `assert_verification_rows_equal_steps`). On a GPU the libraries choose a
+(tests/helpers/exactness.py `assert_verification_rows_equal_steps`). On a GPU the libraries choose a
 kernel by shape (cuBLAS for the products, PyTorch's attention kernels), so the rows of a
 7-token verification may round differently from seven steps. This measures how much, and how
 often a greedy answer then differs:

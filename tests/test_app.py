@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import at_once, free_port, running_server
+from tests.helpers.servers import at_once, free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"

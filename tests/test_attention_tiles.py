@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import DRAFT_OVERRIDES, assert_verification_rows_equal_steps, built, make_hf, needs_compiler, to_ours
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import DRAFT_OVERRIDES, make_hf, to_ours
+from tests.helpers.native import built, needs_compiler
 from test_kv_dtype import MODES, PROMPT, _config, _pair, greedy_reference, no_tiles
 
 import triforce_core.models.native_attention as native_attention

@@ -12,7 +12,8 @@ import io
 import json
 
 import pytest
-from conftest import SMALL_CACHE_FLAGS, words
+from tests.helpers.cli import SMALL_CACHE_FLAGS
+from tests.helpers.models import words
 
 from bench.sweep import break_even
 from triforce_core.__main__ import main

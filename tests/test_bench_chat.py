@@ -11,7 +11,7 @@ import contextlib
 import io
 
 import pytest
-from conftest import words
+from tests.helpers.models import words
 
 from bench import chat
 from triforce_core.config import SamplingConfig

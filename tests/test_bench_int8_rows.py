@@ -4,7 +4,7 @@ the weights come from memory), the steps' order where AMX's integer tiles run, a
 from __future__ import annotations
 
 import pytest
-from conftest import built, needs_compiler
+from tests.helpers.native import built, needs_compiler
 
 import triforce_core.models.native_layers as native_layers
 from bench import int8_rows

@@ -3,7 +3,7 @@ its reader of the cache through the integer attention kernel."""
 
 import pytest
 import torch
-from conftest import built, needs_compiler
+from tests.helpers.native import built, needs_compiler
 
 import triforce_core.models.native_attention as native_attention
 from bench.kv_formats import FORMATS, KernelAttention, int_blocks, int8_channels, main, round_step

@@ -3,7 +3,7 @@ for (the integer kernel's reader among them), and refusals in one line."""
 
 import json
 
-from conftest import needs_compiler
+from tests.helpers.native import needs_compiler
 
 from bench import level_steps
 

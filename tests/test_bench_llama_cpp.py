@@ -10,7 +10,7 @@ import io
 import json
 
 import pytest
-from conftest import words
+from tests.helpers.models import words
 
 from bench import chat, llama_cpp
 from triforce_core.config import SamplingConfig

@@ -1,7 +1,7 @@
 """bench.profile_decode --outside on the demo pair: each round's time split into the native calls'
 and the rest, the calls timed and put back as they were; counts refused in one line."""
 
-from conftest import needs_compiler
+from tests.helpers.native import needs_compiler
 
 from bench import profile_decode
 from triforce_core.models import native_layers

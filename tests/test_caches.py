@@ -1,6 +1,6 @@
 """The KV caches: O(1) rollback, StreamingLLM eviction, retrieval selection and its exactness.
 
-Model-based tests use the tiny random checkpoints of conftest (CPU, float32). Retrieval
+Model-based tests use the tiny random checkpoints of tests/helpers/models.py (CPU, float32). Retrieval
 selection is checked on hand-built full caches against a plain loop implementation of the
 scoring rule (chunk-mean keys, softmax per query head, summed over the grouped query heads).
 """
@@ -11,7 +11,7 @@ import math
 
 import pytest
 import torch
-from conftest import CPU, DRAFT_OVERRIDES, VOCAB, make_hf, to_ours
+from tests.helpers.models import CPU, DRAFT_OVERRIDES, VOCAB, make_hf, to_ours
 
 from triforce_core.kv import CacheFullError, FullCache, KVStore, RetrievalCache, StreamingCache
 from triforce_core.models.rotary import apply_rotary

@@ -4,7 +4,7 @@ in modes without a retrieval level, the passages the answer quotes."""
 from __future__ import annotations
 
 import pytest
-from conftest import make_tokenizer, words
+from tests.helpers.models import make_tokenizer, words
 
 from triforce_core.documents.citations import answer_passages, cited_passages, quoted_passages
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import SMALL_CACHE_FLAGS, run_main
+from tests.helpers.cli import SMALL_CACHE_FLAGS, run_main
 from triforce_core.__main__ import main
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -19,8 +19,8 @@ import time
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, free_port, make_hf, make_tokenizer, perturbed, running_server, save_checkpoint,
-                      scrape_metrics, words)
+from tests.helpers.models import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, save_checkpoint, words
+from tests.helpers.servers import free_port, running_server, scrape_metrics
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
 from test_remote_engine import ask_on_page, in_browser  # the page in headless Chromium (skips without it)

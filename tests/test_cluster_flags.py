@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import run_main
+from tests.helpers.cli import run_main
 from triforce_core.serving.cluster import ClusterSpec, passed_env
 
 

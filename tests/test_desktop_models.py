@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import make_hf
+from tests.helpers.models import make_hf
 from gguf import GGUFReader
 from tests.helpers.gguf_files import write_gguf
 

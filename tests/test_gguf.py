@@ -29,7 +29,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, ROOT, assert_verification_rows_equal_steps, make_hf, needs_compiler
+from tests.helpers import ROOT
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import CPU, make_hf
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from tests.helpers.gguf_files import hf_from_gguf, random_blocks, write_gguf
@@ -332,7 +335,7 @@ def test_cli_generates_from_a_gguf_file(folder):
 
 
 def test_cli_exact_equals_hf_and_refuses_16_bit_kv_or_weights(folder, tmp_path):
-    from conftest import run_main
+    from tests.helpers.cli import run_main
 
     _, _, ids, ref, gaps = _files(folder, "qwen2")
     prompt = tmp_path / "ids.json"

@@ -11,7 +11,7 @@ import functools
 
 import pytest
 import torch
-from conftest import DRAFT_OVERRIDES, make_hf, perturbed, to_ours
+from tests.helpers.models import DRAFT_OVERRIDES, make_hf, perturbed, to_ours
 
 from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
 from triforce_core.config import PAPER_METHOD

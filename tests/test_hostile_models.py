@@ -31,7 +31,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, ROOT, make_hf, needs_compiler
+from tests.helpers import ROOT
+from tests.helpers.models import CPU, make_hf
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import patch_tensor_info, write_gguf
 

@@ -14,7 +14,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import at_once, chat_pair, make_hf, scrape_metrics, served_health, served_idle, served_pair, words
+from tests.helpers.models import chat_pair, make_hf, words
+from tests.helpers.servers import at_once, scrape_metrics, served_health, served_idle, served_pair
 from tests.helpers.gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt

@@ -21,8 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import (CHAT_TEMPLATE, SMALL_CACHE_FLAGS, free_port, make_hf, make_tokenizer, running_server,
-                      save_checkpoint)
+from tests.helpers.cli import SMALL_CACHE_FLAGS
+from tests.helpers.models import CHAT_TEMPLATE, make_hf, make_tokenizer, save_checkpoint
+from tests.helpers.servers import free_port, running_server
 
 openai = pytest.importorskip("openai")
 
@@ -126,7 +127,7 @@ def test_the_policy_decides_by_name_address_and_port():
 
 
 def test_a_bad_flag_is_one_line_before_any_model_is_loaded():
-    from conftest import run_main
+    from tests.helpers.cli import run_main
 
     code, _, err = run_main(["serve", "--target", "/nonexistent", "--allowed-origins", "tools.example"])
     assert code == 2 and err.count("\n") == 1 and "not an origin" in err

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from conftest import DRAFT_OVERRIDES, make_hf, to_ours
+from tests.helpers.models import DRAFT_OVERRIDES, make_hf, to_ours
 
 import triforce_core.decoding.loop as speculation
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TokenCheck, TriForceEngine

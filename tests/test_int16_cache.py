@@ -18,8 +18,10 @@ import functools
 
 import pytest
 import torch
-from conftest import CPU, DRAFT_OVERRIDES, assert_verification_rows_equal_steps, built, make_hf, needs_compiler, \
-    perturbed, run_main, to_ours
+from tests.helpers.cli import run_main
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, perturbed, to_ours
+from tests.helpers.native import built, needs_compiler
 from test_kv_disk import CHUNK, block_files, config as disk_config, document_end, new_engine, two_turns
 from test_sampling_exactness import chi2_pvalue, first_two_counts
 
@@ -351,7 +353,7 @@ def test_disk_cache_keeps_an_int16_prefill_and_reads_it_back_bit_for_bit(wide_we
 
 
 def test_command_line_takes_int16_and_refuses_it_with_exact(tmp_path):
-    from conftest import make_tokenizer, save_checkpoint
+    from tests.helpers.models import make_tokenizer, save_checkpoint
 
     folder = save_checkpoint(tmp_path / "wide", make_hf("llama_gqa_llama3", seed=0, **WIDE), make_tokenizer())
     code, out, err = run_main(["generate", "--target", folder, "--prompt", "w5 w6 w7", "--max-new-tokens", "4",

@@ -18,7 +18,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import built, needs_compiler
+from tests.helpers.native import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks
 from test_int8_rows import _rows

@@ -24,7 +24,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, assert_verification_rows_equal_steps, built, make_hf, needs_compiler
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import CPU, make_hf
+from tests.helpers.native import built, needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks, write_gguf
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import built, needs_compiler
+from tests.helpers.native import built, needs_compiler
 from test_native_attention import reference
 
 import triforce_core.models.native_attention as native_attention

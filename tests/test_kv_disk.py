@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, run_main, to_ours, words
+from tests.helpers.cli import run_main
+from tests.helpers.models import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed

@@ -22,7 +22,10 @@ import logging
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, DRAFT_OVERRIDES, assert_verification_rows_equal_steps, SMALL_CACHE_FLAGS, built, make_hf, needs_compiler, run_main, to_ours, words
+from tests.helpers.cli import SMALL_CACHE_FLAGS, run_main
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, to_ours, words
+from tests.helpers.native import built, needs_compiler
 from test_kv_disk import CHUNK, DOCUMENT, block_files, config as disk_config, document_end, new_engine, two_turns
 from test_sampling_exactness import V, chi2_pvalue, sample_counts
 from test_sampling_exactness import _models as chi_models
@@ -330,7 +333,7 @@ def test_disk_cache_round_trip_in_float16_and_no_mixing(weights, tmp_path, caplo
 
 @pytest.fixture(scope="module")
 def weights():
-    from conftest import perturbed
+    from tests.helpers.models import perturbed
 
     hf = make_hf("llama_gqa_llama3", seed=0)
     return hf, perturbed(hf, 0.02)

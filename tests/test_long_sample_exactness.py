@@ -44,7 +44,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 import torch
-from conftest import make_hf, to_ours
+from tests.helpers.models import make_hf, to_ours
 from scipy.stats import kstest
 from transformers.generation.logits_process import TemperatureLogitsWarper, TopKLogitsWarper
 

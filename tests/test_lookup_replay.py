@@ -9,7 +9,7 @@ setting by setting; speed is not asserted.
 from __future__ import annotations
 
 import pytest
-from conftest import words
+from tests.helpers.models import words
 
 from bench import lookup_replay
 from triforce_core.config import GenerationConfig, SamplingConfig, SpeculationConfig

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import CPU, KINDS, make_hf, to_ours
+from tests.helpers.models import CPU, KINDS, make_hf, to_ours
 
 from triforce_core.kv import FullCache
 from triforce_core.models.loading import ModelLoadError, load_model

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import make_hf
+from tests.helpers.models import make_hf
 from tests.helpers.gguf_files import write_gguf
 from triforce_core.engine import TriForceEngine
 from triforce_core.models.loading import ModelLoadError

@@ -21,7 +21,8 @@ from types import SimpleNamespace
 import gradio as gr
 import pytest
 
-from conftest import make_hf, running_server, words
+from tests.helpers.models import make_hf, words
+from tests.helpers.servers import running_server
 from tests.helpers.gguf_files import write_gguf
 from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, open_page, shown_gauge,
                       wait_status, watch_status)

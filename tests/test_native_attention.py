@@ -16,7 +16,7 @@ import json
 
 import pytest
 import torch
-from conftest import built, needs_compiler
+from tests.helpers.native import built, needs_compiler
 from test_greedy_exactness import CACHE, TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
 

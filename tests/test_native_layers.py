@@ -19,7 +19,9 @@ import platform
 
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, built, make_hf, needs_compiler, to_ours
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.models import make_hf, to_ours
+from tests.helpers.native import built, needs_compiler
 from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
 from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
 
@@ -269,7 +271,7 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
         from tests.helpers.gguf_files import write_gguf
         from test_gguf import K_MIX, LLAMA
 
-        from conftest import make_hf
+        from tests.helpers.models import make_hf
         from triforce_core.models.loading import load_model
 
         path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path_factory.mktemp("one-call") / "t.gguf", K_MIX)

@@ -16,7 +16,7 @@ import functools
 
 import pytest
 import torch
-from conftest import DRAFT_OVERRIDES, make_hf, to_ours
+from tests.helpers.models import DRAFT_OVERRIDES, make_hf, to_ours
 from transformers.generation.logits_process import LogitsProcessor, LogitsProcessorList, RepetitionPenaltyLogitsProcessor
 
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine

@@ -20,7 +20,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import CPU, make_hf, needs_compiler
+from tests.helpers.models import CPU, make_hf
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from tests.helpers.gguf_files import hf_from_gguf, write_gguf

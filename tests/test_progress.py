@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from conftest import make_hf, to_ours
+from tests.helpers.models import make_hf, to_ours
 from triforce_core.decoding.events import PrefillProgress
 from triforce_core.models.roofline import nonembedding_params, prefill_flops
 from ui.views import prefill_progress_text

@@ -7,7 +7,8 @@ import json
 import random
 
 import pytest
-from conftest import make_tokenizer, run_main
+from tests.helpers.cli import run_main
+from tests.helpers.models import make_tokenizer
 
 from triforce_core.documents.reading import token_starts
 from triforce_core.serving.book import BookSession

@@ -24,7 +24,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from conftest import chat_pair, free_port, make_hf, running_server, served_health, served_idle, served_pair, words
+from tests.helpers.models import chat_pair, make_hf, words
+from tests.helpers.servers import free_port, running_server, served_health, served_idle, served_pair
 from test_app import open_page  # headless Chromium on the page
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding import events as ev

@@ -8,7 +8,7 @@ import hashlib
 import pytest
 import torch
 
-from conftest import CHAT_TEMPLATE, make_tokenizer, words
+from tests.helpers.models import CHAT_TEMPLATE, make_tokenizer, words
 from triforce_core.kv.disk import chain_keys
 from triforce_core.serving.routing import route_key, route_tokens
 

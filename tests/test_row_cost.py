@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from conftest import make_hf, to_ours
+from tests.helpers.models import make_hf, to_ours
 
 from triforce_core.config import ConfigError, SpeculationConfig
 from triforce_core.decoding import row_cost

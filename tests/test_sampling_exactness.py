@@ -20,7 +20,7 @@ import functools
 import numpy as np
 import pytest
 import torch
-from conftest import make_hf, to_ours
+from tests.helpers.models import make_hf, to_ours
 from scipy.stats import chisquare
 from transformers.generation.logits_process import (
     RepetitionPenaltyLogitsProcessor,

@@ -7,7 +7,8 @@ import json
 from types import SimpleNamespace
 
 import pytest
-from conftest import run_main, words
+from tests.helpers.cli import run_main
+from tests.helpers.models import words
 from test_documents import make_epub, make_pdf
 
 from triforce_core.documents import Document, load_document

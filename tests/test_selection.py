@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import make_hf, to_ours
+from tests.helpers.models import make_hf, to_ours
 from test_greedy_exactness import _assert_same, _config, _setup
 
 from triforce_core import CacheConfig, TriForceEngine

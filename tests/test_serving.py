@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from conftest import words
+from tests.helpers.models import words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding.events import Committed, Prefilled, PrefillProgress
 from triforce_core.serving.worker import EngineWorker

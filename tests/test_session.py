@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import CHAT_TEMPLATE as TEMPLATE
-from conftest import DRAFT_OVERRIDES, make_hf, make_tokenizer, to_ours, words
+from tests.helpers.models import CHAT_TEMPLATE as TEMPLATE
+from tests.helpers.models import DRAFT_OVERRIDES, make_hf, make_tokenizer, to_ours, words
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.decoding.events import Committed, Prefilled

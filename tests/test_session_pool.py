@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import words
+from tests.helpers.models import words
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.serving.worker import EngineWorker
 from triforce_core.serving.session import ChatSession
@@ -38,9 +38,9 @@ def test_cache_bytes_count_every_level(chat_engine):
     full = session._slot.loop.full.cache
     assert full.nbytes() >= spec.kv_bytes(full.capacity, full.k.element_size())  # plus the retrieval chunk means
     d = session._slot.loop
-    assert d.retrieval is not None and d.small is None  # the default: lookup in front, no small draft
-    assert session.cache_bytes() == full.nbytes() + d.retrieval.cache.nbytes()
-    assert d.retrieval.cache.nbytes() > 0
+    assert d.retrieval is not None and d.small is not None  # triforce: the three levels, lookup in front
+    assert session.cache_bytes() == full.nbytes() + d.retrieval.cache.nbytes() + d.small.cache.nbytes()
+    assert d.retrieval.cache.nbytes() > 0 and d.small.cache.nbytes() > 0
     session.release()
     assert session.cache_bytes() == 0
 

@@ -12,7 +12,7 @@ import subprocess
 import sys
 import textwrap
 
-from conftest import ROOT
+from tests.helpers import ROOT
 
 
 def _child(code: str) -> str:

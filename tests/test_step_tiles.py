@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import assert_verification_rows_equal_steps, needs_compiler
+from tests.helpers.exactness import assert_verification_rows_equal_steps
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks
 from test_int8_rows import _rows, _run, gguf_pair

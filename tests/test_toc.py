@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 
-from conftest import run_main
+from tests.helpers.cli import run_main
 
 from triforce_core.documents import load_document
 

@@ -9,7 +9,7 @@ import time
 import gradio as gr
 import pytest
 
-from conftest import words
+from tests.helpers.models import words
 from triforce_core.documents import Document, Section
 from triforce_core.engine import TriForceEngine
 from triforce_core.serving.worker import EngineWorker

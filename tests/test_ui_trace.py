@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import words
+from tests.helpers.models import words
 from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, default_mode
 from triforce_core.decoding.events import ChunksSelected, Committed, Drafted, Verified
 from triforce_core.serving.session import ChatSession

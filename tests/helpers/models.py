@@ -1,0 +1,139 @@
+"""Tiny random Hugging Face checkpoints built from configs (no downloads, CPU only), our models
+from them, and the word-level tokenizer and chat template that go with them."""
+
+from __future__ import annotations
+
+import os
+import random
+
+import torch
+from transformers import (
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
+    PreTrainedTokenizerFast,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+
+from triforce_core.models.transformer import Transformer
+
+CPU = torch.device("cpu")
+VOCAB = 97
+# A larger init than the default 0.02 keeps random logits far from ties, so greedy
+# comparisons are meaningful; 2 layers keep everything fast on 2 cores.
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=1024,
+    initializer_range=0.2,
+    bos_token_id=1,
+    eos_token_id=2,
+)
+LLAMA3_ROPE = dict(
+    rope_type="llama3",
+    rope_theta=10000.0,
+    factor=8.0,
+    low_freq_factor=1.0,
+    high_freq_factor=4.0,
+    original_max_position_embeddings=64,
+)
+
+KINDS = {
+    # name: (config class, model class, overrides)
+    "llama_gqa_llama3": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=LLAMA3_ROPE)),
+    "llama_mha": (LlamaConfig, LlamaForCausalLM, dict(num_key_value_heads=4)),
+    "llama_linear": (LlamaConfig, LlamaForCausalLM, dict(rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+    "llama_dynamic": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(max_position_embeddings=64, rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0)),
+    ),
+    "llama_yarn": (
+        LlamaConfig,
+        LlamaForCausalLM,
+        dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)),
+    ),
+    "qwen2_tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
+    "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
+}
+# A small draft: one layer, narrower, same vocabulary.
+DRAFT_OVERRIDES = dict(num_hidden_layers=1, hidden_size=32, intermediate_size=64, num_attention_heads=2, num_key_value_heads=1)
+
+
+def make_hf(kind: str, seed: int = 0, **overrides):
+    config_cls, model_cls, kind_overrides = KINDS[kind]
+    torch.manual_seed(seed)
+    config = config_cls(**{**BASE, **kind_overrides, **overrides})
+    return model_cls(config).eval()
+
+
+# Where `to_ours` puts our models: the CPU, or with TRIFORCE_TEST_DEVICE=cuda a GPU, where the
+# exactness tests check the CUDA path against Hugging Face's model on the CPU (docs/results.md's
+# GPU section says which files were run there). CI runs everything on the CPU.
+OURS = torch.device(os.environ.get("TRIFORCE_TEST_DEVICE", "cpu"))
+
+
+def to_ours(hf) -> Transformer:
+    return Transformer(hf.config, hf.state_dict(), OURS, torch.float32)
+
+
+def perturbed(hf, scale: float, seed: int = 1):
+    """A copy of `hf` with Gaussian noise on every weight: a draft that agrees only partly."""
+    clone = type(hf)(hf.config).eval()
+    clone.load_state_dict(hf.state_dict())
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in clone.parameters():
+            p.add_(torch.randn(p.shape, generator=g) * scale * p.std())
+    return clone
+
+
+def make_tokenizer(words_prefix: str = "w", vocab: int = VOCAB) -> PreTrainedTokenizerFast:
+    """A word-level tokenizer: <unk>=0, <s>=1, </s>=2, then '{prefix}3' ... ; whitespace split."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab_map = {"<unk>": 0, "<s>": 1, "</s>": 2}
+    for i in range(3, vocab):
+        vocab_map[f"{words_prefix}{i}"] = i
+    tok = Tokenizer(models.WordLevel(vocab=vocab_map, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>"
+    )
+
+
+def save_checkpoint(path, hf, tokenizer=None) -> str:
+    hf.save_pretrained(path)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(path)
+    return str(path)
+
+
+# A chat template whose role markers are ordinary words of the word-level test vocabulary,
+# so every token of a rendered conversation is known.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'system' %}w3 {% elif m['role'] == 'user' %}w4 "
+    "{% else %}w5 {% endif %}{{ m['content'] }} w6 {% endfor %}{% if add_generation_prompt %}w5{% endif %}"
+)
+
+
+def words(n: int, seed: int) -> str:
+    """n random words of the test vocabulary (w7 .. w96)."""
+    rng = random.Random(seed)
+    return " ".join(f"w{rng.randrange(7, 97)}" for _ in range(n))
+
+
+def chat_pair(root, name: str) -> tuple[str, str]:
+    """A tiny Llama 3 target saved as `root/name` and a draft that agrees with it only partly
+    (`root/chat-draft`), both with a chat template: their folders."""
+    tok = make_tokenizer()
+    tok.chat_template = CHAT_TEMPLATE
+    hf = make_hf("llama_gqa_llama3", seed=0)
+    return save_checkpoint(root / name, hf, tok), save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok)
