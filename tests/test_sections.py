@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 from tests.helpers.cli import run_main
 from tests.helpers.models import words
-from test_documents import make_epub, make_pdf
+from tests.helpers.documents import make_epub, make_pdf
 
 from triforce_core.documents import Document, load_document
 from triforce_core.documents.picking import (SectionError, merged_spans, parse_spec, selected_text, too_long_message,
