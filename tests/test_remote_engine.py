@@ -424,6 +424,7 @@ def test_the_page_shows_a_failure_mid_answer_in_one_line_and_goes_on(hostile):
     from ui.handlers.answers import AnswerHandlers
     from ui.handlers.documents import DocumentHandlers
     from ui.settings import SETTING_NAMES, Settings
+    from ui.views import DOCUMENT_OUTPUTS, STREAMED
     from ui.state import AppContext, SessionPool
 
     engine = hostile.engine(data(PROGRESS) + data({"error": {"message": "the generation failed: boom"}}))
@@ -431,10 +432,10 @@ def test_the_page_shows_a_failure_mid_answer_in_one_line_and_goes_on(hostile):
     ctx = AppContext(engine=engine, worker=worker, sessions=SessionPool(worker, 2), slots=None,
                      defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(50, 3), "txt", "d.txt"), 32)
+    user = dict(zip(DOCUMENT_OUTPUTS, documents.set_document(None, Document(words(50, 3), "txt", "d.txt"), 32)))["user"]
     values = [getattr(Settings(mode="triforce", temperature=0.0, max_new_tokens=8), n) for n in SETTING_NAMES]
     for _ in range(2):
-        status = list(answers.on_ask("w9 w10", user, False, False, "", *values))[-1][2]
+        status = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, False, False, "", *values))[-1]))["status"]
         assert "tf-error" in status and f"the engine at {hostile.base} failed: the generation failed: boom" in status
         assert not user.busy and len(user.session.turns) == len(user.answers) == 0
 

@@ -17,11 +17,11 @@ from triforce_core.serving.slots import SlotPool
 from ui.handlers.answers import AnswerHandlers, follow
 from triforce_core.serving.book import BookSession
 from ui.handlers.documents import DocumentHandlers
-from ui.handlers.teaching import TeachingHandlers
+from ui.handlers.teaching import LESSON_END_OUTPUTS, LESSON_SETUP_OUTPUTS, PICK_OUTPUTS, TeachingHandlers
 from ui.narration import round_sentence
 from ui.settings import SETTING_NAMES, Settings
 from ui.state import AppContext, SessionPool
-from ui.views import doc_info
+from ui.views import DOCUMENT_OUTPUTS, STREAMED, doc_info
 
 
 @pytest.fixture
@@ -75,23 +75,34 @@ def _values(**changes) -> list:
     return [getattr(s, name) for name in SETTING_NAMES]
 
 
+def named(names: tuple[str, ...], outputs) -> dict:
+    """A handler's outputs by name: `names` are those ui/ wires its outputs to, in its order
+    (`STREAMED` for answers, `DOCUMENT_OUTPUTS` for documents, ...)."""
+    return dict(zip(names, outputs, strict=True))
+
+
+def streamed(updates):
+    """An answer handler's updates (`STREAMED`), each by name."""
+    return (named(STREAMED, out) for out in updates)
+
+
 def test_a_conversation_through_the_handlers(chat_engine: TriForceEngine, worker):
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
     doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
-    user, *_ = documents.set_document(None, doc, 32)
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     assert user.session.document_tokens > 0
 
-    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values()))
+    updates = [named(STREAMED, out) for out in answers.on_ask("w9 w10", user, False, False, "", *_values())]
     final = updates[-1]
-    assert final[0] is user and len(user.answers) == len(user.session.turns) == 1
-    assert "tok/s" in final[2] and "tf-ok" in final[2]  # the footer as the status line
+    assert final["user"] is user and len(user.answers) == len(user.session.turns) == 1
+    assert "tok/s" in final["status"] and "tf-ok" in final["status"]  # the footer as the status line
     answer = user.answers[0]
     assert answer.trace.new_tokens > 0 and answer.trace.stats is not None
     # the autoregressive re-run of the same turn gives the same tokens (greedy)
     compared = list(answers.on_compare(user, False, *_values()))
-    assert "identical output: yes" in compared[-1][2]
+    assert "identical output: yes" in named(STREAMED, compared[-1])["status"]
     assert answer.baseline is not None and answer.baseline["identical"] == "yes"
     assert len(user.session.turns) == 1  # the comparison re-ran the turn, it did not add one
 
@@ -100,8 +111,8 @@ def test_a_conversation_through_the_handlers(chat_engine: TriForceEngine, worker
     with pytest.raises(gr.Error, match="Invalid setting"):
         list(answers.on_ask("w9", user, False, False, "", *_values(mode="fastest")))
 
-    cleared = answers.on_clear(user, 32)
-    assert cleared[0] is user and not user.session.turns and not user.answers
+    cleared = named(STREAMED, answers.on_clear(user, 32))
+    assert cleared["user"] is user and not user.session.turns and not user.answers
     assert user.session.document_tokens > 0  # the document stays loaded
 
 
@@ -123,14 +134,15 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, info, _gauge, status, *_panels, box, toc, _upload, _note = documents.set_document(None, _book(), 32)
+    loaded = named(DOCUMENT_OUTPUTS, documents.set_document(None, _book(), 32))
+    user, status, box, toc = loaded["user"], loaded["status"], loaded["toc"], loaded["toc_list"]
     # Not refused, not cut: each question reads the sections most relevant to it ...
     assert "over the context window of 1,024" in status and "each question reads the sections" in status
     assert isinstance(user.session, BookSession) and user.session.document_tokens == 0
     assert box["visible"] is True
     gamma = _book().text[_book().sections[3].start : _book().sections[3].end].split()
-    updates = list(answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values()))
-    assert "tf-ok" in updates[-1][2]
+    updates = [named(STREAMED, out) for out in answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values())]
+    assert "tf-ok" in updates[-1]["status"]
     read = user.session.turns[-1].sections_read
     assert 4 in [s["number"] for s in read] and user.document.text.startswith("[Section ")
     assert documents.on_answered(user)["value"] == sorted({s["number"] - 1 for s in read})  # ticked
@@ -142,22 +154,23 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
 
     # Beta (with its detail) and Gamma: 1,020 tokens + the template + 12 for the answer, too many.
     with pytest.warns(UserWarning, match="selection"):  # gr.Warning: a toast on the page
-        refused = documents.on_sections([1, 3], user, 32, 12)
-    assert "The selection (sections 2, 4) is 1,0" in refused[3] and "window of 1,024" in refused[3]
-    assert "tf-error" in refused[3]
+        refused = named(DOCUMENT_OUTPUTS, documents.on_sections([1, 3], user, 32, 12))["status"]
+    assert "The selection (sections 2, 4) is 1,0" in refused and "window of 1,024" in refused
+    assert "tf-error" in refused
     assert isinstance(user.session, BookSession)  # nothing changed
-    out = documents.on_sections([0, 2, 3], user, 32, 12)  # Alpha, Beta detail, Gamma
+    out = named(DOCUMENT_OUTPUTS, documents.on_sections([0, 2, 3], user, 32, 12))  # Alpha, Beta detail, Gamma
     assert not isinstance(user.session, BookSession)
-    assert "Reading sections 1, 3, 4 of book.md" in out[3] and out[-3]["value"] == [0, 2, 3]
+    assert "Reading sections 1, 3, 4 of book.md" in out["status"] and out["toc_list"]["value"] == [0, 2, 3]
     assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
     assert 970 < user.session.document_tokens < 1000
-    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values()))
-    assert "tf-ok" in updates[-1][2] and user.answers[0].trace.new_tokens > 0
+    updates = [named(STREAMED, out) for out in answers.on_ask("w9 w10", user, False, False, "", *_values())]
+    assert "tf-ok" in updates[-1]["status"] and user.answers[0].trace.new_tokens > 0
     with pytest.raises(gr.Error, match="Tick at least one"):
         documents.on_sections([], user, 32, 12)
     # A document that fits loads as before, its table of contents offered too.
     small = Document(words(50, 1), "md", "s.md", (Section(0, "section: S", "S", 1, 10),))
-    user, *_rest, box, toc, _upload, _note = documents.set_document(user, small, 32)
+    loaded = named(DOCUMENT_OUTPUTS, documents.set_document(user, small, 32))
+    user, box, toc = loaded["user"], loaded["toc"], loaded["toc_list"]
     assert user.document is small and box["visible"] is True and len(toc["choices"]) == 1
 
 
@@ -167,7 +180,8 @@ def test_a_book_over_the_window_shows_its_size_not_zero(chat_engine: TriForceEng
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, info, gauge, status, *_ = documents.set_document(None, _book(), 32)
+    loaded = named(DOCUMENT_OUTPUTS, documents.set_document(None, _book(), 32))
+    user, info, gauge, status = loaded["user"], loaded["docinfo"], loaded["gauge"], loaded["status"]
     size = user.session.book_tokens
     assert size > ctx.window and len(chat_engine.encode(_book().text)) - size in (0, 1)  # at most a BOS apart
     assert f"is {size:,} tokens" in status
@@ -175,10 +189,10 @@ def test_a_book_over_the_window_shows_its_size_not_zero(chat_engine: TriForceEng
     assert "no document yet" not in gauge and f"read of its <b>{size:,}</b>" in gauge
     assert "each question reads the parts of the document most relevant to it" in gauge
     gamma = _book().text[_book().sections[3].start : _book().sections[3].end].split()
-    updates = list(answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values()))
+    updates = [named(STREAMED, out) for out in answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values())]
     read = user.session.document_tokens  # what this question read
     assert 0 < read < ctx.window
-    assert f"document <b>{read:,}</b> read of its <b>{size:,}</b>" in updates[-1][8]  # the gauge
+    assert f"document <b>{read:,}</b> read of its <b>{size:,}</b>" in updates[-1]["gauge"]
     assert f"{size:,} tokens, over the context window" in doc_info(user)  # the book, not the part read
 
 
@@ -190,16 +204,18 @@ def test_the_gauge_follows_the_mode(chat_engine: TriForceEngine, worker):
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
     doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
     reads = "the retrieval level reads"
-    user, _info, gauge, *_ = documents.set_document(None, doc, 32, "lookup")
+    loaded = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32, "lookup"))
+    user, gauge = loaded["user"], loaded["gauge"]
     assert reads not in gauge and "no retrieval level in this mode" in gauge
-    assert reads in documents.set_document(user, doc, 32, "triforce")[2]
-    assert reads not in documents.set_document(user, doc, 32)[2]  # no mode given: the app's default, lookup
+    assert reads in named(DOCUMENT_OUTPUTS, documents.set_document(user, doc, 32, "triforce"))["gauge"]
+    # no mode given: the app's default, lookup
+    assert reads not in named(DOCUMENT_OUTPUTS, documents.set_document(user, doc, 32))["gauge"]
     assert reads in answers.on_budget(user, 32, "retrieval") and reads not in answers.on_budget(user, 32, "draft")
-    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="lookup")))
-    assert "tf-ok" in updates[-1][2] and reads not in updates[-1][8]  # the gauge
-    updates = list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="triforce")))
-    assert reads in updates[-1][8]
-    assert reads not in answers.on_clear(user, 32, "autoregressive")[8]
+    last = named(STREAMED, list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="lookup")))[-1])
+    assert "tf-ok" in last["status"] and reads not in last["gauge"]
+    last = named(STREAMED, list(answers.on_ask("w9 w10", user, False, False, "", *_values(mode="triforce")))[-1])
+    assert reads in last["gauge"]
+    assert reads not in named(STREAMED, answers.on_clear(user, 32, "autoregressive"))["gauge"]
 
 
 def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: TriForceEngine, worker):
@@ -212,7 +228,7 @@ def test_a_new_document_clears_the_panels_of_the_answers_before(chat_engine: Tri
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
     doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
-    user, *_ = documents.set_document(None, doc, 32)
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     answered = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, True, False, "", *_values()))[-1]))
     cleared = cleared_panels()
     assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]  # the answer's panels, shown
@@ -236,7 +252,8 @@ def test_a_refused_file_is_said_under_the_upload_box_which_lets_go_of_it(chat_en
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents = DocumentHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     renamed = tmp_path / "report.pdf"
     renamed.write_text("<!DOCTYPE html><html><body><h1>Report</h1><p>w1 w2 w3</p></body></html>", encoding="utf-8")
     with pytest.warns(UserWarning, match="report.pdf"):  # gr.Warning: a toast as well
@@ -266,7 +283,7 @@ def test_a_change_of_mode_clears_the_panels_of_the_answers_before(chat_engine: T
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
     doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
-    user, *_ = documents.set_document(None, doc, 32)
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     assert all(isinstance(u, type(gr.skip())) for u in answers.on_mode(user, 32, "lookup"))  # no answer yet
     answered = dict(zip(STREAMED, list(answers.on_ask("w9 w10", user, True, False, "", *_values()))[-1]))
     assert "mean accepted length" in answered["stats"] and "Round " in answered["narration"]
@@ -297,15 +314,16 @@ def test_a_stepped_answers_speed_leaves_out_the_waits_for_step(chat_engine: TriF
     """The engine's decode clock runs on while a stepped generation waits for Step; the speeds
     shown (footer, figures, speed chart) are its tokens over its decoding time less those waits,
     and say so. The wait after the prefill is no decoding time and is not subtracted."""
-    from ui.views import STREAMED, answer_footer, stats_rows
+    from ui.views import answer_footer, stats_rows
 
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     pause, waits = 0.4, 0
-    for out in answers.on_ask("w9 w10", user, False, True, "", *_values(max_new_tokens=20)):
-        if "Step mode" in out[2]:
+    for out in streamed(answers.on_ask("w9 w10", user, False, True, "", *_values(max_new_tokens=20))):
+        if "Step mode" in out["status"]:
             time.sleep(pause)  # the user reads the round before pressing Step
             waits += 1
             if waits < 4:
@@ -323,8 +341,9 @@ def test_a_stepped_answers_speed_leaves_out_the_waits_for_step(chat_engine: TriF
     footer = answer_footer(trace, False)
     assert f"{s.new_tokens} tokens at {shown:.1f} tok/s (not counting {trace.waited_s:.1f} s waiting for Step)" \
         in footer
-    assert footer in out[2] and dict(stats_rows(user.answers[0]))["tokens/s"].startswith(f"{shown:.1f} (not counting")
-    speed = dict(zip(STREAMED, out))["speed"]
+    assert footer in out["status"]
+    assert dict(stats_rows(user.answers[0]))["tokens/s"].startswith(f"{shown:.1f} (not counting")
+    speed = out["speed"]
     assert speed.data[0].x[0] == pytest.approx(shown) and "waits for Step left out" in speed.layout.title.text
     # the round clock leaves the waits out too: the last round ends within the decoding time less them
     assert trace.rounds[-1].at_s <= trace.decode_s() + 0.05
@@ -345,7 +364,8 @@ def test_the_last_update_of_an_answer_opens_the_inspector_on_its_first_rejection
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     monkeypatch.setattr(answers_module, "UPDATE_EVERY_S", 1e9)  # no refresh after the first until the end
     user.auto_inspect = True
     values = _values(temperature=0.8, seed=2, max_new_tokens=30, lookup=False)
@@ -374,22 +394,22 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(700, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    doc = Document(words(700, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     context = user.session.document_tokens
     mine = dict(teaching=False, stepmode=False, mode="lookup", temperature=0.0, seed=-1, lookup=True, budget=512)
-    out = teaching.lesson_setup(user, *(mine[name] for name in LESSON_CONTROLS), 4)
-    lesson = dict(zip(LESSON_CONTROLS, out))
+    lesson = named(LESSON_SETUP_OUTPUTS, teaching.lesson_setup(user, *(mine[name] for name in LESSON_CONTROLS), 4))
     budget = lesson["budget"]["value"]
     assert lesson["teaching"] is True and lesson["stepmode"] is True and lesson["mode"]["value"] == "triforce"
     assert budget == context // 4 // 64 * 64 and budget < context / 2, (budget, context)
     from ui.handlers.teaching import lesson_budget
     assert lesson_budget(4096, 8) == 1024 and lesson_budget(9375, 8) == 2304  # SmolLM2 reading a book, the demo pair
     assert lesson_budget(100, 64) == 192 and lesson_budget(10**6, 8) == 16384  # 3 chunks at least; the slider's top
-    assert out[len(LESSON_CONTROLS)] == LESSON_QUESTION
+    assert lesson["question"] == LESSON_QUESTION
     assert f"The retrieval budget is {budget:,} tokens, about a quarter of the context ({context:,} tokens)" \
-        in out[-1] and "cheapest" in out[-1]
+        in lesson["lesson"] and "cheapest" in lesson["lesson"]
     values = _values(mode="triforce", temperature=0.8, seed=3, lookup=False, budget=budget, max_new_tokens=30)
-    statuses = [out[2] for out in answers.on_ask("w9 w10", user, True, True, "", *values)]
+    statuses = [out["status"] for out in streamed(answers.on_ask("w9 w10", user, True, True, "", *values))]
     trace, job = user.answers[0].trace, user.job
     s = trace.stats
     # three levels at work, the middle one over a real selection
@@ -406,7 +426,7 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     assert any("Lesson: round 1 done; round 2 follows in a second" in st for st in statuses)
     assert "not counting" in statuses[-1]  # its speed leaves the pauses out
     # it ends: the settings come back, but the teaching view
-    back = dict(zip((*RESTORED, "lesson"), teaching.lesson_end(user)))
+    back = named(LESSON_END_OUTPUTS, teaching.lesson_end(user))
     assert {name: back[name]["value"] for name in RESTORED} == {name: mine[name] for name in RESTORED}
     assert "your settings are back" in back["lesson"] and user.lesson is None
     assert all(isinstance(u, type(gr.skip())) for u in teaching.lesson_end(user))  # only once
@@ -422,16 +442,17 @@ def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriFo
     ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
                      slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
     documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
-    user, *_ = documents.set_document(None, Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),)), 32)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     values = _values(temperature=0.8, seed=2, max_new_tokens=30, lookup=False)
     seen, narrated = [], []
-    for out in answers.on_ask("w9 w10", user, True, True, "", *values):
-        if "Step mode" in out[2]:  # the handler saw the job waiting (it waits until stepped)
+    for out in streamed(answers.on_ask("w9 w10", user, True, True, "", *values)):
+        if "Step mode" in out["status"]:  # the handler saw the job waiting (it waits until stepped)
             assert user.job.waiting
             rounds = len(user.answers[-1].trace.rounds) if user.answers else 0
             seen.append(rounds)
-            assert f"round {rounds + 1}" in out[2]
-            narrated.append(out[9])
+            assert f"round {rounds + 1}" in out["status"]
+            narrated.append(out["narration"])
             if len(seen) <= 3:
                 teaching.on_step(user)
             else:
@@ -443,12 +464,13 @@ def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriFo
     assert round_sentence(trace, 1).startswith("Round 1: the small draft")
     picked = [i for i, seg in enumerate(trace.segments) if seg.kind == "rejected" and seg.checks]
     assert picked, "a sampled answer of 30 tokens with a random pair rejects something"
-    html, fig = teaching.on_pick(f"0:{picked[0]}@123", user)
+    inspected = named(PICK_OUTPUTS, teaching.on_pick(f"0:{picked[0]}@123", user))
+    html, fig = inspected["inspector"], inspected["inspector_plot"]
     assert "rejected</b>" in html and "u = " in html and "residual" in html
     assert [t.name for t in fig.data] == ["p (verifier)", "q (proposer)", "residual"]
     # a token without checks of an answer asked with the teaching view off says how to get them
     list(answers.on_ask("w11", user, False, False, "", *values))
     seg = next(i for i, s in enumerate(user.answers[1].trace.segments) if s.kind == "token" and s.level != "target")
-    html, _ = teaching.on_pick(f"1:{seg}@1", user)
+    html = named(PICK_OUTPUTS, teaching.on_pick(f"1:{seg}@1", user))["inspector"]
     assert "Turn on the teaching view" in html
-    assert "Click a token" in teaching.on_pick("nonsense", user)[0]
+    assert "Click a token" in named(PICK_OUTPUTS, teaching.on_pick("nonsense", user))["inspector"]

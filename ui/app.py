@@ -28,7 +28,7 @@ from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
 from .handlers.documents import DocumentHandlers
 from .handlers.models import MODEL_OUTPUTS, ModelHandlers, model_info, modes_for
-from .handlers.teaching import LESSON_CONTROLS, RESTORED, TeachingHandlers
+from .handlers.teaching import LESSON_CONTROLS, LESSON_END_OUTPUTS, LESSON_SETUP_OUTPUTS, PICK_OUTPUTS, TeachingHandlers
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
@@ -193,17 +193,17 @@ def build_app(
                           concurrency_limit=None, **private)
         clear_btn.click(answers.on_clear, [user, budget, mode], streamed, **private)
         teaching.change(answers.on_teaching, [user, teaching], [page["chat"], legend], **private)
-        pick.change(teach.on_pick, [pick, user], [page["inspector"], page["inspector_plot"]], queue=False, **private)
+        pick.change(teach.on_pick, [pick, user], [page[name] for name in PICK_OUTPUTS], queue=False, **private)
         step_btn.click(teach.on_step, [user], None, queue=False, **private)
         stepmode.change(teach.on_step_mode, [user, stepmode], None, queue=False, **private)
         # The lesson: the sample, its settings (the user's kept), its question, running by itself;
         # when its answer ends (or stops), the user's settings come back.
-        by_name = {"teaching": teaching, "stepmode": stepmode, **controls}
+        by_name = {"teaching": teaching, "stepmode": stepmode, **controls, "question": asked, "lesson": lesson}
         lesson_controls = [by_name[name] for name in LESSON_CONTROLS]
         lesson_btn.click(documents.on_sample, [user, budget, mode], doc_outputs, **private).then(
-            teach.lesson_setup, [user, *lesson_controls, controls["chunk_size"]], lesson_controls + [asked, lesson],
-            **private).success(**ask).then(**tick).then(
-            teach.lesson_end, [user], [by_name[name] for name in RESTORED] + [lesson], **private)
+            teach.lesson_setup, [user, *lesson_controls, controls["chunk_size"]],
+            [by_name[name] for name in LESSON_SETUP_OUTPUTS], **private).success(**ask).then(**tick).then(
+            teach.lesson_end, [user], [by_name[name] for name in LESSON_END_OUTPUTS], **private)
         for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
             control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
         # the user's own pick of a mode (not the lesson's or a model switch's): the panels of the

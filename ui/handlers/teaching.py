@@ -32,6 +32,11 @@ LESSON_ROUND_S = 1.0  # the lesson runs by itself: the next round after this man
 # but the teaching view are given back as the user had them when it ends (`lesson_end`).
 LESSON_CONTROLS = ("teaching", "stepmode", "mode", "temperature", "seed", "lookup", "budget")
 RESTORED = LESSON_CONTROLS[1:]  # the teaching view stays on: the lesson's answer keeps its struck-through drafts
+# What `lesson_setup` and `lesson_end` return, in order ("question": the question it asks;
+# "lesson": the lesson's words under the chat), and `on_pick`'s outputs.
+LESSON_SETUP_OUTPUTS = (*LESSON_CONTROLS, "question", "lesson")
+LESSON_END_OUTPUTS = (*RESTORED, "lesson")
+PICK_OUTPUTS = ("inspector", "inspector_plot")
 LESSON_INTRO = (
     "The lesson: the question «" + LESSON_QUESTION + "» over {document}, the paper's three levels "
     "(small draft → retrieval level → full target), sampled at temperature 0.8, one round a second by itself "
@@ -159,7 +164,7 @@ class TeachingHandlers:
         """The lesson's answer has ended (finished, stopped or failed): the settings it changed
         come back as the user had them (`RESTORED`), with a last line under its opening words."""
         if user is None or user.lesson is None or not user.lesson.asked:
-            return (gr.skip(),) * (len(RESTORED) + 1)
+            return (gr.skip(),) * len(LESSON_END_OUTPUTS)
         saved, user.lesson = user.lesson.saved, None
         user.auto_inspect = False
         done = ('<div class="tf-narration">The lesson is over: your settings are back (mode, temperature, seed, '
