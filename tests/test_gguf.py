@@ -35,8 +35,8 @@ from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
-from tests.helpers.gguf_files import hf_from_gguf, random_blocks, write_gguf
-from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
+from tests.helpers.gguf_files import K_MIX, LLAMA, hf_from_gguf, random_blocks, write_gguf
+from tests.helpers.sampling import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
 import triforce_core.models.gguf_file as gguf_file
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
@@ -46,10 +46,6 @@ from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
 STORED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
-# A Q4_K_M file's mix: q/k Q4_K, v and down Q6_K; the others spread over the remaining types.
-K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
-         "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
-LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)  # K types need 256 inputs
 QWEN = dict(vocab_size=300)
 QWEN_TYPES = {"attn_v.weight": Q.F16, "attn_output.weight": Q.F32}
 PROMPT_LEN, NEW = 120, 32

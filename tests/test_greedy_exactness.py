@@ -7,68 +7,21 @@ near-tie of HF's top-2 logits (gap < 1e-4); the checks report any such case.
 
 from __future__ import annotations
 
-import functools
-
 import pytest
 import torch
-from tests.helpers.models import DRAFT_OVERRIDES, make_hf, perturbed, to_ours
+from tests.helpers.greedy import NEW, TARGETS, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.models import perturbed, to_ours
 
-from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import PAPER_METHOD
+from triforce_core import CacheConfig, TriForceEngine
 
-PROMPT_LEN = 160
-NEW = 40
-TIE_GAP = 1e-4
-CACHE = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_sinks=4, draft_window=32, refresh_every=16)
 GAMMAS = [(1, 3), (2, 6), (3, 9)]
-TARGETS = ["llama_gqa_llama3", "llama_mha", "qwen2_tied", "mistral", "mistral_window"]
-
-
-@functools.lru_cache(maxsize=None)
-def _setup(kind: str):
-    target = make_hf(kind, seed=0)
-    draft = make_hf(kind, seed=11, **DRAFT_OVERRIDES)
-    ids = torch.randint(3, target.config.vocab_size, (PROMPT_LEN,), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        out = target.generate(
-            ids[None],
-            attention_mask=torch.ones(1, PROMPT_LEN, dtype=torch.long),
-            do_sample=False,
-            max_new_tokens=NEW,
-            eos_token_id=None,
-            pad_token_id=0,
-            output_logits=True,
-            return_dict_in_generate=True,
-        )
-    ref = out.sequences[0, PROMPT_LEN:].tolist()
-    gaps = [float(l[0].topk(2).values[0] - l[0].topk(2).values[1]) for l in out.logits]
-    t = to_ours(target)
-    return target, t, to_ours(draft), ids.tolist(), ref, gaps
-
-
-def _assert_same(got: list[int], ref: list[int], gaps: list[float]) -> None:
-    assert len(got) == len(ref)
-    for i, (a, b) in enumerate(zip(got, ref)):
-        if a != b:
-            assert gaps[i] < TIE_GAP, f"diverged from HF at token {i} ({a} != {b}) with top-2 gap {gaps[i]:.3g}"
-            return  # a genuine tie: the continuations legitimately differ from here on
-
-
-def _config(mode: str, g1: int, g2: int, cache: CacheConfig = CACHE, lookup: bool = False, **spec_kw) -> GenerationConfig:
-    """Lookup is off unless asked: these tests are about the model levels' acceptance."""
-    if not lookup:  # the paper's levels: small draft under retrieval, a fixed gamma2
-        spec_kw = {**PAPER_METHOD, **spec_kw}
-    else:  # a fixed price of a verification row, not this machine's: the proposals do not depend on it
-        spec_kw = {"lookup": True, "lookup_row_cost": 0.3, **spec_kw}
-    spec = SpeculationConfig(mode=mode, gamma1=g1, gamma2=g2, max_new_tokens=NEW, ignore_eos=True, **spec_kw)
-    return GenerationConfig(speculation=spec, cache=cache)
 
 
 @pytest.mark.parametrize("kind", TARGETS)
 def test_autoregressive_matches_hf(kind):
-    _, t, _, ids, ref, gaps = _setup(kind)
-    res = TriForceEngine(t).run(ids, _config("autoregressive", 1, 1))
-    _assert_same(res.token_ids, ref, gaps)
+    _, t, _, ids, ref, gaps = hf_greedy(kind)
+    res = TriForceEngine(t).run(ids, greedy_config("autoregressive", 1, 1))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert set(res.levels) == {"target"}
 
 
@@ -82,11 +35,11 @@ def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, varian
     """A random draft and a sparse retrieval cache: most proposals are rejected (adaptive: the
     draft length then shrinks and plain target steps come in between). The draft proposes
     whatever its confidence (its gate has a test of its own)."""
-    _, t, d, ids, ref, gaps = _setup(kind)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
     extra = {"adaptive_gamma": True} if variant == "adaptive" else {}
     extra["draft_confidence"] = 0.0
-    res = TriForceEngine(t, d).run(ids, _config(mode, *gammas, lookup=variant == "lookup", **extra))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t, d).run(ids, greedy_config(mode, *gammas, lookup=variant == "lookup", **extra))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.new_tokens == NEW
     assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
 
@@ -96,24 +49,24 @@ def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, varian
 def test_the_draft_gate_matches_hf(kind, mode):
     """The small draft proposes only tokens its law is sure of (`draft_confidence`): at 0.1 this
     random draft keeps some of its proposals and drops others, and the output is HF's."""
-    _, t, d, ids, ref, gaps = _setup(kind)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
     engine = TriForceEngine(t, d)
 
     def draft_tokens(res) -> int:
         return sum(n for k, n in res.stats.proposed_by_proposer.items() if k.startswith("draft:"))
 
-    gated = engine.run(ids, _config(mode, 2, 6, draft_confidence=0.1))
-    _assert_same(gated.token_ids, ref, gaps)
-    assert 0 < draft_tokens(gated) < draft_tokens(engine.run(ids, _config(mode, 2, 6)))
+    gated = engine.run(ids, greedy_config(mode, 2, 6, draft_confidence=0.1))
+    assert_same_as_hf(gated.token_ids, ref, gaps)
+    assert 0 < draft_tokens(gated) < draft_tokens(engine.run(ids, greedy_config(mode, 2, 6)))
 
 
 @pytest.mark.parametrize("mode", ["triforce", "draft"])
 def test_same_draft_is_always_accepted(mode):
     """Draft = the target itself with a window covering everything: every proposal is accepted."""
-    _, t, _, ids, ref, gaps = _setup("llama_gqa_llama3")
+    _, t, _, ids, ref, gaps = hf_greedy("llama_gqa_llama3")
     cache = CacheConfig(budget=512, chunk_size=4, draft_sinks=4, draft_window=512)
-    res = TriForceEngine(t, t).run(ids, _config(mode, 2, 6, cache))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t, t).run(ids, greedy_config(mode, 2, 6, cache))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.acceptance["target"] == 1.0
     if mode == "triforce":
         assert res.stats.acceptance["retrieval"] == 1.0
@@ -122,33 +75,33 @@ def test_same_draft_is_always_accepted(mode):
 
 def test_dense_retrieval_is_always_accepted():
     """When the prompt fits the budget, the retrieval level is the exact target."""
-    _, t, _, ids, ref, gaps = _setup("qwen2_tied")
+    _, t, _, ids, ref, gaps = hf_greedy("qwen2_tied")
     cache = CacheConfig(budget=1024, chunk_size=4)
-    res = TriForceEngine(t).run(ids, _config("retrieval", 1, 5, cache))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t).run(ids, greedy_config("retrieval", 1, 5, cache))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.acceptance["target"] == 1.0
 
 
 @pytest.mark.parametrize("mode", ["triforce", "draft", "retrieval"])
 def test_partial_acceptance(mode):
     """A perturbed copy of the target as draft and a wider budget: acceptance strictly in between."""
-    target, t, _, ids, ref, gaps = _setup("llama_gqa_llama3")
+    target, t, _, ids, ref, gaps = hf_greedy("llama_gqa_llama3")
     d = to_ours(perturbed(target, 0.02))
     cache = CacheConfig(budget=128, chunk_size=4, draft_sinks=4, draft_window=192)
-    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, cache))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t, d).run(ids, greedy_config(mode, 2, 6, cache))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert 0.05 < res.stats.acceptance["target"] < 0.95
     assert res.stats.mean_accepted > 1.0
 
 
 def test_no_refresh_and_frequent_refresh_agree():
     """Refreshing the retrieval selection changes speed, never the output."""
-    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
+    _, t, d, ids, ref, gaps = hf_greedy("llama_gqa_llama3")
     for every in (0, 4):
         cache = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=every,
                             refresh_acceptance=0.0)
-        res = TriForceEngine(t, d).run(ids, _config("triforce", 2, 6, cache))
-        _assert_same(res.token_ids, ref, gaps)
+        res = TriForceEngine(t, d).run(ids, greedy_config("triforce", 2, 6, cache))
+        assert_same_as_hf(res.token_ids, ref, gaps)
         assert (res.stats.refreshes == 0) == (every == 0)
 
 
@@ -172,7 +125,7 @@ LOOKUP_COMBOS = [
 def _looping_prompt(kind: str) -> tuple[list[int], list[int], list[float]]:
     """A prompt that repeats itself, and HF's greedy continuation of it: lookup finds matches
     everywhere, and the random target sometimes follows them and sometimes not."""
-    target, *_ = _setup(kind)
+    target, *_ = hf_greedy(kind)
     base = torch.randint(3, target.config.vocab_size, (40,), generator=torch.Generator().manual_seed(3))
     ids = torch.cat([base, base[:30], base, base[:20]])
     with torch.no_grad():
@@ -188,12 +141,12 @@ def _looping_prompt(kind: str) -> tuple[list[int], list[int], list[float]]:
 @pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(f'{k}={v}' for k, v in e.items()) or 'default'}" for m, e in LOOKUP_COMBOS])
 def test_lookup_combinations_match_hf(kind, mode, extra):
     """Every proposer combination the defaults can use, on a self-repeating prompt and a random one."""
-    _, t, d, ids, ref, gaps = _setup(kind)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
     loop_ids, loop_ref, loop_gaps = _looping_prompt(kind)
     engine = TriForceEngine(t, d)
     for g1, g2 in GAMMAS:
-        res = engine.run(loop_ids, _config(mode, g1, g2, lookup=True, lookup_max=16, **extra))
-        _assert_same(res.token_ids, loop_ref, loop_gaps)
+        res = engine.run(loop_ids, greedy_config(mode, g1, g2, lookup=True, lookup_max=16, **extra))
+        assert_same_as_hf(res.token_ids, loop_ref, loop_gaps)
         assert res.stats.proposed_by_proposer.get("lookup:target", 0) > 0  # lookup really proposed
-    res = engine.run(ids, _config(mode, 2, 6, lookup=True, **extra))
-    _assert_same(res.token_ids, ref, gaps)
+    res = engine.run(ids, greedy_config(mode, 2, 6, lookup=True, **extra))
+    assert_same_as_hf(res.token_ids, ref, gaps)

@@ -22,8 +22,8 @@ from tests.helpers.cli import run_main
 from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, perturbed, to_ours
 from tests.helpers.native import built, needs_compiler
-from test_kv_disk import CHUNK, block_files, config as disk_config, document_end, new_engine, two_turns
-from test_sampling_exactness import chi2_pvalue, first_two_counts
+from tests.helpers.disk_cache import CHUNK, block_files, config as disk_config, document_end, new_engine, two_turns
+from tests.helpers.sampling import chi2_pvalue, first_two_counts
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
@@ -322,7 +322,7 @@ def test_sampling_over_an_int16_cache_follows_the_targets_law(kernel, mode, look
 
 
 def test_negative_control_a_broken_verifier_fails_the_same_test(kernel, monkeypatch):
-    from test_sampling_exactness import break_verifier
+    from tests.helpers.sampling import break_verifier
 
     break_verifier(monkeypatch)
     p = chi2_pvalue(_chi_counts("retrieval", False), _chi_setup()[2])

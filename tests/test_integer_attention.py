@@ -16,7 +16,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.helpers.native import built, needs_compiler
-from test_native_attention import reference
+from tests.helpers.attention import attention_reference
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core.models import int16_kv
@@ -86,7 +86,8 @@ def test_every_path_gives_the_same_bits_close_to_float64(kernel, H, R, T, D, chu
         assert torch.equal(o, out), path
         assert (m is None and mass is None) or torch.equal(m, mass), path
     kd, vd = int16_kv.dequantized(k, v)
-    ref_out, ref_mass = reference(q, kd, vd, limits if limits is not None else torch.full((R,), T), D**-0.5, chunk or 8)
+    seen = limits if limits is not None else torch.full((R,), T)
+    ref_out, ref_mass = attention_reference(q, kd, vd, seen, D**-0.5, chunk or 8)
     assert (out.double() - ref_out).abs().max() < 2e-3  # 14-bit queries and weights
     if chunk:
         assert mass.numel() == 0 or (mass.double() - ref_mass).abs().max() < 1e-4
@@ -120,7 +121,7 @@ def test_negative_control_a_leaked_key_is_caught(kernel):
     q = torch.randn(H, R, D, generator=torch.Generator().manual_seed(5))
     limits = torch.arange(T - R + 1, T + 1)
     kd, vd = int16_kv.dequantized(k, v)
-    ref_out, _ = reference(q, kd, vd, limits, 0.125, 8)
+    ref_out, _ = attention_reference(q, kd, vd, limits, 0.125, 8)
     good, _ = kernel.integer_attention(q, heads, limits, 0.125)
     leaked, _ = kernel.integer_attention(q, heads, (limits + 1).clamp(max=T), 0.125)
     assert (good.double() - ref_out).abs().max() < 2e-3

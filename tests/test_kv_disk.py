@@ -12,65 +12,21 @@ import pytest
 import torch
 
 from tests.helpers.cli import run_main
-from tests.helpers.models import CHAT_TEMPLATE, make_hf, make_tokenizer, perturbed, to_ours, words
-from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
+from tests.helpers.disk_cache import CHUNK, DOCUMENT, Q1, block_files, config, document_end, new_engine, two_turns
+from tests.helpers.models import make_hf, perturbed, to_ours, words
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed
 from triforce_core.kv import model_fingerprint
 from triforce_core.serving.session import ChatSession
-from triforce_core.serving.turns import Turn
 from triforce_core.serving.slots import Slot
 
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
-CHUNK = 32  # prefill chunk = disk block: the 300-word document spans 9 whole blocks
-DOCUMENT = words(300, 11)
-Q1, Q2 = words(6, 12), words(5, 13)
 
 
 @pytest.fixture(scope="module")
 def weights():
     hf = make_hf("llama_gqa_llama3", seed=0)
     return hf, perturbed(hf, 0.02)
-
-
-def new_engine(weights, folder=None, **disk) -> TriForceEngine:
-    """A fresh engine, as after a restart: new model objects from the same weights."""
-    hf, draft = weights
-    tok = make_tokenizer()
-    tok.chat_template = CHAT_TEMPLATE
-    engine = TriForceEngine(to_ours(hf), to_ours(draft), tok, eos_token_ids=[2])
-    if folder is not None:
-        engine.use_disk_cache(folder, **disk)
-    return engine
-
-
-def config(mode: str, temperature: float = 0.0, seed: int | None = None) -> GenerationConfig:
-    return GenerationConfig(
-        sampling=SamplingConfig(temperature=temperature, seed=seed),
-        speculation=SpeculationConfig(mode=mode, max_new_tokens=12, ignore_eos=True, gamma1=2, gamma2=4),
-        cache=CacheConfig(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, refresh_every=16,
-                          prefill_chunk=CHUNK),
-    )
-
-
-def two_turns(engine, cfg):
-    session = ChatSession(engine, DOCUMENT, config=cfg)
-    answers = []
-    for q in (Q1, Q2):
-        answers.append([t for ev in session.ask(q) if isinstance(ev, Committed) for t in ev.token_ids])
-    return answers, [t.stats for t in session.turns], session
-
-
-def block_files(folder) -> list[Path]:
-    return sorted(Path(folder).glob("*.kv"), key=lambda p: p.stat().st_mtime_ns)
-
-
-def document_end(engine, cfg) -> int:
-    """Where the document ends in the first prompt's tokens (`ChatSession.document_end`)."""
-    session = ChatSession(engine, DOCUMENT, config=cfg)
-    prompt = session.prompt_ids(Q1)
-    session.turns.append(Turn(Q1))
-    return session.document_end(prompt)
 
 
 @pytest.mark.parametrize("sampled", [False, True], ids=["greedy", "sampled"])

@@ -26,9 +26,10 @@ from tests.helpers.cli import SMALL_CACHE_FLAGS, run_main
 from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, to_ours, words
 from tests.helpers.native import built, needs_compiler
-from test_kv_disk import CHUNK, DOCUMENT, block_files, config as disk_config, document_end, new_engine, two_turns
-from test_sampling_exactness import V, chi2_pvalue, sample_counts
-from test_sampling_exactness import _models as chi_models
+from tests.helpers.disk_cache import (CHUNK, DOCUMENT, block_files, config as disk_config, document_end, new_engine,
+                                      two_turns)
+from tests.helpers.sampling import V, chi2_pvalue, sample_counts
+from tests.helpers.sampling import law_models as chi_models
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine

@@ -17,8 +17,9 @@ import json
 import pytest
 import torch
 from tests.helpers.native import built, needs_compiler
-from test_greedy_exactness import CACHE, TARGETS, _assert_same, _config, _setup
-from test_sampling_exactness import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
+from tests.helpers.attention import attention_reference
+from tests.helpers.greedy import CACHE, TARGETS, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.sampling import FOLLOWING, chi2_pvalue, exact_joint, sample_counts
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import TriForceEngine
@@ -62,16 +63,6 @@ def leaking(monkeypatch, forced):
     monkeypatch.setattr(native_attention.Kernel, "attention", leak)
 
 
-def reference(q, k, v, limits, scale, chunk):
-    """float64: out [H, R, D] and the mass of each whole chunk [H, R, T // chunk]."""
-    T = k.shape[1]
-    s = torch.matmul(q.double() * scale, k.double().transpose(1, 2))
-    s = s.masked_fill(torch.arange(T)[None, None, :] >= limits[None, :, None], float("-inf"))
-    w = s.softmax(-1)
-    n = T // chunk
-    return torch.matmul(w, v.double()), w[:, :, : n * chunk].reshape(q.shape[0], q.shape[1], n, chunk).sum(-1)
-
-
 SHAPES = [  # (Hkv, R, T, D)
     (4, 1, 1, 64), (4, 1, 4099, 64), (4, 7, 300, 64), (2, 7, 256, 64), (2, 7, 257, 64), (4, 16, 1000, 64),
     (1, 28, 2049, 128), (2, 5, 777, 48), (3, 3, 513, 32), (2, 64, 600, 64),
@@ -91,7 +82,7 @@ def test_kernel_matches_float64_reference(kernel, H, R, T, D, chunk):
     scale = D**-0.5
     # one row sees every key: the kernel's "no limits" form
     out, mass = kernel.attention(q, k, v, None if R == 1 else limits, scale, chunk)
-    ref_out, ref_mass = reference(q, k, v, limits, scale, chunk or 8)
+    ref_out, ref_mass = attention_reference(q, k, v, limits, scale, chunk or 8)
     assert out.shape == (H, R, D)
     assert (out.double() - ref_out).abs().max() < 2e-5
     if chunk:
@@ -151,7 +142,7 @@ def test_negative_control_a_leaked_key_is_caught(kernel):
     q, k, v = (torch.randn(H, n, D, generator=g) for n in (R, T, T))
     limits = torch.arange(T - R + 1, T + 1)
     out, _ = kernel.attention(q, k, v, (limits + 1).clamp(max=T), 0.125)
-    ref_out, _ = reference(q, k, v, limits, 0.125, 8)
+    ref_out, _ = attention_reference(q, k, v, limits, 0.125, 8)
     assert (out.double() - ref_out).abs().max() > 1e-3
 
 
@@ -175,17 +166,17 @@ def test_disabled_by_the_environment(monkeypatch, kernel):
 @pytest.mark.parametrize("kind", TARGETS)
 @pytest.mark.parametrize("mode,lookup", [("autoregressive", False), ("triforce", False), ("retrieval", True)])
 def test_greedy_matches_hf_through_the_kernel(forced, kind, mode, lookup):
-    _, t, d, ids, ref, gaps = _setup(kind)
-    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, lookup=lookup))
-    _assert_same(res.token_ids, ref, gaps)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
+    res = TriForceEngine(t, d).run(ids, greedy_config(mode, 2, 6, lookup=lookup))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert forced and (mode == "autoregressive" or max(forced) > 1)  # the kernel ran, verifications included
 
 
 def test_greedy_with_attention_selection_matches_hf_through_the_kernel(forced):
-    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
+    _, t, d, ids, ref, gaps = hf_greedy("llama_gqa_llama3")
     cache = CACHE.__class__(**{**CACHE.__dict__, "select_by": "attention", "refresh_every": 1, "refresh_acceptance": 0.0})
-    res = TriForceEngine(t, d).run(ids, _config("retrieval", 1, 4, cache=cache))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t, d).run(ids, greedy_config("retrieval", 1, 4, cache=cache))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.refreshes > 5
 
 
@@ -200,7 +191,6 @@ def test_sampling_through_the_kernel_is_exact(forced):
 def test_negative_control_leaking_kernel_fails_the_chi_square(leaking):
     p = chi2_pvalue(sample_counts("retrieval", 1.0), exact_joint(1.0))
     assert p < 1e-3, f"the leaking kernel was not detected (p = {p:.2e})"
-
 
 
 def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kernel, capsys):

@@ -22,8 +22,8 @@ import torch
 from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.models import make_hf, to_ours
 from tests.helpers.native import built, needs_compiler
-from test_greedy_exactness import TARGETS, _assert_same, _config, _setup
-from test_sampling_exactness import chi2_pvalue, exact_joint, sample_counts
+from tests.helpers.greedy import TARGETS, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.sampling import chi2_pvalue, exact_joint, sample_counts
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core import TriForceEngine
@@ -169,9 +169,9 @@ def test_negative_control_swapped_gate_and_up_is_caught(layers):
 @pytest.mark.parametrize("kind", TARGETS)
 @pytest.mark.parametrize("mode,lookup", [("autoregressive", False), ("triforce", False), ("retrieval", True)])
 def test_greedy_matches_hf_through_native_layers(counted, kind, mode, lookup):
-    _, t, d, ids, ref, gaps = _setup(kind)
-    res = TriForceEngine(t, d).run(ids, _config(mode, 2, 6, lookup=lookup))
-    _assert_same(res.token_ids, ref, gaps)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
+    res = TriForceEngine(t, d).run(ids, greedy_config(mode, 2, 6, lookup=lookup))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert counted and (mode == "autoregressive" or max(counted) > 1)  # verifications included
 
 
@@ -186,7 +186,7 @@ def test_a_verification_row_equals_the_step_it_stands_for(monkeypatch, counted, 
     if kind == "mistral_window":
         pytest.skip("a window cut keeps PyTorch's attention")
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
-    _, t, _, ids, _, _ = _setup(kind)
+    _, t, _, ids, _, _ = hf_greedy(kind)
     assert_verification_rows_equal_steps(t, ids)
     assert 7 in counted and 1 in counted
 
@@ -212,8 +212,8 @@ def test_a_lookup_run_on_four_query_heads_per_kv_head_equals_its_steps(monkeypat
 
 
 def test_negative_control_swapped_layers_break_greedy_equality(swapped):
-    _, t, d, ids, ref, gaps = _setup("llama_gqa_llama3")
-    res = TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
+    _, t, d, ids, ref, gaps = hf_greedy("llama_gqa_llama3")
+    res = TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))
     assert res.token_ids != ref
 
 
@@ -268,8 +268,7 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
     the native attention too), float32, float16 and bfloat16 K/V, GQA and multi-head, q/k/v
     bias (qwen2), and a GGUF file mixing the stored types as Q4_K_M does."""
     if kind == "gguf_k_mix":
-        from tests.helpers.gguf_files import write_gguf
-        from test_gguf import K_MIX, LLAMA
+        from tests.helpers.gguf_files import K_MIX, LLAMA, write_gguf
 
         from tests.helpers.models import make_hf
         from triforce_core.models.loading import load_model
@@ -278,7 +277,7 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
         model = load_model(str(path), torch.device("cpu"), torch.float32).model
         assert model.quantized
     else:
-        model = _setup(kind)[1]
+        model = hf_greedy(kind)[1]
     g = torch.Generator().manual_seed(9)
     news = [torch.randint(3, model.vocab_size, (n,), generator=g) for n in (1, 7, 3, 1)]
     for kv_dtype in (torch.float32, torch.float16, torch.bfloat16):
@@ -306,7 +305,7 @@ def test_a_16_token_lookup_run_and_its_bonus_row_stay_native(monkeypatch, kind):
 
     monkeypatch.setattr(native_layers.Layers, "decode_layers", counting)
     assert native_layers.ROWS >= 17
-    model = _setup(kind)[1]
+    model = hf_greedy(kind)[1]
     news = [torch.arange(3, 20)]
     one = _forwards(model, news, torch.float32, True)
     assert calls == [17]
@@ -317,7 +316,7 @@ def test_a_16_token_lookup_run_and_its_bonus_row_stay_native(monkeypatch, kind):
 def test_negative_control_one_call_told_a_wrong_length_is_caught(counted):
     """The comparison above can fail: the one-call forward writing and reading one slot off
     (told one token more is cached) differs from the per-layer forward."""
-    model = _setup("llama_gqa_llama3")[1]
+    model = hf_greedy("llama_gqa_llama3")[1]
     news = [torch.tensor([5, 6, 7])]
     wrong = _forwards(model, news, torch.float32, True, length=1)
     right = _forwards(model, news, torch.float32, False)
@@ -325,13 +324,13 @@ def test_negative_control_one_call_told_a_wrong_length_is_caught(counted):
 
 
 def test_disabled_by_the_environment_and_prefill_keeps_pytorch(monkeypatch, counted):
-    _, t, d, ids, ref, gaps = _setup("llama_mha")
+    _, t, d, ids, ref, gaps = hf_greedy("llama_mha")
     monkeypatch.setenv(native_layers.ENV, "0")
-    res = TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
-    _assert_same(res.token_ids, ref, gaps)
+    res = TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert counted == []
     monkeypatch.delenv(native_layers.ENV)
-    TriForceEngine(t, d).run(ids, _config("autoregressive", 2, 6))
+    TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))
     assert counted and max(counted) <= native_layers.ROWS  # the prompt's prefill is not theirs
 
 

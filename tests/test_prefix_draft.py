@@ -25,7 +25,7 @@ from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from gguf import quants
 from tests.helpers.gguf_files import hf_from_gguf, write_gguf
-from test_sampling_exactness import break_verifier, chi2_pvalue, first_two_counts, first_two_law
+from tests.helpers.sampling import break_verifier, chi2_pvalue, first_two_counts, first_two_law
 
 from scripts import train_smollm2_draft as training
 from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine

@@ -20,128 +20,15 @@ import functools
 import numpy as np
 import pytest
 import torch
-from tests.helpers.models import make_hf, to_ours
-from scipy.stats import chisquare
-from transformers.generation.logits_process import (
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
+from transformers.generation.logits_process import RepetitionPenaltyLogitsProcessor
 
 import triforce_core.decoding.proposers as proposers
 import triforce_core.decoding.loop as speculation
-from triforce_core import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import PAPER_METHOD
+from triforce_core import GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
 from triforce_core.decoding.penalties import Penalties
-from triforce_core.decoding.sampling import VerifyResult, sample, verify_stochastic
-
-V = 16
-PROMPT_LEN = 48
-N_SAMPLES = 3000
-SMALL = dict(vocab_size=V, hidden_size=32, intermediate_size=64, num_attention_heads=4, num_key_value_heads=2,
-             initializer_range=0.5, bos_token_id=None, eos_token_id=None)
-# Budget 16 of 47 cached tokens: the retrieval level sees a third of the context.
-CACHE = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=0)
-
-
-@functools.lru_cache(maxsize=None)
-def _models():
-    target = make_hf("llama_gqa_llama3", seed=21, **SMALL)
-    draft = make_hf("llama_gqa_llama3", seed=22, **{**SMALL, "num_hidden_layers": 1})
-    prompt = torch.randint(0, V, (PROMPT_LEN,), generator=torch.Generator().manual_seed(4)).tolist()
-    return target, to_ours(target), to_ours(draft), prompt
-
-
-def _hf_warp(logits: torch.Tensor, temperature: float, top_k: int, top_p: float) -> torch.Tensor:
-    warpers = [TemperatureLogitsWarper(temperature)]
-    if top_k:
-        warpers.append(TopKLogitsWarper(top_k))
-    if top_p < 1.0:
-        warpers.append(TopPLogitsWarper(top_p))
-    for w in warpers:
-        logits = w(None, logits)
-    return logits.softmax(-1)
-
-
-@functools.lru_cache(maxsize=None)
-def exact_joint(temperature: float, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """P(x1, x2) under the target, from Hugging Face's forward and logits warpers: [V, V]."""
-    target, _, _, prompt = _models()
-    return first_two_law(target, prompt, temperature, top_k, top_p)
-
-
-def first_two_law(hf, prompt: list[int], temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0) -> np.ndarray:
-    """P(x1, x2) after `prompt` under a Hugging Face model with its logits warpers: [V, V]."""
-    ids = torch.tensor(prompt)
-    v = hf.config.vocab_size
-    with torch.no_grad():
-        p1 = _hf_warp(hf(ids[None]).logits[:, -1].double(), temperature, top_k, top_p)[0]  # [V]
-        both = torch.cat([ids.repeat(v, 1), torch.arange(v)[:, None]], dim=1)  # [V, L+1]
-        p2 = _hf_warp(hf(both).logits[:, -1].double(), temperature, top_k, top_p)  # [V, V]
-    joint = (p1[:, None] * p2).numpy()
-    return joint / joint.sum()
-
-
-def first_two_counts(engine: TriForceEngine, prompt: list[int], cfg: GenerationConfig, samples: int) -> np.ndarray:
-    """How often each pair of first two tokens came out of `samples` independent samples."""
-    v = engine.target.vocab_size
-    counts = np.zeros((v, v))
-    for r in engine.run_samples(prompt, cfg, samples):
-        assert len(r.token_ids) == 2
-        counts[r.token_ids[0], r.token_ids[1]] += 1
-    return counts
-
-
-def sample_counts(mode: str, temperature: float, top_k: int = 0, top_p: float = 1.0, seed: int = 0,
-                  gammas=(2, 2), lookup: bool = False, cache: CacheConfig = CACHE, penalty: dict | None = None,
-                  **spec_kw) -> np.ndarray:
-    _, t, d, prompt = _models()
-    cfg = GenerationConfig(
-        sampling=SamplingConfig(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, **(penalty or {})),
-        speculation=SpeculationConfig(mode=mode, gamma1=gammas[0], gamma2=gammas[1], max_new_tokens=2, ignore_eos=True,
-                                      lookup=lookup, **{**(LOOKUP if lookup else PAPER), **spec_kw}),
-        cache=cache,
-    )
-    return first_two_counts(TriForceEngine(t, d), prompt, cfg, N_SAMPLES)
-
-
-def chi2_pvalue(counts: np.ndarray, law: np.ndarray) -> float:
-    """Chi-square goodness of fit; cells expected below 5 are pooled into one."""
-    obs, exp = counts.ravel(), law.ravel() * counts.sum()
-    small = exp < 5
-    o = np.append(obs[~small], obs[small].sum())
-    e = np.append(exp[~small], exp[small].sum())
-    if e[-1] == 0:
-        o, e = o[:-1], e[:-1]
-    return float(chisquare(o, e).pvalue)
-
-
-PAPER = {k: v for k, v in PAPER_METHOD.items() if k != "lookup"}  # with lookup=False: the paper's levels
-# Rows free (lookup_row_cost 0): lookup proposes every token it finds, whatever it has seen
-# accepted, so the point masses' verification decides many tokens (the price only shortens
-# proposals, which any prefix-determined length may: `test_long_sample_exactness.py`).
-LOOKUP = {"lookup_min_match": 1, "lookup_row_cost": 0.0}
-
-
-def broken_verify(draft_tokens, q, p, generator):
-    """The reference implementation's bug: after a rejection, resample from p, not the residual.
-
-    For a point-mass proposal (q None, context lookup) that is: resample from p without removing
-    the rejected token."""
-    gamma = len(draft_tokens)
-    u = torch.rand(gamma, generator=generator, device=generator.device)  # (a GPU's generator: TRIFORCE_TEST_DEVICE)
-    for i, x in enumerate(draft_tokens):
-        q_x = 1.0 if q is None else q[i, x]
-        if u[i] * q_x >= p[i, x]:
-            return VerifyResult(accepted=i, token=sample(p[i], generator), bonus=False)
-    return VerifyResult(accepted=gamma, token=sample(p[gamma], generator), bonus=True)
-
-
-def break_verifier(monkeypatch) -> None:
-    """Every level verifies with `broken_verify` (the negative controls)."""
-    monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+from triforce_core.decoding.sampling import verify_stochastic
+from tests.helpers.sampling import (CACHE, FOLLOWING, LOOKUP, N_SAMPLES, PAPER, V, break_verifier, broken_verify,
+                                    chi2_pvalue, exact_joint, first_two_law, hf_warp, law_models, sample_counts)
 
 
 def broken_lookup_only(draft_tokens, q, p, generator):
@@ -153,7 +40,7 @@ def broken_lookup_only(draft_tokens, q, p, generator):
 
 def test_levels_really_differ():
     """Power check of the setup itself: the laws the levels propose are far from the target's."""
-    _, t, d, prompt = _models()
+    _, t, d, prompt = law_models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
         speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True, lookup=False, **PAPER),
@@ -190,14 +77,8 @@ def test_negative_control_broken_residual_fails(mode, monkeypatch):
     assert p < 1e-3, f"the broken sampler was not detected in {mode} mode (p = {p:.2e})"
 
 
-# The selection following the target's attention, refreshed after every round: the second token
-# is drafted over chunks chosen from what the target attended to while verifying the first.
-FOLLOWING = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, draft_window=8, refresh_every=1,
-                        refresh_acceptance=0.0, select_by="attention")
-
-
 def test_joint_law_with_attention_selection_is_exact():
-    _, t, d, prompt = _models()
+    _, t, d, prompt = law_models()
     cfg = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=0),
                            speculation=SpeculationConfig(mode="retrieval", gamma2=1, max_new_tokens=2, ignore_eos=True,
                                                          lookup=False, **PAPER),
@@ -224,7 +105,7 @@ def test_joint_law_with_adaptive_gamma_is_exact(mode):
 def test_adaptive_gamma_really_changes_the_second_round():
     """Power check: with the adaptive length, samples whose first draft was rejected whole take
     their second token from a plain target step; with a fixed gamma2 they draft two again."""
-    _, t, d, prompt = _models()
+    _, t, d, prompt = law_models()
 
     def second_drafts(adaptive: bool) -> list[int]:
         cfg = GenerationConfig(
@@ -288,7 +169,7 @@ def test_joint_law_with_the_draft_gate_is_exact(mode):
 
 @pytest.mark.parametrize("mode", ["triforce", "draft"])
 def test_the_draft_gate_keeps_some_proposals_and_drops_others(mode):
-    _, t, d, prompt = _models()
+    _, t, d, prompt = law_models()
 
     def draft_tokens(gate: float) -> int:
         cfg = GenerationConfig(
@@ -316,7 +197,7 @@ def _backoff_prompt() -> tuple[list[int], np.ndarray]:
     first token (a few rounds, as the change moves that token), and the exact joint law after it.
     With two tokens to match the last pair never recurs, so the backoff proposes that likely
     token: a point mass accepted often and rejected often, which gives the test power."""
-    target, _, _, prompt = _models()
+    target, _, _, prompt = law_models()
     prompt = list(prompt)
     last = prompt[-1]
     for _ in range(4):
@@ -329,7 +210,7 @@ def _backoff_prompt() -> tuple[list[int], np.ndarray]:
 
 
 def _backoff_counts(samples: int = N_SAMPLES, backoff: bool = True) -> tuple[np.ndarray, int]:
-    _, t, d, _ = _models()
+    _, t, d, _ = law_models()
     prompt, _ = _backoff_prompt()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
@@ -368,7 +249,7 @@ def test_negative_control_broken_residual_fails_with_lookup_backoff(monkeypatch)
 def test_lookup_really_proposes_and_is_sometimes_rejected():
     """Power check: lookup tokens are proposed in every sample and mostly rejected, so the
     residual rule (what the negative control breaks) decides most first tokens."""
-    _, t, d, prompt = _models()
+    _, t, d, prompt = law_models()
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
         speculation=SpeculationConfig(mode="triforce", max_new_tokens=2, ignore_eos=True, gamma2=2, **LOOKUP),
@@ -426,27 +307,22 @@ PENALTY_SAMPLES = 1000
 def exact_joint_penalized(temperature: float, top_p: float = 1.0) -> np.ndarray:
     """P(x1, x2) under the target with PENALTY over the answer, from Hugging Face's forward, its
     RepetitionPenaltyLogitsProcessor (given the answer [x1] alone) and its warpers: [V, V]."""
-    target, _, _, prompt = _models()
+    target, _, _, prompt = law_models()
     ids = torch.tensor(prompt)
     with torch.no_grad():
-        p1 = _hf_warp(target(ids[None]).logits[:, -1].double(), temperature, 0, top_p)[0]  # no answer yet
+        p1 = hf_warp(target(ids[None]).logits[:, -1].double(), temperature, 0, top_p)[0]  # no answer yet
         both = torch.cat([ids.repeat(V, 1), torch.arange(V)[:, None]], dim=1)  # [V, L+1]
         x1 = torch.arange(V)[:, None]  # [V, 1]: each row's answer
         rows = RepetitionPenaltyLogitsProcessor(PENALTY["repetition_penalty"])(x1, target(both).logits[:, -1].double())
         rows = rows - (PENALTY["frequency_penalty"] + PENALTY["presence_penalty"]) * torch.eye(V, dtype=rows.dtype)
-        p2 = _hf_warp(rows, temperature, 0, top_p)  # [V, V]
+        p2 = hf_warp(rows, temperature, 0, top_p)  # [V, V]
     joint = (p1[:, None] * p2).numpy()
     return joint / joint.sum()
 
 
 def penalized_counts(mode: str, temperature: float = 1.0, top_p: float = 1.0, lookup: bool = False,
                      samples: int = PENALTY_SAMPLES) -> np.ndarray:
-    global N_SAMPLES
-    n, N_SAMPLES = N_SAMPLES, samples
-    try:
-        return sample_counts(mode, temperature, top_p=top_p, lookup=lookup, penalty=PENALTY)
-    finally:
-        N_SAMPLES = n
+    return sample_counts(mode, temperature, top_p=top_p, lookup=lookup, penalty=PENALTY, samples=samples)
 
 
 def test_penalties_really_move_the_law():
@@ -469,12 +345,7 @@ def test_joint_law_with_penalties_is_exact(mode, lookup, temperature, top_p, sam
 
 def test_negative_control_penalties_ignored_fail():
     """Samples without the penalty do not pass as the penalised law."""
-    global N_SAMPLES
-    n, N_SAMPLES = N_SAMPLES, PENALTY_SAMPLES
-    try:
-        counts = sample_counts("retrieval", 1.0)
-    finally:
-        N_SAMPLES = n
+    counts = sample_counts("retrieval", 1.0, samples=PENALTY_SAMPLES)
     p = chi2_pvalue(counts, exact_joint_penalized(1.0))
     assert p < 1e-3, f"the penalty's effect was not detected (p = {p:.2e})"
 

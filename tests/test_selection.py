@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 from tests.helpers.models import make_hf, to_ours
-from test_greedy_exactness import _assert_same, _config, _setup
+from tests.helpers.greedy import assert_same_as_hf, greedy_config, hf_greedy
 
 from triforce_core import CacheConfig, TriForceEngine
 from triforce_core.decoding.events import ChunksSelected
@@ -54,18 +54,18 @@ def test_the_selection_follows_the_mass():
 @pytest.mark.parametrize("kind", ["llama_gqa_llama3", "llama_mha", "mistral_window"])
 @pytest.mark.parametrize("mode", ["triforce", "retrieval"])
 def test_greedy_output_is_unchanged_by_attention_selection(kind, mode):
-    _, t, d, ids, ref, gaps = _setup(kind)
+    _, t, d, ids, ref, gaps = hf_greedy(kind)
     cache = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=4,
                         refresh_acceptance=0.0, select_by="attention")
     selections = []
     engine = TriForceEngine(t, d)
-    for ev in engine.generate(ids, _config(mode, 2, 6, cache)):
+    for ev in engine.generate(ids, greedy_config(mode, 2, 6, cache)):
         if isinstance(ev, ChunksSelected):
             selections.append(ev)
-    res = engine.run(ids, _config(mode, 2, 6, cache))
-    _assert_same(res.token_ids, ref, gaps)
+    res = engine.run(ids, greedy_config(mode, 2, 6, cache))
+    assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.refreshes >= 3 and len(selections) >= 4
-    by_queries = [ev for ev in engine.generate(ids, _config(mode, 2, 6, CacheConfig(
+    by_queries = [ev for ev in engine.generate(ids, greedy_config(mode, 2, 6, CacheConfig(
         budget=64, chunk_size=4, recent_tokens=16, draft_window=32, refresh_every=4, refresh_acceptance=0.0,
         select_by="queries")))
         if isinstance(ev, ChunksSelected)]

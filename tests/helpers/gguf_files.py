@@ -25,6 +25,10 @@ from triforce_core.models.ggml_types import BLOCKS
 
 TOKENS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
+# A Q4_K_M file's mix: q/k Q4_K, v and down Q6_K; the others spread over the remaining types.
+K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
+         "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
+LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)  # K types need 256 inputs
 
 
 def _vocab(size: int) -> tuple[list[str], list[str]]:
