@@ -67,7 +67,6 @@ CONFIGS: dict[str, dict] = {
     "triforce-fixed-gamma": {"adaptive_gamma": False},
     "triforce-match2": {"lookup_min_match": 2},
     "triforce-gate": {"min_confidence": 0.5},
-    "triforce-draft": {"small_draft": True},
     "retrieval": {"mode": "retrieval"},
     "retrieval-paper": {**PAPER_METHOD, "mode": "retrieval"},
     "draft": {"mode": "draft"},

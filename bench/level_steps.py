@@ -61,8 +61,8 @@ def random_cache_decoder(engine: TriForceEngine, tokens: int, seed: int, kv_dtyp
     in float32 a layer at a time, rounded into `kv_dtype`; None: the engine's default), as after
     a prefill. Returns the decoder and its config."""
     # Without a small draft (a GGUF target has none yet) the retrieval level drafts on its own.
-    method = dict(PAPER_METHOD) if engine.draft is not None else {**PAPER_METHOD, "small_draft": False}
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode="triforce", max_new_tokens=16, **method),
+    mode = "triforce" if engine.draft is not None else "retrieval"
+    cfg = GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=16, **PAPER_METHOD),
                            cache=CacheConfig(kv_dtype=kv_dtype))
     target = engine.target
     s, dev = target.spec, target.device

@@ -39,7 +39,7 @@ WINDOW = 4096  # room for a stream long enough to be cut by a replica's death
 CHUNK = 64  # prefill chunk = disk block = the most a route key hashes
 CACHE = dict(budget=48, chunk_size=4, draft_window=24, draft_sinks=4, prefill_chunk=CHUNK)
 FLAGS = ["--budget", "48", "--chunk-size", "4", "--draft-window", "24", "--draft-sinks", "4", "--gamma2", "4",
-         "--prefill-chunk", str(CHUNK), "--mode", "triforce", "--small-draft", "--slots", "4", "--device", "cpu"]
+         "--prefill-chunk", str(CHUNK), "--mode", "triforce", "--slots", "4", "--device", "cpu"]
 REPLICA = "x-triforce-replica"
 
 
@@ -93,8 +93,7 @@ def local(models):
 def config(engine, max_tokens: int) -> GenerationConfig:
     """The replicas' settings (their flags), greedy, with the model's own repetition penalty."""
     return GenerationConfig(sampling=engine.default_sampling(),
-                            speculation=SpeculationConfig(mode="triforce", max_new_tokens=max_tokens, gamma2=4,
-                                                          small_draft=True),
+                            speculation=SpeculationConfig(mode="triforce", max_new_tokens=max_tokens, gamma2=4),
                             cache=CacheConfig(**CACHE))
 
 

@@ -116,7 +116,6 @@ LOOKUP_COMBOS = [
     ("lookup", {"lookup_runs": True}),  # runs that double while taken whole, not the rows' price
     ("lookup", {"lookup_row_cost": None}),  # this machine's measured price
     ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
-    ("triforce", {"small_draft": False}),  # lookup, else the retrieval level drafts alone
     ("retrieval", {}),
     ("draft", {}),
 ]

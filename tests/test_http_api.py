@@ -47,7 +47,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     with served_pair(models, tmp_path_factory.mktemp("serve"), KEY,
-                     ["--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS, "--models-dir", str(models["shelf"])]) as served:
+                     ["--mode", "triforce", "--slots", "2", *FLAGS, "--models-dir", str(models["shelf"])]) as served:
         yield served
 
 
@@ -69,7 +69,7 @@ def reference(models):
             # the served model's own default sampling, as the server applies it ("chat" in its
             # name makes it an instruct model: greedy with its repetition penalty)
             sampling=engine.default_sampling(),
-            speculation=SpeculationConfig(mode=mode, max_new_tokens=max_tokens, gamma2=4, small_draft=True),
+            speculation=SpeculationConfig(mode=mode, max_new_tokens=max_tokens, gamma2=4),
             cache=CacheConfig(**CACHE),
         )
         result = engine.run(ids, cfg)
@@ -130,7 +130,7 @@ def test_greedy_completion_equals_the_prompt_run_alone_with_usage_and_statistics
 
     engine = reference.engine
     cfg = GenerationConfig(sampling=engine.default_sampling(),
-                           speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4, small_draft=True),
+                           speculation=SpeculationConfig(mode="triforce", max_new_tokens=40, gamma2=4),
                            cache=CacheConfig(**CACHE))
     selections = [ev for ev in engine.generate(expected["ids"], cfg) if isinstance(ev, ChunksSelected)]
     assert stats["passages"] == cited_passages(selections, expected["ids"], engine.detokenize) and stats["passages"]
@@ -299,6 +299,13 @@ def test_a_requests_model_picks_one_of_the_listed_models(server, client, models)
     assert tiny.model == "tiny" and tiny.choices[0].message.content == expected.text
     card = httpx.get(server["base"] + "/v1/models/tiny", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert card["loaded"] is True and card["context_window"] == 1024
+    assert tiny.model_extra["triforce"]["mode"] == "lookup"  # the server's --mode triforce needs a small draft
+    for mode in ("triforce", "draft"):  # asked for on a model without one: refused in one line
+        with pytest.raises(openai.BadRequestError) as e:
+            client.chat.completions.create(model="tiny", messages=messages, max_tokens=4,
+                                           extra_body={"triforce": {"mode": mode}})
+        assert e.value.body["param"] == "triforce.mode" and f"mode {mode} needs a small draft" in e.value.body["message"]
+        assert "retrieval, lookup, autoregressive" in e.value.body["message"]
 
     with pytest.raises(openai.NotFoundError) as e:
         client.chat.completions.create(model="nope", messages=messages, max_tokens=4)

@@ -306,11 +306,11 @@ def _chi_setup():
 def _chi_counts(mode: str, lookup: bool):
     target, prompt, _ = _chi_setup()
     spec = {"lookup_min_match": 1, "lookup_row_cost": 0.0} if lookup else {k: v for k, v in PAPER_METHOD.items()
-                                                                         if k not in ("lookup", "small_draft")}
+                                                                         if k != "lookup"}
     cfg = GenerationConfig(
         sampling=SamplingConfig(temperature=1.0, seed=0),
         speculation=SpeculationConfig(mode=mode, gamma1=2, gamma2=2, max_new_tokens=2, ignore_eos=True, lookup=lookup,
-                                      small_draft=False, **spec),
+                                      **spec),
         cache=CacheConfig(budget=16, chunk_size=4, recent_tokens=4, refresh_every=0, kv_dtype="int16"))
     return first_two_counts(TriForceEngine(target), prompt, cfg, 3000)
 

@@ -88,7 +88,7 @@ MODES = {
     "draft": (1.0, 0, SpeculationConfig(mode="draft", max_new_tokens=20, gamma2=3, draft_confidence=0.6,
                                         adaptive_gamma=False, **LOOKUP_RUNS)),
     "retrieval": (0.7, 12, SpeculationConfig(mode="retrieval", max_new_tokens=12, gamma2=3, **LOOKUP)),
-    "triforce": (0.7, 0, SpeculationConfig(mode="triforce", max_new_tokens=20, gamma1=2, gamma2=4, small_draft=True,
+    "triforce": (0.7, 0, SpeculationConfig(mode="triforce", max_new_tokens=20, gamma1=2, gamma2=4,
                                            draft_confidence=0.6, **LOOKUP)),
     "paper": (1.0, 0, SpeculationConfig(mode="triforce", max_new_tokens=20, gamma1=1, gamma2=3, **PAPER_METHOD)),
 }

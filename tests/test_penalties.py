@@ -133,7 +133,7 @@ def test_autoregressive_matches_hf_with_penalties():
 
 
 CASES = [("triforce", False, {}), ("retrieval", False, {}), ("draft", False, {}), ("triforce", True, {}),
-         ("triforce", True, {"small_draft": True}), ("retrieval", True, {}), ("lookup", True, {}),
+         ("retrieval", True, {}), ("lookup", True, {}),
          ("draft", True, {"adaptive_gamma": True})]
 
 

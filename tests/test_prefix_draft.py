@@ -131,7 +131,7 @@ def test_greedy_with_the_prefix_draft_equals_autoregressive(folder, mode, paper)
         return engine.run(ids, cfg)
 
     ref = run("autoregressive", {}).token_ids
-    got = run(mode, dict(PAPER_METHOD) if paper else {"small_draft": True})
+    got = run(mode, dict(PAPER_METHOD) if paper else {})
     assert got.token_ids == ref
     assert got.stats.level_calls.get("draft", 0) > 0  # the draft really proposed
 

@@ -52,7 +52,7 @@ def models(tmp_path_factory):
 @pytest.fixture(scope="module")
 def server(models, tmp_path_factory):
     # one thread, as this process computes (conftest): the same float32 roundings on both sides
-    with served_pair(models, tmp_path_factory.mktemp("serve"), KEY, ["--mode", "triforce", "--small-draft", "--slots", "2", *FLAGS],
+    with served_pair(models, tmp_path_factory.mktemp("serve"), KEY, ["--mode", "triforce", "--slots", "2", *FLAGS],
                      env={"OMP_NUM_THREADS": "1"}) as served:
         yield served
 
@@ -74,7 +74,7 @@ def config(engine, mode: str = "triforce", max_new: int = 24) -> GenerationConfi
     """The server's settings (its flags), greedy, with the model's own repetition penalty."""
     return GenerationConfig(
         sampling=SamplingConfig(temperature=0.0, repetition_penalty=engine.default_sampling().repetition_penalty),
-        speculation=SpeculationConfig(mode=mode, max_new_tokens=max_new, gamma2=4, small_draft=True),
+        speculation=SpeculationConfig(mode=mode, max_new_tokens=max_new, gamma2=4),
         cache=CacheConfig(**CACHE),
     )
 

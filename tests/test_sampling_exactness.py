@@ -145,7 +145,7 @@ def test_negative_control_wrong_temperature_fails():
 # With 16 tokens, matching one token (lookup_min_match=1) finds an earlier occurrence of every
 # sequence end, so lookup proposes in the first round and, inside TriForce's middle level, in
 # later steps too (two tokens would recur in a 48-token prompt only now and then).
-LOOKUP_COMBOS = [("lookup", {}), ("triforce", {}), ("triforce", {"small_draft": False}), ("retrieval", {}), ("draft", {})]
+LOOKUP_COMBOS = [("lookup", {}), ("triforce", {}), ("retrieval", {}), ("draft", {})]
 
 
 @pytest.mark.parametrize("mode,extra", LOOKUP_COMBOS, ids=[f"{m}-{'-'.join(e) or 'default'}" for m, e in LOOKUP_COMBOS])

@@ -22,13 +22,14 @@ MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 # at 31K 0.94-1.03x. Level at best: not a gain to switch on (and lookup alone needs no
 # retrieval cache). An explicit mode is always kept.
 RETRIEVAL_PAYS_FROM: int | None = None
+DEFAULT_MODE = "lookup"
 
 
 def default_mode(prompt_tokens: int | None = None) -> str:
     """The mode used when the user picked none: lookup alone, unless the prompt is at least
     RETRIEVAL_PAYS_FROM tokens (then triforce, which needs no small draft by default)."""
     pays = RETRIEVAL_PAYS_FROM is not None and prompt_tokens is not None and prompt_tokens >= RETRIEVAL_PAYS_FROM
-    return "triforce" if pays else "lookup"
+    return "triforce" if pays else DEFAULT_MODE
 
 
 # The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
@@ -244,10 +245,19 @@ class CacheConfig:
         return max(self.chunk_size, (self.budget // 8) // self.chunk_size * self.chunk_size)
 
 
-# The fields that turn the defaults into the paper's method: no context lookup, the small draft
-# below the retrieval level, fixed gamma1/gamma2 drafts.
-PAPER_METHOD = {"lookup": False, "small_draft": True, "adaptive_gamma": False, "min_confidence": 0.0,
-                "draft_confidence": 0.0}
+# The fields that turn the defaults into the paper's method (with mode `triforce`): no context
+# lookup, fixed gamma1/gamma2 drafts, no confidence gates.
+PAPER_METHOD = {"lookup": False, "adaptive_gamma": False, "min_confidence": 0.0, "draft_confidence": 0.0}
+
+# The modes that need a small draft model, and those that run without one.
+DRAFT_MODES = ("triforce", "draft")
+DRAFTLESS_MODES = tuple(m for m in MODES if m not in DRAFT_MODES)
+
+
+def needs_draft(mode: str) -> str:
+    """The one line that refuses `mode` on a target without a small draft model."""
+    return (f"mode {mode} needs a small draft model and this target has none; "
+            f"the modes that run without one: {', '.join(DRAFTLESS_MODES)}")
 
 
 @dataclass(frozen=True)
@@ -300,11 +310,6 @@ class SpeculationConfig:
             was). On SmolLM2's document chat: +2 % replayed offline, +1 % in a live run (docs:
             Results, Benchmarks); under the rows' price both rules still pay in the replay above
             (without the rivals' cut 1.20x, without the backoff 1.22x, against 1.23x)
-    small_draft  triforce only: the small draft proposes to the retrieval level when lookup has
-            nothing (False: the retrieval level then drafts on its own, one token a forward).
-            Off by default: on the document-chat benchmark its tokens were accepted too rarely
-            to pay for its forwards (docs: Results, Benchmarks); the paper's setting is
-            lookup=False, small_draft=True.
     adaptive_gamma  the draft of the levels below the target follows what the target accepts
             (at most gamma2; after misses, plain target steps: `schedule.DraftSchedule`).
             Off: every draft is gamma2 long (the paper).
@@ -339,7 +344,6 @@ class SpeculationConfig:
     lookup_backoff: bool = True
     lookup_row_cost: float | None = None
     lookup_runs: bool = False
-    small_draft: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
     draft_confidence: float = 0.5
@@ -361,7 +365,7 @@ class SpeculationConfig:
 
     @property
     def uses_draft_model(self) -> bool:
-        return self.mode == "draft" or (self.mode == "triforce" and self.small_draft)
+        return self.mode in DRAFT_MODES
 
     @property
     def uses_lookup(self) -> bool:

@@ -40,7 +40,7 @@ class Settings:
     gamma2: int = SpeculationConfig.gamma2
     draft_window: int = CacheConfig.draft_window
     seed: int | None = None
-    lookup: bool = True  # off: the paper's pure three levels (small draft -> retrieval -> target)
+    lookup: bool = True  # off: the paper's pure method (`PAPER_METHOD`; in mode triforce its three levels alone)
 
     def config(self) -> GenerationConfig:
         return GenerationConfig(
@@ -108,7 +108,7 @@ def setting_control(name: str, value, modes: list[str], remote: bool = False):
     if name == "seed":
         return gr.Number(value=-1 if value is None else value, label="Seed (sampling; -1 = random)", precision=0)
     if name == "lookup":
-        return gr.Checkbox(value, label="Context lookup (off: the paper's three levels)" + suffix, elem_id=elem_id,
+        return gr.Checkbox(value, label="Context lookup (off: the paper's pure method)" + suffix, elem_id=elem_id,
                            **extra)
     low, high, step, label = _SLIDERS[name]
     if fixed:  # the server's value, wherever the slider would stop a person

@@ -13,7 +13,7 @@ from dataclasses import replace
 
 from ..config import (DEFAULT_KV_DTYPE, GB, GGUF_KV_DTYPE, INT16_KV_MIN_HEAD, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
                       ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, check_exact,
-                      default_kv_cache_folder, default_mode, default_sampling)
+                      default_kv_cache_folder, default_mode, default_sampling, needs_draft)
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 _INSTRUCT = default_sampling(instruct=True)
@@ -58,8 +58,9 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         dec.add_argument(
             "--mode",
             choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
-            help="default: lookup, the fastest measured at every prompt length on this CPU (document chat at "
-            "16K-64K; README, Long documents); triforce is TriForce's hierarchy with lookup in front",
+            help="default: lookup, the fastest measured at every prompt length on this CPU (docs/results.md); "
+            "triforce is TriForce's three levels (small draft, retrieval level, target; needs --draft) with lookup "
+            "in front; retrieval, lookup and autoregressive run without a small draft",
         )
     else:
         g.set_defaults(mode=None)
@@ -123,11 +124,6 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
     spec.add_argument("--lookup-min-match", type=int, default=_SPEC.lookup_min_match,
                       help="tokens of the sequence's end that must recur for a lookup proposal "
                       f"(default {_SPEC.lookup_min_match})")
-    spec.add_argument(
-        "--small-draft", dest="small_draft", action=argparse.BooleanOptionalAction, default=None,
-        help="triforce: whether the small draft proposes to the retrieval level when lookup has nothing "
-        "(default: on with --no-lookup, as in the paper; otherwise the measured default, see README)",
-    )
     spec.add_argument(
         "--adaptive-gamma", dest="adaptive_gamma", action=argparse.BooleanOptionalAction, default=None,
         help="whether the levels below the target draft as far as the target has been accepting (at most "
@@ -254,16 +250,15 @@ def configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=No
         ),
     )
     if config.speculation.uses_draft_model and not has_draft:
-        what = "mode draft" if mode == "draft" else "the small draft level (--small-draft or --no-lookup)"
-        raise UsageError(f"{what} needs a small draft model: pass --draft")
+        raise UsageError(f"{needs_draft(mode)}; or pass --draft")
     return config
 
 
 def _paper_levels(args) -> dict:
-    """--small-draft, --adaptive-gamma and --draft-confidence when given; with --no-lookup the
-    paper's setting for the ones not given (`config.PAPER_METHOD`), else the measured defaults."""
+    """--adaptive-gamma and --draft-confidence when given; with --no-lookup the paper's setting
+    for the ones not given (`config.PAPER_METHOD`), else the defaults."""
     out = {}
-    for name in ("small_draft", "adaptive_gamma", "draft_confidence"):
+    for name in ("adaptive_gamma", "draft_confidence"):
         given = getattr(args, name)
         if given is not None:
             out[name] = given

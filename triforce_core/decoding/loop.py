@@ -42,7 +42,7 @@ from typing import Iterator
 
 import torch
 
-from ..config import GenerationConfig
+from ..config import GenerationConfig, needs_draft
 from ..detokenize import IncrementalDetokenizer
 from .events import LEVELS, ChunksSelected, Committed, Event, Finished, GenerationStats, Prefilled
 from ..kv import INT16, DiskCache, FullCache, RetrievalCache, StreamingCache, check_int16, new_full_cache, resolve_kv_dtype
@@ -87,7 +87,7 @@ class SpeculationLoop(Prefill):
         None: `kv.resolve_kv_dtype`'s default for each model)."""
         spec, cc = config.speculation, config.cache
         if spec.uses_draft_model and draft is None:
-            raise ValueError(f"mode {spec.mode!r} needs a small draft model")
+            raise ValueError(needs_draft(spec.mode))
         self.target, self.draft, self.config = target, draft, config
         self.eos_ids = frozenset() if spec.ignore_eos else eos_ids
         self.generator = generator
@@ -142,8 +142,7 @@ class SpeculationLoop(Prefill):
             if self.row_cost is None:
                 self.row_cost = measured_row_cost(target, self.kv_dtype)
         if spec.mode == "triforce":
-            lower = (Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
-                     if self.small is not None else None)
+            lower = Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
             self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
                                      spec.min_confidence, pen)
         elif spec.mode == "retrieval":

@@ -145,8 +145,9 @@ class Verifier:
     """TriForce's middle level: the retrieval lane verifies what the levels below propose.
 
     Below it: the context lookup where the sequence's end recurs (its whole remaining run), else
-    the small draft (gamma1 tokens), else nothing -- then the retrieval level drafts its own
-    token. Either way each emitted token follows the retrieval level's law p_mid.
+    the small draft (gamma1 tokens, fewer where its confidence gate stops it); where neither
+    proposes, the retrieval level drafts its own token. Either way each emitted token follows
+    the retrieval level's law p_mid.
     """
 
     level = "retrieval"
@@ -155,7 +156,7 @@ class Verifier:
     def __init__(
         self,
         lane: RetrievalLane,
-        lower: Sampler | None,
+        lower: Sampler,
         gamma1: int,
         sampling: SamplingConfig,
         generator: torch.Generator | None,
@@ -183,17 +184,14 @@ class Verifier:
     def inspect(self, on: bool) -> None:
         """Checks for this level's verifications, and laws from the draft below it."""
         self._inspect = on
-        if self.lower is not None:
-            self.lower.inspect = on
+        self.lower.inspect = on
 
     def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
         if self.lookup is not None:
             d = self.lookup.propose(room, committed, spec, events)
             if d.tokens:
                 return d
-        if self.lower is not None:
-            return self.lower.propose(min(self.gamma1, room), committed, spec, events)
-        return Proposal([], None, [])
+        return self.lower.propose(min(self.gamma1, room), committed, spec, events)
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
         tokens: list[int] = []
@@ -238,8 +236,7 @@ class Verifier:
         return Proposal(tokens[:n], law, levels[:n])
 
     def commit(self, committed: list[int]) -> None:
-        if self.lower is not None:
-            self.lower.commit(committed)
+        self.lower.commit(committed)
         self.lane.commit(committed)
 
 

@@ -21,7 +21,7 @@ import time
 
 import gradio as gr
 
-from triforce_core.config import MODES
+from triforce_core.config import DEFAULT_MODE, DRAFTLESS_MODES, MODES
 from triforce_core.models.loading import ModelLoadError
 from triforce_core.models.folders import PathRefused
 from triforce_core.serving.registry import ServedModel, UnknownModel
@@ -41,7 +41,7 @@ PROGRESS_EVERY_S = 0.5  # how often the loading line refreshes
 
 def modes_for(engine) -> list[str]:
     """The decoding modes a model can run: those needing a small draft only with one."""
-    return [m for m in MODES if engine.draft is not None or m in ("retrieval", "lookup", "autoregressive")]
+    return [m for m in MODES if engine.draft is not None or m in DRAFTLESS_MODES]
 
 
 def model_info(served_id: str | None, note: str | None, engine) -> str:
@@ -173,7 +173,9 @@ class ModelHandlers:
         head = f"Switched to {served.id} in {seconds:.1f} s (window {window:,} tokens)"
         doc = user.book or (old.book if isinstance(old, BookSession) else user.document)
         modes = modes_for(served.engine)
-        return_mode = mode if mode in modes else "lookup"
+        return_mode = mode if mode in modes else DEFAULT_MODE
+        if return_mode != mode:  # e.g. triforce, whose lowest level is the small draft this model lacks
+            head += f"; it has no small draft, so mode {return_mode} instead of {mode}"
         if doc is not None:
             # re-tokenized: the gauge and the contents follow; the panels of the old model's answers are cleared
             out = self.documents.set_document(user, doc, budget, return_mode)

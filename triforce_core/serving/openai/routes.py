@@ -42,7 +42,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from ...config import ConfigError, GenerationConfig, SamplingConfig, default_mode, one_line
+from ...config import DEFAULT_MODE, DRAFT_MODES, ConfigError, GenerationConfig, SamplingConfig, default_mode, needs_draft, one_line
 from ...engine import ContextLengthError, TriForceEngine
 from ...models.loading import ModelLoadError
 from ...prompting import render_prompt
@@ -249,8 +249,10 @@ class ChatCompletionsAPI:
         _, prompt = render_prompt(engine.tokenizer, req.messages)
         spec = self.base.speculation
         mode = req.mode or self.mode or default_mode(len(prompt))
-        if engine.draft is None and mode == "triforce":
-            spec = replace(spec, small_draft=False)  # a model without a small draft: the levels it has
+        if engine.draft is None and mode in DRAFT_MODES:
+            if req.mode:  # asked for: refused, naming the modes this model runs
+                raise ApiError(400, needs_draft(mode), param="triforce.mode")
+            mode = DEFAULT_MODE  # the server's --mode, on a model without a small draft: the default
         max_new = req.max_tokens or spec.max_new_tokens
         try:
             config = replace(
