@@ -64,6 +64,23 @@ def chat_engine():
 
 
 @pytest.fixture(scope="module")
+def kernels():
+    """The native layers' quantized products (`triforce_core.models.int8`), built."""
+    import triforce_core.models.native_layers as native_layers
+    from tests.helpers.native import built
+
+    return built(native_layers).int8
+
+
+@pytest.fixture
+def tiles(kernels):
+    """`kernels` where AMX's integer tiles run; the test skips elsewhere."""
+    if not kernels.tiles():
+        pytest.skip("AMX's integer tiles do not run on this machine")
+    return kernels
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """Tiny models: intra-op threads only add hand-off overhead on a busy 2-core machine."""
     previous = torch.get_num_threads()

@@ -22,7 +22,7 @@ import torch
 from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.models import DRAFT_OVERRIDES, make_hf, to_ours
 from tests.helpers.native import built, needs_compiler
-from test_kv_dtype import MODES, PROMPT, _config, _pair, greedy_reference, no_tiles
+from tests.helpers.half_cache import MODES, PROMPT, greedy_reference, kv_config, model_pair, no_tiles
 
 import triforce_core.models.native_attention as native_attention
 from triforce_core import TriForceEngine
@@ -167,7 +167,7 @@ def test_a_verification_over_a_float16_cache_equals_the_steps_on_the_tiles(tiles
 
 def test_a_step_on_the_tiles_differs_from_one_off_them(tiles):
     """The control for the model-level tests: a float16 cache's forward does take the tiles."""
-    model, _ = _pair()
+    model, _ = model_pair()
     greedy_on = greedy_reference(model, PROMPT, 4, torch.float16)
     with no_tiles():
         greedy_off = greedy_reference(model, PROMPT, 4, torch.float16)
@@ -175,11 +175,11 @@ def test_a_step_on_the_tiles_differs_from_one_off_them(tiles):
 
 
 def test_every_mode_on_the_tiles_equals_autoregressive_decoding_token_for_token(tiles):
-    t, d = _pair()
+    t, d = model_pair()
     ref, _ = greedy_reference(t, PROMPT, 40, torch.float16)
     engine = TriForceEngine(t, d)
     for mode, lookup in MODES:
-        cfg = _config(mode, "float16", lookup=lookup, **({"lookup_max": 8} if lookup else {}))
+        cfg = kv_config(mode, "float16", lookup=lookup, **({"lookup_max": 8} if lookup else {}))
         assert engine.run(PROMPT, cfg).token_ids == ref, mode
 
 
@@ -203,5 +203,5 @@ def test_every_mode_over_a_bfloat16_cache_on_the_tiles_equals_autoregressive_dec
         assert greedy_reference(t, PROMPT, 4, torch.bfloat16)[1] != gaps[:4]  # the control: the tiles ran
     engine = TriForceEngine(t, d)
     for mode, lookup in MODES:
-        cfg = _config(mode, "bfloat16", lookup=lookup, **({"lookup_max": 8} if lookup else {}))
+        cfg = kv_config(mode, "bfloat16", lookup=lookup, **({"lookup_max": 8} if lookup else {}))
         assert engine.run(PROMPT, cfg).token_ids == ref, mode

@@ -26,13 +26,14 @@ import pytest
 import torch
 from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.models import CPU, make_hf
-from tests.helpers.native import built, needs_compiler
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
-from tests.helpers.gguf_files import random_blocks, write_gguf
+from tests.helpers.gguf_engine import gguf_pair, greedy_answer, repeating_prompt
+from tests.helpers.gguf_files import K_MIX, LLAMA, random_blocks, write_gguf
+from tests.helpers.products import activation_rows
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import PAPER_METHOD
 from triforce_core.models import int8
 from triforce_core.models.quantized import Matrix, StoredTensor
 
@@ -44,11 +45,6 @@ K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 WIDTHS = {True: (256, 768), False: (96, 288, 512)}
 Q8_32_DTYPE = np.dtype([("d", "<f4", 8), ("sum", "<i4", 8), ("qs", "i1", 256)])  # struct block_q8_32x8
 Q8_K_DTYPE = np.dtype([("d", "<f4"), ("qs", "i1", 256), ("bsums", "<i2", 16)])  # struct block_q8_k
-
-
-@pytest.fixture(scope="module")
-def kernels() -> int8.Int8:
-    return built(native_layers).int8
 
 
 # Where a block's 16-bit scales lie (d; Q4_1's m and the K types' dmin beside it).
@@ -63,20 +59,6 @@ def _matrix(qtype, rows: int, cols: int, seed: int) -> tuple[Matrix, torch.Tenso
     raw[0, SCALE_BYTES[qtype]] = 0
     t = StoredTensor(int(qtype), torch.from_numpy(raw), (rows, cols))
     return Matrix(stored=(t,)), t.dequantized()
-
-
-def _rows(S: int, K: int, seed: int) -> torch.Tensor:
-    """Activations of varied size: normal rows, one a thousand times smaller, one with a
-    dominant input, one of zeros (a block with d = 0)."""
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(S, K, generator=g)
-    if S > 1:
-        x[1] *= 1e-3
-    if S > 2:
-        x[2, 5] = 40.0
-    if S > 3:
-        x[3] = 0.0
-    return x
 
 
 def _quantized(kernels, x: torch.Tensor, kind: int) -> tuple[np.ndarray, np.ndarray]:
@@ -117,7 +99,7 @@ def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
     assert int8.SCALAR in paths
     for K in WIDTHS[qtype in K_TYPES]:
         m, _ = _matrix(qtype, 37, K, seed=K)
-        x = _rows(17, K, seed=K)
+        x = activation_rows(17, K, seed=K)
         for S in (1, 3, 7, 17):
             with kernels.forced(int8.SCALAR):
                 want = kernels.product(x[:S], m, threads=1)
@@ -135,7 +117,7 @@ def test_a_stack_of_mixed_parts_takes_each_parts_path(kernels):
              for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5), (Q.Q5_K, 3))]
     f16 = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)), (6, 512))
     stack = Matrix(stored=(*parts, f16))
-    x = _rows(7, 512, seed=2)
+    x = activation_rows(7, 512, seed=2)
     with kernels.forced(int8.SCALAR):
         want = kernels.product(x, stack, threads=1)
     for path in kernels.paths():
@@ -159,7 +141,7 @@ def test_unknown_or_unrunnable_paths_are_refused(kernels):
 # -- the arithmetic ----------------------------------------------------------------------------
 @pytest.mark.parametrize("kind,per", [(int8.Q8_32, 32), (int8.Q8_K, 256)])
 def test_activations_are_quantized_as_defined(kernels, kind, per):
-    x = _rows(5, 768, seed=per)
+    x = activation_rows(5, 768, seed=per)
     d, q = _quantized(kernels, x, kind)
     d_want, q_want = _quantize_by_definition(x.numpy(), per)
     assert np.array_equal(d, d_want) and np.array_equal(q, q_want)
@@ -174,7 +156,7 @@ def test_products_are_those_of_the_8_bit_activations(kernels, qtype):
     the same bound fails (8 bits leave ~1e-3 relative, far above float32 rounding)."""
     K = 768 if qtype in K_TYPES else 288
     m, w = _matrix(qtype, 29, K, seed=3)
-    x = _rows(7, K, seed=4)
+    x = activation_rows(7, K, seed=4)
     y = kernels.product(x, m, threads=1).double()
     d, q = _quantized(kernels, x, int8.Q8_K if qtype in K_TYPES else int8.Q8_32)
     xq = torch.from_numpy(d.astype(np.float64) * q)
@@ -204,7 +186,7 @@ def test_products_stay_within_what_8_bit_activations_allow(kernels, qtype):
     per = _per(qtype)
     K = 768 if qtype in K_TYPES else 288
     m, w = _matrix(qtype, 31, K, seed=6)
-    x = _rows(5, K, seed=7)
+    x = activation_rows(5, K, seed=7)
     x[2, 5] = 4.0  # a large input, not one that dwarfs its whole block
     y_float = kernels.product(x, m, int8=False, threads=1).double()
     slack = _step_bound(x.numpy(), w, per) * (1 + 1e-3) + 1e-5 * (x.double().abs() @ w.double().abs().t())
@@ -227,7 +209,7 @@ def test_products_stay_within_what_8_bit_activations_allow(kernels, qtype):
 def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
     """[64 x 1024]: every call runs on two threads (S K N >= 2^16), whatever S."""
     m, _ = _matrix(qtype, 64, 1024, seed=8)
-    x = _rows(17, 1024, seed=9)
+    x = activation_rows(17, 1024, seed=9)
     alone = [kernels.product(x[i : i + 1], m, threads=2)[0] for i in range(17)]
     for S in (1, 2, 7, 17):
         together = kernels.product(x[:S], m, threads=2)
@@ -239,7 +221,7 @@ def test_negative_control_rows_quantized_together_differ_from_steps(kernels):
     """The same comparison on rows quantized with one scale per block for all of them (built
     here, multiplied by the kernel) fails: the check can see a row depend on its neighbours."""
     m, _ = _matrix(Q.Q4_K, 64, 1024, seed=8)
-    x = _rows(7, 1024, seed=9)
+    x = activation_rows(7, 1024, seed=9)
     d, q = _quantize_by_definition(x.numpy(), 256, shared_rows=True)
     blocks = np.zeros((7, 4), dtype=Q8_K_DTYPE)
     blocks["d"] = d[:, ::256]
@@ -254,36 +236,10 @@ def test_negative_control_rows_quantized_together_differ_from_steps(kernels):
 
 
 # -- through the model -------------------------------------------------------------------------
-LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)
-K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
-         "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
-CACHE = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
-NEW = 24
-
-
-def gguf_pair(folder, types: dict, seed: int = 0) -> TriForceEngine:
-    """A tiny Llama target and its one-layer draft written as GGUF files of `types`, loaded."""
-    target = write_gguf(make_hf("llama_mha", seed=seed, **LLAMA), folder / "target.gguf", types)
-    draft = write_gguf(make_hf("llama_mha", seed=5, **{**LLAMA, "num_hidden_layers": 1}), folder / "draft.gguf", types)
-    return TriForceEngine.from_pretrained(str(target), draft=str(draft), device="cpu")
-
 
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     return gguf_pair(tmp_path_factory.mktemp("int8"), K_MIX)
-
-
-def _prompt() -> list[int]:
-    """Random tokens, then the same run again: lookup finds its continuations."""
-    ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist()
-    return ids + ids
-
-
-def _run(engine, mode: str, ids: list[int] | None = None) -> list[int]:
-    """`mode`'s greedy answer (lookup, triforce: the paper's hierarchy, or autoregressive) to `ids` (`_prompt()`)."""
-    spec = {"lookup": True} if mode == "lookup" else dict(PAPER_METHOD)
-    cfg = GenerationConfig(speculation=SpeculationConfig(mode=mode, max_new_tokens=NEW, ignore_eos=True, **spec), cache=CACHE)
-    return engine.run(_prompt() if ids is None else ids, cfg).token_ids
 
 
 @pytest.fixture
@@ -309,12 +265,12 @@ def test_speculation_equals_autoregressive_decoding_with_int8(engine, rows, monk
     assert engine.target.quantized
     for model in (engine.target, engine.draft):
         monkeypatch.setattr(model, "integer_products", mode)
-    reference = _run(engine, "autoregressive")
+    reference = greedy_answer(engine, "autoregressive")
     for mode in ("lookup", "triforce"):
         rows.clear()
-        assert _run(engine, mode) == reference, mode
+        assert greedy_answer(engine, mode) == reference, mode
         assert max(rows) > 1, f"{mode}: no verification of several rows ran"
-    assert_verification_rows_equal_steps(engine.target, _prompt())
+    assert_verification_rows_equal_steps(engine.target, repeating_prompt())
 
 
 def _logits(model, n: int = 9) -> torch.Tensor:
@@ -323,7 +279,7 @@ def _logits(model, n: int = 9) -> torch.Tensor:
 
     s = model.spec
     cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, 64, torch.float32, CPU)
-    return model.forward(torch.tensor(_prompt()[:n]), torch.arange(n), cache).logits
+    return model.forward(torch.tensor(repeating_prompt()[:n]), torch.arange(n), cache).logits
 
 
 def test_an_engine_gives_its_models_the_default_mode_and_integer_products_change_the_logits(engine, monkeypatch):
@@ -360,7 +316,7 @@ def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):
     assert not torch.equal(first_a, first_b)
     assert torch.equal(_logits(a), first_a) and torch.equal(_logits(b), first_b)  # interleaved: no shared state
     for model in (a, b):
-        assert_verification_rows_equal_steps(model, _prompt())
+        assert_verification_rows_equal_steps(model, repeating_prompt())
     b.integer_products = True
     assert torch.equal(_logits(b), first_a)
     b.integer_products = False
@@ -383,7 +339,7 @@ def test_integer_products_are_per_model(engine, monkeypatch, rows, tmp_path):
         engine_ = TriForceEngine(load_model(path, CPU, torch.float32).model)
         engine_.target.integer_products = on
         engine_.use_disk_cache(str(tmp_path))
-        by_flag.setdefault(on, []).append(engine_.run(_prompt(), cfg).stats.disk_tokens)
+        by_flag.setdefault(on, []).append(engine_.run(repeating_prompt(), cfg).stats.disk_tokens)
     assert by_flag == {True: [0, 96], False: [0]}  # each finds only its own blocks
 
 

@@ -16,12 +16,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from tests.helpers.native import built, needs_compiler
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks
-from test_int8_rows import _rows  # normal rows, a tiny one, a dominant input, zeros
+from tests.helpers.products import activation_rows, one_level, random_matrix, two_levels
 
-import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
 from triforce_core.models.quantized import Matrix, StoredTensor
 
@@ -31,46 +30,15 @@ K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
 TWO = int8.TWO_LEVELS
 
 
-@pytest.fixture(scope="module")
-def kernels() -> int8.Int8:
-    return built(native_layers).int8
-
-
-def _matrix(qtype, rows: int, cols: int, seed: int) -> tuple[Matrix, torch.Tensor]:
-    raw = random_blocks(qtype, rows, cols, np.random.default_rng(seed))
-    t = StoredTensor(int(qtype), torch.from_numpy(raw), (rows, cols))
-    return Matrix(stored=(t,)), t.dequantized()
-
-
 def _per(qtype) -> int:
     return 256 if qtype in K_TYPES else 32
-
-
-def _one_level(x: np.ndarray, per: int) -> tuple[np.ndarray, np.ndarray]:
-    """(d, q) per input: d = max|x| / 127 per block of `per` (float32), q = round(x / d) half away
-    from zero (as the kernel: x times the float32 inverse of d), clamped to +-127."""
-    S, K = x.shape
-    blocks = x.astype(np.float32).reshape(S, K // per, per)
-    d = (np.abs(blocks).max(axis=2, keepdims=True) / np.float32(127)).astype(np.float32)
-    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), np.float32(0)).astype(np.float32)
-    v = (blocks * inv).astype(np.float64)
-    q = np.clip(np.trunc(v + np.copysign(0.5, v)), -127, 127).astype(np.float32)
-    return np.broadcast_to(d, blocks.shape).reshape(S, K), q.reshape(S, K)
-
-
-def _two_levels(x: np.ndarray, per: int) -> np.ndarray:
-    """The inputs the two levels carry: d1 q1 + d2 q2, the residual r = x - d1 q1 in float32."""
-    d1, q1 = _one_level(x, per)
-    r = (x.astype(np.float32) - (d1 * q1).astype(np.float32)).astype(np.float32)
-    d2, q2 = _one_level(r, per)
-    return d1.astype(np.float64) * q1 + d2.astype(np.float64) * q2
 
 
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
     K = 768 if qtype in K_TYPES else 288
-    m, _ = _matrix(qtype, 37, K, seed=K)
-    x = _rows(17, K, seed=K)
+    m, _ = random_matrix(qtype, 37, K, seed=K)
+    x = activation_rows(17, K, seed=K)
     for S in (1, 3, 7, 17):
         with kernels.forced(int8.SCALAR):
             want = kernels.product(x[:S], m, TWO, threads=1)
@@ -83,8 +51,8 @@ def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
 
 @pytest.mark.parametrize("qtype", [Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q6_K], ids=lambda q: q.name)
 def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
-    m, _ = _matrix(qtype, 64, 1024, seed=8)
-    x = _rows(17, 1024, seed=9)
+    m, _ = random_matrix(qtype, 64, 1024, seed=8)
+    x = activation_rows(17, 1024, seed=9)
     alone = [kernels.product(x[i : i + 1], m, TWO, threads=2)[0] for i in range(17)]
     for S in (2, 7, 9, 17):  # 9 rows are 18 quantized ones: two groups of the kernel's 16
         together = kernels.product(x[:S], m, TWO, threads=2)
@@ -98,15 +66,15 @@ def test_products_are_those_of_the_two_levels(kernels, qtype):
     the one-level inputs are not."""
     per = _per(qtype)
     K = 768 if qtype in K_TYPES else 288
-    m, w = _matrix(qtype, 31, K, seed=6)
-    x = _rows(5, K, seed=7)
+    m, w = random_matrix(qtype, 31, K, seed=6)
+    x = activation_rows(5, K, seed=7)
     x[2, 5] = 4.0
     y = kernels.product(x, m, TWO, threads=1).double()
     wd = w.double()
     slack = 1e-5 * (x.double().abs() @ wd.abs().t()) + 1e-30
-    want = torch.from_numpy(_two_levels(x.numpy(), per)) @ wd.t()
+    want = torch.from_numpy(two_levels(x.numpy(), per)) @ wd.t()
     assert ((y - want).abs() <= slack).all()
-    d, q = _one_level(x.numpy(), per)
+    d, q = one_level(x.numpy(), per)
     one = torch.from_numpy(d.astype(np.float64) * q) @ wd.t()
     assert not ((y - one).abs() <= slack).all()
 
@@ -114,7 +82,7 @@ def test_products_are_those_of_the_two_levels(kernels, qtype):
 @pytest.mark.parametrize("qtype", TYPES, ids=lambda q: q.name)
 def test_two_levels_are_far_closer_to_the_float_path_than_one(kernels, qtype):
     K = 768 if qtype in K_TYPES else 288
-    m, _ = _matrix(qtype, 64, K, seed=3)
+    m, _ = random_matrix(qtype, 64, K, seed=3)
     x = torch.randn(7, K, generator=torch.Generator().manual_seed(4))
     y_float = kernels.product(x, m, 0, threads=1)
     err1 = (kernels.product(x, m, int8.ONE_LEVEL, threads=1) - y_float).norm() / y_float.norm()
@@ -127,7 +95,7 @@ def test_a_float16_part_keeps_the_float_path(kernels):
     rng = np.random.default_rng(5)
     q4 = StoredTensor(int(Q.Q4_K), torch.from_numpy(random_blocks(Q.Q4_K, 20, 512, rng)), (20, 512))
     f16 = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, 512)).astype(np.float16).view(np.uint8)), (6, 512))
-    x = _rows(7, 512, seed=2)
+    x = activation_rows(7, 512, seed=2)
     y = kernels.product(x, Matrix(stored=(q4, f16)), TWO, threads=1)
     assert torch.equal(y[:, 20:], kernels.product(x, Matrix(stored=(f16,)), 0, threads=1))
     assert torch.equal(y[:, :20], kernels.product(x, Matrix(stored=(q4,)), TWO, threads=1))
@@ -139,7 +107,7 @@ def test_the_fast_mode_takes_two_levels_for_k_types_and_floats_for_the_others(ke
     rng = np.random.default_rng(11)
     parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 512, rng)), (rows, 512))
              for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5))}
-    x = _rows(9, 512, seed=12)
+    x = activation_rows(9, 512, seed=12)
     stack = kernels.product(x, Matrix(stored=tuple(parts.values())), int8.FAST, threads=2)
     start = 0
     for q, p in parts.items():

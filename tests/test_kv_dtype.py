@@ -24,7 +24,8 @@ import pytest
 import torch
 from tests.helpers.cli import SMALL_CACHE_FLAGS, run_main
 from tests.helpers.exactness import assert_verification_rows_equal_steps
-from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, to_ours, words
+from tests.helpers.half_cache import MODES, PROMPT, greedy_reference, kv_config, model_pair, no_tiles
+from tests.helpers.models import CPU, make_hf, to_ours, words
 from tests.helpers.native import built, needs_compiler
 from tests.helpers.disk_cache import (CHUNK, DOCUMENT, block_files, config as disk_config, document_end, new_engine,
                                       two_turns)
@@ -32,8 +33,8 @@ from tests.helpers.sampling import V, chi2_pvalue, sample_counts
 from tests.helpers.sampling import law_models as chi_models
 
 import triforce_core.models.native_attention as native_attention
-from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, TriForceEngine
-from triforce_core.config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE, PAPER_METHOD
+from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingConfig, TriForceEngine
+from triforce_core.config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE
 from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.kv import FullCache, resolve_kv_dtype
 from triforce_core.models import switches
@@ -43,11 +44,6 @@ from triforce_core.serving.slots import Slot
 
 HALF = [torch.float16, torch.bfloat16]
 NAMES = {torch.float16: "float16", torch.bfloat16: "bfloat16", torch.float32: "float32"}
-
-
-def no_tiles():
-    """The float32 path even where AMX's tiles run and the environment switches them on."""
-    return switches.switched(native_attention.TILES_ENV, False)
 
 
 # -- the native kernel -------------------------------------------------------------------------
@@ -152,27 +148,11 @@ def test_kv_dtype_setting_is_validated_and_resolved():
 
 
 # -- caches and the model ----------------------------------------------------------------------
-@functools.lru_cache(maxsize=None)
-def _pair(kind: str = "llama_gqa_llama3"):
-    return to_ours(make_hf(kind, seed=0)), to_ours(make_hf(kind, seed=11, **DRAFT_OVERRIDES))
-
-
-PROMPT = torch.randint(3, 97, (160,), generator=torch.Generator().manual_seed(7)).tolist()
-CACHE = CacheConfig(budget=64, chunk_size=4, recent_tokens=16, draft_sinks=4, draft_window=32, refresh_every=16)
-
-
-def _config(mode: str, kv: str, cache: CacheConfig = CACHE, new: int = 40, lookup: bool = False, **spec_kw):
-    spec_kw = {"lookup": True, **spec_kw} if lookup else {**PAPER_METHOD, **spec_kw}
-    return GenerationConfig(speculation=SpeculationConfig(mode=mode, gamma1=2, gamma2=6, max_new_tokens=new,
-                                                          ignore_eos=True, **spec_kw),
-                            cache=CacheConfig(**{**cache.__dict__, "kv_dtype": kv}))
-
-
 @pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
 def test_every_cache_is_in_the_kv_dtype_and_new_kv_are_rounded_into_it(dtype):
-    t, d = _pair()
+    t, d = model_pair()
     engine = TriForceEngine(t, d)
-    cfg = _config("triforce", NAMES[dtype])
+    cfg = kv_config("triforce", NAMES[dtype])
     dec = engine.make_loop(cfg, engine.capacity_for(len(PROMPT), cfg), None)
     dec.prefill(PROMPT)
     for lane in (dec.full, dec.retrieval, dec.small):
@@ -187,23 +167,6 @@ def test_every_cache_is_in_the_kv_dtype_and_new_kv_are_rounded_into_it(dtype):
     assert not torch.equal(dec.full.cache.k[1, :, :n].float(), wide.k[1, :, :n])  # layer 1 attended to rounded K/V
 
 
-def greedy_reference(model, prompt: list[int], new: int, dtype: torch.dtype) -> tuple[list[int], list[float]]:
-    """Our autoregressive greedy decoding with a `dtype` cache, written out: the prompt but its
-    last token in one forward (as the engine prefills), then one token a forward; the tokens
-    and each step's top-2 logit gap."""
-    s = model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, len(prompt) + new, dtype, CPU)
-    model.forward(torch.tensor(prompt[:-1]), torch.arange(len(prompt) - 1), cache, logits_rows=None)
-    out, gaps, last = [], [], prompt[-1]
-    for _ in range(new):
-        logits = model.forward(torch.tensor([last]), torch.tensor([cache.length]), cache).logits[0]
-        top = logits.topk(2).values
-        gaps.append(float(top[0] - top[1]))
-        last = int(logits.argmax())
-        out.append(last)
-    return out, gaps
-
-
 def _assert_same(got: list[int], ref: list[int], gaps: list[float], tie: float = 1e-4) -> None:
     assert len(got) == len(ref)
     for i, (a, b) in enumerate(zip(got, ref)):
@@ -212,19 +175,16 @@ def _assert_same(got: list[int], ref: list[int], gaps: list[float], tie: float =
             return
 
 
-MODES = [("triforce", False), ("retrieval", False), ("draft", False), ("lookup", True), ("triforce", True)]
-
-
 @pytest.mark.parametrize("kind", ["llama_gqa_llama3", "mistral_window"])
 @pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
 def test_greedy_every_mode_equals_autoregressive_with_the_same_kv_dtype(kind, dtype):
-    t, d = _pair(kind)
+    t, d = model_pair(kind)
     ref, gaps = greedy_reference(t, PROMPT, 40, dtype)
     engine = TriForceEngine(t, d)
-    auto = engine.run(PROMPT, _config("autoregressive", NAMES[dtype]))
+    auto = engine.run(PROMPT, kv_config("autoregressive", NAMES[dtype]))
     assert auto.token_ids == ref  # the engine's own autoregressive decoding: the same forwards
     for mode, lookup in MODES:
-        res = engine.run(PROMPT, _config(mode, NAMES[dtype], lookup=lookup))
+        res = engine.run(PROMPT, kv_config(mode, NAMES[dtype], lookup=lookup))
         _assert_same(res.token_ids, ref, gaps)
         if not lookup:
             assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
@@ -237,35 +197,35 @@ def test_greedy_through_the_kernel_equals_autoregressive_bit_for_bit(monkeypatch
     of at most 8 here): a verification's rows equal the steps they stand for bit for bit, so the
     outputs are equal with no tie tolerated."""
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
-    t, d = _pair()
+    t, d = model_pair()
     assert_verification_rows_equal_steps(t, PROMPT, dtype)
     ref, _ = greedy_reference(t, PROMPT, 40, dtype)
     engine = TriForceEngine(t, d)
     for mode, lookup in MODES:
-        cfg = _config(mode, NAMES[dtype], lookup=lookup, **({"lookup_max": 8} if lookup else {}))
+        cfg = kv_config(mode, NAMES[dtype], lookup=lookup, **({"lookup_max": 8} if lookup else {}))
         assert engine.run(PROMPT, cfg).token_ids == ref, mode
 
 
 def test_engine_default_and_config_precedence():
-    t, d = _pair()
+    t, d = model_pair()
     engine = TriForceEngine(t, d, kv_dtype="bfloat16")
     assert engine.kv_dtype_for(GenerationConfig()) == torch.bfloat16
-    assert engine.kv_dtype_for(_config("autoregressive", "float32")) == torch.float32  # the config's wins
+    assert engine.kv_dtype_for(kv_config("autoregressive", "float32")) == torch.float32  # the config's wins
     assert TriForceEngine(t, d).kv_dtype_for(GenerationConfig()) == getattr(torch, DEFAULT_KV_DTYPE)
 
 
 def test_a_slot_does_not_hand_a_cache_to_another_kv_dtype():
     """A chat whose K/V dtype changes prefills again (a float32 cache is not a float16
     prefill), and answers as a fresh float16 run does."""
-    t, d = _pair()
+    t, d = model_pair()
     engine = TriForceEngine(t, d)
     slot = Slot(engine)
-    list(slot.generate(PROMPT, _config("lookup", "float32", new=8, lookup=True)))
+    list(slot.generate(PROMPT, kv_config("lookup", "float32", new=8, lookup=True)))
     assert slot.loop.full.cache.k.dtype == torch.float32
-    events = list(slot.generate(PROMPT, _config("lookup", "float16", new=8, lookup=True)))
+    events = list(slot.generate(PROMPT, kv_config("lookup", "float16", new=8, lookup=True)))
     assert slot.loop.full.cache.k.dtype == torch.float16
     assert isinstance(events[0], Prefilled) and events[0].reused_tokens == 0
-    fresh = TriForceEngine(t, d).run(PROMPT, _config("lookup", "float16", new=8, lookup=True))
+    fresh = TriForceEngine(t, d).run(PROMPT, kv_config("lookup", "float16", new=8, lookup=True))
     assert [tok for ev in events if isinstance(ev, Committed) for tok in ev.token_ids] == fresh.token_ids
 
 

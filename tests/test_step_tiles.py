@@ -24,10 +24,9 @@ from tests.helpers.exactness import assert_verification_rows_equal_steps
 from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks
-from test_int8_rows import _rows, _run, gguf_pair
-from test_int8_two_levels import _matrix
-from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
-from test_tile_rows import Q4_K_M_LIKE, edge_rows, kernels, tiles  # noqa: F401 (the kernels and the tiles, as fixtures)
+from tests.helpers.gguf_engine import greedy_answer, gguf_pair
+from tests.helpers.products import (Q4_K_M_LIKE, activation_rows, assert_16_bit_products, assert_each_part_as_alone,
+                                    edge_rows, mixed_stack, random_matrix, sixteen_bits)
 
 import triforce_core.models.native_layers as native_layers
 from triforce_core.kv import FullCache
@@ -47,8 +46,8 @@ def _reference(kernels, x, m, threads=1):
 
 @pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
 def test_vnni_and_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype):
-    m, _ = _matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole jobs of 16 and 5
-    x = _rows(40, 768, seed=2)
+    m, _ = random_matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole jobs of 16 and 5
+    x = activation_rows(40, 768, seed=2)
     for S in (1, 2, 3, 4, 7, 8, 14, 15, 40):  # VNNI up to 3, then groups of 7 rows on the tiles
         want = _reference(tiles, x[:S], m)
         for threads in (1, 2):
@@ -57,8 +56,8 @@ def test_vnni_and_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype)
 
 @pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
 def test_a_row_is_the_same_whatever_the_rows_beside_it(kernels, qtype):
-    m, _ = _matrix(qtype, 40, 1024, seed=8)
-    x = _rows(40, 1024, seed=9)
+    m, _ = random_matrix(qtype, 40, 1024, seed=8)
+    x = activation_rows(40, 1024, seed=9)
     alone = [kernels.product(x[i : i + 1], m, STEP_TILES, threads=1)[0] for i in range(40)]
     for S in (2, 3, 7, 17, 40):
         together = kernels.product(x[:S], m, STEP_TILES, threads=2)
@@ -70,7 +69,7 @@ def test_a_row_is_the_same_whatever_the_rows_beside_it(kernels, qtype):
 def test_the_edges_of_the_inputs(tiles, qtype):
     """`edge_rows`' inputs, one row at a time (VNNI) and seven at once (tiles)."""
     x = edge_rows(7)
-    m, _ = _matrix(qtype, 20, 512, seed=5)
+    m, _ = random_matrix(qtype, 20, 512, seed=5)
     for S in (7, 1):
         for i in range(0, 7, S):
             got, want = tiles.product(x[i : i + S], m, STEP_TILES, threads=2), _reference(tiles, x[i : i + S], m)
@@ -102,7 +101,7 @@ def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
         y = kernels.product(x[:S], m, STEP_TILES, threads=2)
         with kernels.forced(int8.SCALAR):
             assert torch.equal(kernels.product(x[:S], m, STEP_TILES, threads=1), y)
-        d, q = _sixteen_bits(x[:S].numpy())
+        d, q = sixteen_bits(x[:S].numpy())
         want = torch.from_numpy(d.astype(np.float64) * q) @ w.double().t()
         assert ((y.double() - want).abs() <= 1e-6 * (x[:S].double().abs() @ w.double().abs().t())).all()
 
@@ -111,16 +110,16 @@ def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
 @pytest.mark.parametrize("qtype", STEP_TYPES, ids=lambda q: q.name)
 def test_products_are_those_of_the_16_bit_activations(kernels, qtype, rows):
     y, slack = assert_16_bit_products(kernels, qtype, STEP_TILES, rows)
-    m, _ = _matrix(qtype, 31, 768, seed=6)
-    wide = kernels.product(_rows(rows, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
+    m, _ = random_matrix(qtype, 31, 768, seed=6)
+    wide = kernels.product(activation_rows(rows, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
     assert ((y - wide).abs() <= slack).all()
 
 
 def test_summed_in_an_order_of_their_own(tiles):
     """Not WIDE's lanes: over many outputs some differ in the last bits, for a step and a
     verification alike (so a model's steps must take this mode for its verifications too)."""
-    m, _ = _matrix(Q.Q4_K, 256, 2048, seed=10)
-    x = _rows(7, 2048, seed=11)
+    m, _ = random_matrix(Q.Q4_K, 256, 2048, seed=10)
+    x = activation_rows(7, 2048, seed=11)
     for S in (1, 7):
         assert not torch.equal(tiles.product(x[:S], m, STEP_TILES, threads=2), tiles.product(x[:S], m, WIDE, threads=2))
 
@@ -129,7 +128,7 @@ def test_a_stack_gives_each_part_as_alone(kernels):
     """The K types in this mode, float16 and 32-weight parts the float path's products exactly."""
     parts = mixed_stack(np.random.default_rng(11), 512)
     for S in (1, 9):
-        assert_each_part_as_alone(kernels, _rows(S, 512, seed=12), parts, STEP_TILES)
+        assert_each_part_as_alone(kernels, activation_rows(S, 512, seed=12), parts, STEP_TILES)
 
 
 def test_the_mode_is_named_in_the_switch_and_needs_the_tiles(kernels, monkeypatch):
@@ -187,6 +186,6 @@ def test_a_step_in_this_mode_differs_from_one_in_wide(step_tiles):
 
 def test_speculation_equals_autoregressive_decoding_in_this_mode(step_tiles):
     ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist() * 2
-    reference = _run(step_tiles, "autoregressive", ids)
+    reference = greedy_answer(step_tiles, "autoregressive", ids)
     for mode in ("lookup", "triforce"):
-        assert _run(step_tiles, mode, ids) == reference, mode
+        assert greedy_answer(step_tiles, mode, ids) == reference, mode

@@ -21,14 +21,13 @@ import numpy as np
 import pytest
 import torch
 from tests.helpers.exactness import assert_verification_rows_equal_steps
-from tests.helpers.native import built, needs_compiler
+from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import random_blocks
-from test_int8_rows import _rows, _run, gguf_pair
-from test_int8_two_levels import _matrix
-from test_int16_rows import _sixteen_bits, assert_16_bit_products, assert_each_part_as_alone, mixed_stack
+from tests.helpers.gguf_engine import greedy_answer, gguf_pair
+from tests.helpers.products import (Q4_K_M_LIKE, activation_rows, assert_16_bit_products, assert_each_part_as_alone,
+                                    edge_rows, mixed_stack, random_matrix, sixteen_bits)
 
-import triforce_core.models.native_layers as native_layers
 from triforce_core.models import int8
 from triforce_core.models.arithmetic import arithmetic_key
 from triforce_core.models.quantized import Matrix, StoredTensor
@@ -36,18 +35,6 @@ from triforce_core.models.quantized import Matrix, StoredTensor
 pytestmark = needs_compiler
 TILES, WIDE = int8.TILES, int8.WIDE
 K_TYPES = (Q.Q4_K, Q.Q5_K, Q.Q6_K)
-
-
-@pytest.fixture(scope="module")
-def kernels() -> int8.Int8:
-    return built(native_layers).int8
-
-
-@pytest.fixture
-def tiles(kernels) -> int8.Int8:
-    if not kernels.tiles():
-        pytest.skip("AMX's integer tiles do not run on this machine")
-    return kernels
 
 
 def _reference(kernels, x, m, threads=1):
@@ -58,33 +45,18 @@ def _reference(kernels, x, m, threads=1):
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_the_tiles_equal_the_scalar_reference_bit_for_bit(tiles, qtype):
-    m, _ = _matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole tiles and 5
-    x = _rows(150, 768, seed=2)
+    m, _ = random_matrix(qtype, 37, 768, seed=3)  # 37 outputs: two whole tiles and 5
+    x = activation_rows(150, 768, seed=2)
     for S in (1, 5, 16, 18, 33, 150):  # 150: past one group of 128 rows
         want = _reference(tiles, x[:S], m)
         for threads in (1, 2):
             assert torch.equal(tiles.product(x[:S], m, TILES, threads=threads), want), f"{S} rows, {threads} threads"
 
 
-def edge_rows(S: int) -> torch.Tensor:
-    """S >= 7 rows of 512 inputs at the edges: halves, the clamp (q = -32767: hi -128), zeros,
-    denormals, a NaN (its block's d NaN, so the row's outputs NaN as the float path's), infinity,
-    a huge block, every input negative (hi at its floor)."""
-    rows = _rows(S, 512, seed=4).numpy().copy()
-    rows[0, :16] = [32767, 2.5, -2.5, 0.5, -0.5, 1.5, -1.5, 32766.5, -32766.5, 0.0, -0.0, 1e-40, -3e-39, 7.5, -7.5, -32767]
-    rows[1, 3] = np.nan
-    rows[2, 300] = np.inf
-    rows[3, :256] = 1e-40
-    rows[4, 256:] = 0.0
-    rows[5, 10] = 3.4e38
-    rows[6] = -np.abs(rows[6]) * 1e4
-    return torch.from_numpy(rows)
-
-
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_the_tiles_at_the_edges_of_the_inputs(tiles, qtype):
     x = edge_rows(20)
-    m, _ = _matrix(qtype, 20, 512, seed=5)
+    m, _ = random_matrix(qtype, 20, 512, seed=5)
     got, want = tiles.product(x, m, TILES, threads=2), _reference(tiles, x, m)
     assert torch.equal(got.isnan(), want.isnan()) and bool(got[1].isnan().all())
     assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(want))
@@ -111,15 +83,15 @@ def test_the_largest_weights_and_inputs_stay_exact(kernels, qtype):
     y = kernels.product(x, m, TILES, threads=2)
     with kernels.forced(int8.SCALAR):
         assert torch.equal(kernels.product(x, m, TILES, threads=1), y)
-    d, q = _sixteen_bits(x.numpy())
+    d, q = sixteen_bits(x.numpy())
     want = torch.from_numpy(d.astype(np.float64) * q) @ w.double().t()
     assert ((y.double() - want).abs() <= 1e-6 * (x.double().abs() @ w.double().abs().t())).all()
 
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
-    m, _ = _matrix(qtype, 40, 1024, seed=8)
-    x = _rows(40, 1024, seed=9)
+    m, _ = random_matrix(qtype, 40, 1024, seed=8)
+    x = activation_rows(40, 1024, seed=9)
     together = kernels.product(x, m, TILES, threads=2)
     for i in range(40):
         assert torch.equal(together[i], kernels.product(x[i : i + 1], m, TILES, threads=1)[0]), f"row {i}"
@@ -128,21 +100,21 @@ def test_rows_in_one_call_equal_one_row_calls(kernels, qtype):
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
     y, slack = assert_16_bit_products(kernels, qtype, TILES, 24)
-    m, _ = _matrix(qtype, 31, 768, seed=6)
-    wide = kernels.product(_rows(24, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
+    m, _ = random_matrix(qtype, 31, 768, seed=6)
+    wide = kernels.product(activation_rows(24, 768, seed=7), m, WIDE, threads=2).double()  # the same integers, another order
     assert ((y - wide).abs() <= slack).all()
 
 
 def test_summed_in_an_order_of_their_own(tiles):
     """Not WIDE's lanes: over many outputs some differ in the last bits (why steps and verifications
     take an order of their own, not a prefill's)."""
-    m, _ = _matrix(Q.Q4_K, 256, 2048, seed=10)
-    x = _rows(32, 2048, seed=11)
+    m, _ = random_matrix(Q.Q4_K, 256, 2048, seed=10)
+    x = activation_rows(32, 2048, seed=11)
     assert not torch.equal(tiles.product(x, m, TILES, threads=2), tiles.product(x, m, WIDE, threads=2))
 
 
 def test_in_a_stack_the_256_weight_parts_take_them(kernels):
-    assert_each_part_as_alone(kernels, _rows(30, 512, seed=12), mixed_stack(np.random.default_rng(11), 512), TILES)
+    assert_each_part_as_alone(kernels, activation_rows(30, 512, seed=12), mixed_stack(np.random.default_rng(11), 512), TILES)
 
 
 def test_the_switch_and_the_mode_name(monkeypatch):
@@ -152,10 +124,6 @@ def test_the_switch_and_the_mode_name(monkeypatch):
         monkeypatch.setenv(int8.TILES_ENV, word)
         assert not int8.tiles_wanted()
     assert int8.LEVEL_NAMES[TILES] == "tiles"
-
-
-Q4_K_M_LIKE = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q4_K,
-               "ffn_gate.weight": Q.Q4_K, "ffn_up.weight": Q.Q4_K, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q4_K}
 
 
 @pytest.fixture(scope="module")
@@ -188,8 +156,8 @@ def test_speculation_equals_autoregressive_decoding_after_a_prefill_on_tiles(til
     original = int8.Int8.product
     monkeypatch.setattr(int8.Int8, "product", lambda self, x, w, m=int8.ONE_LEVEL, threads=None:
                         modes.append(int(m)) or original(self, x, w, m, threads))
-    reference = _run(engine, "autoregressive", ids)
+    reference = greedy_answer(engine, "autoregressive", ids)
     assert TILES in modes
     for mode in ("lookup", "triforce"):
-        assert _run(engine, mode, ids) == reference, mode
+        assert greedy_answer(engine, mode, ids) == reference, mode
     assert_verification_rows_equal_steps(engine.target, ids)
