@@ -137,9 +137,10 @@ def test_unsupported_architecture(gpt2_dir):
     assert_one_error_line(*run_main(argv), "gpt2")
 
 
-def test_mode_needing_a_draft_without_one(files):
-    argv = ["generate", "--target", files["target"], "--prompt", "w5", "--mode", "draft", *SMALL]
-    assert_one_error_line(*run_main(argv), "draft")
+@pytest.mark.parametrize("mode", ["draft", "triforce"])
+def test_mode_needing_a_draft_without_one(files, mode):
+    argv = ["generate", "--target", files["target"], "--prompt", "w5", "--mode", mode, *SMALL]
+    assert_one_error_line(*run_main(argv), f"mode {mode} needs a small draft", "retrieval, lookup, autoregressive")
 
 
 @pytest.mark.parametrize(
