@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from bench.chat import DOCUMENT, quote_questions
+from bench.servers import stop
 
 ROOT = Path(__file__).resolve().parent.parent
 FOLLOW_UPS = ("And what comes after that?", "Why does that matter?", "Give an example.", "Say it more briefly.")
@@ -285,11 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         samples.append((round(wall), mem_end["VmRSS"]))
         health = httpx.get(base + "/health", timeout=30).json()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout_s=30)
 
     def ms(v):
         return None if v is None else round(1000 * v)

@@ -12,6 +12,15 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def stop(proc: subprocess.Popen, timeout_s: float = 30) -> None:
+    """Ask `proc` to end (SIGTERM), and kill it when it has not ended within `timeout_s` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
 @contextlib.contextmanager
 def started(cmd: list[str], base: str, what: str, log: Path | None = None, timeout_s: float = 1800):
     """Run `cmd` (from the checkout), wait until `base`/v1/health answers 200, yield the process;
@@ -33,10 +42,6 @@ def started(cmd: list[str], base: str, what: str, log: Path | None = None, timeo
             time.sleep(1)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout_s=60)
         if log:
             out.close()

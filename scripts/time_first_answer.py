@@ -31,6 +31,8 @@ import urllib.request
 from collections import Counter
 from pathlib import Path
 
+from bench.servers import stop
+
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"
 
@@ -98,11 +100,7 @@ def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path, 
                 page.screenshot(path=str(screenshot), full_page=True)
             browser.close()
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout_s=30)
     text = "".join(answer)
     return {"model": model.strip(), "app_started_s": round(started_s, 1), "sample_loaded_s": round(loaded_s, 1),
             "first_token_s": round(first_s, 1), "answer_done_s": round(done_s, 1), "status": status,

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from bench.servers import stop
 from tests.helpers import ROOT
 
 def free_port() -> int:
@@ -31,11 +32,7 @@ def running_server(cmd: list[str], log, probe, env: dict, what: str = "the serve
         wait_until_up(proc, probe, log, what, timeout)
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop(proc, timeout_s=20)
 
 
 @contextlib.contextmanager
