@@ -93,7 +93,7 @@ def main_remote(args: argparse.Namespace) -> int:
     from dataclasses import replace
 
     from triforce_core import ConfigError
-    from triforce_core.config import default_mode
+    from triforce_core.config import DEFAULT_MODE
     from triforce_core.cli.flags import UsageError
     from triforce_core.cli.serve import access_policy
     from triforce_core.serving.remote import RemoteEngine, RemoteError
@@ -107,7 +107,7 @@ def main_remote(args: argparse.Namespace) -> int:
                              "server)")
         access = access_policy(args, max_body=(args.max_upload_mb + 1) * 1_000_000)
         engine = RemoteEngine.connect(args.engine, api_key=args.engine_key)
-        defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens)
+        defaults = Settings(mode=args.mode or DEFAULT_MODE, max_new_tokens=args.max_new_tokens)
         defaults = replace(defaults.for_model(engine), **engine.speculation)  # the server's own settings
         defaults.config()
         app = build_remote_server(engine, defaults=defaults, access=access, max_upload_mb=args.max_upload_mb,
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         import transformers  # noqa: F401 - every model's config and tokenizer are read through it
 
         from triforce_core import ConfigError, ModelLoadError
-        from triforce_core.config import GB, default_mode
+        from triforce_core.config import DEFAULT_MODE, GB
         from triforce_core.cli.flags import UsageError, check_exact_args, check_kv_cache_args, served_models
         from triforce_core.cli.serve import access_policy
         from triforce_core.serving.registry import app_model_names
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         with collector_paused():
             started = models.default()  # the started model, loaded now: a bad one stops here
             name = started.id
-            defaults = Settings(mode=args.mode or default_mode(), max_new_tokens=args.max_new_tokens,
+            defaults = Settings(mode=args.mode or DEFAULT_MODE, max_new_tokens=args.max_new_tokens,
                                 budget=args.budget)
             defaults = defaults.for_model(started.engine)  # an instruct model's repetition control
             defaults.config()

@@ -63,7 +63,7 @@ def main(argv=None) -> int:
 
     from triforce_core.documents.reading import token_starts
     from triforce_core.serving.book import DEFAULT_READING_BUDGET, BookSession
-    from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
+    from triforce_core.config import DEFAULT_MODE, GenerationConfig, SpeculationConfig
     from triforce_core.documents import load_document
     from triforce_core.engine import TriForceEngine
     from triforce_core.models.loading import default_model_names
@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     def ask(session, quote: str, follows: str) -> dict:
         question = f"What follows «{quote}»?"
         echo = len(engine.encode(quote))
-        config = GenerationConfig(speculation=SpeculationConfig(mode=default_mode(budget), max_new_tokens=echo + 24,
+        config = GenerationConfig(speculation=SpeculationConfig(mode=DEFAULT_MODE, max_new_tokens=echo + 24,
                                                                 ignore_eos=True))
         t = time.perf_counter()
         ranked_t = time.perf_counter()

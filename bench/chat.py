@@ -75,7 +75,6 @@ CONFIGS: dict[str, dict] = {
     "lookup-no-agree": {"mode": "lookup", "lookup_agree": False},
     "lookup-no-backoff": {"mode": "lookup", "lookup_backoff": False},
     "lookup-plain": {"mode": "lookup", "lookup_agree": False, "lookup_backoff": False},
-    "lookup-runs": {"mode": "lookup", "lookup_runs": True},  # runs that double while taken whole, not the rows' price
     "autoregressive": {"mode": "autoregressive"},
 }
 DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoregressive")
@@ -84,7 +83,7 @@ DEFAULT_CONFIGS = ("triforce", "triforce-paper", "retrieval", "lookup", "autoreg
 # "NAME+pytorch-layers": with the native decoder layers off (theirs); "NAME+per-layer": the native
 # layers called per layer from Python instead of one call for all (the one call's gain); "NAME+FIELD-N": an integer
 # field of the cache or speculation settings set to N ("+budget-8192": the retrieval level attends
-# to 8,192 tokens; "+lookup_start-3": lookup runs start at 3 tokens; a probability threshold takes
+# to 8,192 tokens; a probability threshold takes
 # a fraction: "+draft_confidence-0.5"); "NAME+kv_dtype-float16": the
 # caches keep K/V in that dtype (default: the engine's). Any of them, in any order.
 INSPECT = "+inspect"
@@ -391,7 +390,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
 def row_cost_of_config(engine: TriForceEngine, config: GenerationConfig, kv_dtype) -> float | None:
     """The price of a verification row lookup's proposals were sized by (None: no such rule ran)."""
     spec = config.speculation
-    if not spec.uses_lookup or spec.lookup_runs:
+    if not spec.uses_lookup:
         return None
     return spec.lookup_row_cost if spec.lookup_row_cost is not None else measured_row_cost(engine.target, kv_dtype)
 
@@ -473,7 +472,7 @@ def main(argv=None) -> int:
                         f"inspect=True: the teaching view's cost), {PYTORCH_ATTENTION} (the native few-row "
                         f"attention kernel off: its gain), {PYTORCH_LAYERS} (the native decoder layers off), {PER_LAYER} (the native layers called per layer, "
                         f"not all in one call), +FIELD-N (an integer "
-                        f"setting, e.g. +budget-8192, +lookup_start-3, +lookup_max-32, or a probability threshold, "
+                        f"setting, e.g. +budget-8192, +lookup_max-32, or a probability threshold, "
                         f"+draft_confidence-0.5), +kv_dtype-NAME (the caches' K/V "
                         f"dtype: float32, float16 or bfloat16), +products-MODE (the products over GGUF blocks: "
                         f"0, int8, int8x2 or fast) "

@@ -9,9 +9,8 @@ document) records everything a lookup setting would see, and the forward's cost 
 of rows (measured once per document, on the target over a cache as long as its first prompt)
 prices every round. Each setting then replays in milliseconds with the real index
 (`triforce_core.decoding.lookup.ContextIndex`) and the decoding loop's length rule: the price
-of a row (`schedule.LookupLength`, at the c these forwards give, `row_cost.row_cost_of`) or the
-runs (`lookup_start`, doubling up to `lookup_max` while accepted whole; a backoff token leaves
-the run as it was); no rows past the token limit.
+of a row (`schedule.LookupLength`, at the c these forwards give, `row_cost.row_cost_of`); no
+rows past the token limit.
 
 This ranks settings over many workloads where a live run compares a few, with noise. It is a
 model: a live `bench.chat` run checks what it finds (docs: Results, Benchmarks).
@@ -44,24 +43,20 @@ from triforce_core.serving.session import ChatSession
 from .chat import ChatBenchError, _answer, workload
 from .level_steps import step_seconds
 
-# name -> ContextIndex settings and the proposal length's rule: the price of a row ("cost":
-# `schedule.LookupLength` at the row cost these forwards give, times `scale`; `learn`: its
+# name -> ContextIndex settings and the proposal length's rule, the price of a row
+# (`schedule.LookupLength` at the row cost these forwards give, times `scale`; `learn`: its
 # acceptance counted in the generation, else its prior alone; `cost_rows`: the wider forward c is
-# measured with) or the runs ("runs": `lookup_start`, doubling up to `lookup_max` while taken
-# whole). Unnamed fields are the decoder's defaults.
+# measured with). Unnamed fields are the decoder's defaults.
 SETTINGS = {
-    "cost": dict(rule="cost"),  # the default
-    "cost, prior only": dict(rule="cost", learn=False),
-    "cost, longest 16": dict(rule="cost", lookup_max=16),
-    "cost, c x 0.75": dict(rule="cost", scale=0.75),
-    "cost, c x 1.5": dict(rule="cost", scale=1.5),
-    "cost, c from 2 rows": dict(rule="cost", cost_rows=2),
-    "cost, c from 9 rows": dict(rule="cost", cost_rows=9),
-    "cost, no rival cut": dict(rule="cost", rival_slack=None),
-    "cost, no backoff": dict(rule="cost", backoff=False),
-    "runs, longest 16": dict(rule="runs", lookup_max=16),  # the default before
-    "runs": dict(rule="runs"),
-    "runs, no rules": dict(rule="runs", lookup_max=16, rival_slack=None, backoff=False),  # the default before those
+    "cost": dict(),  # the default
+    "cost, prior only": dict(learn=False),
+    "cost, longest 16": dict(lookup_max=16),
+    "cost, c x 0.75": dict(scale=0.75),
+    "cost, c x 1.5": dict(scale=1.5),
+    "cost, c from 2 rows": dict(cost_rows=2),
+    "cost, c from 9 rows": dict(cost_rows=9),
+    "cost, no rival cut": dict(rival_slack=None),
+    "cost, no backoff": dict(backoff=False),
 }
 MAX_ROWS = 17
 _SPEC = SpeculationConfig()
@@ -109,9 +104,8 @@ def forward_ms(engine: TriForceEngine, context: int, repeats: int = 7) -> dict[i
     return {r: sorted(v)[len(v) // 2] * 1e3 for r, v in times.items()}
 
 
-def replay(turns: list[dict], cost: dict[int, float], rule: str = "cost", rival_slack: int | None = RIVAL_SLACK,
-           backoff: bool = _SPEC.lookup_backoff, lookup_start: int = _SPEC.lookup_start,
-           lookup_max: int = _SPEC.lookup_max, min_match: int = _SPEC.lookup_min_match, max_new_tokens: int = 64,
+def replay(turns: list[dict], cost: dict[int, float], rival_slack: int | None = RIVAL_SLACK,
+           backoff: bool = _SPEC.lookup_backoff, lookup_max: int = _SPEC.lookup_max, min_match: int = _SPEC.lookup_min_match, max_new_tokens: int = 64,
            scale: float = 1.0, learn: bool = True, cost_rows: int = ROWS) -> dict:
     """Decode every turn's answer again as the loop would with these lookup settings (`SETTINGS`)."""
     price = scale * row_cost_of(cost[1], cost[cost_rows], cost_rows)
@@ -122,20 +116,15 @@ def replay(turns: list[dict], cost: dict[int, float], rule: str = "cost", rival_
         index = ContextIndex(min_match=min_match, rival_slack=rival_slack, backoff=backoff)
         index.reset(prompt)
         length = LookupLength(price, learn=learn)
-        seq, done, run = list(prompt), 0, lookup_start
+        seq, done = list(prompt), 0
         while done < len(answer):
             longest = min(lookup_max, max_new_tokens - done - 1)  # no rows past the token limit
-            if rule == "runs":
-                longest = min(longest, run)
             prop, match = index.propose(seq, longest) if longest > 0 else ([], 0)
-            if rule == "cost":
-                prop = prop[: length.take(match, len(prop))]
+            prop = prop[: length.take(match, len(prop))]
             ok = 0
             while ok < len(prop) and done + ok < len(answer) and prop[ok] == answer[done + ok]:
                 ok += 1
             length.update(match, len(prop), ok)
-            if rule == "runs" and prop and match >= min_match:  # a backoff token leaves the run as it was
-                run = min(2 * run, lookup_max) if ok == len(prop) else lookup_start
             new = answer[done : done + ok + 1]
             ms += cost[min(len(prop) + 1, MAX_ROWS)]
             rounds += 1

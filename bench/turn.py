@@ -25,7 +25,7 @@ import torch
 
 from bench.reports import write_json
 from triforce_core.serving.book import BookSession
-from triforce_core.config import GenerationConfig, SpeculationConfig, default_mode
+from triforce_core.config import DEFAULT_MODE, GenerationConfig, SpeculationConfig
 from triforce_core.documents import load_document
 from triforce_core.engine import TriForceEngine
 from triforce_core.decoding.events import Committed, Finished, Prefilled
@@ -98,7 +98,7 @@ def main(argv=None) -> int:
     for r in range(a.repeats):
         for name, (engine, session, prompt, _) in sessions.items():
             for mode in modes:
-                m = default_mode(prompt) if mode == "default" else mode
+                m = DEFAULT_MODE if mode == "default" else mode
                 config = GenerationConfig(sampling=engine.default_sampling(),
                                           speculation=SpeculationConfig(mode=m, max_new_tokens=a.max_new_tokens))
                 out = one_turn(session, a.question, config)

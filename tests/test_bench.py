@@ -17,7 +17,7 @@ from tests.helpers.models import words
 
 from bench.sweep import break_even
 from triforce_core.__main__ import main
-from triforce_core.config import RETRIEVAL_PAYS_FROM, default_mode
+from triforce_core.config import DEFAULT_MODE
 
 SMALL = SMALL_CACHE_FLAGS
 ALL_MODES = {"triforce", "retrieval", "draft", "lookup", "autoregressive", "hf-generate", "hf-assisted"}
@@ -144,5 +144,4 @@ def test_break_even_interpolates_the_crossing():
 
 def test_default_mode_is_the_measured_best():
     # No length measured so far where the retrieval level pays (document chat, 16K-64K).
-    assert RETRIEVAL_PAYS_FROM is None
-    assert default_mode(None) == default_mode(2048) == default_mode(65536) == "lookup"
+    assert DEFAULT_MODE == "lookup"

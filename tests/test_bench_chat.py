@@ -51,9 +51,7 @@ def test_a_setting_suffix_sets_that_setting_only():
     cfg = chat.make_config("lookup+gamma2-3+lookup_max-12", SamplingConfig(), 8)
     assert (cfg.speculation.gamma2, cfg.speculation.lookup_max, cfg.speculation.mode) == (3, 12, "lookup")
     cfg = chat.make_config("lookup+lookup_row_cost-0.3", SamplingConfig(), 8)  # the price of a row, set
-    assert cfg.speculation.lookup_row_cost == 0.3 and not cfg.speculation.lookup_runs
-    cfg = chat.make_config("lookup-runs+lookup_max-16", SamplingConfig(), 8)  # the rule before, as it was
-    assert cfg.speculation.lookup_runs and cfg.speculation.lookup_max == 16
+    assert cfg.speculation.lookup_row_cost == 0.3
 
 
 @pytest.mark.parametrize("argv, message", [

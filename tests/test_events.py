@@ -381,28 +381,6 @@ def test_draft_equal_to_target_accepts_everything(engine, decoded, sampling):
 LOOP_PROMPT = PROMPT[:30] * 3
 
 
-def test_lookup_runs_start_at_lookup_start_and_double_up_to_lookup_max(engine):
-    """With `lookup_runs`, each lookup run is `lookup_start` long after a miss (or at the start),
-    twice the last run after a run the target took whole, never past `lookup_max` nor the
-    tokens left. (This random target rarely takes a run whole; the doubling to the cap is the
-    same rule.) The proposal rules that shorten a run (rivals, backoff: `test_lookup.py`) are
-    off here."""
-    spec = SpeculationConfig(mode="lookup", gamma2=GAMMA2, max_new_tokens=40, ignore_eos=True, lookup_start=3,
-                             lookup_max=10, lookup_agree=False, lookup_backoff=False, lookup_runs=True)
-    events = list(engine.generate(LOOP_PROMPT, GenerationConfig(speculation=spec)))
-    runs = [(e, next(v for v in events[i + 1:] if isinstance(v, Verified)))
-            for i, e in enumerate(events) if isinstance(e, Drafted) and e.level == "lookup"]
-    assert len(runs) >= 3
-    expected, made = 3, 0
-    for drafted, verified in runs:
-        left = 40 - made - 1
-        assert len(drafted.token_ids) == min(expected, left)  # the looped prompt always has a continuation
-        whole = verified.accepted == len(drafted.token_ids)
-        expected = min(2 * expected, 10) if whole else 3
-        made += verified.accepted + 1
-    assert {len(d.token_ids) for d, _ in runs} >= {3, 6}  # a run taken whole was followed by a doubled one
-
-
 @pytest.mark.parametrize("sampling", list(SAMPLINGS))
 @pytest.mark.parametrize("mode", ["lookup", "triforce", "retrieval", "draft"])
 def test_lookup_events(engine, mode, sampling):

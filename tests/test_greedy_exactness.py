@@ -113,7 +113,6 @@ LOOKUP_COMBOS = [
     ("lookup", {"lookup_min_match": 2}),  # the backoff by single tokens, often
     ("lookup", {"lookup_row_cost": 0.0}),  # rows free: every token lookup offers
     ("lookup", {"lookup_row_cost": 0.9}),  # only where its acceptance has been near certain
-    ("lookup", {"lookup_runs": True}),  # runs that double while taken whole, not the rows' price
     ("lookup", {"lookup_row_cost": None}),  # this machine's measured price
     ("triforce", {}),  # the default: lookup runs to the target, lookup then small draft below retrieval
     ("retrieval", {}),

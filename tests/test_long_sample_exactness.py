@@ -73,11 +73,9 @@ CACHE = CacheConfig(budget=16, chunk_size=4, recent_tokens=4, draft_sinks=2, dra
 # Lookup proposals of at most 8 tokens; the rival cut and the backoff are on (defaults). Rows
 # free (lookup_row_cost 0): every token lookup finds is proposed, so long proposals are taken
 # whole, cut and partly taken. Mode `lookup priced` pays a fixed price for a row (not this
-# machine's), which cuts proposals short or drops them as this generation's misses count; mode
-# `draft` sizes them as runs instead: 2 tokens, doubling to 4, then 8.
+# machine's), which cuts proposals short or drops them as this generation's misses count.
 LOOKUP = dict(lookup_min_match=2, lookup_max=8, lookup_row_cost=0.0)
 LOOKUP_PRICED = dict(lookup_min_match=2, lookup_max=8, lookup_row_cost=0.15)
-LOOKUP_RUNS = dict(lookup_min_match=2, lookup_start=2, lookup_max=8, lookup_runs=True)
 
 # name: (temperature, top_k, speculation). 20 tokens where the small draft runs: after the
 # prefill its cache holds 2 sinks + the prompt's last 8 tokens, and it compacts (between rounds,
@@ -86,7 +84,7 @@ MODES = {
     "lookup": (1.0, 0, SpeculationConfig(mode="lookup", max_new_tokens=12, **LOOKUP)),
     "lookup priced": (1.0, 0, SpeculationConfig(mode="lookup", max_new_tokens=12, **LOOKUP_PRICED)),
     "draft": (1.0, 0, SpeculationConfig(mode="draft", max_new_tokens=20, gamma2=3, draft_confidence=0.6,
-                                        adaptive_gamma=False, **LOOKUP_RUNS)),
+                                        adaptive_gamma=False, **LOOKUP)),
     "retrieval": (0.7, 12, SpeculationConfig(mode="retrieval", max_new_tokens=12, gamma2=3, **LOOKUP)),
     "triforce": (0.7, 0, SpeculationConfig(mode="triforce", max_new_tokens=20, gamma1=2, gamma2=4,
                                            draft_confidence=0.6, **LOOKUP)),
@@ -101,7 +99,7 @@ PATHS = {
     "lookup": LOOKUP_PATHS,
     "lookup priced": ("lookup run cut by the target", "rival cut", "lookup backoff",
                       "lookup proposal cut by its price", "lookup proposal dropped by its price"),
-    "draft": LOOKUP_PATHS + ("lookup run doubled",) + GATE_PATHS + ("draft cache compacted",
+    "draft": LOOKUP_PATHS + GATE_PATHS + ("draft cache compacted",
                                                                     "draft token accepted by target",
                                                                     "draft token rejected by target"),
     "retrieval": LOOKUP_PATHS + ("sparse refresh", "retrieval token accepted by target",
@@ -194,7 +192,6 @@ def _count_events(events: list, spec: SpeculationConfig, counts: Counter) -> Non
                 if verdict.level == "target" and k >= 2:  # a lookup run straight to the target
                     counts["lookup run taken whole" if verdict.accepted == k else "lookup run cut by the target"] += 1
                     counts["lookup run partly taken"] += 0 < verdict.accepted < k
-                    counts["lookup run doubled"] += spec.lookup_runs and k > spec.lookup_start
             round_ = []
         else:
             round_.append(ev)

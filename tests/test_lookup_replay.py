@@ -32,7 +32,7 @@ PRICED = {r: 1.0 + ROW_COST * (r - 1) for r in range(1, lookup_replay.MAX_ROWS +
 
 
 @pytest.mark.parametrize("penalty", [1.0, 1.2])
-@pytest.mark.parametrize("setting", ["cost", "cost, no rival cut", "runs, longest 16", "runs, no rules"])
+@pytest.mark.parametrize("setting", ["cost", "cost, no rival cut", "cost, longest 16", "cost, no backoff"])
 def test_replay_counts_what_the_decoder_does(chat_engine, setting, penalty):
     """Also with a repetition penalty: greedy decoding stays deterministic, and each verification
     row is penalized by its own prefix, so a proposal is accepted up to where it leaves the
@@ -43,7 +43,7 @@ def test_replay_counts_what_the_decoder_does(chat_engine, setting, penalty):
     replayed = lookup_replay.replay(turns, PRICED, max_new_tokens=NEW, **s)
     spec = SpeculationConfig(mode="lookup", max_new_tokens=NEW, lookup_agree="rival_slack" not in s,
                              lookup_backoff=s.get("backoff", True), lookup_max=s.get("lookup_max", 8),
-                             lookup_runs=s["rule"] == "runs", lookup_row_cost=ROW_COST)
+                             lookup_row_cost=ROW_COST)
     sampling = SamplingConfig(repetition_penalty=penalty)
     rounds = proposed = accepted = 0
     for t in turns:

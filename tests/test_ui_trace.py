@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.models import words
-from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, default_mode
+from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, DEFAULT_MODE
 from triforce_core.decoding.events import ChunksSelected, Committed, Drafted, Verified
 from triforce_core.serving.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
@@ -216,7 +216,7 @@ def test_settings_are_validated_with_clear_messages():
     with pytest.raises(ConfigError, match="mode"):
         settings_from({"mode": "fast"})
     assert Settings().config() == GenerationConfig(
-        speculation=SpeculationConfig(mode=default_mode()), cache=CacheConfig()
+        speculation=SpeculationConfig(mode=DEFAULT_MODE), cache=CacheConfig()
     )
 
 

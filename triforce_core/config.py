@@ -13,23 +13,9 @@ from pathlib import Path
 MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 
 
-# Prompt length (tokens) from which TriForce's retrieval level pays for itself on this CPU: none
-# measured so far. On document chat, the workload users run (`bench.chat`, greedy, every
-# configuration answering every question in one process; the bash manual, the shipped pair,
-# docs/results.md), lookup alone against triforce (lookup in front of the retrieval level): 1.69x
-# against 1.29x autoregressive at 15K, 1.76x against 1.81x at 31K, 1.55x against 1.55x at 63K
-# (`bench/results/chat-by-context-*.json`); triforce / lookup over seven runs at 63K 0.96-1.07x,
-# at 31K 0.94-1.03x. Level at best: not a gain to switch on (and lookup alone needs no
-# retrieval cache). An explicit mode is always kept.
-RETRIEVAL_PAYS_FROM: int | None = None
+# The mode used when the user picks none (the app, `generate`, `chat`, the HTTP API): lookup
+# alone, the fastest measured on document chat at every prompt length (docs/results.md).
 DEFAULT_MODE = "lookup"
-
-
-def default_mode(prompt_tokens: int | None = None) -> str:
-    """The mode used when the user picked none: lookup alone, unless the prompt is at least
-    RETRIEVAL_PAYS_FROM tokens (then triforce, which needs no small draft by default)."""
-    pays = RETRIEVAL_PAYS_FROM is not None and prompt_tokens is not None and prompt_tokens >= RETRIEVAL_PAYS_FROM
-    return "triforce" if pays else DEFAULT_MODE
 
 
 # The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
@@ -287,13 +273,6 @@ class SpeculationConfig:
             x 1.5: 1.22x and 1.21x; the prior alone, nothing counted: 1.24x. Live (`bench.chat`,
             SmolLM2 at 6K, four sets of questions, penalty 1.2): 1.01-1.08x against 0.92-1.09x
             for the runs; greedy 1.41x against 1.43x (docs: Results)
-    lookup_runs  size lookup proposals as runs instead (the rule before): `lookup_start` tokens
-            after a miss, doubling while the target accepts all of a run, up to `lookup_max`
-    lookup_start  with lookup_runs, the first run's length after a miss. Start 4 and longest 16
-            measured on document chat (`bench.chat`, the bash manual, repeats 2, one process)
-            against the earlier 6 and 32, 2.07x against 1.90x autoregressive at 31K, 1.61x
-            against 1.53x at 63K (start 3: 2.06x, 1.58x; `bench/results/lookup-runs-*.json`,
-            where "+gamma2-N" set the start, as gamma2 did then; now "+lookup_start-N")
     lookup_max  the longest lookup proposal the target verifies in one forward. 8: in the replay
             above 1.23x against 1.21x for 16 (runs: 1.19x against 1.17x); past 8 rows a row
             costs more (SmolLM2 at 6K: 5.3 ms each up to 9 rows, 6.2 ms past them). On the demo pair
@@ -306,7 +285,7 @@ class SpeculationConfig:
             (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (docs: Results, Benchmarks)
     lookup_backoff  where the last `lookup_min_match` tokens never occurred, one token is proposed
             when every earlier occurrence of the last `lookup_min_match - 1` continues alike
-            (`lookup.ContextIndex`'s backoff; with lookup_runs it leaves the run length as it
+            (`lookup.ContextIndex`'s backoff; it leaves the run length as it
             was). On SmolLM2's document chat: +2 % replayed offline, +1 % in a live run (docs:
             Results, Benchmarks); under the rows' price both rules still pay in the replay above
             (without the rivals' cut 1.20x, without the backoff 1.22x, against 1.23x)
@@ -338,12 +317,10 @@ class SpeculationConfig:
     ignore_eos: bool = False
     lookup: bool = True
     lookup_min_match: int = 3
-    lookup_start: int = 4
     lookup_max: int = 8
     lookup_agree: bool = True
     lookup_backoff: bool = True
     lookup_row_cost: float | None = None
-    lookup_runs: bool = False
     adaptive_gamma: bool = True
     min_confidence: float = 0.0
     draft_confidence: float = 0.5
@@ -354,7 +331,6 @@ class SpeculationConfig:
         _check(self.gamma2 >= 1, f"gamma2 must be >= 1, got {self.gamma2}")
         _check(self.max_new_tokens >= 1, f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
         _check(self.lookup_min_match >= 1, f"lookup_min_match must be >= 1, got {self.lookup_min_match}")
-        _check(self.lookup_start >= 1, f"lookup_start must be >= 1, got {self.lookup_start}")
         _check(self.lookup_max >= 1, f"lookup_max must be >= 1, got {self.lookup_max}")
         _check(self.lookup_row_cost is None or 0.0 <= self.lookup_row_cost <= 10.0,
                f"lookup_row_cost must be in [0, 10] (a fraction of a step) or None (measured), got {self.lookup_row_cost}")

@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 import gradio as gr
 
 from triforce_core.config import (
+    DEFAULT_MODE,
     MODES,
     PAPER_METHOD,
     CacheConfig,
@@ -20,7 +21,6 @@ from triforce_core.config import (
     GenerationConfig,
     SamplingConfig,
     SpeculationConfig,
-    default_mode,
 )
 
 
@@ -28,7 +28,7 @@ from triforce_core.config import (
 class Settings:
     """What the settings accordion holds (defaults = the engine's defaults)."""
 
-    mode: str = default_mode()  # the measured fastest (config.default_mode)
+    mode: str = DEFAULT_MODE
     temperature: float = SamplingConfig.temperature
     top_p: float = SamplingConfig.top_p
     # An instruct model's default comes from its engine (`for_model`); 1 = off.

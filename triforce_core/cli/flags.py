@@ -11,9 +11,9 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from ..config import (DEFAULT_KV_DTYPE, GB, GGUF_KV_DTYPE, INT16_KV_MIN_HEAD, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
+from ..config import (DEFAULT_KV_DTYPE, DEFAULT_MODE, GB, GGUF_KV_DTYPE, INT16_KV_MIN_HEAD, KV_CACHE_MAX_GB, KV_DTYPES, PAPER_METHOD, CacheConfig,
                       ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig, check_exact,
-                      default_kv_cache_folder, default_mode, default_sampling, needs_draft)
+                      default_kv_cache_folder, default_sampling, needs_draft)
 
 _SPEC, _CACHE = SpeculationConfig(), CacheConfig()  # the defaults the flags show and fall back to
 _INSTRUCT = default_sampling(instruct=True)
@@ -106,11 +106,6 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
                       help="what one more verification row costs, as a fraction of a step: a lookup proposal keeps a "
                            "token while the chance that it and those before it are accepted is at least this "
                            "(default: measured once on this machine for the model, and kept)")
-    spec.add_argument("--lookup-runs", action="store_true",
-                      help="size lookup proposals as runs that start at --lookup-start and double while accepted, "
-                           "not by the price of a row (the rule before)")
-    spec.add_argument("--lookup-start", type=int, default=_SPEC.lookup_start,
-                      help=f"with --lookup-runs: the first run after a miss (default {_SPEC.lookup_start})")
     spec.add_argument("--lookup-max", type=int, default=_SPEC.lookup_max,
                       help=f"longest lookup proposal per target forward (default {_SPEC.lookup_max})")
     spec.add_argument(
@@ -228,19 +223,18 @@ def add_models_dir_arg(parser) -> None:
         help="weights of the loaded models at most, in GB (default: half the machine's memory)")
 
 
-def configs(args, has_draft: bool, prompt_tokens: int | None = None, defaults=None):
-    """The generation config of the flags; without --mode, the default for `prompt_tokens`
-    (`config.default_mode`: the measured best); sampling flags not given come from `defaults`
-    (the model's `default_sampling()`; None: `SamplingConfig()`)."""
-    mode = args.mode or default_mode(prompt_tokens)
+def configs(args, has_draft: bool, defaults=None):
+    """The generation config of the flags; without --mode, `config.DEFAULT_MODE`; sampling flags
+    not given come from `defaults` (the model's `default_sampling()`; None: `SamplingConfig()`)."""
+    mode = args.mode or DEFAULT_MODE
     given = {k: getattr(args, k) for k in SAMPLING_FLAGS if getattr(args, k, None) is not None}
     config = GenerationConfig(
         sampling=replace(defaults or SamplingConfig(), seed=args.seed, **given),
         speculation=SpeculationConfig(
             mode=mode, gamma1=args.gamma1, gamma2=args.gamma2, max_new_tokens=args.max_new_tokens,
-            ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup", lookup_start=args.lookup_start,
+            ignore_eos=args.ignore_eos, lookup=args.lookup or mode == "lookup",
             lookup_max=args.lookup_max, lookup_min_match=args.lookup_min_match, lookup_agree=args.lookup_agree,
-            lookup_backoff=args.lookup_backoff, lookup_row_cost=args.lookup_row_cost, lookup_runs=args.lookup_runs,
+            lookup_backoff=args.lookup_backoff, lookup_row_cost=args.lookup_row_cost,
             min_confidence=args.min_confidence, **_paper_levels(args),
         ),
         cache=CacheConfig(

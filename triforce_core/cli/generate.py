@@ -51,8 +51,6 @@ def cmd_generate(args) -> int:
     check_flags(args)
     engine, config = load_engine(args)
     prompt = _read_prompt(args, engine)
-    if args.mode is None:  # the default mode depends on the prompt's length
-        config = configs(args, engine.draft is not None, len(prompt), defaults=engine.default_sampling())
     if args.inspect and not args.json:
         raise UsageError("--inspect needs --json (the checks are printed in the JSON object)")
     if args.json or args.num_samples > 1:

@@ -19,9 +19,7 @@ sequence's last tokens recur in the context, the round is a lookup run straight 
 middle level the lookup stands in front of the small draft. A lookup proposal to the target
 keeps a token while the chance that it and the tokens before it are accepted pays for its
 verification row (`schedule.LookupLength`, at this machine's price of a row, `row_cost.py`):
-where the text is copied, long proposals; where copies are rare, plain steps. (With
-`lookup_runs`, runs of `lookup_start` tokens that double, up to `lookup_max`, while the target
-accepts all of it.)
+where the text is copied, long proposals; where copies are rare, plain steps.
 
 The middle level of TriForce verifies the small draft exactly (residual resampling), so each
 token it emits follows the retrieval level's law p_mid given its prefix; that law is what the
@@ -137,7 +135,7 @@ class SpeculationLoop(Prefill):
         # What one more verification row costs, in steps: lookup's proposals are cut where their
         # tokens stop paying for it (`schedule.LookupLength`). Measured once per machine and model.
         self.row_cost = None
-        if self.lookup is not None and not spec.lookup_runs:
+        if self.lookup is not None:
             self.row_cost = spec.lookup_row_cost
             if self.row_cost is None:
                 self.row_cost = measured_row_cost(target, self.kv_dtype)
@@ -241,10 +239,8 @@ class SpeculationLoop(Prefill):
         follow = capture and cc.select_by == "attention"
         self._mass = None
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
-        # How much of a lookup proposal the target verifies: what pays for its rows, or (lookup_runs)
-        # a run that doubles while the target takes it all.
+        # How much of a lookup proposal the target verifies: what pays for its rows.
         length = LookupLength(self.row_cost) if self.row_cost is not None else None
-        run = spec.lookup_start
         schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
         while True:
@@ -254,8 +250,6 @@ class SpeculationLoop(Prefill):
             #    verify one another on the way).
             prop = Proposal([], None, [])
             longest = min(spec.lookup_max, spec.max_new_tokens - len(new_levels) - 1)  # no rows past the end
-            if spec.lookup_runs:
-                longest = min(longest, run)
             if self.lookup is not None and longest > 0:
                 prop = self.lookup.propose(longest, committed, [], events, length)
             from_lookup = bool(prop.tokens)
@@ -296,8 +290,6 @@ class SpeculationLoop(Prefill):
                     recent_acc.append(r.accepted / len(prop.tokens))
             if from_lookup and length is not None:
                 length.update(self.lookup.match, len(prop.tokens), r.accepted)
-            elif from_lookup and not self.lookup.backed_off:  # a back-off token leaves the runs as they were
-                run = min(2 * run, spec.lookup_max) if r.accepted == len(prop.tokens) else spec.lookup_start
             elif not from_lookup and self.proposer is not None:
                 schedule.update(len(prop.tokens), r.accepted)
             if probe is not None and probe.layers:  # rows of the committed positions only

@@ -72,7 +72,6 @@ class Lookup:
         self.index = ContextIndex(min_match=min_match, rival_slack=RIVAL_SLACK if agree else None, backoff=backoff)
         self.seconds = 0.0
         self.calls = 0
-        self.backed_off = False  # the last proposal: one token by the shorter context (`ContextIndex.backoff`)
         self.match = 0  # the last proposal's backward match (`ContextIndex.propose`)
 
     def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event],
@@ -82,7 +81,6 @@ class Lookup:
         tokens, self.match = self.index.propose(committed + spec if spec else committed, n)
         if length is not None:
             tokens = tokens[: length.take(self.match, len(tokens))]
-        self.backed_off = bool(tokens) and self.match < self.index.min_match
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         if tokens:

@@ -42,7 +42,7 @@ from fastapi.responses import Response, StreamingResponse
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect
 
-from ...config import DEFAULT_MODE, DRAFT_MODES, ConfigError, GenerationConfig, SamplingConfig, default_mode, needs_draft, one_line
+from ...config import DEFAULT_MODE, DRAFT_MODES, ConfigError, GenerationConfig, SamplingConfig, needs_draft, one_line
 from ...engine import ContextLengthError, TriForceEngine
 from ...models.loading import ModelLoadError
 from ...prompting import render_prompt
@@ -90,7 +90,7 @@ class ChatCompletionsAPI:
         self.model_name = model_name
         self.served_models = models  # None: `engine` is the only model
         self.base = base_config or GenerationConfig()
-        self.mode = mode  # None: by prompt length (`default_mode`), the measured best
+        self.mode = mode  # None: `config.DEFAULT_MODE`
         self.created = int(time.time())
         self.served = 0
         self.metrics = metrics or ServingMetrics()
@@ -248,7 +248,7 @@ class ChatCompletionsAPI:
         """Prompt ids and the generation settings on `engine`; a 400 for what cannot run."""
         _, prompt = render_prompt(engine.tokenizer, req.messages)
         spec = self.base.speculation
-        mode = req.mode or self.mode or default_mode(len(prompt))
+        mode = req.mode or self.mode or DEFAULT_MODE
         if engine.draft is None and mode in DRAFT_MODES:
             if req.mode:  # asked for: refused, naming the modes this model runs
                 raise ApiError(400, needs_draft(mode), param="triforce.mode")
