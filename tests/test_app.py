@@ -21,12 +21,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.page import (ACCEPTANCE_ROWS, CHROMIUM, FOOTER, SAMPLE, assert_answer_figures, document_text,
+                                last_answer_tokens, number, open_page, shown_gauge, shown_stats, status, wait_status,
+                                watch_status)
 from tests.helpers.servers import at_once, free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
-SAMPLE = ROOT / "assets" / "sample" / "python-tutorial-classes.txt"
 SHOTS = ROOT / "artifacts" / "screenshots"
-CHROMIUM = "/usr/bin/chromium"
 MAX_NEW = 40
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
 OVER = WINDOW // 9000 + 1  # copies of the sample (about 9,400 tokens each) that exceed the window
@@ -237,42 +238,8 @@ def page(server):
         browser.close()
 
 
-def open_page(playwright, url: str, timeout_ms: int):
-    """Headless Chromium (Debian's) on the app at `url`, once its Send button is there: (browser, page)."""
-    browser = playwright.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-    pg = browser.new_page(viewport={"width": 1500, "height": 1100})
-    pg.set_default_timeout(timeout_ms)
-    pg.goto(url)
-    pg.wait_for_selector("#tf-send")
-    return browser, pg
-
-
 def shot(page, name: str) -> None:
     page.screenshot(path=str(SHOTS / f"{name}.png"), full_page=True)
-
-
-def status(page) -> str:
-    return page.inner_text("#tf-status")
-
-
-def wait_status(page, *needles: str, timeout: float = 240) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        s = status(page)
-        if any(n in s for n in needles):
-            return s
-        time.sleep(0.1)
-    raise AssertionError(f"status never showed {needles}; it shows: {status(page)!r}")
-
-
-def watch_status(page) -> None:
-    """From now on record every text the status line shows (`window.tfStatuses`), however briefly."""
-    page.evaluate("""() => {
-        const el = document.querySelector('#tf-status');
-        window.tfStatuses = [el.innerText];
-        new MutationObserver(() => window.tfStatuses.push(el.innerText))
-            .observe(el, {subtree: true, childList: true, characterData: true});
-    }""")
 
 
 def ask(page, question: str) -> None:
@@ -306,10 +273,6 @@ def ensure_answer(page) -> None:
         wait_status(page, "tok/s", "rror")
 
 
-def last_answer_tokens(page):
-    return page.locator(".tf-assistant").last.locator(".tf-tok")
-
-
 # -- the figures on the page against the engine's own -----------------------------------------------
 #
 # What the page shows of an answer is checked against the engine's statistics for the same
@@ -317,21 +280,8 @@ def last_answer_tokens(page):
 # acceptance), and each token count against the engine's tokenizer: nothing here is computed by
 # the UI's code. Two runs' timings differ, so a speed is checked against the test's own clock.
 
-FOOTER = re.compile(
-    r"(?P<mode>\w+) · (?P<tokens>\d+) tokens at (?P<speed>[\d.]+) tok/s"
-    r"(?P<note> \(not counting (?P<waited>[\d.]+) s waiting for Step\))? · "
-    r"(?:prefill (?P<prefill>[\d,]+) tokens in [\d.]+s(?:, (?P<reused>[\d,]+) reused(?: \([\d,]+ from disk\))?)? · )?"
-    r"mean accepted (?P<mean>[\d.]+)(?: · acceptance (?P<acceptance>.+))?")
-PREFILL_ROW = re.compile(r"(?P<prefill>[\d,]+) tokens in [\d.]+s \((?P<reused>[\d,]+) reused(?:, [\d,]+ of them from disk)?\)")
-GAUGE = re.compile(r"document (?P<document>[\d,]+)(?: read of its (?P<book>[\d,]+))? \+ conversation "
-                   r"(?P<conversation>[\d,]+) of (?P<window>[\d,]+) tokens")
 DOCINFO = re.compile(r"(?P<name>.+?) · (?P<format>\w+) · (?P<chars>[\d,]+) characters · (?P<tokens>[\d,]+) tokens"
                      r"(?P<over>, over the context window)?")
-ACCEPTANCE_ROWS = {"retrieval": "acceptance, lookup / small draft → retrieval", "target": "acceptance, proposals → target"}
-
-
-def number(text: str | None) -> int:
-    return int((text or "0").replace(",", ""))
 
 
 @functools.cache
@@ -380,19 +330,6 @@ def engine_answer(server):
     return answer
 
 
-def shown_stats(page) -> dict[str, str]:
-    """The statistics table: figure -> value."""
-    return dict(page.locator("#tf-stats tr").evaluate_all(
-        "rows => rows.map(r => [r.querySelector('th').innerText, r.querySelector('td').innerText])"))
-
-
-def shown_gauge(page) -> re.Match:
-    text = page.inner_text("#tf-gauge")
-    found = GAUGE.search(text)
-    assert found, text
-    return found
-
-
 def shown_docinfo(page) -> re.Match:
     text = page.inner_text("#tf-docinfo").strip()
     found = DOCINFO.fullmatch(text)
@@ -404,38 +341,6 @@ def assert_docinfo(page, text: str, tokens: int, over: bool = False) -> None:
     """The document line gives the characters of `text` (the document as loaded) and `tokens`."""
     info = shown_docinfo(page)
     assert (number(info["chars"]), number(info["tokens"]), bool(info["over"])) == (len(text), tokens, over), info[0]
-
-
-def assert_answer_figures(page, reply: dict) -> re.Match:
-    """The last answer's figures (its tokens, the statistics table, the status line and the
-    answer's footer) are those of `reply`, the engine's for the same conversation; the speed
-    shown is the same in each place. Returns the footer's fields."""
-    usage, truth = reply["usage"], reply["triforce"]
-    tokens = usage["completion_tokens"]
-    per_forward = f"{truth['tokens_per_target_forward']:.2f}"
-    acceptance = {level: f"{v:.2f}" for level, v in truth["acceptance"].items()}
-    # the same answer, token for token
-    shown = last_answer_tokens(page).evaluate_all("els => els.map(e => e.textContent)")
-    assert ("".join(shown), len(shown)) == (reply["choices"][0]["message"]["content"], tokens)
-
-    rows = shown_stats(page)
-    assert rows["mode"] == truth["mode"] and rows["tokens"] == str(tokens), rows
-    assert rows["mean accepted length"] == f"{per_forward} tokens per target forward", rows
-    assert {k: v for k, v in rows.items() if k.startswith("acceptance")} == {
-        ACCEPTANCE_ROWS[level]: v for level, v in acceptance.items()}, rows
-    prefill = PREFILL_ROW.fullmatch(rows["prefill"])
-    assert prefill and number(prefill["prefill"]) + number(prefill["reused"]) == usage["prompt_tokens"], rows
-
-    line = status(page).strip()
-    assert page.locator(".tf-assistant").last.locator(".tf-foot").inner_text().strip() == line
-    footer = FOOTER.fullmatch(line)
-    assert footer, line
-    assert (footer["mode"], int(footer["tokens"]), footer["mean"]) == (truth["mode"], tokens, per_forward), line
-    # no acceptance where nothing was proposed (lookup found no match in the context)
-    assert dict(pair.rsplit(" ", 1) for pair in (footer["acceptance"] or "").split(", ") if pair) == acceptance, line
-    assert number(footer["prefill"]) + number(footer["reused"]) == usage["prompt_tokens"], line
-    assert rows["tokens/s"] == footer["speed"] + (footer["note"] or ""), (rows, line)
-    return footer
 
 
 def assert_gauge(page, document: int, reply: dict | None = None, book: int | None = None) -> None:
@@ -460,13 +365,6 @@ def assert_panels_cleared(page) -> None:
         text = page.inner_text(panel)
         assert empty in text and not re.search(r"\d", text), text
     assert number(shown_gauge(page)["conversation"]) == 0
-
-
-def document_text(path) -> str:
-    """The text the app reads of a file (its loader's)."""
-    from triforce_core.documents import load_document
-
-    return load_document(Path(path)).text
 
 
 def test_sample_document_question_coloured_tokens_and_retrieval_map(page, engine_answer):

@@ -23,7 +23,7 @@ from tests.helpers.models import CHAT_TEMPLATE, make_hf, make_tokenizer, perturb
 from tests.helpers.servers import free_port, running_server, scrape_metrics
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.prompting import render_prompt
-from test_remote_engine import ask_on_page, in_browser  # the page in headless Chromium (skips without it)
+from tests.helpers.page import ask_on_page, in_browser  # the page in headless Chromium (skips without it)
 
 ray = pytest.importorskip("ray", reason="Ray Serve is not installed (pip install '.[cluster]'): serve --ray's "
                           "tests need a real local cluster")

@@ -22,10 +22,11 @@ import gradio as gr
 import pytest
 
 from tests.helpers.models import make_hf, words
-from tests.helpers.servers import running_server
+from tests.helpers.servers import free_port, running_server
 from tests.helpers.gguf_files import write_gguf
-from test_app import (CHROMIUM, ROOT, SAMPLE, assert_answer_figures, document_text, free_port, number, open_page, shown_gauge,
-                      wait_status, watch_status)
+from tests.helpers import ROOT
+from tests.helpers.page import (CHROMIUM, SAMPLE, assert_answer_figures, document_text, number, open_page, shown_gauge,
+                                wait_status, watch_status)
 
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
 MAX_NEW = 12

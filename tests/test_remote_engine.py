@@ -18,7 +18,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
 
 import httpx
@@ -26,7 +25,7 @@ import pytest
 
 from tests.helpers.models import chat_pair, make_hf, words
 from tests.helpers.servers import free_port, running_server, served_health, served_idle, served_pair
-from test_app import open_page  # headless Chromium on the page
+from tests.helpers.page import ask_on_page, in_browser  # the page in headless Chromium (skips without it)
 from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.decoding import events as ev
 from triforce_core.prompting import render_prompt
@@ -424,8 +423,8 @@ def test_the_page_shows_a_failure_mid_answer_in_one_line_and_goes_on(hostile):
     from ui.handlers.answers import AnswerHandlers
     from ui.handlers.documents import DocumentHandlers
     from ui.settings import SETTING_NAMES, Settings
-    from ui.views import DOCUMENT_OUTPUTS, STREAMED
     from ui.state import AppContext, SessionPool
+    from ui.views import DOCUMENT_OUTPUTS, STREAMED
 
     engine = hostile.engine(data(PROGRESS) + data({"error": {"message": "the generation failed: boom"}}))
     worker = ThreadWorker()
@@ -578,9 +577,6 @@ def test_flags_a_served_engine_decides_are_refused_not_ignored(capsys):
 
 # -- the page: `python app.py --engine URL` in headless Chromium ------------------------------------
 
-CHROMIUM = "/usr/bin/chromium"
-
-
 @pytest.fixture(scope="module")
 def app(server, tmp_path_factory):
     port = free_port()
@@ -594,55 +590,8 @@ def app(server, tmp_path_factory):
         yield {"url": url, "proc": proc, "log": log}
 
 
-def in_browser(url: str, test) -> None:
-    """`test(page)` on the page at `url` in headless Chromium, on a thread of its own: Playwright's
-    sync API refuses a thread where another test module's browser still runs its event loop."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    failed: list[BaseException] = []
-
-    def run():
-        try:
-            with sync_api.sync_playwright() as p:
-                browser, pg = open_page(p, url, 240_000)
-                try:
-                    test(pg)
-                finally:
-                    browser.close()
-        except BaseException as e:  # noqa: BLE001 - raised again in the test's thread
-            failed.append(e)
-
-    thread = threading.Thread(target=run)
-    thread.start()
-    thread.join()
-    if failed:
-        raise failed[0]
-
-
-def wait_status(page, *needles: str, timeout: float = 240) -> str:
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        s = page.inner_text("#tf-status")
-        if any(n in s for n in needles):
-            return s
-        time.sleep(0.1)
-    raise AssertionError(f"the status never showed {needles}: {page.inner_text('#tf-status')!r}")
-
-
 def test_the_page_answers_through_the_engine_with_tokens_coloured_by_level(app, local, tmp_path):
     in_browser(app["url"], lambda page: answered(page, local, tmp_path))
-
-
-def ask_on_page(page, path, question: str) -> str:
-    """Upload `path` (words.txt), ask `question`, wait for the answer; the status line then."""
-    page.set_input_files("#tf-upload input[type=file]", str(path))
-    page.wait_for_selector("#tf-docinfo:has-text('words.txt')")
-    page.fill("#tf-message textarea", question)
-    page.click("#tf-send")
-    done = wait_status(page, "tok/s", "rror")
-    assert "triforce" in done and "tok/s" in done, done
-    return done
 
 
 def answered(page, local, tmp_path) -> None:
