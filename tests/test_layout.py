@@ -132,3 +132,34 @@ def test_the_checks_see_an_upward_import_and_a_cycle():
     assert upward(PACKAGE / "config.py", "from .models import loading\n")  # a base module reaching up
     assert cycle_in({"a": {"b"}, "b": {"a"}}) == ["a", "b", "a"]
     assert cycle_in({"a": {"b"}, "b": set()}) is None
+
+
+TESTS = ROOT / "tests"
+
+
+def imports_of_tests(text: str) -> list[str]:
+    """The test modules (and conftest) that a test file's source `text` imports, at the top or inside a function."""
+    tests = {p.stem for p in TESTS.glob("test_*.py")} | {"conftest"}
+    found = []
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            names = [node.module or ""] + [f"{node.module}.{a.name}" for a in node.names]
+        elif isinstance(node, ast.ImportFrom):  # `from .test_x import y`
+            names = [node.module or ""]
+        else:
+            continue
+        found += [n for n in names if n.removeprefix("tests.") in tests]
+    return found
+
+
+def test_no_test_module_imports_another():
+    """Tests stand alone: what several test files share lives in tests/conftest.py (fixtures) or
+    tests/helpers (plain functions, by subject); no test file or helper imports a test module or
+    conftest. Negative control: the check sees such imports."""
+    files = sorted([*TESTS.glob("*.py"), *(TESTS / "helpers").glob("*.py")])
+    found = {p.name: hits for p in files if (hits := imports_of_tests(p.read_text(encoding="utf-8")))}
+    assert not found, f"imports of test modules: {found}"
+    probe = "def f():\n    from test_layout import TESTS\nimport tests.test_layout\nfrom conftest import x\n"
+    assert sorted(imports_of_tests(probe)) == ["conftest", "test_layout", "tests.test_layout"]
