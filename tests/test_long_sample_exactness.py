@@ -151,7 +151,7 @@ class Spies:
 
     def __init__(self, monkeypatch):
         self.counts: Counter = Counter()
-        propose_lookup, propose_sampled = lookup_module.ContextIndex.propose, proposers.Sampler.propose
+        propose_lookup, propose_sampled = lookup_module.ContextIndex.propose, proposers.ModelDraft.propose
         take_length = schedule.LookupLength.take
 
         def lookup(index, seq, k):
@@ -178,7 +178,7 @@ class Spies:
             return k
 
         monkeypatch.setattr(lookup_module.ContextIndex, "propose", lookup)
-        monkeypatch.setattr(proposers.Sampler, "propose", sampled)
+        monkeypatch.setattr(proposers.ModelDraft, "propose", sampled)
         monkeypatch.setattr(schedule.LookupLength, "take", take)
 
 
@@ -330,9 +330,9 @@ def one_too_many(draft_tokens, q, p, generator):
 
 def _break_verification(monkeypatch, rule) -> None:
     """Both verifying levels use `rule`: the target's (looked up in the loop's module) and
-    TriForce's middle level (`Verifier.verify`)."""
+    TriForce's middle level (`MiddleLevel.verify`)."""
     monkeypatch.setattr(loop_module, "verify_stochastic", rule)
-    monkeypatch.setattr(proposers.Verifier, "verify", staticmethod(rule))
+    monkeypatch.setattr(proposers.MiddleLevel, "verify", staticmethod(rule))
 
 
 # The reference code's residual: on the paper's levels it moves the law of every position where

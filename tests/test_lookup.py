@@ -127,7 +127,7 @@ def test_draft_schedule_pause_is_bounded_and_fixed_schedule_never_changes():
         assert s.pause <= DraftSchedule.MAX_PAUSE
         while s.take() == 0:
             pass
-    assert s.backoff == DraftSchedule.MAX_PAUSE
+    assert s.next_pause == DraftSchedule.MAX_PAUSE
     fixed = DraftSchedule(longest=4, adaptive=False)
     for proposed, accepted in [(4, 0), (4, 2), (4, 4)]:
         fixed.update(proposed, accepted)

@@ -130,7 +130,7 @@ def test_negative_control_broken_residual_fails_with_adaptive_gamma(monkeypatch)
 
 def test_negative_control_broken_middle_level_fails(monkeypatch):
     """Only TriForce's middle level broken (exactly the reference code's bug): still detected."""
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    monkeypatch.setattr(speculation.MiddleLevel, "verify", staticmethod(broken_verify))
     p = chi2_pvalue(sample_counts("triforce", 1.0), exact_joint(1.0))
     assert p < 1e-3, f"a broken middle level was not detected (p = {p:.2e})"
 
@@ -370,11 +370,11 @@ def test_penalty_on_the_target_alone_is_still_exact(monkeypatch):
     and its tokens drawn from that q) still gives the penalised target law. The controls that
     must fail are the ones above: the target's rows from the wrong prefix, or no penalty."""
 
-    class Sampler(proposers.Sampler):
+    class ModelDraft(proposers.ModelDraft):
         def __init__(self, *args):
             super().__init__(*args[:4])  # without the decoder's penalties
 
-    monkeypatch.setattr(speculation, "Sampler", Sampler)
+    monkeypatch.setattr(speculation, "ModelDraft", ModelDraft)
     p = chi2_pvalue(penalized_counts("draft"), exact_joint_penalized(1.0))
     assert p > 1e-3, f"chi-square p = {p:.2e}"
 

@@ -19,7 +19,7 @@ from typing import Callable, Iterator, Sequence
 import torch
 
 from .config import (EXACT_DTYPE, KV_DTYPES, GenerationConfig, SamplingConfig, check_exact, default_kv_cache_folder,
-                     default_sampling)
+                     default_sampling, needs_draft)
 from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
 from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
@@ -145,7 +145,7 @@ class TriForceEngine:
     # -- generation ------------------------------------------------------------------------
     def check_prompt(self, prompt_ids: Sequence[int], config: GenerationConfig) -> None:
         """Raise ValueError/ContextLengthError for a prompt this engine cannot run with `config`."""
-        spec = config.speculation
+        speculation = config.speculation
         n = len(prompt_ids)
         if n == 0:
             raise ValueError("the prompt is empty")
@@ -153,13 +153,14 @@ class TriForceEngine:
         bad = [i for i in prompt_ids if not 0 <= int(i) < vocab]
         if bad:
             raise ValueError(f"prompt token id {bad[0]} is outside the vocabulary [0, {vocab})")
-        if n + spec.max_new_tokens > self.context_window:
+        new = speculation.max_new_tokens
+        if n + new > self.context_window:
             raise ContextLengthError(
-                f"prompt ({n} tokens) + max_new_tokens ({spec.max_new_tokens}) = {n + spec.max_new_tokens} "
+                f"prompt ({n} tokens) + max_new_tokens ({new}) = {n + new} "
                 f"exceeds the target's context window of {self.context_window} tokens"
             )
-        if spec.uses_draft_model and self.draft is None:
-            raise ValueError(f"mode {spec.mode!r} needs a small draft model (--draft)")
+        if speculation.uses_draft_model and self.draft is None:
+            raise ValueError(needs_draft(speculation.mode))
 
     def kv_dtype_for(self, config: GenerationConfig) -> torch.dtype:
         """The torch dtype the target's cache keeps K/V in under `config` (the config's
@@ -189,8 +190,8 @@ class TriForceEngine:
     @staticmethod
     def capacity_for(prompt_len: int, config: GenerationConfig) -> int:
         """Cache slots a generation of `config` needs after a prompt of `prompt_len` tokens."""
-        spec = config.speculation
-        return prompt_len + spec.max_new_tokens + spec.cache_margin
+        speculation = config.speculation
+        return prompt_len + speculation.max_new_tokens + speculation.cache_margin
 
     def _loop(self, prompt_ids: Sequence[int], config: GenerationConfig, generator) -> SpeculationLoop:
         self.check_prompt(prompt_ids, config)

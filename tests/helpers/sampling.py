@@ -129,7 +129,7 @@ def broken_verify(draft_tokens, q, p, generator):
 def break_verifier(monkeypatch) -> None:
     """Every level verifies with `broken_verify` (the negative controls)."""
     monkeypatch.setattr(speculation, "verify_stochastic", broken_verify)
-    monkeypatch.setattr(speculation.Verifier, "verify", staticmethod(broken_verify))
+    monkeypatch.setattr(speculation.MiddleLevel, "verify", staticmethod(broken_verify))
 
 
 # The selection following the target's attention, refreshed after every round: the second token

@@ -39,9 +39,9 @@ class Lane:
         self.seconds = 0.0  # time in decoding forwards (what a round costs at this level)
         self.forwards = 0
 
-    def sync(self, committed: list[int], spec: list[int]) -> None:
-        """Make the lane's path committed + spec: keep the common prefix, drop the rest."""
-        tail = committed[self.covered :] + spec
+    def sync(self, committed: list[int], speculated: list[int]) -> None:
+        """Make the lane's path committed + speculated: keep the common prefix, drop the rest."""
+        tail = committed[self.covered :] + speculated
         lcp = 0
         limit = min(len(self.fed), len(tail) - 1)  # at least one token stays pending
         while lcp < limit and self.fed[lcp] == tail[lcp]:

@@ -8,10 +8,10 @@ setting the cache length (O(1)). A *proposer* produces speculative tokens and, f
 the law each one was drawn from:
 
     autoregressive   no proposer: the target samples one token per forward
-    lookup           Lookup (context n-gram match, no model)               -> target verifies
-    draft            Sampler(draft lane)                                   -> target verifies
-    retrieval        Sampler(retrieval lane)                               -> target verifies
-    triforce         Verifier(retrieval lane, Sampler(draft lane), gamma1) -> target verifies
+    lookup           Lookup (context n-gram match, no model)                      -> target verifies
+    draft            ModelDraft(draft lane)                                       -> target verifies
+    retrieval        ModelDraft(retrieval lane)                                   -> target verifies
+    triforce         MiddleLevel(retrieval lane, ModelDraft(draft lane), gamma1)  -> target verifies
 
 With `lookup` on (the default) every speculative mode first asks the context lookup: where the
 sequence's last tokens recur in the context, the round is a lookup run straight to the target
@@ -50,7 +50,7 @@ from ..models.loading import sync_device
 from ..models.transformer import Transformer, KeyMass
 from .penalties import Penalties
 from .prefill import Prefill
-from .proposers import Counters, Lookup, Proposal, Sampler, Verifier, verified_event
+from .proposers import Counters, Lookup, MiddleLevel, ModelDraft, Proposal, verified_event
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 from .row_cost import measured_row_cost
 from .schedule import DraftSchedule, LookupLength
@@ -83,26 +83,27 @@ class SpeculationLoop(Prefill):
         `disk`: where prefilled blocks of the target's cache are read from and kept.
         `kv_dtype`: the caches' K/V dtype when the config names none (`CacheConfig.kv_dtype`;
         None: `kv.resolve_kv_dtype`'s default for each model)."""
-        spec, cc = config.speculation, config.cache
-        if spec.uses_draft_model and draft is None:
-            raise ValueError(needs_draft(spec.mode))
+        speculation, cc = config.speculation, config.cache
+        if speculation.uses_draft_model and draft is None:
+            raise ValueError(needs_draft(speculation.mode))
         self.target, self.draft, self.config = target, draft, config
-        self.eos_ids = frozenset() if spec.ignore_eos else eos_ids
+        self.eos_ids = frozenset() if speculation.ignore_eos else eos_ids
         self.generator = generator
         self.disk = disk
         self.detokenize = detokenize
-        ts = target.spec
+        shape = target.spec
         vocab = target.vocab_size
-        margin = self.margin = spec.cache_margin
+        margin = self.margin = speculation.cache_margin
         kv_name = cc.kv_dtype or kv_dtype
-        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized, ts.head_dim,
+        self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized, shape.head_dim,
                                          cc.chunk_size)
         if self.kv_dtype == INT16:
-            check_int16(ts.head_dim, cc.chunk_size)
+            check_int16(shape.head_dim, cc.chunk_size)
         if full_cache is not None and full_cache.dtype != self.kv_dtype:
             full_cache, history = None, None
         if full_cache is None:
-            full = new_full_cache(ts.num_layers, ts.num_kv_heads, ts.head_dim, capacity, self.kv_dtype, target.device)
+            full = new_full_cache(shape.num_layers, shape.num_kv_heads, shape.head_dim, capacity, self.kv_dtype,
+                                  target.device)
         else:
             full = full_cache
             full.make_room(capacity)
@@ -114,14 +115,15 @@ class SpeculationLoop(Prefill):
         self.counters = Counters()
         self.retrieval: RetrievalLane | None = None
         self.small: StreamingLane | None = None
-        if spec.uses_retrieval:
+        if speculation.uses_retrieval:
             room = max(cc.refresh_every, 64) + margin
             rcache = RetrievalCache(full, cc.budget, cc.chunk_size, cc.recent, room)
             self.retrieval = RetrievalLane(target, rcache, vocab)
-        if spec.uses_draft_model:
-            ds = draft.spec
+        if speculation.uses_draft_model:
+            draft_shape = draft.spec
             scache = StreamingCache(
-                ds.num_layers, ds.num_kv_heads, ds.head_dim, cc.draft_sinks, cc.draft_window, margin,
+                draft_shape.num_layers, draft_shape.num_kv_heads, draft_shape.head_dim, cc.draft_sinks,
+                cc.draft_window, margin,
                 # an int16 target cache leaves the draft its default: a StreamingLLM window re-rotates
                 # its keys, which float K/V do in one rounding
                 draft.rotary, resolve_kv_dtype(None if kv_name == "int16" else kv_name, draft.dtype, draft.device,
@@ -131,22 +133,23 @@ class SpeculationLoop(Prefill):
         sampling = config.sampling
         # One repetition-penalty processor for every level: each applies it to its own rows.
         self.penalties = pen = Penalties(sampling)
-        self.lookup = Lookup(spec.lookup_min_match, spec.lookup_agree, spec.lookup_backoff) if spec.uses_lookup else None
+        self.lookup = (Lookup(speculation.lookup_min_match, speculation.lookup_agree, speculation.lookup_backoff)
+                       if speculation.uses_lookup else None)
         # What one more verification row costs, in steps: lookup's proposals are cut where their
         # tokens stop paying for it (`schedule.LookupLength`). Measured once per machine and model.
         self.row_cost = None
         if self.lookup is not None:
-            self.row_cost = spec.lookup_row_cost
+            self.row_cost = speculation.lookup_row_cost
             if self.row_cost is None:
                 self.row_cost = measured_row_cost(target, self.kv_dtype)
-        if spec.mode == "triforce":
-            lower = Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
-            self.proposer = Verifier(self.retrieval, lower, spec.gamma1, sampling, generator, self.counters, self.lookup,
-                                     spec.min_confidence, pen)
-        elif spec.mode == "retrieval":
-            self.proposer = Sampler(self.retrieval, "retrieval", sampling, generator, pen)
-        elif spec.mode == "draft":
-            self.proposer = Sampler(self.small, "draft", sampling, generator, pen, spec.draft_confidence)
+        if speculation.mode == "triforce":
+            lower = ModelDraft(self.small, "draft", sampling, generator, pen, speculation.draft_confidence)
+            self.proposer = MiddleLevel(self.retrieval, lower, speculation.gamma1, sampling, generator, self.counters,
+                                        self.lookup, speculation.min_confidence, pen)
+        elif speculation.mode == "retrieval":
+            self.proposer = ModelDraft(self.retrieval, "retrieval", sampling, generator, pen)
+        elif speculation.mode == "draft":
+            self.proposer = ModelDraft(self.small, "draft", sampling, generator, pen, speculation.draft_confidence)
         else:
             self.proposer = None
         self.prompt: list[int] = []
@@ -204,7 +207,7 @@ class SpeculationLoop(Prefill):
 
     def _reset_counters(self) -> None:
         self.counters = Counters()
-        if isinstance(self.proposer, Verifier):
+        if isinstance(self.proposer, MiddleLevel):
             self.proposer.counters = self.counters
         for lane in (self.full, self.retrieval, self.small):
             if lane is not None:
@@ -226,7 +229,7 @@ class SpeculationLoop(Prefill):
     def run(self, prefilled: Prefilled) -> Iterator[Event]:
         """Decode after `prefill`; yields Drafted/Verified/Committed/ChunksSelected, then Finished."""
         cfg = self.config
-        spec, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
+        speculation, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
         committed = self.history = list(self.prompt)  # grows in place: the caches' token record
         n_prompt = len(committed)
         self.penalties.start = n_prompt  # the answer, which the penalties count, starts here
@@ -241,7 +244,7 @@ class SpeculationLoop(Prefill):
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
         # How much of a lookup proposal the target verifies: what pays for its rows.
         length = LookupLength(self.row_cost) if self.row_cost is not None else None
-        schedule = DraftSchedule(spec.gamma2, spec.adaptive_gamma)  # draft length of the levels below
+        schedule = DraftSchedule(speculation.gamma2, speculation.adaptive_gamma)  # draft length of the levels below
         t0 = time.perf_counter()
         while True:
             events: list[Event] = []
@@ -249,7 +252,7 @@ class SpeculationLoop(Prefill):
             #    for their rows, else the levels below the target (lower levels first; they
             #    verify one another on the way).
             prop = Proposal([], None, [])
-            longest = min(spec.lookup_max, spec.max_new_tokens - len(new_levels) - 1)  # no rows past the end
+            longest = min(speculation.lookup_max, speculation.max_new_tokens - len(new_levels) - 1)  # no rows past the end
             if self.lookup is not None and longest > 0:
                 prop = self.lookup.propose(longest, committed, [], events, length)
             from_lookup = bool(prop.tokens)
@@ -297,7 +300,7 @@ class SpeculationLoop(Prefill):
             new = prop.tokens[: r.accepted] + [r.token]
             levels = prop.levels[: r.accepted] + ["target"]
             # 4. Stop conditions: EOS (kept in the output) and the token limit.
-            room = spec.max_new_tokens - len(new_levels)
+            room = speculation.max_new_tokens - len(new_levels)
             for i, t in enumerate(new[:room]):
                 if t in self.eos_ids:
                     new, levels, stop_reason = new[: i + 1], levels[: i + 1], "eos"
@@ -306,7 +309,7 @@ class SpeculationLoop(Prefill):
                 new, levels = new[:room], levels[:room]
             committed += new
             new_levels += levels
-            done = stop_reason == "eos" or len(new_levels) >= spec.max_new_tokens
+            done = stop_reason == "eos" or len(new_levels) >= speculation.max_new_tokens
             # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
             events.append(Committed(tuple(new), tuple(levels), detok.push_text(new) if detok else ""))
             # 5. Every lane rolls back to the committed sequence (O(1) per cache).
@@ -350,7 +353,7 @@ class SpeculationLoop(Prefill):
                 committed_by_level=by_level,
                 refreshes=refreshes,
                 stop_reason=stop_reason,
-                mode=spec.mode,
+                mode=speculation.mode,
                 reused_tokens=prefilled.reused_tokens,
                 disk_tokens=prefilled.disk_tokens,
                 acceptance_by_proposer=pair_acc,

@@ -53,14 +53,14 @@ class Penalties:
     def active(self) -> bool:
         return self.repetition != 1.0 or self.frequency != 0.0 or self.presence != 0.0
 
-    def __call__(self, logits: torch.Tensor, committed: Sequence[int], spec: Sequence[int] = (),
+    def __call__(self, logits: torch.Tensor, committed: Sequence[int], speculated: Sequence[int] = (),
                  extra: Sequence[int] = ()) -> torch.Tensor:
-        """logits [R, V]: row r predicts the token after committed + spec + extra[:r] -> processed [R, V].
+        """logits [R, V]: row r predicts the token after committed + speculated + extra[:r] -> processed [R, V].
 
         (The parts come apart so that nothing is copied when no penalty is on.)"""
         if not self.active:
             return logits
-        answer = list(committed[self.start :]) + list(spec)
+        answer = list(committed[self.start :]) + list(speculated)
         return penalize(logits, answer, list(extra), self.repetition, self.frequency, self.presence)
 
 

@@ -145,14 +145,14 @@ class Prefill:
 
     def _select(self, queries: torch.Tensor | None) -> None:
         if queries is None:  # a one-token prompt: nothing is cached, the selection is empty
-            ts = self.target.spec
-            queries = torch.zeros(ts.num_layers, ts.num_heads, ts.head_dim, device=self.target.device)
+            shape = self.target.spec
+            queries = torch.zeros(shape.num_layers, shape.num_heads, shape.head_dim, device=self.target.device)
         sel = self.retrieval.reselect(queries, self.prompt)
         self.selection_event = self._selection_event(sel, 0)
 
     def _selection_event(self, sel, step: int) -> ChunksSelected:
         spans = sel.spans()
-        ts = self.target.spec
+        shape = self.target.spec
         return ChunksSelected(
             step=step,
             chunk_size=sel.chunk_size,
@@ -160,6 +160,6 @@ class Prefill:
             scores_or_counts=tuple(n for _, _, n in spans),
             context_tokens=sel.upto,
             budget=self.config.cache.budget,
-            heads_total=ts.num_layers * ts.num_kv_heads,
+            heads_total=shape.num_layers * shape.num_kv_heads,
             dense=sel.dense,
         )

@@ -1,11 +1,11 @@
 """Proposers: what drafts tokens for the level above to verify, with the law each was drawn from.
 
     lookup      Lookup (context n-gram match, no model): point masses
-    draft       Sampler(draft lane)
-    retrieval   Sampler(retrieval lane)
-    triforce    Verifier(retrieval lane, Sampler(draft lane), gamma1): TriForce's middle level
+    draft       ModelDraft(draft lane)
+    retrieval   ModelDraft(retrieval lane)
+    triforce    MiddleLevel(retrieval lane, ModelDraft(draft lane), gamma1): TriForce's middle level
 
-Each has `propose(n, committed, spec, events) -> Proposal` and `commit(committed)`; the model
+Each has `propose(n, committed, speculated, events) -> Proposal` and `commit(committed)`; the model
 proposers also have `inspect` (set by the decoder): when on, greedy proposals carry their laws
 (softmax at temperature 1) and the middle level's `Verified` events carry `TokenCheck`s. The middle
 level verifies what the levels below propose exactly (residual resampling), so each token it
@@ -74,11 +74,11 @@ class Lookup:
         self.calls = 0
         self.match = 0  # the last proposal's backward match (`ContextIndex.propose`)
 
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event],
+    def propose(self, n: int, committed: list[int], speculated: list[int], events: list[Event],
                 length: LookupLength | None = None) -> Proposal:
         """Up to n tokens; `length` (the target's price of a row) cuts them where they stop paying."""
         t0 = time.perf_counter()
-        tokens, self.match = self.index.propose(committed + spec if spec else committed, n)
+        tokens, self.match = self.index.propose(committed + speculated if speculated else committed, n)
         if length is not None:
             tokens = tokens[: length.take(self.match, len(tokens))]
         self.seconds += time.perf_counter() - t0
@@ -91,8 +91,9 @@ class Lookup:
         self.index.extend(committed[len(self.index.tokens) :])
 
 
-class Sampler:
-    """Proposes up to n tokens by sampling its lane autoregressively (or argmax when greedy).
+class ModelDraft:
+    """A model lane as a draft (the small draft, or the retrieval level drafting for the target):
+    up to n tokens sampled from its lane autoregressively (argmax when greedy).
 
     With `min_confidence`, the proposal stops before the first token whose law gives no token at
     least that probability: an unsure token would mostly be rejected, and each proposed token
@@ -110,11 +111,11 @@ class Sampler:
         self.penalties = penalties or NO_PENALTIES  # the loop's, shared by every level
         self.inspect = False
 
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
-        self.lane.sync(committed, spec)
+    def propose(self, n: int, committed: list[int], speculated: list[int], events: list[Event]) -> Proposal:
+        self.lane.sync(committed, speculated)
         tokens: list[int] = []
         laws: list[torch.Tensor] = []
-        logits = self.penalties(self.lane.advance([])[-1:], committed, spec)[0]  # after committed + spec
+        logits = self.penalties(self.lane.advance([])[-1:], committed, speculated)[0]  # after both
         for i in range(n):
             if self.sampling.greedy:
                 law = greedy_law(logits) if self.inspect or self.min_confidence else None
@@ -130,7 +131,7 @@ class Sampler:
                 laws.append(law)
             tokens.append(t)
             if i < n - 1:
-                logits = self.penalties(self.lane.advance([t])[-1:], committed, spec + tokens)[0]
+                logits = self.penalties(self.lane.advance([t])[-1:], committed, speculated + tokens)[0]
         if tokens:
             events.append(Drafted(self.level, tuple(tokens)))
         return Proposal(tokens, torch.stack(laws) if laws else None, [self.level] * len(tokens))
@@ -139,8 +140,9 @@ class Sampler:
         self.lane.commit(committed)
 
 
-class Verifier:
-    """TriForce's middle level: the retrieval lane verifies what the levels below propose.
+class MiddleLevel:
+    """TriForce's middle level: the retrieval lane verifies what the levels below it propose, and
+    proposes what it emitted to the target.
 
     Below it: the context lookup where the sequence's end recurs (its whole remaining run), else
     the small draft (gamma1 tokens, fewer where its confidence gate stops it); where neither
@@ -154,7 +156,7 @@ class Verifier:
     def __init__(
         self,
         lane: RetrievalLane,
-        lower: Sampler,
+        lower: ModelDraft,
         gamma1: int,
         sampling: SamplingConfig,
         generator: torch.Generator | None,
@@ -184,24 +186,24 @@ class Verifier:
         self._inspect = on
         self.lower.inspect = on
 
-    def _lower_proposal(self, room: int, committed, spec, events) -> Proposal:
+    def _lower_proposal(self, room: int, committed, speculated, events) -> Proposal:
         if self.lookup is not None:
-            d = self.lookup.propose(room, committed, spec, events)
+            d = self.lookup.propose(room, committed, speculated, events)
             if d.tokens:
                 return d
-        return self.lower.propose(min(self.gamma1, room), committed, spec, events)
+        return self.lower.propose(min(self.gamma1, room), committed, speculated, events)
 
-    def propose(self, n: int, committed: list[int], spec: list[int], events: list[Event]) -> Proposal:
+    def propose(self, n: int, committed: list[int], speculated: list[int], events: list[Event]) -> Proposal:
         tokens: list[int] = []
         levels: list[str] = []
         laws: list[torch.Tensor] = []
         while len(tokens) < n:
             # 1. The lower levels propose: a lookup run, gamma1 small-draft tokens, or nothing.
-            d = self._lower_proposal(n - len(tokens), committed, spec + tokens, events)
+            d = self._lower_proposal(n - len(tokens), committed, speculated + tokens, events)
             # 2. The retrieval level scores them in one forward: rows predict d_1..d_g and a bonus.
-            self.lane.sync(committed, spec + tokens)
+            self.lane.sync(committed, speculated + tokens)
             logits = self.lane.advance(d.tokens)  # [g + 1, V]
-            logits = self.penalties(logits, committed, spec + tokens, d.tokens)  # row i: its own prefix
+            logits = self.penalties(logits, committed, speculated + tokens, d.tokens)  # row i: its own prefix
             # 3. Exact verification against p_mid (a lookup's law is a point mass: d.laws None).
             if self.sampling.greedy:
                 r = verify_greedy(d.tokens, logits)

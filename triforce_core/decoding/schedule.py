@@ -22,7 +22,7 @@ class DraftSchedule:
 
     def __init__(self, longest: int, adaptive: bool):
         self.longest, self.adaptive = longest, adaptive
-        self.length, self.pause, self.backoff = longest, 0, 1
+        self.length, self.pause, self.next_pause = longest, 0, 1
 
     def take(self) -> int:
         """The draft length of this round."""
@@ -36,10 +36,10 @@ class DraftSchedule:
         if not self.adaptive or proposed == 0:
             return
         if accepted == 0:
-            self.length, self.pause = 1, self.backoff
-            self.backoff = min(2 * self.backoff, self.MAX_PAUSE)
+            self.length, self.pause = 1, self.next_pause
+            self.next_pause = min(2 * self.next_pause, self.MAX_PAUSE)
             return
-        self.backoff = 1
+        self.next_pause = 1
         self.length = min(self.longest, proposed + 1) if accepted == proposed else accepted
 
 
