@@ -4,8 +4,7 @@ For each cache length and row count (1 row: a decoding step; 7: a verification o
 tokens and the bonus), the attention of one layer of the demo target (4 KV heads of 64) as the
 model runs it (`attention.attend`, causal among the new rows), with the kernel on and off
 (PyTorch's path: two matrix products up to 8 rows, two flash passes past that), alternated,
-medians (and, over 16-bit K/V where AMX's tiles run, the kernel on them: `tiles`); with the
-bytes of K/V each reads and the memory's measured bandwidth, so each time
+medians; with the bytes of K/V each reads and the memory's measured bandwidth, so each time
 stands against its roofline. With `--kv-dtypes`, the same for each K/V dtype (a row each), every
 dtype's calls alternated with the others' (PyTorch's path widens 16-bit K/V to float32 first).
 With `--integer`, also the same K/V as an int16 cache (`int16_kv`) read by the integer kernel
@@ -28,7 +27,7 @@ from pathlib import Path
 import torch
 
 from bench.reports import write_json
-from triforce_core.models import int16_kv, native_attention, switches
+from triforce_core.models import int16_kv, native_attention
 from triforce_core.models.attention import NATIVE_QUERY_ROWS, attend, attention_mask
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import KV_DTYPES
@@ -36,12 +35,10 @@ from triforce_core.models.roofline import measure_bandwidth
 
 
 def timed_attend(q, k, v, mask, scale, path: str) -> float:
-    """Seconds for one `attend` call on `path`: "native" (the kernel's float32 path), "tiles"
-    (the kernel on AMX's tiles) or "pytorch" (the kernel off)."""
-    with native_attention.switched(path != "pytorch"), switches.switched(native_attention.TILES_ENV, path == "tiles"):
-        t0 = time.perf_counter()
-        attend(q, k, v, mask, scale)
-        return time.perf_counter() - t0
+    """Seconds for one `attend` call on `path`: "native" (the kernel) or "pytorch" (the kernel off)."""
+    t0 = time.perf_counter()
+    attend(q, k, v, mask, scale, native=path != "pytorch")
+    return time.perf_counter() - t0
 
 
 def timed_integer(kernel, q, heads: int16_kv.Int16Heads, mask, scale, path: str) -> float:
@@ -55,19 +52,15 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
             kv_dtypes: tuple[str, ...] = ("float32",), integer: bool = False) -> dict:
     kernel = native_attention.kernel()
     if kernel is None:
-        raise SystemExit("error: the native kernel is unavailable here (no C compiler, or TRIFORCE_NATIVE_ATTENTION=0)")
+        raise SystemExit("error: the native kernel is unavailable here (no C compiler)")
     bandwidth = measure_bandwidth(torch.device("cpu"))
-    tiles_run = kernel.tiles_run()
 
     integer_paths = tuple(p for p in kernel.integer_paths() if p != "scalar") if integer else ()
     dtypes = kv_dtypes + (("int16",) if integer_paths else ())
 
     def paths(dt: str) -> tuple[str, ...]:
-        """The kernel's float32 path and PyTorch's; and the tiles where they run, over 16-bit K/V;
-        the integer kernel's vector paths over the int16 cache."""
-        if dt == "int16":
-            return integer_paths
-        return ("native", "pytorch") + (("tiles",) if tiles_run and dt != "float32" else ())
+        """The kernel's float32 path and PyTorch's; the integer kernel's vector paths over the int16 cache."""
+        return integer_paths if dt == "int16" else ("native", "pytorch")
 
     results = []
     for T in keys:
@@ -100,13 +93,9 @@ def measure(keys: list[int], rows: list[int], heads: int, head_dim: int, repeats
                 read = 2 * kv[dt][0].numel() * kv[dt][0].element_size()
                 row = {"keys": T, "rows": R, "kv_dtype": dt, "kv_bytes": read, "ms": med,
                        "floor_ms": read / (bandwidth * 1e9) * 1e3, "speedup": med["pytorch"] / med["native"]}
-                tiles = ""
-                if "tiles" in med:
-                    row["tiles_speedup"] = med["native"] / med["tiles"]
-                    tiles = f", tiles {med['tiles']:.2f} ms ({row['tiles_speedup']:.2f}x the native float32 path)"
                 results.append(row)
                 say(f"[attention] {T} keys, {R} rows, {dt} K/V: native {med['native']:.2f} ms, pytorch "
-                    f"{med['pytorch']:.2f} ms ({row['speedup']:.2f}x){tiles}; memory floor {row['floor_ms']:.2f} ms "
+                    f"{med['pytorch']:.2f} ms ({row['speedup']:.2f}x); memory floor {row['floor_ms']:.2f} ms "
                     f"({read / 1e6:.0f} MB)")
     return {"bandwidth_gb_per_s": bandwidth, "heads": heads, "head_dim": head_dim, "results": results}
 

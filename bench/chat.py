@@ -36,7 +36,7 @@ from pathlib import Path
 
 import torch
 
-from triforce_core.models import int8, native_attention, native_layers
+from triforce_core.models import int8
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.config import PAPER_METHOD, CacheConfig, ConfigError, GenerationConfig, SamplingConfig, SpeculationConfig
 from triforce_core.engine import TriForceEngine
@@ -161,17 +161,18 @@ def _answer_as(name: str, start, models=()) -> tuple[list[int], object]:
     flags = split_name(name)[1]
     one_call = Transformer.one_call
     Transformer.one_call = PER_LAYER not in flags
-    own = [m.integer_products for m in models]
+    own = [m.arithmetic for m in models]
     mode = products_of(flags)
     try:
         for m in models:
-            m.integer_products = m.integer_products if mode is None else mode
-        with native_attention.switched(PYTORCH_ATTENTION not in flags), native_layers.switched(PYTORCH_LAYERS not in flags):
-            return _answer(start(INSPECT in flags))
+            m.arithmetic = replace(m.arithmetic, products=m.arithmetic.products if mode is None else mode,
+                                   native_attention=PYTORCH_ATTENTION not in flags,
+                                   native_layers=PYTORCH_LAYERS not in flags)
+        return _answer(start(INSPECT in flags))
     finally:
         Transformer.one_call = one_call
         for m, before in zip(models, own):
-            m.integer_products = before
+            m.arithmetic = before
 
 
 class ChatBenchError(ValueError):
@@ -370,7 +371,7 @@ def run(engine: TriForceEngine, text: str, turns: list[tuple[str, str]], names: 
                         "budget": make_config(n, sampling, max_new_tokens).cache.budget,
                         "kv_dtype": str(kv[n]).removeprefix("torch."),
                         "products": int8.LEVEL_NAMES[next(m for m in (products_of(split_name(n)[1]),
-                                                                      engine.target.integer_products) if m is not None)],
+                                                                      engine.target.arithmetic.products) if m is not None)],
                         "settings": settings_of(split_name(n)[1]),
                         "row_cost": row_cost_of_config(engine, configs[n], kv[n])} for n in names},
         "results": results,

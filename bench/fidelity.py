@@ -18,30 +18,19 @@ verifications take, not the long-prefill path. The configurations:
 
     float/kv-float32   dequantize in registers, float32 products (quant_rows.c); K/V float32
     float/kv-float16   the same products; K/V float16 (today's default for GGUF files)
-    int8/kv-float16    one level (`int8.ONE_LEVEL`, llama.cpp's arithmetic): 8-bit activation rows, integer products (int8_rows.c); K/V float16
-    int8/kv-float32    the integer products; K/V float32
-    int8x2/kv-float16  two levels of 8-bit activations (a row, then its residual: ~15 bits), integer
-                       products for every type (`int8.TWO_LEVELS`); K/V float16
-    fast/kv-float16    two levels for the 256-weight types (Q4_K, Q5_K, Q6_K), the float path for
-                       the 32-weight ones (`int8.FAST`); K/V float16
     int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
                        path for the others (`int8.WIDE`); K/V float16 (the default for GGUF files)
-    int16-tiles-attention/kv-float16
-                       the same, with few-row attention on AMX's tiles where they run
-                       (TRIFORCE_ATTENTION_TILES=1, opt-in); the report says per configuration
-                       whether its attention took them (`attention_tiles`)
+    int16/kv-float32   the same products; K/V float32
     step-tiles/kv-float16
                        int16/kv-float16's activations and integers, the K types' parts summed
                        in the order steps and verifications share on AMX's tiles (`int8.STEP_TILES`)
     int16/kv-bfloat16  int16/kv-float16's products; K/V bfloat16 (8-bit significands, not 11)
-    int16-tiles-attention/kv-bfloat16
-                       the same on the tiles, which take a bfloat16 cache's elements as stored
 
 and two that read the sequence as a prefill does, in chunks of `--prefill-chunk` tokens (1,024,
 the engine's `prefill_chunk`) through the many-row path (PyTorch's attention, `Transformer._project`),
 where no step's arithmetic is kept and so no rows-vs-steps check applies:
 
-    int16-prefill/kv-float16   the 256-weight types' products as int16/kv-float16's (TRIFORCE_TILES=0)
+    int16-prefill/kv-float16   the 256-weight types' products as int16/kv-float16's (no tiles)
     tiles-prefill/kv-float16   the same integers on AMX's tiles where they run (`int8.TILES`, their
                                own order of the float sums); equal to the one above where they do not
 
@@ -54,7 +43,7 @@ given without them. Figures are pooled over all positions and per `--depth-bin` 
 
 Sanity check (asserted): for each configuration one chunk (the last whole one, the deepest) is
 also run as `--chunk` one-token steps, and the chunk's logits must equal the steps' bit for bit:
-rows equal steps on both paths (`tests/test_int8_rows.py`, `bench.cuda_exactness`), so the
+rows equal steps on both paths (`tests/test_integer_products.py`, `bench.cuda_exactness`), so the
 chunked figures are those of decoding. A report also says whether the integer configurations'
 logits differ from the float ones at all (they must, or the switch did not take).
 
@@ -81,6 +70,7 @@ import math
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -90,7 +80,8 @@ from bench.reports import write_json
 from triforce_core.cli.bench_report import load_average, machine_info
 from triforce_core.engine import TriForceEngine
 from triforce_core.kv import FullCache
-from triforce_core.models import int8, native_attention, native_layers, switches
+from triforce_core.models import int8, native_layers
+from triforce_core.models.arithmetic import EXACT
 from triforce_core.models.attention import NATIVE_QUERY_ROWS
 from triforce_core.models.gguf_file import GGUFError, is_gguf, resolve
 from triforce_core.prompting import render_prompt
@@ -99,23 +90,16 @@ from triforce_core.prompting import render_prompt
 CONFIGS = {
     "float/kv-float32": (0, torch.float32),
     "float/kv-float16": (0, torch.float16),
-    "int8/kv-float16": (int8.ONE_LEVEL, torch.float16),
-    "int8/kv-float32": (int8.ONE_LEVEL, torch.float32),
-    "int8x2/kv-float16": (int8.TWO_LEVELS, torch.float16),
-    "fast/kv-float16": (int8.FAST, torch.float16),
     "int16/kv-float16": (int8.WIDE, torch.float16),
+    "int16/kv-float32": (int8.WIDE, torch.float32),
     "int16-prefill/kv-float16": (int8.WIDE, torch.float16),
     "tiles-prefill/kv-float16": (int8.WIDE, torch.float16),
-    "int16-tiles-attention/kv-float16": (int8.WIDE, torch.float16),
     "step-tiles/kv-float16": (int8.STEP_TILES, torch.float16),
     "int16/kv-bfloat16": (int8.WIDE, torch.bfloat16),
-    "int16-tiles-attention/kv-bfloat16": (int8.WIDE, torch.bfloat16),
 }
-# The configurations whose few-row attention over float16 K/V takes AMX's tiles where they run
-# (TRIFORCE_ATTENTION_TILES=1); every other one keeps its float32 path.
-TILES_ATTENTION = {"int16-tiles-attention/kv-float16", "int16-tiles-attention/kv-bfloat16"}
-# The configurations read in a prefill's chunks, and the TRIFORCE_TILES each sets.
-PREFILL = {"int16-prefill/kv-float16": "0", "tiles-prefill/kv-float16": "1"}
+# The configurations read in a prefill's chunks, and whether each takes AMX's tiles where they run
+# (`Arithmetic.prefill_tiles`).
+PREFILL = {"int16-prefill/kv-float16": False, "tiles-prefill/kv-float16": True}
 
 
 # The figures each depth bin of the report keeps.
@@ -356,15 +340,15 @@ def main(argv: list[str] | None = None) -> int:
         tally = Tally(n)
         first_chunk = None
         t0 = time.perf_counter()
-        model.integer_products = on  # the model's own switch (`Transformer.integer_products`)
+        # the model's own arithmetic (`Transformer.arithmetic`): the configuration's products, a
+        # prefill's on the tiles where they run and the configuration asks
+        model.arithmetic = replace(EXACT, products=on, prefill_tiles=PREFILL.get(name, True) and kernel.int8.tiles())
         prefill = name in PREFILL
-        with (switches.switched(int8.TILES_ENV, PREFILL.get(name, "1")),
-              switches.switched(native_attention.TILES_ENV, name in TILES_ATTENTION)):
-            for start, logits in teacher_forced(model, ids, kv_dtype, a.prefill_chunk if prefill else chunk,
-                                                None if prefill else check_at):
-                tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
-                if first_chunk is None:
-                    first_chunk = logits.clone()
+        for start, logits in teacher_forced(model, ids, kv_dtype, a.prefill_chunk if prefill else chunk,
+                                            None if prefill else check_at):
+            tally.add(start, logits, ref[start:start + logits.shape[0]], next_ids[start:start + logits.shape[0]])
+            if first_chunk is None:
+                first_chunk = logits.clone()
         seconds = time.perf_counter() - t0
         logits_of[name] = first_chunk
         argmaxes[name] = tally.top1
@@ -375,12 +359,9 @@ def main(argv: list[str] | None = None) -> int:
             r["by_depth"].append({"from": lo, "to": hi, **{k: f[k] for k in BY_DEPTH}})
         r["integer_products"] = int8.LEVEL_NAMES[on]
         r["kv_dtype"] = str(kv_dtype).removeprefix("torch.")
-        with switches.switched(native_attention.TILES_ENV, name in TILES_ATTENTION):
-            attention = native_attention.kernel()
-            r["attention_tiles"] = kv_dtype != torch.float32 and attention is not None and attention.tiles()
         if prefill:
             r["prefill_chunk"] = a.prefill_chunk
-            r["tiles"] = PREFILL[name] == "1" and kernel.int8.tiles()
+            r["tiles"] = model.arithmetic.prefill_tiles
         else:
             r["rows_equal_steps"] = {"chunk_from": check_at, "rows": len(ids[check_at:check_at + chunk]), "bit_equal": True}
         r["seconds"] = seconds
@@ -407,15 +388,6 @@ def main(argv: list[str] | None = None) -> int:
             "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
             "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
             "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
-
-    # Few-row attention on the tiles against its float32 path, the same products otherwise.
-    for kv in ("float16", "bfloat16"):
-        a_, b_ = f"int16-tiles-attention/kv-{kv}", f"int16/kv-{kv}"
-        if {a_, b_} <= set(names):
-            results[a_]["against_float_attention"] = {
-                "first_chunk_logits_differ": not torch.equal(logits_of[a_], logits_of[b_]),
-                "first_chunk_max_abs_logit_difference": float((logits_of[a_] - logits_of[b_]).abs().max()),
-                "top1_agreement": float((argmaxes[a_] == argmaxes[b_]).double().mean())}
 
     report = {
         "target": a.target if a.target == "smollm2" else path.name,  # its name: no folder of the machine it ran on

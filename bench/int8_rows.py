@@ -4,9 +4,7 @@ For each GGML type and row count (1 row: a decoding step; 7: a verification of s
 and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (or `--matrices` of them in
 turn, so that the weights come from memory as a forward's do; scales of a trained model's
 order) through the native layers' own product (`parts_product`): float32 arithmetic
-(`csrc/quant_rows.c`, the default) and integer products over 8-bit activations
-(`csrc/int8_rows.c`, `TRIFORCE_INT8=1`), the same over two levels of 8-bit activations (a row
-and its residual, about 15 bits: `int8.TWO_LEVELS`), and, for the 256-weight types, over 16-bit
+(`csrc/quant_rows.c`, `exact`'s) and, for the 256-weight types, integer products over 16-bit
 activations (`csrc/int16_rows.c`, `int8.WIDE`) and, where AMX's integer tiles run, the same in
 the order steps and verifications share there (`int8.STEP_TILES`), calls alternated, medians (and the ratio of the
 fastest calls, which other work on a shared machine disturbs least). The header states the
@@ -67,7 +65,7 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
             say=print, matrices: int = 1) -> dict:
     layers = native_layers.kernel()
     if layers is None:
-        raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
+        raise SystemExit("error: the native layers are unavailable here (no C compiler)")
     kernels = layers.int8
     if path is not None and path not in kernels.paths():
         raise SystemExit(f"error: this processor cannot run the {int8.PATH_NAMES[path]} path")
@@ -79,9 +77,9 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
         f"medians of {repeats}")
     # the steps' order on VNNI and the tiles, where the tiles run (`int8.STEP_TILES`)
     steps = (int8.STEP_TILES,) if kernels.tiles() else ()
-    sides = (0, int8.ONE_LEVEL, int8.TWO_LEVELS, int8.WIDE) + steps
-    key = {int8.ONE_LEVEL: "int8", int8.TWO_LEVELS: "int8x2", int8.WIDE: "int16", int8.STEP_TILES: "step_tiles"}
-    suffix = {int8.ONE_LEVEL: "", int8.TWO_LEVELS: "_two_levels", int8.WIDE: "_int16", int8.STEP_TILES: "_step_tiles"}
+    sides = (0, int8.WIDE) + steps
+    key = {int8.WIDE: "int16", int8.STEP_TILES: "step_tiles"}
+    suffix = {int8.WIDE: "_int16", int8.STEP_TILES: "_step_tiles"}
     say(f"{'type':6} {'rows':>4} {'float us':>9} " + " ".join(f"{key[k] + ' us':>10}" for k in sides[1:])
         + " " + " ".join(f"{key[k]:>7}" for k in sides[1:]) + " " + " ".join(f"{key[k] + ' diff':>11}" for k in sides[1:]))
     results = []
@@ -89,8 +87,8 @@ def measure(types: list[str], rows: list[int], n_out: int, n_in: int, threads: i
         # with several, each call goes through all of them: past the caches, as a forward's weights
         ws = [random_matrix(name, n_out, n_in, seed=i) for i in range(matrices)]
         w = ws[0]
-        # 16-bit activations are for the 256-weight types; the others would time the float path again
-        timed = sides if name in K_TYPES else sides[:3]
+        # 16-bit activations are for the 256-weight types; the others take the float path alone
+        timed = sides if name in K_TYPES else sides[:1]
         for S in rows:
             x = torch.randn(S, n_in, generator=torch.Generator().manual_seed(S))
             times: dict[int, list[float]] = {side: [] for side in timed}

@@ -2,8 +2,9 @@
 
     python -m bench.kernel_ab --base REV [--target FILE.gguf] [--rows 1,7,256] [--steps 1,7]
                               [--context 4096] [--kv-dtype int16] [--prefill 2048] [--repeats 8] [--json OUT]
-    python -m bench.kernel_ab --base-env NAME=VALUE ...   (the working tree's library both sides,
-                              the base with NAME=VALUE set: TRIFORCE_TILES=0, a prefill without tiles)
+    python -m bench.kernel_ab --base-arithmetic FIELD=VALUE ...   (the working tree's library both
+                              sides, the base's models with that field of their `Arithmetic`:
+                              prefill_tiles=0, a prefill without tiles)
 
 Builds the decoder layers' library (`layers.c`) and the attention's (`few_rows.c`) from git
 revision REV's `triforce_core/models/csrc` (extracted with `git archive` into a temporary
@@ -13,7 +14,7 @@ the repetitions):
 
 - products: each projection of one layer of --target (with --from-memory: of every layer in
   turn, so that the weights come from memory) in the products mode the engine takes here
-  (`native_layers.products_mode`: the steps' order on AMX's tiles where they run; or
+  (`arithmetic.measured_default`: the steps' order on AMX's tiles where they run; or
   --products-mode, on --path), at each of --rows: milliseconds, GMAC/s, new/base, and whether
   both gave the same bits (a change of speed must not be a change of arithmetic);
 - random products: --matrices random [--shape] matrices of each of --random-types in turn (as
@@ -36,13 +37,13 @@ from __future__ import annotations
 import argparse
 import contextlib
 import ctypes
-import os
 import statistics
 import subprocess
 import sys
 import tarfile
 import tempfile
 import time
+from dataclasses import replace
 from io import BytesIO
 from pathlib import Path
 from typing import NamedTuple
@@ -56,6 +57,7 @@ from triforce_core.cli.bench_report import cpu_model
 from triforce_core.config import KV_DTYPES
 from triforce_core.kv.store import kv_dtype_name
 from triforce_core.models import int8, native_attention, native_build, native_layers
+from triforce_core.models.arithmetic import measured_default
 
 ROOT = Path(__file__).resolve().parent.parent
 CSRC = "triforce_core/models/csrc"
@@ -91,8 +93,10 @@ def use(libs: Libraries) -> None:
     native_attention._loader._loaded = libs.attention
 
 
-# Environment settings per side (`--base-env`), set around each of that side's runs.
-ENVS: dict[str, dict[str, str]] = {}
+# Fields of `Arithmetic` per side (`--base-arithmetic`), given to the timed forwards' models
+# (`MODELS`) around each of that side's runs.
+ARITHMETIC: dict[str, dict] = {}
+MODELS: list = []
 
 
 def alternate(libs: dict, repeats: int, run) -> dict[str, float]:
@@ -100,7 +104,7 @@ def alternate(libs: dict, repeats: int, run) -> dict[str, float]:
     names, times = list(libs), {n: [] for n in libs}
     for r in range(repeats + 1):
         for n in (names if r % 2 == 0 else names[::-1]):
-            with switched_env(ENVS.get(n, {})):
+            with arithmetic_of(ARITHMETIC.get(n, {})):
                 t = run(libs[n])
             if r:  # the first round warms both
                 times[n].append(t)
@@ -108,18 +112,16 @@ def alternate(libs: dict, repeats: int, run) -> dict[str, float]:
 
 
 @contextlib.contextmanager
-def switched_env(values: dict[str, str]):
-    """The environment with `values` set inside the block, as before after it."""
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+def arithmetic_of(fields: dict):
+    """`MODELS` with these fields of their arithmetic inside the block, as before after it."""
+    own = [m.arithmetic for m in MODELS]
+    for m in MODELS:
+        m.arithmetic = replace(m.arithmetic, **fields)
     try:
         yield
     finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+        for m, a in zip(MODELS, own):
+            m.arithmetic = a
 
 
 def product_rows(libs: dict, label: str, ws: list, rows: list[int], repeats: int, mode: int, say) -> list[dict]:
@@ -217,6 +219,7 @@ def steps(target: str, libs: dict, rows: list[int], context: int, repeats: int, 
     engine = load_bench(target, None).engine
     dec, _ = random_cache_decoder(engine, context, seed=1, kv_dtype=kv_dtype)
     lane = dec.full
+    MODELS.append(lane.model)
     out = []
     for S in rows:
         def run(lib):
@@ -240,6 +243,7 @@ def prefill(target: str, libs: dict, tokens: int, repeats: int, say) -> dict:
 
     engine = load_bench(target, None).engine
     model, s = engine.target, engine.target.spec
+    MODELS.append(model)
     chunk = CacheConfig().prefill_chunk
     ids = torch.randint(16, model.vocab_size, (tokens,), generator=torch.Generator().manual_seed(tokens))
     cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, tokens + 1, engine.kv_dtype_for(GenerationConfig()), model.device)
@@ -265,13 +269,14 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     side = p.add_mutually_exclusive_group(required=True)
     side.add_argument("--base", help="git revision whose csrc is the baseline")
-    side.add_argument("--base-env", metavar="NAME=VALUE",
-                      help="the baseline is the working tree's library with NAME=VALUE in the environment")
+    side.add_argument("--base-arithmetic", metavar="FIELD=VALUE",
+                      help="the baseline is the working tree's library, the forwards' models with this field of their "
+                      "Arithmetic (prefill_tiles, native_layers, native_attention: 0 or 1; products: a mode word)")
     p.add_argument("--target", default=str(Path.home() / ".cache/triforce-studio/desktop-models/llama-3.2-1b-shape.Q4_K_M.gguf"),
                    help="a GGUF file (default: the 1B shape of bench.desktop_models)")
     p.add_argument("--rows", default="1,7,256", help="row counts of the products")
     p.add_argument("--products-mode", default=None,
-                   help="the products' mode (int8.MODE_WORDS: int16, step-tiles, ...; default the engine's here)")
+                   help="the products' mode (int8.MODE_WORDS: int16, step-tiles; default the engine's here)")
     p.add_argument("--path", choices=list(int8.PATH_NAMES.values()), default=None,
                    help="force the products' vector instructions on both sides, for the forwards too (default: the "
                    "widest that runs)")
@@ -336,17 +341,20 @@ def main(argv: list[str] | None = None) -> int:
     if parse(args.attention_rows) and (args.kv_dtype or "int16") == "int16" and args.head_dim % 64:
         print("error: the integer attention needs --head-dim a multiple of 64", file=sys.stderr)
         return 2
-    if args.base_env is not None:
-        name, eq, value = args.base_env.partition("=")
-        if not eq or not name.strip():
-            print(f"error: --base-env takes NAME=VALUE, not {args.base_env!r}", file=sys.stderr)
+    if args.base_arithmetic is not None:
+        name, eq, value = (x.strip().lower() for x in args.base_arithmetic.partition("="))
+        flags = {"prefill_tiles", "native_layers", "native_attention"}
+        ok = eq and (name in flags and value in ("0", "1") or name == "products" and value in int8.MODE_WORDS)
+        if not ok:
+            print(f"error: --base-arithmetic takes FIELD=VALUE ({', '.join(sorted(flags))}=0 or 1, products=MODE), "
+                  f"not {args.base_arithmetic!r}", file=sys.stderr)
             return 2
-        ENVS["base"] = {name.strip(): value}
+        ARITHMETIC["base"] = {name: int8.MODE_WORDS[value] if name == "products" else value == "1"}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         new = load(native_layers.SOURCE, tmp / "lib-new")
         own = Libraries(native_layers.kernel(), native_attention.kernel())  # restored at the end
-        if args.base_env is not None:
+        if args.base_arithmetic is not None:
             libs = {"base": new, "new": new}
         else:
             try:
@@ -363,8 +371,8 @@ def main(argv: list[str] | None = None) -> int:
                 if lib.layers.int8.lib.int8_set_path(path) != path:
                     print(f"error: this processor cannot run the {args.path} path", file=sys.stderr)
                     return 2
-        mode = native_layers.products_mode() if mode is None else mode
-        report = {"base": args.base or f"this tree with {args.base_env}", "target": Path(args.target).name, "cpu": cpu_model(),
+        mode = measured_default().products if mode is None else mode
+        report = {"base": args.base or f"this tree with {args.base_arithmetic}", "target": Path(args.target).name, "cpu": cpu_model(),
                   "threads": torch.get_num_threads(), "mode": int8.LEVEL_NAMES[mode],
                   "path": int8.PATH_NAMES[libs["new"].layers.int8.path()], "from_memory": args.from_memory,
                   "products": products(model, libs, parse(args.rows), args.repeats, say, mode, args.from_memory)}

@@ -111,7 +111,7 @@ class KernelAttention:
         self.kernel, self.capacity, self.group = kernel, capacity, group  # group: query heads a KV head
         self.layers: dict[int, int16_kv.Int16Heads] = {}
 
-    def __call__(self, q, k, v, mask, scale, chunk=0):
+    def __call__(self, q, k, v, mask, scale, chunk=0, native=True):
         H, T, D = k.shape
         heads = self.layers.get(k.data_ptr())
         if heads is None:

@@ -19,15 +19,15 @@ rounded), a row per dtype, every dtype's forwards alternated with the others' (a
 over GGUF blocks in each mode (`triforce_core.models.int8`: the float path, two levels of 8-bit
 activations for the K types, ...), alternated likewise. With `--pages huge,small`,
 likewise every cache on 2 MB pages (`triforce_core.models.huge_pages`, the default) and on ordinary
-4 KB ones. With `--attention tiles,float`, few-row attention over a 16-bit cache on AMX's tiles
-(where they run) and on its float32 path, alternated likewise; `integer` reads each forward's
+4 KB ones. With `--attention float,integer`, few-row attention on its float32 path (the default)
+and otherwise, alternated likewise: `integer` reads each forward's
 cache through the integer attention kernel instead (`bench.kv_formats.KernelAttention`: the
 cache packed into int16 planes once, then each forward's own tokens), a layer at a time (the
 one-call forward calls the float kernel from C), what the kernel would make a forward cost before
 a cache holds its planes; `float-layers`, the float32 path a layer at a time, its control.
 
     python -m bench.level_steps [--context 16000,32000,64000] [--repeats 15] [--kv-dtypes float32,float16]
-                                [--pages huge,small] [--products 0,fast,int8] [--attention tiles,float,integer]
+                                [--pages huge,small] [--products 0,int16] [--attention float,integer]
                                 [--no-pytorch-layers] [--json OUT]
 """
 
@@ -38,6 +38,7 @@ import contextlib
 import os
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from unittest import mock
 
@@ -45,7 +46,7 @@ import torch
 
 from bench.kv_formats import KernelAttention
 from bench.reports import write_json
-from triforce_core.models import huge_pages, int8, native_attention, native_layers, switches, transformer
+from triforce_core.models import huge_pages, int8, native_attention, native_layers, transformer
 from bench.loading import load_bench
 from triforce_core.cli.bench_report import cpu_model
 from triforce_core.cli.harness import Bench
@@ -103,14 +104,14 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             pytorch_layers: bool = True, pages: tuple[str, ...] = ("huge",), products: tuple[str | None, ...] = (None,),
             attention: tuple[str | None, ...] = (None,)) -> dict:
     if native_layers.kernel() is None:
-        raise SystemExit("error: the native layers are unavailable here (no C compiler, or TRIFORCE_NATIVE_LAYERS=0)")
+        raise SystemExit("error: the native layers are unavailable here (no C compiler)")
     results, bandwidths = [], []
     paths = ("native", "pytorch") if pytorch_layers else ("native",)
     for T in contexts:
         decs = {}
         for dt in kv_dtypes:
             for pg in pages:
-                with huge_pages.switched(pg == "huge"):
+                with mock.patch.object(huge_pages, "available", lambda: False) if pg == "small" else contextlib.nullcontext():
                     decs[dt, pg] = random_cache_decoder(bench.engine, T, seed=T, kv_dtype=dt)  # the same K/V in each dtype
         spec = next(iter(decs.values()))[1].speculation
         levels = [("target", "full", 1), ("target", "full", spec.gamma2 + 1), ("retrieval", "retrieval", 1),
@@ -122,18 +123,19 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
             # measured beside each timing: on a shared machine it moves by half between minutes
             bandwidth = measure_bandwidth(torch.device("cpu"))
             bandwidths.append(bandwidth)
-            own = {v: lane.model.integer_products for v, lane in lanes.items()}
+            own = {v: lane.model.arithmetic for v, lane in lanes.items()}
             times = {(v, (pr, at), path): [] for v in decs for pr in products for at in attention for path in paths}
             readers: dict = {}  # the integer kernel's reader of each lane's cache
             for i in range(repeats + 2):
                 for v, (pr, at), path in (list(times) if i % 2 == 0 else list(times)[::-1]):
-                    lanes[v].model.integer_products = own[v] if pr is None else int8.MODE_WORDS[pr]
-                    with native_layers.switched(path == "native"), attention_switched(at, lanes[v], readers):
+                    lanes[v].model.arithmetic = replace(own[v], products=own[v].products if pr is None else int8.MODE_WORDS[pr],
+                                                        native_layers=path == "native")
+                    with attention_switched(at, lanes[v], readers):
                         t = step_seconds(lanes[v], rows)
                     if i >= 2:
                         times[v, (pr, at), path].append(t)
             for v, lane in lanes.items():
-                lane.model.integer_products = own[v]
+                lane.model.arithmetic = own[v]
             for v, (pr, at) in dict.fromkeys((v, x) for v, x, _ in times):
                 lane, pg = lanes[v], v[1]
                 model = lane.model
@@ -142,12 +144,8 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
                 med = {path: sorted(times[v, (pr, at), path])[len(times[v, (pr, at), path]) // 2] * 1e3 for path in paths}
                 floor = read / (bandwidth * 1e9) * 1e3
                 kv = kv_dtype_name(lane.cache.dtype)
-                mode = own[v] if pr is None else int8.MODE_WORDS[pr]
-                kernel = native_attention.kernel()
-                with attention_switched(at if at in ("tiles", "float") else "float"):
-                    tiles = kv != "float32" and kernel is not None and kernel.tiles()
-                kind = ("integer" if kv == "int16" else at if at in ("integer", "float-layers")
-                        else "tiles" if tiles else "float")
+                mode = own[v].products if pr is None else int8.MODE_WORDS[pr]
+                kind = "integer" if kv == "int16" else at if at in ("integer", "float-layers") else "float"
                 # the retrieval level keeps an int16 configuration's tokens as float16: its rows
                 # say which configuration they belong to
                 asked = v[0] if v[0] is not None and v[0] != kv else None
@@ -169,20 +167,17 @@ def measure(bench: Bench, contexts: list[int], repeats: int, say=print, kv_dtype
     return {"bandwidth_gbs": sorted(bandwidths)[len(bandwidths) // 2], "results": results}
 
 
-ATTENTION_PATHS = ("tiles", "float", "float-layers", "integer")
+ATTENTION_PATHS = ("float", "float-layers", "integer")
 
 
 def attention_switched(path: str | None, lane=None, readers: dict | None = None):
-    """Few-row attention on AMX's tiles ("tiles", where they run) or its float32 path ("float")
-    inside the block; None: as the environment has it; "integer": `lane`'s forwards a layer at
+    """Few-row attention inside the block: its float32 path ("float", or None: the model's
+    own); "float-layers": the same a layer at a time; "integer": `lane`'s forwards a layer at
     a time, reading its cache through the integer kernel (a reader kept in `readers` per lane)."""
-    if path is None:
+    if path is None or path == "float":
         return contextlib.nullcontext()
     if path == "float-layers":
-        stack = contextlib.ExitStack()
-        stack.enter_context(mock.patch.object(lane.model, "one_call", False))
-        stack.enter_context(switches.switched(native_attention.TILES_ENV, False))
-        return stack
+        return mock.patch.object(lane.model, "one_call", False)
     if path == "integer":
         model = lane.model
         if id(lane) not in readers:
@@ -193,7 +188,7 @@ def attention_switched(path: str | None, lane=None, readers: dict | None = None)
         stack.enter_context(mock.patch.object(model, "one_call", False))
         stack.enter_context(mock.patch.object(transformer, "attend", readers[id(lane)]))
         return stack
-    return switches.switched(native_attention.TILES_ENV, path == "tiles")
+    raise ValueError(f"no attention path {path!r}")
 
 
 def parse_contexts(text: str, repeats: int) -> list[int]:
@@ -222,12 +217,11 @@ def main(argv: list[str] | None = None) -> int:
                    "measured alternately")
     p.add_argument("--products", default=None,
                    help="comma-separated modes of the native layers' products over GGUF blocks, measured alternately: "
-                   "0 (the float path), fast, int8, int8x2 (default: the engine's own alone; see triforce_core.models.int8)")
+                   "0 (the float path), int16, step-tiles (default: the engine's own alone; see triforce_core.models.int8)")
     p.add_argument("--attention", default=None,
-                   help="comma-separated few-row attention paths over a 16-bit cache, measured alternately: tiles "
-                   "(AMX's, where they run: TRIFORCE_ATTENTION_TILES=1), float (the float32 path, the default), "
-                   "float-layers (the same a layer at a time), integer (the integer kernel over the cache packed "
-                   "as int16, a layer at a time) (default: as the environment has it, alone)")
+                   help="comma-separated few-row attention paths, measured alternately: float (the float32 path, "
+                   "the default), float-layers (the same a layer at a time), integer (the integer kernel over the "
+                   "cache packed as int16, a layer at a time) (default: the model's own, alone)")
     p.add_argument("--no-pytorch-layers", action="store_true",
                    help="time the native layers only (not PyTorch's beside them)")
     p.add_argument("--json", type=Path, help="write the report here")
@@ -251,7 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     if a.products is not None:
         products = tuple(x.strip().lower() for x in a.products.split(",") if x.strip())
         if not products or any(x not in int8.MODE_WORDS for x in products) or len(set(products)) != len(products):
-            print("error: --products takes distinct names of 0, fast, int8, int8x2", file=sys.stderr)
+            print(f"error: --products takes distinct names of {', '.join(int8.MODE_WORDS)}", file=sys.stderr)
             return 2
     attention: tuple[str | None, ...] = (None,)
     if a.attention is not None:

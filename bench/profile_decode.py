@@ -42,7 +42,7 @@ def outside_native(bench, mode: str, prompt: list[int], full_cache, config: Gene
     the rounds, their time, and the part spent outside the native calls, per round."""
     libs = {"layers": native_layers.kernel(), "attention": native_attention.kernel()}
     if libs["layers"] is None:
-        raise SystemExit("error: --outside needs the native layers (a C compiler, TRIFORCE_NATIVE_LAYERS not 0)")
+        raise SystemExit("error: --outside needs the native layers (a C compiler)")
     spent = [0.0]
     saved = []
     for kind, names in NATIVE_CALLS.items():

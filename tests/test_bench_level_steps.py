@@ -24,7 +24,7 @@ def test_each_level_is_timed_on_each_attention_path(tmp_path):
 
 def test_an_unknown_attention_path_is_refused(capsys):
     assert level_steps.main(["--context", "1100", "--attention", "float,gpu"]) == 2
-    assert "--attention takes distinct names of tiles, float, float-layers, integer" in capsys.readouterr().err
+    assert "--attention takes distinct names of float, float-layers, integer" in capsys.readouterr().err
 
 
 @needs_compiler

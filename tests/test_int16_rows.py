@@ -7,10 +7,10 @@ types, the float path for the others. What they claim, one order per output:
   two), and a row's result does not depend on the rows beside it: a verification equals its steps.
 - The products are those of the 16-bit inputs times the weights, to float32 rounding; the
   two-level inputs' products (a negative control) are not.
-- They are closer to the float path than two levels of 8 bits, and a float16 or 32-weight part
+- They are closer to the float path than two levels of 8 bits' inputs, and a float16 or 32-weight part
   in the stack keeps the float path's products exactly.
 - Speculation over a model in this mode equals its autoregressive decoding token for token
-  (tests/test_int8_rows.py, with every mode).
+  (tests/test_integer_products.py).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import torch
 from tests.helpers.native import needs_compiler
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.products import (activation_rows, assert_16_bit_products, assert_each_part_as_alone, mixed_stack,
-                                    random_matrix, sixteen_bits)
+                                    one_level, random_matrix, sixteen_bits, two_levels)
 
 from triforce_core.models import int8
 from triforce_core.models.quantized import Matrix
@@ -70,6 +70,17 @@ def test_every_path_quantizes_as_the_scalar_reference(kernels):
     assert (q[32], q[1], q[33], q[2], q[34], q[4], q[36]) == (3, -3, 1, -1, 0, 32767, -32767)
 
 
+def test_unknown_or_unrunnable_paths_and_modes_are_refused(kernels):
+    with pytest.raises(ValueError, match="cannot run"):
+        with kernels.forced(7):
+            pass
+    assert kernels.path() == max(kernels.paths())  # the widest again
+    m, _ = random_matrix(Q.Q4_K, 4, 256, seed=1)
+    for gone in (1, 2, 3, True):  # 8-bit activations, one level or two: no mode any longer
+        with pytest.raises(ValueError, match="no products' mode"):
+            kernels.product(activation_rows(1, 256, seed=1), m, gone)
+
+
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_every_path_equals_the_scalar_reference_bit_for_bit(kernels, qtype):
     m, _ = random_matrix(qtype, 37, 768, seed=int(qtype))
@@ -104,12 +115,16 @@ def test_products_are_those_of_the_16_bit_activations(kernels, qtype):
 
 @pytest.mark.parametrize("qtype", K_TYPES, ids=lambda q: q.name)
 def test_16_bits_are_closer_to_the_float_path_than_two_levels_of_8(kernels, qtype):
-    m, _ = random_matrix(qtype, 64, 768, seed=3)
+    """Against the inputs 8-bit activations carry (one level, llama.cpp's; two: the row, then
+    its residual) times the weights, by their definitions."""
+    m, w = random_matrix(qtype, 64, 768, seed=3)
     x = torch.randn(7, 768, generator=torch.Generator().manual_seed(4))
     y_float = kernels.product(x, m, 0, threads=1)
-    err = {mode: float((kernels.product(x, m, mode, threads=1) - y_float).norm() / y_float.norm())
-           for mode in (int8.ONE_LEVEL, int8.TWO_LEVELS, WIDE)}
-    assert 0 < err[WIDE] < err[int8.TWO_LEVELS] * 1.5 and err[WIDE] < err[int8.ONE_LEVEL] / 100, err
+    d, q = one_level(x.numpy(), 256)
+    inputs = {"int8": torch.from_numpy(d.astype(np.float64) * q), "int8x2": torch.from_numpy(two_levels(x.numpy(), 256))}
+    err = {name: float(((v @ w.double().t()).float() - y_float).norm() / y_float.norm()) for name, v in inputs.items()}
+    err["int16"] = float((kernels.product(x, m, WIDE, threads=1) - y_float).norm() / y_float.norm())
+    assert 0 < err["int16"] < err["int8x2"] * 1.5 and err["int16"] < err["int8"] / 100, err
 
 
 def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
@@ -121,8 +136,5 @@ def test_float_and_32_weight_parts_keep_the_float_path_in_a_stack(kernels):
     assert not torch.equal(kernels.product(x, m, WIDE, threads=1), kernels.product(x, m, 0, threads=1))
 
 
-def test_the_mode_is_named_in_the_switch(monkeypatch):
-    for word in ("4", "int16", " INT16 "):
-        monkeypatch.setenv(int8.ENV, word)
-        assert int8.mode() == WIDE
-    assert int8.LEVEL_NAMES[WIDE] == "int16"
+def test_the_mode_is_named():
+    assert int8.LEVEL_NAMES[WIDE] == "int16" and int8.MODE_WORDS["int16"] == WIDE

@@ -101,7 +101,7 @@ def test_only_whole_aligned_chunks_are_written(weights, tmp_path):
     list(slot.generate(ids[:200], cfg))  # memory holds 99 (+ the answer): resumes at 99, unaligned
     assert len(block_files(tmp_path)) == 3
     full = slot.loop.full.cache
-    blocks = engine.disk_cache.blocks(ids[:200], CHUNK, full.k.dtype, integer_products=engine.target.integer_products)
+    blocks = engine.disk_cache.blocks(ids[:200], CHUNK, full.k.dtype, arithmetic=engine.target.arithmetic)
     with pytest.raises(ValueError, match="not canonical"):
         engine.disk_cache.save(full, blocks[4])
 
@@ -126,7 +126,7 @@ def test_a_bad_file_is_reported_rebuilt_and_never_used(weights, tmp_path, caplog
     reference, _, _ = two_turns(new_engine(weights, tmp_path), cfg)
     engine = new_engine(weights, tmp_path)
     body = ChatSession(engine, DOCUMENT, config=cfg).prompt_ids(Q1)[:-1]
-    blocks = engine.disk_cache.blocks(body, CHUNK, engine.kv_dtype_for(cfg), integer_products=engine.target.integer_products)
+    blocks = engine.disk_cache.blocks(body, CHUNK, engine.kv_dtype_for(cfg), arithmetic=engine.target.arithmetic)
     bad = engine.disk_cache.path(blocks[4])
     damage(bad)
     with caplog.at_level(logging.WARNING, logger="triforce_core.kv.disk"):
@@ -165,7 +165,7 @@ def test_the_folder_is_capped_least_recently_used_first(weights, tmp_path):
     (a0,) = block_files(tmp_path)
     list(Slot(engine).generate(ids[64:200], cfg))  # text B: 4 whole blocks, A's is evicted
     b = [engine.disk_cache.path(block) for block in engine.disk_cache.blocks(ids[64:199], CHUNK, engine.kv_dtype_for(cfg),
-                                                                            integer_products=engine.target.integer_products)]
+                                                                            arithmetic=engine.target.arithmetic)]
     assert set(block_files(tmp_path)) == set(b) and a0 not in b
     assert sum(p.stat().st_size for p in b) <= engine.disk_cache.max_bytes
     # Blocks written in one prefill may share a modification time (the file system's clock is
@@ -233,31 +233,34 @@ def test_cli_chat_reads_the_prefill_back_after_a_restart(tiny_pair_dir, tmp_path
     assert code == 2 and err.strip().splitlines() == ["error: --kv-cache-max-gb must be > 0, got 0.0"]
 
 
-def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path):
+def test_blocks_from_another_arithmetic_are_never_read(weights, tmp_path, monkeypatch):
     """K/V written with the native kernels is not what PyTorch's path computes (another order
-    of summation): with the kernels switched off, the same prompt finds none of the blocks, and
-    with them on again it finds them all."""
-    from triforce_core.models import native_attention, native_layers
-    from triforce_core.models.arithmetic import arithmetic_key
+    of summation): with a model's arithmetic off the kernels, the same prompt finds none of the
+    blocks, and with them on again it finds them all."""
+    from dataclasses import replace
+
+    from triforce_core.models import int8, native_layers
+    from triforce_core.models.arithmetic import EXACT, arithmetic_key
 
     if native_layers.kernel() is None:
         pytest.skip("no C compiler: one arithmetic only")
     cfg = config("autoregressive")
     prompt = new_engine(weights).encode(DOCUMENT)
-    native = arithmetic_key("cpu")
+    native = arithmetic_key("cpu", new_engine(weights).target.arithmetic)
     first = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
     assert first.disk_tokens == 0 and len(block_files(tmp_path)) == 9
-    from triforce_core.models import int8
-
-    assert arithmetic_key("cpu", integer_products=True) != native  # 8-bit activations are another arithmetic
-    with int8.switched(True):  # the model's flag names it, not the process's switch
-        assert arithmetic_key("cpu") == native
-    with native_layers._loader.switched(False), native_attention._loader.switched(False):
-        assert arithmetic_key("cpu") != native
-        other = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
+    assert arithmetic_key("cpu", replace(EXACT, products=int8.WIDE)) != arithmetic_key("cpu")  # another arithmetic
+    monkeypatch.setenv("TRIFORCE_NATIVE_LAYERS", "0")  # no environment variable names another
+    assert arithmetic_key("cpu", new_engine(weights).target.arithmetic) == native
+    torch_path = replace(EXACT, native_layers=False, native_attention=False)
+    assert arithmetic_key("cpu", torch_path) != native
+    engine = new_engine(weights, tmp_path)
+    for model in (engine.target, engine.draft):
+        model.arithmetic = torch_path
+    other = list(Slot(engine).generate(prompt, cfg))[0]
     assert other.disk_tokens == 0 and len(block_files(tmp_path)) == 18  # its own blocks, beside the others
     again = list(Slot(new_engine(weights, tmp_path)).generate(prompt, cfg))[0]
-    assert again.disk_tokens == 9 * CHUNK and arithmetic_key("cpu") == native
+    assert again.disk_tokens == 9 * CHUNK
 
 
 def test_a_large_model_is_keyed_by_its_files_content(tmp_path):

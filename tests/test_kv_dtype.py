@@ -2,8 +2,7 @@
 
 - The native kernel's float32 path over float16/bfloat16 keys and values equals, bit for bit,
   the kernel over those K/V widened to float32 (vector path and plain C build), is close to a
-  float64 reference, and a row's result does not depend on the rows beside it, on that path
-  and on AMX's tiles where they run (test_attention_tiles.py tests the tiles further).
+  float64 reference, and a row's result does not depend on the rows beside it.
 - Every cache is allocated in the K/V dtype, the model's new K/V are rounded into it, chunk
   means stay float32.
 - Greedy output of every mode equals our autoregressive decoding with the same K/V dtype
@@ -24,7 +23,7 @@ import pytest
 import torch
 from tests.helpers.cli import SMALL_CACHE_FLAGS, run_main
 from tests.helpers.exactness import assert_verification_rows_equal_steps
-from tests.helpers.half_cache import MODES, PROMPT, greedy_reference, kv_config, model_pair, no_tiles
+from tests.helpers.half_cache import MODES, PROMPT, greedy_reference, kv_config, model_pair
 from tests.helpers.models import CPU, make_hf, to_ours, words
 from tests.helpers.native import built, needs_compiler
 from tests.helpers.disk_cache import (CHUNK, DOCUMENT, block_files, config as disk_config, document_end, new_engine,
@@ -37,7 +36,6 @@ from triforce_core import CacheConfig, ConfigError, GenerationConfig, SamplingCo
 from triforce_core.config import DEFAULT_KV_DTYPE, GGUF_KV_DTYPE
 from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.kv import FullCache, resolve_kv_dtype
-from triforce_core.models import switches
 from triforce_core.models.native_build import build as build_native
 from triforce_core.serving.session import ChatSession
 from triforce_core.serving.slots import Slot
@@ -69,8 +67,7 @@ SHAPES = [(4, 1, 4099, 64), (2, 7, 257, 64), (4, 16, 1000, 64), (1, 28, 2049, 12
 def test_kernel_over_16_bit_kv_equals_it_over_the_widened_kv(kernel, dtype, H, R, T, D):
     q, k, v = _inputs(H, R, T, D, dtype, seed=H * 100 + R + T)
     limits = None if R == 1 else torch.arange(T - R + 1, T + 1)
-    with no_tiles():
-        out, mass = kernel.attention(q, k, v, limits, D**-0.5, 8)
+    out, mass = kernel.attention(q, k, v, limits, D**-0.5, 8)
     wide_out, wide_mass = kernel.attention(q, k.float(), v.float(), limits, D**-0.5, 8)
     assert torch.equal(out, wide_out) and torch.equal(mass, wide_mass)  # widening is exact, the rest float32
     # ... and close to a float64 reference on the widened K/V
@@ -82,9 +79,8 @@ def test_kernel_over_16_bit_kv_equals_it_over_the_widened_kv(kernel, dtype, H, R
 
 
 @needs_compiler
-@pytest.mark.parametrize("tiles", [True, False], ids=["tiles-where-they-run", "float32-path"])
 @pytest.mark.parametrize("dtype", HALF, ids=["float16", "bfloat16"])
-def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, dtype, tiles):
+def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, dtype):
     H, R, T, D = 3, 16, 1500, 64
     q, k, v = _inputs(H, R, T, D, dtype, seed=9)
     limits = torch.arange(T - R + 1, T + 1)
@@ -92,8 +88,7 @@ def test_a_row_over_16_bit_kv_is_the_same_bit_for_bit_whatever_the_rows_beside_i
     for rows in (1, 2, 3, 7, 16):
         for start in range(0, R, rows):
             stop = min(start + rows, R)
-            with switches.switched(native_attention.TILES_ENV, tiles):
-                out, mass = kernel.attention(q[:, start:stop], k, v, limits[start:stop], 0.125, chunk=16)
+            out, mass = kernel.attention(q[:, start:stop], k, v, limits[start:stop], 0.125, chunk=16)
             for r in range(start, stop):
                 outs.setdefault(r, []).append((out[:, r - start], mass[:, r - start]))
     for r, seen in outs.items():
@@ -113,8 +108,7 @@ def test_plain_c_build_widens_16_bit_kv_exactly(tmp_path):
         k[:, 40:44] = 0.0
         v[:, :20] = -v[:, :20].float().abs().mul(1e-7).to(dtype)
         limits = torch.arange(T - R + 1, T + 1)
-        with no_tiles():  # the plain build has the tile path too (its functions name their targets)
-            out, mass = plain.attention(q, k, v, limits, 0.125, 4)
+        out, mass = plain.attention(q, k, v, limits, 0.125, 4)
         wide_out, wide_mass = plain.attention(q, k.float(), v.float(), limits, 0.125, 4)
         assert torch.equal(out, wide_out) and torch.equal(mass, wide_mass), dtype
 
@@ -284,7 +278,7 @@ def test_disk_cache_round_trip_in_float16_and_no_mixing(weights, tmp_path, caplo
     # A float16 file read into a float32 cache (as if the keys collided) is refused, not converted.
     engine = new_engine(weights, tmp_path)
     body = ChatSession(engine, DOCUMENT, config=f16).prompt_ids(words(6, 12))[:-1]
-    block = engine.disk_cache.blocks(body, CHUNK, torch.float16, integer_products=engine.target.integer_products)[0]
+    block = engine.disk_cache.blocks(body, CHUNK, torch.float16, arithmetic=engine.target.arithmetic)[0]
     s = engine.target.spec
     wide = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, 64, torch.float32, CPU)
     with caplog.at_level(logging.WARNING, logger="triforce_core.kv.disk"):

@@ -155,12 +155,20 @@ def test_build_is_cached_and_leaves_nothing_else(tmp_path):
     assert torch.allclose(out, torch.arange(24.0).reshape(3, 8).mean(0))  # equal scores: the mean value
 
 
-def test_disabled_by_the_environment(monkeypatch, kernel):
-    monkeypatch.setenv(native_attention.ENV, "0")
-    assert native_attention.kernel() is None
-    with native_attention.switched(True):
-        assert native_attention.kernel() is kernel
-    assert native_attention.kernel() is None
+def test_an_arithmetic_without_the_kernel_takes_pytorchs_path_and_the_environment_decides_nothing(forced, kernel,
+                                                                                                   monkeypatch):
+    """`attend(native=False)` (a model's `Arithmetic.native_attention` off, the benchmarks'
+    comparison) never calls the kernel; an environment variable turns nothing off."""
+    from triforce_core.models.attention import attend
+
+    monkeypatch.setenv("TRIFORCE_NATIVE_ATTENTION", "0")
+    assert native_attention.kernel() is kernel
+    g = torch.Generator().manual_seed(6)
+    q, k, v = torch.randn(2, 3, 64, generator=g), torch.randn(2, 50, 64, generator=g), torch.randn(2, 50, 64, generator=g)
+    off, _ = attend(q, k, v, None, 0.125, native=False)
+    assert forced == []
+    on, _ = attend(q, k, v, None, 0.125)
+    assert forced == [3] and torch.allclose(on, off, atol=1e-5)
 
 
 @pytest.mark.parametrize("kind", TARGETS)
@@ -201,11 +209,11 @@ def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kern
     report = json.loads(out.read_text())
     assert [(r["keys"], r["rows"]) for r in report["results"]] == [(2048, 1), (2048, 3)]
     assert all(set(r["ms"]) == {"native", "pytorch"} and r["kv_bytes"] == 2 * 4 * 2048 * 64 * 4 for r in report["results"])
-    # over float16 K/V, the kernel on AMX's tiles too where they run
+    # over float16 K/V, the same two paths
     assert attention.main(["--keys", "2048", "--rows", "4", "--repeats", "1", "--kv-dtypes", "float16",
                            "--json", str(out)]) == 0
     (row,) = json.loads(out.read_text())["results"]
-    assert set(row["ms"]) == {"native", "pytorch"} | ({"tiles"} if kernel.tiles_run() else set())
+    assert set(row["ms"]) == {"native", "pytorch"}
     # with --integer, the int16 cache on the integer kernel's vector paths that run here
     assert attention.main(["--keys", "2048", "--rows", "4,1", "--repeats", "1", "--kv-dtypes", "float16", "--integer",
                            "--json", str(out)]) == 0

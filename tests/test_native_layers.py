@@ -323,14 +323,18 @@ def test_negative_control_one_call_told_a_wrong_length_is_caught(counted):
     assert not torch.equal(wrong[0][0], right[0][0])
 
 
-def test_disabled_by_the_environment_and_prefill_keeps_pytorch(monkeypatch, counted):
+def test_an_arithmetic_without_them_keeps_pytorch_and_prefill_keeps_pytorch(monkeypatch, counted):
+    """A model whose `Arithmetic.native_layers` is off (the benchmarks' comparison) never calls
+    them, and gives the same greedy answer; an environment variable turns nothing off."""
     _, t, d, ids, ref, gaps = hf_greedy("llama_mha")
-    monkeypatch.setenv(native_layers.ENV, "0")
-    res = TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))
+    monkeypatch.setenv("TRIFORCE_NATIVE_LAYERS", "0")
+    engine = TriForceEngine(t, d)
+    for m in (t, d):
+        m.arithmetic = dataclasses.replace(m.arithmetic, native_layers=False)
+    res = engine.run(ids, greedy_config("autoregressive", 2, 6))
     assert_same_as_hf(res.token_ids, ref, gaps)
     assert counted == []
-    monkeypatch.delenv(native_layers.ENV)
-    TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))
+    TriForceEngine(t, d).run(ids, greedy_config("autoregressive", 2, 6))  # an engine gives them the default again
     assert counted and max(counted) <= native_layers.ROWS  # the prompt's prefill is not theirs
 
 

@@ -3,6 +3,7 @@ disk under a key of everything it depends on, and measured again where the kept 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -11,6 +12,7 @@ from tests.helpers.models import make_hf, to_ours
 
 from triforce_core.config import ConfigError, SpeculationConfig
 from triforce_core.decoding import row_cost
+from triforce_core.models import int8
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,12 +86,12 @@ def test_the_key_names_kv_dtype_threads_products_and_shapes(model, tmp_path, tim
     base = row_cost.cost_key(model, torch.float32)
     assert row_cost.cost_key(model, torch.float32) == base
     assert row_cost.cost_key(model, torch.float16) != base
-    own = model.integer_products
-    model.integer_products = 1 - bool(own)
+    own = model.arithmetic
+    model.arithmetic = dataclasses.replace(own, products=0 if own.products else int8.WIDE)
     try:
         assert row_cost.cost_key(model, torch.float32) != base
     finally:
-        model.integer_products = own
+        model.arithmetic = own
     torch.set_num_threads(2)
     try:
         assert row_cost.cost_key(model, torch.float32) != base

@@ -12,10 +12,12 @@ the steps' kernels of `csrc/tile_rows.c`). What they claim:
 - A model decoding in this mode: a verification's logits equal the steps' bit for bit, and
   lookup and the paper's hierarchy equal autoregressive decoding token for token; its steps'
   logits differ from WIDE's (a control that the mode took). Where the tiles do not run, the
-  mode is WIDE.
+  default is WIDE.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -28,10 +30,9 @@ from tests.helpers.gguf_engine import greedy_answer, gguf_pair
 from tests.helpers.products import (Q4_K_M_LIKE, activation_rows, assert_16_bit_products, assert_each_part_as_alone,
                                     edge_rows, mixed_stack, random_matrix, sixteen_bits)
 
-import triforce_core.models.native_layers as native_layers
 from triforce_core.kv import FullCache
 from triforce_core.models import int8
-from triforce_core.models.arithmetic import arithmetic_key
+from triforce_core.models.arithmetic import arithmetic_key, measured_default
 from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
@@ -131,11 +132,9 @@ def test_a_stack_gives_each_part_as_alone(kernels):
         assert_each_part_as_alone(kernels, activation_rows(S, 512, seed=12), parts, STEP_TILES)
 
 
-def test_the_mode_is_named_in_the_switch_and_needs_the_tiles(kernels, monkeypatch):
-    assert int8.LEVEL_NAMES[STEP_TILES] == "step-tiles"
-    for word in ("6", "step-tiles", " STEP-TILES "):
-        monkeypatch.setenv(int8.ENV, word)
-        assert native_layers.products_mode() == (STEP_TILES if kernels.tiles() else WIDE)
+def test_the_mode_is_named_and_the_default_where_the_tiles_run(kernels):
+    assert int8.LEVEL_NAMES[STEP_TILES] == "step-tiles" and int8.MODE_WORDS["step-tiles"] == STEP_TILES
+    assert measured_default().products == (STEP_TILES if kernels.tiles() else WIDE)
 
 
 @pytest.fixture(scope="module")
@@ -144,21 +143,20 @@ def engine(tmp_path_factory):
 
 
 @pytest.fixture
-def step_tiles(tiles, engine, monkeypatch):
-    """The engine's models in this mode, as `TRIFORCE_INT8=step-tiles` sets them."""
-    monkeypatch.setenv(int8.ENV, "step-tiles")
+def step_tiles(tiles, engine):
+    """The engine's models in this mode, their default where the tiles run."""
     models = [m for m in (engine.target, engine.draft) if m is not None]
-    before = [m.integer_products for m in models]
+    before = [m.arithmetic for m in models]
     for m in models:
-        m.integer_products = native_layers.products_mode()
+        m.arithmetic = measured_default()
     yield engine
-    for m, mode in zip(models, before):
-        m.integer_products = mode
+    for m, own in zip(models, before):
+        m.arithmetic = own
 
 
 def test_a_verification_equals_the_steps_in_this_mode(step_tiles):
     model = step_tiles.target
-    assert model.integer_products == STEP_TILES
+    assert model.arithmetic.products == STEP_TILES
     ids = torch.randint(3, 300, (90,), generator=torch.Generator().manual_seed(4)).tolist()
     for rows in (2, 3, 7, 9):  # VNNI against VNNI, then the tiles against VNNI's steps
         assert_verification_rows_equal_steps(model, ids, rows=rows)
@@ -177,11 +175,12 @@ def test_a_step_in_this_mode_differs_from_one_in_wide(step_tiles):
         return model.forward(torch.tensor(ids[-1:]), cache.positions(len(ids) - 1, 1), cache).logits
 
     mine = step()
-    model.integer_products = WIDE
+    own = model.arithmetic
+    model.arithmetic = replace(own, products=WIDE)
     wide = step()
-    model.integer_products = STEP_TILES
+    model.arithmetic = own
     assert not torch.equal(mine, wide) and (mine - wide).abs().max() < 1e-3
-    assert arithmetic_key("cpu", STEP_TILES) != arithmetic_key("cpu", WIDE)
+    assert arithmetic_key("cpu", own) != arithmetic_key("cpu", replace(own, products=WIDE))
 
 
 def test_speculation_equals_autoregressive_decoding_in_this_mode(step_tiles):

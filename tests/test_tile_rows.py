@@ -11,11 +11,14 @@ What they claim:
 - In a stack the Q4_K, Q5_K and Q6_K parts take the tiles, float16 and 32-weight parts keep the
   float path's products exactly.
 - A model's prefill takes them (past the native layers' rows, where no step or verification
-  comes) unless `TRIFORCE_TILES=0`; the disk cache's key names it; speculation still equals
+  comes) where its `Arithmetic.prefill_tiles` says so (the default where they run); the disk
+  cache's key names it; speculation still equals
   autoregressive decoding token for token.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -29,7 +32,7 @@ from tests.helpers.products import (Q4_K_M_LIKE, activation_rows, assert_16_bit_
                                     edge_rows, mixed_stack, random_matrix, sixteen_bits)
 
 from triforce_core.models import int8
-from triforce_core.models.arithmetic import arithmetic_key
+from triforce_core.models.arithmetic import EXACT, arithmetic_key, measured_default
 from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
@@ -117,13 +120,9 @@ def test_in_a_stack_the_256_weight_parts_take_them(kernels):
     assert_each_part_as_alone(kernels, activation_rows(30, 512, seed=12), mixed_stack(np.random.default_rng(11), 512), TILES)
 
 
-def test_the_switch_and_the_mode_name(monkeypatch):
-    monkeypatch.delenv(int8.TILES_ENV, raising=False)
-    assert int8.tiles_wanted()
-    for word in ("0", "off", " OFF "):
-        monkeypatch.setenv(int8.TILES_ENV, word)
-        assert not int8.tiles_wanted()
+def test_the_mode_name_and_the_default(kernels):
     assert int8.LEVEL_NAMES[TILES] == "tiles"
+    assert measured_default().prefill_tiles == kernels.tiles() and EXACT.prefill_tiles is False
 
 
 @pytest.fixture(scope="module")
@@ -133,28 +132,27 @@ def engine(tmp_path_factory):
 
 def test_a_prefill_takes_them_and_the_disk_cache_key_says_so(tiles, engine, monkeypatch):
     model = engine.target
-    few = model.integer_products  # the default where the tiles run: the steps' own order on them
-    assert few == int8.STEP_TILES
+    own = model.arithmetic  # the default where the tiles run: the steps' own order on them, a prefill on the tiles
+    few = own.products
+    assert few == int8.STEP_TILES and own.prefill_tiles
     layer = model.layers[0]
     x = torch.randn(40, 256, generator=torch.Generator().manual_seed(3))
-    monkeypatch.delenv(int8.TILES_ENV, raising=False)
-    on_key = arithmetic_key("cpu", few)
+    on_key = arithmetic_key("cpu", own)
     assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, TILES))
     assert torch.equal(model._project(x[:17], layer.wqkv), tiles.product(x[:17], layer.wqkv, few))  # a verification's rows
-    monkeypatch.setenv(int8.TILES_ENV, "0")
+    monkeypatch.setattr(model, "arithmetic", replace(own, prefill_tiles=False))
     assert torch.equal(model._project(x, layer.wqkv), tiles.product(x, layer.wqkv, few))
-    assert arithmetic_key("cpu", few) != on_key
+    assert arithmetic_key("cpu", model.arithmetic) != on_key
 
 
 def test_speculation_equals_autoregressive_decoding_after_a_prefill_on_tiles(tiles, engine, monkeypatch):
     """The prefill (120 tokens, past the native layers' rows) on tiles; the steps and
     verifications after it in their own order: lookup and the paper's hierarchy equal
     autoregressive decoding token for token. Control: the prefill really took the tiles."""
-    monkeypatch.delenv(int8.TILES_ENV, raising=False)
     ids = torch.randint(3, 300, (60,), generator=torch.Generator().manual_seed(7)).tolist() * 2
     modes: list[int] = []
     original = int8.Int8.product
-    monkeypatch.setattr(int8.Int8, "product", lambda self, x, w, m=int8.ONE_LEVEL, threads=None:
+    monkeypatch.setattr(int8.Int8, "product", lambda self, x, w, m=int8.WIDE, threads=None:
                         modes.append(int(m)) or original(self, x, w, m, threads))
     reference = greedy_answer(engine, "autoregressive", ids)
     assert TILES in modes

@@ -22,6 +22,7 @@ from .config import (EXACT_DTYPE, KV_DTYPES, GenerationConfig, SamplingConfig, c
                      default_sampling, needs_draft)
 from .decoding.events import Committed, Event, Finished, GenerationStats, Prefilled, Verified
 from .kv import DiskCache, model_fingerprint, resolve_kv_dtype
+from .models.arithmetic import EXACT
 from .models.loading import LoadedModel, is_instruct, load_draft, load_model, resolve_device, resolve_dtype
 from .models.transformer import Transformer
 from .decoding.loop import SpeculationLoop, make_generator
@@ -57,9 +58,9 @@ class TriForceEngine:
 
     `exact` (`--exact`): float32 arithmetic and K/V, float products, so that greedy output equals
     Hugging Face's token for token; slower on GGUF files. It takes float32 models, and a 16-bit
-    `kv_dtype` (here or in a generation's config) is refused (ConfigError). Without it a model's
-    products over GGUF blocks take the `int8` mode `TRIFORCE_INT8` names (else `int8.default_mode`: `Transformer.products_mode`).
-    The engine sets its models' `integer_products` accordingly (two engines over one model share it).
+    `kv_dtype` (here or in a generation's config) is refused (ConfigError). The engine sets its
+    models' `arithmetic` (`models.arithmetic`): `EXACT` with it, else the default measured for
+    this processor (`Transformer.default_arithmetic`); two engines over one model share it.
     """
 
     def __init__(
@@ -82,7 +83,7 @@ class TriForceEngine:
             raise ValueError(f"exact computes in {EXACT_DTYPE}: the models are "
                              f"{', '.join(str(m.dtype).removeprefix('torch.') for m in models)}")
         for model in models:  # per model: the disk cache's key reads it too
-            model.integer_products = 0 if exact else model.products_mode()
+            model.arithmetic = EXACT if exact else model.default_arithmetic()
         self.exact = exact
         self.target = target
         self.draft = draft
@@ -176,7 +177,7 @@ class TriForceEngine:
         K/V, float products: greedy output equals Hugging Face's token for token), else "fast"."""
         t = self.target
         same = (t.dtype == torch.float32 and self.kv_dtype_for(config) == torch.float32
-                and not (t.quantized and t.integer_products))
+                and not (t.quantized and t.arithmetic.products))
         return "exact" if self.exact or same else "fast"
 
     def make_loop(self, config: GenerationConfig, capacity: int, generator, **handover) -> SpeculationLoop:

@@ -7,18 +7,10 @@ import functools
 
 import torch
 
-import triforce_core.models.native_attention as native_attention
 from tests.helpers.models import CPU, DRAFT_OVERRIDES, make_hf, to_ours
 from triforce_core import CacheConfig, GenerationConfig, SpeculationConfig
 from triforce_core.config import PAPER_METHOD
 from triforce_core.kv import FullCache
-from triforce_core.models import switches
-
-
-def no_tiles():
-    """The float32 path even where AMX's tiles run and the environment switches them on."""
-    return switches.switched(native_attention.TILES_ENV, False)
-
 
 @functools.lru_cache(maxsize=None)
 def model_pair(kind: str = "llama_gqa_llama3"):

@@ -68,9 +68,9 @@ class Prefill:
         stop = boundary if boundary is not None and 0 < boundary < len(body) else None  # the document's end
         blocks, tail = [], None
         if self.disk is not None:
-            blocks = self.disk.blocks(body, chunk, cache.dtype, cache.device, self.target.integer_products)
+            blocks = self.disk.blocks(body, chunk, cache.dtype, cache.device, self.target.arithmetic)
             if stop is not None:
-                tail = self.disk.tail(body, stop, chunk, cache.dtype, cache.device, self.target.integer_products)
+                tail = self.disk.tail(body, stop, chunk, cache.dtype, cache.device, self.target.arithmetic)
         disk_tokens = 0
         if blocks or tail is not None:
             reuse, disk_tokens = self._read_disk(blocks, reuse, len(body), tail)

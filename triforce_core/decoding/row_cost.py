@@ -3,7 +3,7 @@
 Lookup's proposal length (`schedule.LookupLength`) weighs each proposed token's chance of being
 accepted against this price. It is a property of the machine and the model's arithmetic, not of
 the text: the processor, the thread count, the model's shapes and weight formats, the products'
-mode (`Transformer.integer_products`) and the K/V dtype. So it is measured once per such key and
+mode (`Transformer.arithmetic`) and the K/V dtype. So it is measured once per such key and
 kept on disk under `config.cache_home()/row-cost`, like the native kernels and the prefilled K/V:
 
     c = (t(ROWS rows) - t(1 row)) / ((ROWS - 1) * t(1 row))       rounded to a multiple of STEP
@@ -69,7 +69,7 @@ def cost_key(model: Transformer, kv_dtype: torch.dtype) -> str:
         f"calibration {CONTEXT} {ROWS}",
         _processor(model.device),
         f"threads {torch.get_num_threads()}",
-        arithmetic_key(model.device, model.integer_products),
+        arithmetic_key(model.device, model.arithmetic),
         f"kv {kv_dtype_name(kv_dtype)}",
         repr(model.spec),
         str(model.dtype),

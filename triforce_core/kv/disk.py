@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 
 from ..config import GB, KV_CACHE_MAX_GB, cache_home
-from ..models.arithmetic import arithmetic_key
+from ..models.arithmetic import EXACT, Arithmetic, arithmetic_key
 from ..models.loading import weight_files
 from .full import FullCache
 from .store import kv_dtype_name
@@ -174,24 +174,24 @@ class DiskCache:
 
     # -- keys ------------------------------------------------------------------------------
     def blocks(self, tokens: list[int], block_tokens: int, kv_dtype: torch.dtype,
-               device: torch.device | str = "cpu", integer_products: int = 0) -> list[Block]:
+               device: torch.device | str = "cpu", arithmetic: Arithmetic = EXACT) -> list[Block]:
         """The whole `block_tokens`-token blocks of `tokens` in a cache of `kv_dtype` on `device`,
-        each with its key (which names the arithmetic the forward runs now: `arithmetic_key`, for
-        a model with the given `integer_products`)."""
+        each with its key (which names the arithmetic of a model's forward: `arithmetic_key`, for
+        a model of the given `arithmetic`)."""
         if block_tokens < 1:
             raise ValueError(f"block_tokens must be >= 1, got {block_tokens}")
         b = block_tokens
-        keys = chain_keys(self._head(b, kv_dtype, device, integer_products), tokens, b)
+        keys = chain_keys(self._head(b, kv_dtype, device, arithmetic), tokens, b)
         return [Block(j, j * b, (j + 1) * b, key, tuple(int(t) for t in tokens[j * b : (j + 1) * b]))
                 for j, key in enumerate(keys)]
 
-    def _head(self, block_tokens: int, kv_dtype: torch.dtype, device, integer_products: int) -> str:
+    def _head(self, block_tokens: int, kv_dtype: torch.dtype, device, arithmetic: Arithmetic) -> str:
         """What every key of this cache hashes first: the model, the block size, the K/V dtype
         and the arithmetic the forward runs now (`arithmetic_key`)."""
-        return f"{self.model_key}/{block_tokens}/{kv_dtype_name(kv_dtype)}/{arithmetic_key(device, integer_products)}"
+        return f"{self.model_key}/{block_tokens}/{kv_dtype_name(kv_dtype)}/{arithmetic_key(device, arithmetic)}"
 
     def tail(self, tokens: list[int], boundary: int, block_tokens: int, kv_dtype: torch.dtype,
-             device: torch.device | str = "cpu", integer_products: int = 0) -> Block | None:
+             device: torch.device | str = "cpu", arithmetic: Arithmetic = EXACT) -> Block | None:
         """The block from the last whole block's start before `boundary` to `boundary` (a
         document's end, where prompts that differ only in their question part), keyed by the
         same head as `blocks` and every token before `boundary`; None where `boundary` ends a
@@ -203,7 +203,7 @@ class DiskCache:
             raise ValueError(f"block_tokens must be >= 1, got {b}")
         if not 0 < boundary <= len(tokens) or boundary % b == 0:
             return None
-        h = hashlib.sha256(f"{self._head(b, kv_dtype, device, integer_products)}/tail".encode())
+        h = hashlib.sha256(f"{self._head(b, kv_dtype, device, arithmetic)}/tail".encode())
         h.update(torch.tensor([int(t) for t in tokens[:boundary]], dtype=torch.int32).numpy().tobytes())
         start = boundary // b * b
         return Block(boundary // b, start, boundary, h.hexdigest(), tuple(int(t) for t in tokens[start:boundary]))

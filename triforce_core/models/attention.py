@@ -125,7 +125,7 @@ FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 
 
 def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None, mask: Mask | None, scale: float,
-           chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+           chunk: int = 0, native: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `attention_mask` (None: all visible)
     -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
@@ -147,19 +147,19 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
     R, T = q.shape[1], k.shape[1]
     cpu = q.device.type == "cpu"
     if isinstance(k, Int16Heads):  # an int16 cache (`kv.int16`): the integer kernel for few rows
-        native = native_attention.kernel()
+        kernel = native_attention.kernel()
         if R <= NATIVE_QUERY_ROWS and q.dtype == torch.float32 and (mask is None or mask.limits is not None):
-            return native.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
+            return kernel.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
         # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
-        k, v = native.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
+        k, v = kernel.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
     # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first (the draft's
     # 257-key window, one row, one thread: 0.69 ms a step against 0.84 widened, 0.75 in float32)
     if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype)
             and q.dtype == torch.float32
             and (mask is None or mask.limits is not None)):
-        native = native_attention.kernel()
-        if native is not None:
-            return native.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
+        kernel = native_attention.kernel() if native else None
+        if kernel is not None:
+            return kernel.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
     if (not cpu and R <= CUDA_FEW_ROWS and CUDA_FLASH is not None and q.dtype in (torch.float16, torch.bfloat16)
             and k.dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
             and (mask is None or (mask.limits is not None and T >= CUDA_SPLIT_KEYS))):

@@ -10,8 +10,8 @@ much memory 10.0 against 12.1 ms.
 `zeros` maps fresh anonymous memory (the kernel hands it out zeroed), asks for huge pages over
 the 2 MB-aligned part of it (`madvise(MADV_HUGEPAGE)`, which the kernel honours in its default
 "madvise" mode), and returns a tensor over it; the mapping lives as long as the tensor. Where
-that cannot be done (not Linux, another device, a small buffer, `TRIFORCE_HUGE_PAGES=0`) it is
-`torch.zeros`: the same values, on ordinary pages.
+that cannot be done (not Linux, another device, a small buffer) or is not asked for (`huge`
+False: a test's other side) it is `torch.zeros`: the same values, on ordinary pages.
 """
 
 from __future__ import annotations
@@ -24,22 +24,19 @@ import sys
 import numpy as np
 import torch
 
-from . import switches
-
 PAGE = 2 << 20  # bytes in a huge page on x86-64 and arm64 (4 KB base pages)
-ENV = "TRIFORCE_HUGE_PAGES"
 
 
 def available() -> bool:
-    """Whether `zeros` asks for huge pages: Linux with MADV_HUGEPAGE, not switched off."""
-    return (sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
-            and switches.is_on(ENV))
+    """Whether `zeros` can ask for huge pages: Linux with MADV_HUGEPAGE."""
+    return sys.platform.startswith("linux") and hasattr(mmap, "MADV_HUGEPAGE")
 
 
-def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
-    """torch.zeros(shape, dtype, device), on 2 MB pages where the buffer spans at least one."""
+def zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str = "cpu", huge: bool = True) -> torch.Tensor:
+    """torch.zeros(shape, dtype, device), on 2 MB pages where the buffer spans at least one
+    (and `huge`)."""
     nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
-    if torch.device(device).type != "cpu" or nbytes < PAGE or not available():
+    if not huge or torch.device(device).type != "cpu" or nbytes < PAGE or not available():
         return torch.zeros(shape, dtype=dtype, device=device)
     # private: a shared anonymous mapping is shmem, whose huge pages follow another switch
     try:
@@ -65,8 +62,3 @@ def copy(array: np.ndarray) -> torch.Tensor:
     out.numpy()[...] = array
     return out
 
-
-def switched(on: bool):
-    """Huge pages asked for (`TRIFORCE_HUGE_PAGES`) or not inside the block, as before after it:
-    the benchmarks' way to compare both in one process."""
-    return switches.switched(ENV, on)

@@ -9,30 +9,14 @@ cache, and merges the blocks by their softmax statistics, on PyTorch's own OpenM
 
 The kernel is compiled from source at first use with the machine's C compiler (flags for the
 machine's own vector instructions), into the user's cache folder, keyed by the source, the
-flags and the processor; without a compiler, or with `TRIFORCE_NATIVE_ATTENTION=0`, `kernel()`
-is None and the model keeps PyTorch's path. The results equal PyTorch's to float32 rounding
+flags and the processor; without a compiler `kernel()` is None and the model keeps PyTorch's
+path (as one whose `Arithmetic.native_attention` is off). The results equal PyTorch's to float32 rounding
 (tests/test_native_attention.py): the order of the sums differs, as it does between PyTorch's
 own kernels.
 
 Keys and values may be float32, float16 or bfloat16 (`CacheConfig.kv_dtype`); 16-bit ones are
 widened to float32 in registers as they are loaded, so a call over 16-bit K/V equals, bit for
 bit, the same call over those K/V widened to float32, and reads half the bytes.
-
-Where AMX's bfloat16 tiles run, `TRIFORCE_ATTENTION_TILES=1` (opt-in) has a call over 16-bit
-K/V take them instead (`tiles()`): every product on the tiles, each 16-bit key and value split
-exactly into two bfloat16 parts, queries and probabilities to 16 bits (the source says how); a
-row still equals itself whatever rows share its call. Their cost hardly grows with the rows: on
-a 2-core Xeon, 8 KV heads of 64 over 32K float16 keys, 28 rows (a 7-token verification of
-Llama-3.2-1B's 4 query heads a KV head) took 8.4-8.8 ms against the float32 path's 12.7-13.6,
-but 4 rows (its step) 4.9-5.4 against 2.0-2.3, where the float32 path streams the cache at the
-memory's speed and the tiles' splits and transposes do not. A bfloat16 cache needs no split
-(its elements are the tiles' own type): with head sizes a multiple of 32 its keys and values
-go to the tiles as stored, half the products; there 28 rows over 32K keys took 8.0-8.4 ms
-against 16.2-16.6 and 4 rows 4.5-5.2 against 4.1-4.6 (`python -m bench.attention --heads 8
---keys 8192,32768 --rows 4,28 --kv-dtypes bfloat16,float16`). But a bfloat16 cache costs
-fidelity: teacher-forced on SmolLM2, top-1 agreement with HF 99.61 % against float16's 99.93 %,
-mean KL 5.8e-5 against 9.0e-7 (`bench.fidelity`). A step is what every mode takes most of, so
-the float32 path over float16 K/V stays the default. Float32 K/V (`--exact`) never take the tiles.
 
 `Kernel.integer_attention` reads a cache of another kind: keys and values as 16-bit integers
 (`int16_kv`), in integer arithmetic (csrc/integer_attention.c): each query row and each row's
@@ -49,7 +33,7 @@ from pathlib import Path
 
 import torch
 
-from . import int16_kv, switches
+from . import int16_kv
 from .int16_kv import Int16Heads
 from .native_build import CSRC, FLAGS, Loader
 
@@ -60,8 +44,6 @@ BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
 # One row, 4 heads of 64, K/V not in cache: at 1,024 keys 0.15 against PyTorch's 0.21 ms, at
 # 256 keys even (0.08 ms); the draft's small window keeps PyTorch's path.
 MIN_KEYS = 1024
-ENV = "TRIFORCE_NATIVE_ATTENTION"
-TILES_ENV = "TRIFORCE_ATTENTION_TILES"
 # heads x rows x keys below which one thread runs all the jobs (waking the other costs more than
 # it saves): one row over 4,096 keys took 0.81 ms on one thread, 0.49 ms on two.
 SMALL_WORK = 1 << 12
@@ -87,8 +69,6 @@ class Kernel:
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.attention.argtypes = [P, P, P, I64, I, I, I, I, I64, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
-        lib.attention_tiles.argtypes = [I]
-        lib.attention_tiles.restype = I
         lib.integer_attention.argtypes = [P, P, P, P, P, I64, I64, I, I, I, I64, P, I, I, I, P, P, P, I, P, P]
         lib.integer_attention.restype = I
         lib.integer_attention_paths.argtypes = []
@@ -104,27 +84,7 @@ class Kernel:
         self.integer_addresses = (ctypes.cast(lib.integer_write, ctypes.c_void_p).value,  # and its int16 cache
                                   ctypes.cast(lib.integer_attention, ctypes.c_void_p).value)
         self.threads = threads  # None: PyTorch's intra-op thread count at each call
-        self._tiles_asked: bool | None = None  # the switch as last passed to the library
-        self._tiles_on = False  # and what the library answered
         self._integer_paths: tuple[str, ...] | None = None
-
-    def tiles(self) -> bool:
-        """Whether calls over 16-bit K/V take AMX's tiles from now on: where they run and
-        `TRIFORCE_ATTENTION_TILES=1` (read at each call, so a benchmark can compare both in one
-        process). `native_layers.decode_layers` asks it before each call too: the library is told
-        only when the switch has changed (a step asks once a layer)."""
-        want = switches.is_on(TILES_ENV, default=False)
-        if want != self._tiles_asked:
-            self._tiles_on = bool(self.lib.attention_tiles(int(want)))
-            self._tiles_asked = want
-        return self._tiles_on
-
-    def tiles_run(self) -> bool:
-        """Whether AMX's bfloat16 tiles run in this process, whatever the switch says."""
-        runs = bool(self.lib.attention_tiles(1))
-        self._tiles_asked = None  # the library now holds "on": tell it the switch again
-        self.tiles()
-        return runs
 
     def plan(self, H: int, R: int, T: int, chunk: int = 0) -> tuple[int, int]:
         """The keys a job takes (a whole number of chunks) and the threads, for H heads of R rows
@@ -155,7 +115,6 @@ class Kernel:
         if limits is not None and limits.numel() != R:
             raise ValueError(f"few-row attention: {limits.numel()} limits for {R} query rows")
         block, threads = self.plan(H, R, T, chunk)
-        self.tiles()
         q, limits, out, m, l, result, chunk_sum = _call_buffers(q, scale, limits, -(-T // block), T, chunk)
         failed = self.lib.attention(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), KINDS[k.dtype], H, R, D, T,
@@ -289,15 +248,9 @@ def _call_buffers(q: torch.Tensor, scale: float, limits: torch.Tensor | None, nb
     return q, limits, torch.empty(H, nb, R, D), torch.empty(H, nb, R), torch.empty(H, nb, R), torch.empty(H, R, D), chunk_sum
 
 
-_loader: Loader[Kernel] = Loader("few-row attention", SOURCE, FLAGS, ENV, Kernel)
-
-
-def switched(on: bool):
-    """The kernel on or off (`TRIFORCE_NATIVE_ATTENTION`) inside the block, as before after it."""
-    return _loader.switched(on)
+_loader: Loader[Kernel] = Loader("few-row attention", SOURCE, FLAGS, Kernel)
 
 
 def kernel() -> Kernel | None:
-    """The kernel, built and loaded at the first call; None where it cannot be (logged once)
-    or when `TRIFORCE_NATIVE_ATTENTION=0`."""
+    """The kernel, built and loaded at the first call; None where it cannot be (logged once)."""
     return _loader.get()

@@ -2,8 +2,9 @@
 
 A library is compiled with the machine's C compiler and flags for the machine's own vector
 instructions into the user's cache folder (`config.cache_home()/native`), keyed by the source,
-the flags and the processor. Each kernel has an environment switch (`NAME=0` turns it off);
-without a compiler it is logged once and the model keeps PyTorch's path.
+the flags and the processor. Without a compiler it is logged once and the model keeps PyTorch's
+path; where it builds it runs (a model that must take PyTorch's path says so in its
+`arithmetic.Arithmetic`).
 
 -fopenmp: a kernel's threads come from the OpenMP runtime, which in a process that has loaded
 PyTorch is PyTorch's own (the same soname, libgomp.so.1, is loaded once): threads of a second
@@ -25,7 +26,6 @@ import threading
 from pathlib import Path
 from typing import Callable, Generic, TypeVar
 
-from . import switches
 from ..config import cache_home
 
 log = logging.getLogger(__name__)
@@ -88,10 +88,10 @@ def build(source: Path, flags: tuple[str, ...] = FLAGS, folder: Path | None = No
 
 class Loader(Generic[K]):
     """Builds and wraps one library at the first `get()`; None where it cannot be built (logged
-    once) or while the environment variable `env` is "0"."""
+    once)."""
 
-    def __init__(self, what: str, source: Path, flags: tuple[str, ...], env: str, wrap: Callable[[ctypes.CDLL], K]):
-        self.what, self.source, self.flags, self.env, self.wrap = what, source, flags, env, wrap
+    def __init__(self, what: str, source: Path, flags: tuple[str, ...], wrap: Callable[[ctypes.CDLL], K]):
+        self.what, self.source, self.flags, self.wrap = what, source, flags, wrap
         self._lock = threading.Lock()
         self._loaded: K | None = None
         self._tried = False
@@ -100,8 +100,6 @@ class Loader(Generic[K]):
         return build(self.source, self.flags, folder)
 
     def get(self) -> K | None:
-        if not switches.is_on(self.env):
-            return None
         if self._tried:  # asked per layer of every forward: no lock once decided
             return self._loaded
         with self._lock:
@@ -113,8 +111,3 @@ class Loader(Generic[K]):
                     detail = getattr(e, "stderr", "") or str(e)
                     log.warning("native %s unavailable (%s); using PyTorch's", self.what, detail.strip()[:300])
         return self._loaded
-
-    def switched(self, on: bool):
-        """On or off inside the block, as before after it: the benchmarks' way to compare both
-        paths in one process."""
-        return switches.switched(self.env, on)

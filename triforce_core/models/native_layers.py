@@ -11,12 +11,12 @@ vocabulary projection.
 
 Used by `Transformer.forward` on the CPU in float32 for up to `ROWS` new tokens (decoding,
 verification); prefill keeps PyTorch's matrix products, which are compute-bound there and
-faster. `TRIFORCE_NATIVE_LAYERS=0` turns it off. Results equal PyTorch's to float32 rounding:
+faster. Results equal PyTorch's to float32 rounding:
 the elementwise arithmetic is the same, only the order of sums differs
 (tests/test_native_layers.py, greedy equality with Hugging Face across the model zoo).
-A model's `integer_products` (`Transformer.integer_products`, an `int8` mode), passed to every
-call, makes its GGUF matrices' products integer ones: by default over 16-bit activations for
-the K types (`int8.WIDE`), llama.cpp's one level of 8 bits with `TRIFORCE_INT8=1`.
+A model's products mode (`Arithmetic.products`, an `int8` mode), passed to every call, makes
+its GGUF matrices' products integer ones: over 16-bit activations for the K types (`int8.WIDE`,
+or `int8.STEP_TILES` where AMX's tiles run); 0 is the float path.
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ SOURCE = CSRC / "layers.c"
 # No contraction of a * b + c into one rounding: the elementwise steps round as PyTorch's
 # separate operators do.
 LAYER_FLAGS = FLAGS + ("-ffp-contract=off",)
-ENV = "TRIFORCE_NATIVE_LAYERS"
 # New tokens up to which a forward uses the kernel: a 16-token lookup run (the default's longest)
 # and its bonus row. Past it a GGUF model's forward dequantizes every matrix for PyTorch's
 # products: SmolLM2 at 6K keys, 17 rows took 150 ms that way against 100 ms for 16 here.
@@ -113,10 +112,10 @@ class Layers:
             raise ValueError(f"native layer: {what} is {t.dtype} {tuple(t.shape)}, expected contiguous float32 {shape}")
 
     def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
-                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, integer: bool = False):
-        """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]. `integer`: the quantized
-        matrices' products are integer ones (`int8`: True is one level, or an `int8` level number;
-        the model's `integer_products`; every method here takes it)."""
+                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, products: int = 0):
+        """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]. `products`: how the quantized
+        matrices' products are computed (an `int8` mode, 0 the float path: the model's
+        `Arithmetic.products`; every method here takes it)."""
         S, E = x.shape
         D = cos.shape[1]
         N = (H + 2 * Hkv) * D
@@ -134,11 +133,11 @@ class Layers:
             x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
             None if bias is None else bias.data_ptr(),
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads(),
-            int(integer)))
+            int(products)))
         return q, k, v
 
     def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
-                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, integer: bool = False) -> None:
+                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, products: int = 0) -> None:
         """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
         S, E = x.shape
         H, _, D = attn.shape
@@ -151,10 +150,10 @@ class Layers:
         self._matrix("the down projection", w_down, intermediate, E)
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
-            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), int(integer)))
+            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), int(products)))
 
     def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor,
-               integer: bool = False) -> torch.Tensor:
+               products: int = 0) -> torch.Tensor:
         """x: [R, E] -> rms_norm(x) @ lm_head^T, [R, V] (lm_head [V, E], or a GGUF matrix)."""
         R, E = x.shape
         V = self._dims(lm_head, rows_out=True)[1]
@@ -165,7 +164,7 @@ class Layers:
             raise ValueError("native layer: a float32 head's rows must lie back to back (the kernel steps E numbers a row)")
         out = torch.empty(R, V)
         self._check(self.lib.final_logits(x.data_ptr(), R, E, norm.data_ptr(), eps, *self._parts(lm_head, rows_out=True),
-                                          V, out.data_ptr(), self._threads(), int(integer)))
+                                          V, out.data_ptr(), self._threads(), int(products)))
         return out
 
     def layer_table(self, layers: list) -> LayerTable:
@@ -181,7 +180,7 @@ class Layers:
     def decode_layers(self, x: torch.Tensor, table: LayerTable, eps: float, H: int, Hkv: int, D: int, cos: torch.Tensor,
                       sin: torch.Tensor, scale: float, k_cache: torch.Tensor, v_cache: torch.Tensor, length: int,
                       attention: native_attention.Kernel, capture_queries: bool = False,
-                      chunk: int = 0, integer: bool = False,
+                      chunk: int = 0, products: int = 0,
                       steps: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor | None, torch.Tensor | None]:
         """x [S, E] through every layer in one call, in place; the S new tokens' keys and values
         are written into k_cache/v_cache ([L, Hkv, capacity, D], `length` cached) after the
@@ -214,7 +213,6 @@ class Layers:
                                  f"[layers {L}, KV heads {Hkv}, capacity, head size {D}] with contiguous token rows")
             capacity = k_cache.shape[2]
             block, attn_threads = attention.plan(Hkv, R, T, chunk)
-            attention.tiles()
             kind, layer_stride, head_stride = native_attention.KINDS[k_cache.dtype], k_cache.stride(0), k_cache.stride(1)
         if not 0 <= length <= capacity - S:
             raise ValueError(f"decode_layers: {S} new tokens after {length} do not fit a capacity of {capacity}")
@@ -224,7 +222,7 @@ class Layers:
             x.data_ptr(), S, E, table.array, L, eps, H, Hkv, D, table.intermediate, cos.data_ptr(),
             sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), kind, layer_stride, head_stride, length,
             attention.address, block, None if queries is None else queries.data_ptr(), max(chunk, 0),
-            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(integer),
+            None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(products),
             None if planes is None else ctypes.byref(planes))
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
@@ -355,7 +353,7 @@ class LayerTable:
                              f"{want[names.index(what)]} (width {E}, heads {H}/{Hkv} of {D}, MLP width {I})")
 
 
-_loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, ENV, Layers)
+_loader: Loader[Layers] = Loader("decoder layers", SOURCE, LAYER_FLAGS, Layers)
 
 
 def build(folder: Path | None = None) -> Path:
@@ -363,19 +361,7 @@ def build(folder: Path | None = None) -> Path:
     return _loader.build(folder)
 
 
-def switched(on: bool):
-    """The kernel on or off (`TRIFORCE_NATIVE_LAYERS`) inside the block, as before after it."""
-    return _loader.switched(on)
-
-
 def kernel() -> Layers | None:
-    """The library, built and loaded at the first call; None where it cannot be (logged once)
-    or when `TRIFORCE_NATIVE_LAYERS=0`."""
+    """The library, built and loaded at the first call; None where it cannot be (logged once)."""
     return _loader.get()
 
-
-def products_mode() -> int:
-    """The `int8` mode a model's few-row products take (`int8.mode`), knowing whether this
-    process runs the integer products on AMX's tiles."""
-    layers = kernel()
-    return int8.mode(layers is not None and layers.int8.tiles())

@@ -22,7 +22,8 @@ from typing import Any, Protocol
 import torch
 import torch.nn.functional as F
 
-from . import int8, native_attention, native_layers
+from . import int8, native_layers
+from .arithmetic import Arithmetic, measured_default
 from .attention import NATIVE_QUERY_ROWS, Mask, attend, attention_mask
 from .int16_kv import Int16Heads
 from .ggml_types import LANES
@@ -123,11 +124,10 @@ class Transformer:
     # an instance): a native call per side of each layer (benchmarks and tests compare both).
     one_call = True
 
-    integer_products: int
-    """How this model's few-row products over GGUF blocks are computed: 0 the float path, else an
-    `int8` mode (integer products over 8-bit activations, one level or two, or over 16-bit ones:
-    ONE_LEVEL .. WIDE, or STEP_TILES where AMX's tiles run; float32 weights keep their path). Per model, read at every forward: the engine sets it (0 when `exact`, else
-    `Transformer.products_mode()`); a model starts with that."""
+    arithmetic: Arithmetic
+    """How this model computes (its products over GGUF blocks, the kernels it takes): per model,
+    read at every forward. A model starts with `default_arithmetic()`; an engine sets it
+    (`arithmetic.EXACT` when `exact`)."""
 
     def __init__(self, config: Any, state: dict[str, Weight], device: torch.device, dtype: torch.dtype):
         self.config = config
@@ -137,7 +137,7 @@ class Transformer:
         s = self.spec
         # Where the native layers may run (`native_layers`): float32 on the CPU.
         self._native_ok = device.type == "cpu" and dtype == torch.float32
-        self.integer_products = self.products_mode()
+        self.arithmetic = self.default_arithmetic()
         keep_stored = (
             any(isinstance(w, StoredTensor) for w in state.values())
             and self._native_ok and s.hidden_size % LANES == 0 and native_layers.kernel() is not None
@@ -247,17 +247,17 @@ class Transformer:
         gate, up = self._project(h, layer.w_gate_up, forward_rows=forward_rows).chunk(2, dim=-1)
         return self._project(F.silu(gate) * up, layer.w_down, forward_rows=forward_rows)
 
-    def products_mode(self) -> int:
-        """The `int8` mode this model's few-row products take unless set otherwise: the native
-        layers' (`native_layers.products_mode`, which asks whether AMX's tiles run) where they may
-        run, else `int8.mode()` (nothing is built for a model that never takes them)."""
-        return native_layers.products_mode() if self._native_ok else int8.mode()
+    def default_arithmetic(self) -> Arithmetic:
+        """The arithmetic measured the default for this model on this processor
+        (`arithmetic.measured_default`; nothing is built for a model that never takes the native
+        layers)."""
+        return measured_default(self._native_ok)
 
     def _integer(self, w) -> bool:
         """Whether `_project` takes the integer products for `w` (rows independent, bit for bit)."""
-        if not (self.integer_products and isinstance(w, Matrix) and w.quantized and self._native_ok):
+        if not (self.arithmetic.products and isinstance(w, Matrix) and w.quantized and self._native_ok):
             return False
-        kernel = native_layers.kernel()
+        kernel = self.arithmetic.layers()
         return kernel is not None and w.all_k_blocks() and kernel.int8.path() == int8.AVX512_VNNI
 
     def _project(self, x: torch.Tensor, w: Matrix, bias: torch.Tensor | None = None, forward_rows: int | None = None) -> torch.Tensor:
@@ -270,16 +270,17 @@ class Transformer:
         Anything else (float weights, 32-weight blocks, `exact`, AVX2 alone, where the integer
         products over many rows were not measured against PyTorch's) is a float32 product.
 
-        Where AMX's integer tiles run, the 16-bit activations' K-type parts take them
-        (`int8.TILES`: the same integers, summed in another order; from WIDE and from STEP_TILES,
-        whose steps and verifications have an order of their own), only in a forward of more than
+        With `Arithmetic.prefill_tiles`, where AMX's integer tiles run, the 16-bit activations' K-type
+        parts take them (`int8.TILES`: the same integers, summed in another order; from WIDE and
+        from STEP_TILES, whose steps and verifications have an order of their own), only in a forward of more than
         `ROWS` rows (`forward_rows`, x's own by default; the MLP's blocks of rows pass their
         forward's): no step or verification comes there, and theirs keep one order between them."""
         if self._integer(w):
-            kernel = native_layers.kernel().int8
-            mode = self.integer_products
+            kernel = self.arithmetic.layers().int8
+            mode = self.arithmetic.products
             rows = x.shape[0] if forward_rows is None else forward_rows
-            if mode in int8.PREFILL_TILES_FROM and rows > native_layers.ROWS and int8.tiles_wanted() and kernel.tiles():
+            if (mode in int8.PREFILL_TILES_FROM and rows > native_layers.ROWS and self.arithmetic.prefill_tiles
+                    and kernel.tiles()):
                 mode = int8.TILES
             y = kernel.product(x, w, mode)
             return y if bias is None else y + bias
@@ -300,8 +301,8 @@ class Transformer:
         if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows)
                 or s.num_heads // s.num_kv_heads * S > NATIVE_QUERY_ROWS or k.device.type != "cpu"):
             return None
-        fused = native_layers.kernel()
-        attention = native_attention.kernel()
+        fused = self.arithmetic.layers()
+        attention = self.arithmetic.attention()
         dtype = torch.int16 if storage[2] is not None else k.dtype
         return attention if attention is not None and fused is not None and fused.takes(dtype) else None
 
@@ -331,7 +332,7 @@ class Transformer:
         masks: dict[tuple[int, int, int | None], Mask | None] = {}
         queries = [] if capture_queries else None
         # Few rows on the CPU: each side of a layer is one native call (`native_layers`).
-        fused = native_layers.kernel() if S <= native_layers.ROWS and self._native_ok else None
+        fused = self.arithmetic.layers() if S <= native_layers.ROWS and self._native_ok else None
         eps = s.rms_norm_eps
         attention = self._one_call(S, cache) if fused is not None and self.one_call else None
         if attention is not None:  # every layer in one native call: the same arithmetic, no Python between
@@ -341,13 +342,13 @@ class Transformer:
             k_cache, v_cache, steps = cache.native_storage
             q_all, mass_all = fused.decode_layers(x, self._layer_table, eps, H, Hkv, D, cos, sin, self.scale, k_cache,
                                                   v_cache, cache.length, attention, capture_queries, chunk,
-                                                  self.integer_products, steps)
+                                                  self.arithmetic.products, steps)
             if mass_all is not None:
                 key_mass.layers += [_cached_chunks(mass, cache.length // chunk, G, S) for mass in mass_all]
         for i, layer in enumerate(self.layers if attention is None else ()):
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin,
-                                         self.integer_products)
+                                         self.arithmetic.products)
             else:
                 q, k, v = self._layer_in(x, layer, cos, sin)  # [H, S, D], [Hkv, S, D], [Hkv, S, D]
             if queries is not None:
@@ -363,13 +364,13 @@ class Transformer:
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
-            out, mass = attend(qg, keys, values, mask, self.scale, chunk)  # [Hkv, G*S, D]
+            out, mass = attend(qg, keys, values, mask, self.scale, chunk, self.arithmetic.native_attention)  # [Hkv, G*S, D]
             if mass is not None:
                 key_mass.layers.append(_cached_chunks(mass, (T - S) // chunk, G, S))
             out = out.reshape(H, S, D)
             if fused is not None:
                 fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down,
-                                self.integer_products)
+                                self.arithmetic.products)
             else:
                 x = self._layer_out(x, out, layer)
         cache.advance(S)
@@ -377,10 +378,10 @@ class Transformer:
         if logits_rows is not None:
             # A stored (GGUF) head is read by the kernel whatever the rows: dequantizing the whole
             # vocabulary for a prefill's last row would cost more than the product.
-            head_kernel = fused or (native_layers.kernel() if self.quantized else None)
+            head_kernel = fused or (self.arithmetic.layers() if self.quantized else None)
             if head_kernel is not None:
                 logits = head_kernel.logits(x[logits_rows].contiguous(), self.final_norm, eps, self.lm_head,
-                                            self.integer_products)
+                                            self.arithmetic.products)
             else:
                 xr = self._rms_norm(x[logits_rows], self.final_norm)
                 head = self.lm_head

@@ -1,4 +1,4 @@
-/* AMX's tiles as both libraries use them (tile_rows.c in layers.c, attention_tiles.c in
+/* AMX's tiles as both libraries use them (tile_rows.c in layers.c, integer_attention.c in
  * few_rows.c): whether this process may run them, and their one configuration.
  *
  * The tiles run only after the process asks the kernel for their state (arch_prctl

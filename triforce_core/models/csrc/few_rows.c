@@ -17,9 +17,6 @@
  * as they are loaded (F16C's vcvtph2ps for float16, a 16-bit shift for bfloat16; both exact) and
  * everything after runs in float32 as for float32 K/V: the result equals, bit for bit, this
  * kernel's over the widened K/V, and half the bytes are read.
- *
- * Over 16-bit K/V, after `attention_tiles(1)` where AMX's bfloat16 tiles run, the same jobs
- * take attention_tiles.c's products instead (opt-in: another arithmetic, which it describes).
  */
 #include <math.h>
 #include <stdint.h>
@@ -375,7 +372,7 @@ INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int 
     weighted_scalar(w, ws, v, n, D, o, more, rows, kind);
 }
 
-/* Rounding down, as _mm256_floor_ps does (the tiles' path compiles it with its own target). */
+/* Rounding down, as _mm256_floor_ps does (integer_attention.c takes the 16-lane exponential too). */
 #define FLOOR512(v) _mm512_roundscale_ps(v, _MM_FROUND_TO_NEG_INF | _MM_FROUND_NO_EXC)
 #ifdef __AVX512F__
 static inline __m512 exp_nonpositive_16(__m512 x) { EXP_NONPOSITIVE_VECTOR(512, FLOOR512) }
@@ -463,8 +460,7 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
     return 0;
 }
 
-/* `blocks` compiled once per kind of K/V, each with its loads fixed; q is the queries as the
- * path takes them (float32 rows here, tiles in attention_tiles.c). */
+/* `blocks` compiled once per kind of K/V, each with its loads fixed. */
 static int blocks_f32(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
                       const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
                       int chunk, float *cs) {
@@ -483,8 +479,6 @@ static int blocks_bf16(const void *q, const void *k, const void *v, int64_t hs, 
 typedef int (*BlocksFn)(const void *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
                         int, int64_t, int64_t, float *, float *, float *, int, float *);
 
-#include "amx.c"
-#include "attention_tiles.c"
 
 /* heads x rows x blocks x head size from which the merge is split over the threads. */
 #define MERGE_PARALLEL (1 << 16)
@@ -545,22 +539,7 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
     BlocksFn blocks_of = kind == KV_F16 ? blocks_f16 : kind == KV_BF16 ? blocks_bf16 : blocks_f32;
     if (kind != KV_F32 && kind != KV_F16 && kind != KV_BF16) return -2;
     int failed = 0;
-    const void *qa = q;  /* the queries as the path takes them */
-#ifdef ATT_TILES
-    if (att_tiles_on && kind != KV_F32 && D % TQ == 0 && D <= 256) {
-        int CT = (R + TQ - 1) / TQ;
-        uint32_t *qt = tile_scratch(1, (size_t)H * CT * D * 2 * TQ);
-        if (!qt) return -1;
-        if (kind == KV_BF16 && D % (2 * TQ) == 0) {  /* the cache's bytes as they are */
-            tile_queries_bf16(q, H, R, D, CT, qt);
-            blocks_of = blocks_tiles_bf16_cache;
-        } else {
-            tile_queries(q, H, R, D, CT, qt);
-            blocks_of = kind == KV_F16 ? blocks_tiles_f16 : blocks_tiles_bf16;
-        }
-        qa = qt;
-    }
-#endif
+    const void *qa = q;
 #ifdef _OPENMP
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -577,4 +556,5 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
 }
 
 #include <string.h>
+#include "amx.c"
 #include "integer_attention.c"

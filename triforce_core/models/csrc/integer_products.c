@@ -1,29 +1,27 @@
-/* Integer products chosen and run: which parts take which kernel (int8_rows.c's 8-bit
- * activations, one level or two; int16_rows.c's 16-bit ones; tile_rows.c's for a prefill), the activation rows quantized
- * for them, and the outputs split over the threads. A mode is int8.py's: INT8_ONE_LEVEL,
- * INT8_TWO_LEVELS, INT8_FAST (two levels for the 256-weight types), INT8_WIDE (16-bit
- * activations for the 256-weight types), INT8_TILES (WIDE with those parts on AMX tiles, for
- * a prefill's rows), INT8_STEP_TILES (the same activations, the K types in the steps' order of
- * tile_rows.c: VNNI up to 3 rows, the tiles above); in FAST, WIDE and the tiles the 32-weight types keep the float
- * path, where the integer products cost more than it (`python -m bench.int8_rows`).
+/* Integer products chosen and run: which parts take which kernel (int16_rows.c's 16-bit
+ * activations for the K types; tile_rows.c's on AMX's tiles, or in the steps' order), the
+ * activation rows quantized for them, and the outputs split over the threads. A mode is
+ * int8.py's: INT8_WIDE (16-bit activations for the K types), INT8_TILES (WIDE's with those parts
+ * on AMX's tiles, for a prefill's rows), INT8_STEP_TILES (the same activations, the K types in
+ * the steps' order of tile_rows.c: VNNI up to 3 rows, the tiles above). The 32-weight types and
+ * float parts keep the float path in every mode.
  *
  * Included by layers.c after tile_rows.c.
  */
 
-/* Whether a part of `type` takes the integer products: every int8 type, or with `k_only` the
- * 256-weight ones (the 32-weight types then keep the float path). */
-static inline int integer_part(int type, int k_only) { return k_only ? is_k_type(type) : is_int8_type(type); }
-
-/* int8_product_q, with `k_only` as integer_part's, and the 256-weight types' parts from xw
- * (S x K/256 block_q16_k) where it is given, else from xk. With `quantize_xw`, x's rows are
- * first quantized into xw by the same threads (a row is one thread's: the same bits). */
-static int product_q(const float *x, const void *x32, const void *xk, void *xw, int S, int K, const struct part *parts,
-                     int nparts, float *y, int threads, int k_only, int quantize_xw, const struct tile_acts *ta) {
+/* y [S, N] = x [S, K] @ W^T over the stacked parts: the 256-weight types' parts from xw (S x K/256
+ * block_q16_k, or `ta`'s layouts), the others (32-weight types, F32, F16) by the float path from
+ * x. With `quantize_xw`, x's rows are first quantized into xw by the same threads (a row is one
+ * thread's: the same bits). Jobs of OUT_JOB outputs over the threads, as stacked_product.
+ * Returns -1 without scratch memory, -2 where an input a part needs is missing (or a part is
+ * not a GGUF tensor's). */
+static int product_q(const float *x, void *xw, int S, int K, const struct part *parts, int nparts, float *y, int threads,
+                     int quantize_xw, const struct tile_acts *ta) {
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) {
-        int t = parts[i].type, integer = integer_part(t, k_only);
+        int t = parts[i].type;
         if (!is_int8_type(t) && t != T_F32 && t != T_F16) return -2;  /* GGUF parts only */
-        if (!integer ? !x : is_k_type(t) ? !xk && !xw : !x32) return -2;
+        if (is_k_type(t) ? !xw : !x) return -2;
         if (K <= 0 || K % block_weights(t)) return -2;
         N += parts[i].rows;
     }
@@ -42,11 +40,10 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
             for (int s = 0; s < S; s++)
                 quantize_q16_k(x + (int64_t)s * K, K, (struct block_q16_k *)xw + (int64_t)s * (K / 256));
         }
-        /* 16-bit rows a group of I16_ROWS at a time over every output (the others take all S
-         * rows at once, as before): a group's activations stay in the second level of cache
+        /* 16-bit rows a group of I16_ROWS at a time over every output: a group's activations stay in the second level of cache
          * while the weights stream past them, where all of a prefill's rows for every job
          * (1.2 MB for 256 rows of 2,048 inputs) came from the third. */
-        int group = ta ? (ta->steps ? tile_group(K) / STEP_ROWS * STEP_ROWS : tile_group(K)) : xw ? I16_ROWS : S;
+        int group = ta ? (ta->steps ? tile_group(K) / STEP_ROWS * STEP_ROWS : tile_group(K)) : I16_ROWS;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
             /* guided: a thread that finishes early takes jobs from the other's share (one step
@@ -70,10 +67,8 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
 #endif
                     if (ta && is_k_type(parts[i].type) && (!ta->steps || step_type(parts[i].type)))
                         tile_outputs(&parts[i], lo, hi, ta, s0, g, K, y + (int64_t)s0 * N + base, N, path);
-                    else if (xw && is_k_type(parts[i].type))
+                    else if (is_k_type(parts[i].type))
                         int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
-                    else if (integer_part(parts[i].type, k_only))
-                        int8_outputs(&parts[i], lo, hi, x32, xk, S, K, y + base, N, path);
                     else if (w)
                         stacked_outputs(x + (int64_t)s0 * K, g, K, &parts[i], 1, lo, hi, y + (int64_t)s0 * N + base, N, w);
                 }
@@ -82,55 +77,6 @@ static int product_q(const float *x, const void *x32, const void *xk, void *xw, 
         free(w);
     }
     return failed ? -1 : 0;
-}
-
-/* y [S, N] = x [S, K] @ W^T over the stacked parts, the int8 types' parts from the quantized
- * rows (x32: S x ceil(K/256) block_q8_32x8, xk: S x K/256 block_q8_k; each may be NULL where no part
- * needs it), the others (F32, F16) by the float path from x (NULL where there are none). Jobs
- * of OUT_JOB outputs over the threads, as stacked_product. Returns -1 without scratch memory,
- * -2 where an input a part needs is missing (or a part is not a GGUF tensor's). */
-int int8_product_q(const float *x, const void *x32, const void *xk, int S, int K, const struct part *parts, int nparts,
-                   float *y, int threads) {
-    return product_q(x, x32, xk, NULL, S, K, parts, nparts, y, threads, 0, 0, NULL);
-}
-
-/* The residual of rows quantized in `kind`'s layout: r = x - d q, per element, each row on its own. */
-static void q8_residual(const float *x, int S, int K, int kind, const void *q, float *r) {
-    for (int s = 0; s < S; s++) {
-        const float *xs = x + (int64_t)s * K;
-        float *rs = r + (int64_t)s * K;
-        for (int e = 0; e < K; e++) {
-            float d;
-            int8_t v;
-            if (kind == Q8_K) {
-                const struct block_q8_k *b = (const struct block_q8_k *)q + (int64_t)s * (K / 256) + e / 256;
-                d = b->d, v = b->qs[e % 256];
-            } else {
-                const struct block_q8_32x8 *g = (const struct block_q8_32x8 *)q + (int64_t)s * act_blocks(K, Q8_32) + e / 256;
-                d = g->d[(e % 256) / 32], v = g->qs[e % 256];
-            }
-            rs[e] = xs[e] - d * (float)v;
-        }
-    }
-}
-
-/* x's S rows as 2S quantized rows in `kind`'s layout, interleaved: row 2s the row quantized, row
- * 2s + 1 what that left (its residual, quantized with its own scales). Together they carry about
- * 15 bits of each input: the residual is at most half a step of the first, and is itself cut to
- * 1/254 of that. */
-static int quantize_two_levels(const float *x, int S, int K, int kind, void *out) {
-    size_t row_bytes = (kind == Q8_K ? sizeof(struct block_q8_k) : sizeof(struct block_q8_32x8)) * (size_t)act_blocks(K, kind);
-    float *r = malloc(sizeof(float) * (size_t)K);
-    if (!r) return -1;
-    for (int s = 0; s < S; s++) {  /* each row straight into its slot, its residual into the next */
-        const float *xs = x + (int64_t)s * K;
-        uint8_t *first = (uint8_t *)out + row_bytes * (size_t)(2 * s);
-        int8_quantize_rows(xs, 1, K, kind, first);
-        q8_residual(xs, 1, K, kind, first, r);
-        int8_quantize_rows(r, 1, K, kind, first + row_bytes);
-    }
-    free(r);
-    return 0;
 }
 
 /* stacked_product with the 256-weight types' parts as integer products over 16-bit activations
@@ -143,7 +89,7 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
     if (!needk || K % 256) return stacked_product(x, S, K, parts, nparts, y, threads);
     struct block_q16_k *xw = malloc(sizeof(*xw) * (size_t)S * (size_t)(K / 256));
     if (!xw) return -1;
-    int failed = product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 1, ta);
+    int failed = product_q(x, xw, S, K, parts, nparts, y, threads, 1, ta);
     free(xw);
     return failed;
 }
@@ -175,63 +121,19 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
             quantize_q16_k(x + (int64_t)s * K, K, xw + (int64_t)s * nb);
             tile_acts_row(xw, K, s, &a);
         }
-        failed = steps && step_acts(&a, S, K) ? -1 : product_q(x, NULL, NULL, xw, S, K, parts, nparts, y, threads, 1, 0, &a);
+        failed = steps && step_acts(&a, S, K) ? -1 : product_q(x, xw, S, K, parts, nparts, y, threads, 0, &a);
     }
     free(xw);
     tile_acts_free(&a);
     return failed;
 }
 
-/* stacked_product with the int8 types' parts as integer products: x's rows quantized first,
- * to the layouts the parts need. `mode`: INT8_ONE_LEVEL, INT8_TWO_LEVELS, or INT8_FAST (two
- * levels for the 256-weight types, the float path for the 32-weight ones, where two levels'
- * doubled integer work costs more than the float products: bench.int8_rows). With two levels
- * each row is quantized twice (the row, then its residual: `quantize_two_levels`), both
- * multiplied, and an output is the first product plus the second, in that order: one rounding more per output, the same for every row count. A
- * part of float weights (F32, F16) sees the row and then a row of zeros, so its output is the
- * float path's exactly. */
+/* stacked_product with the 256-weight types' parts as integer products in `mode` (INT8_WIDE,
+ * INT8_TILES, INT8_STEP_TILES), the others by the float path. Returns -2 for another mode. */
 static int int8_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                 int mode) {
     if (mode == INT8_WIDE) return wide_stacked_product(x, S, K, parts, nparts, y, threads, NULL);
     if (mode == INT8_TILES || mode == INT8_STEP_TILES)
         return tiles_stacked_product(x, S, K, parts, nparts, y, threads, mode == INT8_STEP_TILES);
-    int k_only = mode == INT8_FAST, levels = mode == INT8_ONE_LEVEL ? 1 : 2;
-    int need32 = 0, needk = 0, floats = 0;
-    for (int i = 0; i < nparts; i++) {
-        need32 |= integer_part(parts[i].type, k_only) && !is_k_type(parts[i].type);
-        needk |= is_k_type(parts[i].type);
-        floats |= !integer_part(parts[i].type, k_only);
-    }
-    if (!need32 && !needk) return stacked_product(x, S, K, parts, nparts, y, threads);
-    int R = levels == 2 ? 2 * S : S;
-    int64_t N = 0;
-    for (int i = 0; i < nparts; i++) N += parts[i].rows;
-    struct block_q8_32x8 *x32 = need32 ? malloc(sizeof(*x32) * (size_t)R * (size_t)act_blocks(K, Q8_32)) : NULL;
-    struct block_q8_k *xk = needk ? malloc(sizeof(*xk) * (size_t)R * (size_t)(K / 256)) : NULL;
-    float *xr = levels == 2 && floats ? calloc((size_t)R * (size_t)K, sizeof(float)) : NULL;
-    float *yr = levels == 2 ? malloc(sizeof(float) * (size_t)R * (size_t)N) : NULL;
-    int failed = -1;
-    if ((!need32 || x32) && (!needk || xk) && (levels != 2 || (yr && (!floats || xr)))) {
-        failed = 0;
-        if (levels == 2) {
-            if (need32) failed |= quantize_two_levels(x, S, K, Q8_32, x32);
-            if (needk) failed |= quantize_two_levels(x, S, K, Q8_K, xk);
-            if (xr)
-                for (int s = 0; s < S; s++) memcpy(xr + (int64_t)(2 * s) * K, x + (int64_t)s * K, sizeof(float) * (size_t)K);
-            if (!failed) failed = product_q(xr, x32, xk, NULL, R, K, parts, nparts, yr, threads, k_only, 0, NULL);
-            if (!failed)
-                for (int s = 0; s < S; s++)
-                    for (int64_t n = 0; n < N; n++)
-                        y[(int64_t)s * N + n] = yr[(int64_t)(2 * s) * N + n] + yr[(int64_t)(2 * s + 1) * N + n];
-        } else {
-            if (need32) int8_quantize_rows(x, S, K, Q8_32, x32);
-            if (needk) int8_quantize_rows(x, S, K, Q8_K, xk);
-            failed = int8_product_q(x, x32, xk, S, K, parts, nparts, y, threads);
-        }
-    }
-    free(x32);
-    free(xk);
-    free(xr);
-    free(yr);
-    return failed;
+    return -2;
 }

@@ -13,8 +13,8 @@
  * sums inside a norm or a matrix product differs, as it does between PyTorch's own kernels.
  * Weights are either float32 stored [in, out] (`x @ W`, the vocabulary projection [vocab,
  * hidden]), or as a GGUF file stores them (quant_rows.c): each matrix is passed as its parts.
- * With `int8` (TRIFORCE_INT8=1, opt-in) the quantized parts are integer products over 8-bit
- * activations instead (int8_rows.c).
+ * With `int8` (an int8.py mode, the model's `Arithmetic.products`) the K types' parts are
+ * integer products over 16-bit activations instead (integer_products.c).
  */
 #include <math.h>
 #include <stdint.h>
@@ -128,7 +128,7 @@ static int threads_for(int threads, int64_t work) { return work < SMALL_WORK ? 1
 static void product(const float *x, int S, int K, const float *w, int64_t ldw, int64_t N, float *y, int threads);
 
 /* y [S, N] = x [S, K] times a matrix: float32 [in, out] (one part), or stacked GGUF parts; with
- * `int8`, the quantized parts as integer products over 8-bit activations (int8_rows.c). */
+ * `int8` (a mode), the K types' parts as integer products (integer_products.c). */
 static int weights_product(const float *x, int S, int K, const struct part *w, int nparts, int64_t N, float *y, int threads,
                            int int8) {
     if (w[0].type == T_F32_IN_OUT) {

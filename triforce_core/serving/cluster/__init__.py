@@ -40,7 +40,7 @@ MAX_ONGOING_REQUESTS = 32
 # only wait. The sweep behind it: `python -m bench.cluster_load --sweep 1,2,4,8,16` on the demo
 # pair, one replica of one core (docs/cluster.md).
 TARGET_ONGOING_REQUESTS = 4.0
-# Environment the replicas need from the command's: offline hub, cache folders, engine switches
+# Environment the replicas need from the command's: offline hub, cache folders, the engine's key
 # (not the API key: the ingress holds it, the replicas take no requests but the ingress's).
 PASSED_ENV_PREFIXES = ("TRIFORCE_", "HF_", "TRANSFORMERS_", "XDG_CACHE_HOME")
 NOT_PASSED = {"TRIFORCE_API_KEY"}
