@@ -35,7 +35,6 @@ The prefill (`prefill.py`, the `Prefill` half of `SpeculationLoop`) sets it up f
 from __future__ import annotations
 
 import time
-from collections import deque
 from typing import Iterator
 
 import torch
@@ -47,13 +46,13 @@ from ..kv import INT16, DiskCache, FullCache, RetrievalCache, StreamingCache, ch
 from .lanes import Lane, RetrievalLane, StreamingLane
 from .inspection import greedy_law, token_checks
 from ..models.loading import sync_device
-from ..models.transformer import Transformer, KeyMass
+from ..models.transformer import Transformer
 from .penalties import Penalties
 from .prefill import Prefill
-from .proposers import Counters, Lookup, MiddleLevel, ModelDraft, Proposal, verified_event
+from .proposers import Counters, Lookup, MiddleLevel, ModelDraft, Proposal, RoundProposer, verified_event
+from .refresh import RetrievalRefresh
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 from .row_cost import measured_row_cost
-from .schedule import DraftSchedule, LookupLength
 
 
 class SpeculationLoop(Prefill):
@@ -155,7 +154,6 @@ class SpeculationLoop(Prefill):
         self.prompt: list[int] = []
         self.selection_event: ChunksSelected | None = None
         self._mark: tuple | None = None
-        self._refreshed = False
         self.inspect = False
 
     # -- a generation: prefill (`Prefill`), then decoding ------------------------------------
@@ -228,179 +226,129 @@ class SpeculationLoop(Prefill):
     # -- decoding --------------------------------------------------------------------------
     def run(self, prefilled: Prefilled) -> Iterator[Event]:
         """Decode after `prefill`; yields Drafted/Verified/Committed/ChunksSelected, then Finished."""
-        cfg = self.config
-        speculation, sampling, cc = cfg.speculation, cfg.sampling, cfg.cache
+        speculation = self.config.speculation
         committed = self.history = list(self.prompt)  # grows in place: the caches' token record
-        n_prompt = len(committed)
-        self.penalties.start = n_prompt  # the answer, which the penalties count, starts here
-        new_levels: list[str] = []
-        rounds = refreshes = 0
-        since_select = 0
-        recent_acc: deque[float] = deque(maxlen=4)
-        stop_reason = "max_new_tokens"
-        capture = self.retrieval is not None
-        follow = capture and cc.select_by == "attention"
-        self._mass = None
+        self.penalties.start = len(committed)  # the answer, which the penalties count, starts here
+        proposer = RoundProposer(self.lookup, self.proposer, self.row_cost, speculation.lookup_max,
+                                 speculation.gamma2, speculation.adaptive_gamma)
+        refresh = RetrievalRefresh(self.retrieval, self.config.cache, self.margin) if self.retrieval else None
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
-        # How much of a lookup proposal the target verifies: what pays for its rows.
-        length = LookupLength(self.row_cost) if self.row_cost is not None else None
-        schedule = DraftSchedule(speculation.gamma2, speculation.adaptive_gamma)  # draft length of the levels below
+        levels: list[str] = []  # who proposed each committed token of the answer
+        rounds, stop_reason = 0, "max_new_tokens"
         t0 = time.perf_counter()
-        while True:
+        while stop_reason != "eos" and len(levels) < speculation.max_new_tokens:
             events: list[Event] = []
             # 1. Propose: lookup where the sequence's end recurs in the context and its tokens pay
             #    for their rows, else the levels below the target (lower levels first; they
             #    verify one another on the way).
-            prop = Proposal([], None, [])
-            longest = min(speculation.lookup_max, speculation.max_new_tokens - len(new_levels) - 1)  # no rows past the end
-            if self.lookup is not None and longest > 0:
-                prop = self.lookup.propose(longest, committed, [], events, length)
-            from_lookup = bool(prop.tokens)
-            if not from_lookup and self.proposer is not None:
-                draft = schedule.take()
-                if draft > 0:
-                    prop = self.proposer.propose(draft, committed, [], events)
-            # 2. The full target scores every proposed token in one forward (and, when the
-            #    selection follows it, reports the attention each chunk of its cache received).
-            self.full.sync(committed, [])
-            # (Not for lookup runs: copying needs no retrieval, and reading their many rows'
-            # weights would cost the most common round of the default ~15 %: measured. Nor
-            # while the whole context fits the budget: no refresh then chooses anything.)
-            dense = follow and self.retrieval.cache.selection.dense
-            probe = KeyMass(cc.chunk_size) if follow and not from_lookup and not dense else None
-            if capture:
-                logits, queries, first_row = self.full.advance(prop.tokens, capture_queries=True, key_mass=probe)
-            else:
-                logits = self.full.advance(prop.tokens)
-            # Row i follows committed + prop.tokens[:i]: its penalty counts exactly that prefix.
-            logits = self.penalties(logits, committed, (), prop.tokens)
+            proposal = proposer.propose(committed, speculation.max_new_tokens - len(levels), events)
+            # 2. Verify: the full target scores every proposed token in one forward, exactly.
+            r, queries = self._verify(proposal, committed, refresh, events)
+            proposer.update(proposal, r.accepted)
             rounds += 1
-            # 3. Exact verification against the target's law.
-            if sampling.greedy:
-                r = verify_greedy(prop.tokens, logits)
-                p = greedy_law(logits) if self.inspect else None
-            else:
-                p = warp(logits, sampling)
-                if prop.tokens:
-                    r = verify_stochastic(prop.tokens, prop.laws, p, self.generator)
-                else:
-                    r = _bonus_only(p[0], self.generator)
-            if prop.tokens:
-                self.counters.add("target", prop.levels, r.accepted)
-                checks = token_checks("target", prop.tokens, prop.levels, prop.laws, p, r) if self.inspect else ()
-                events.append(verified_event("target", prop.tokens, r, checks))
-                if not from_lookup:  # the retrieval refresh watches the levels below, not lookups
-                    recent_acc.append(r.accepted / len(prop.tokens))
-            if from_lookup and length is not None:
-                length.update(self.lookup.match, len(prop.tokens), r.accepted)
-            elif not from_lookup and self.proposer is not None:
-                schedule.update(len(prop.tokens), r.accepted)
-            if probe is not None and probe.layers:  # rows of the committed positions only
-                self._observe(probe, first_row + 1 + r.accepted)
-            new = prop.tokens[: r.accepted] + [r.token]
-            levels = prop.levels[: r.accepted] + ["target"]
-            # 4. Stop conditions: EOS (kept in the output) and the token limit.
-            room = speculation.max_new_tokens - len(new_levels)
-            for i, t in enumerate(new[:room]):
-                if t in self.eos_ids:
-                    new, levels, stop_reason = new[: i + 1], levels[: i + 1], "eos"
-                    break
-            else:
-                new, levels = new[:room], levels[:room]
+            # 3. Commit the accepted tokens and the target's own, up to EOS (kept) or the limit.
+            new, by, eos = _accepted(proposal, r, speculation.max_new_tokens - len(levels), self.eos_ids)
             committed += new
-            new_levels += levels
-            done = stop_reason == "eos" or len(new_levels) >= speculation.max_new_tokens
+            levels += by
+            stop_reason = "eos" if eos else stop_reason
             # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
-            events.append(Committed(tuple(new), tuple(levels), detok.push_text(new) if detok else ""))
-            # 5. Every lane rolls back to the committed sequence (O(1) per cache).
-            self.full.commit(committed)
-            if self.lookup is not None:
-                self.lookup.commit(committed)
-            if self.proposer is not None and not done:
-                self._commit_lower(committed, since_select + len(new), recent_acc, queries if capture else None,
-                                   r.accepted, events, rounds)
-                if self._refreshed:
-                    refreshes += 1
-                    since_select = 0
-                    recent_acc.clear()
-                else:
-                    since_select += len(new)
+            events.append(Committed(tuple(new), tuple(by), detok.push_text(new) if detok else ""))
+            # 4. Refresh: every lane rolls back to the committed sequence (O(1) per cache), and the
+            #    retrieval level selects its chunks again when they are stale.
+            done = eos or len(levels) >= speculation.max_new_tokens
+            self._roll_back(committed, len(new), done, refresh, queries, r.accepted, rounds, events)
             yield from events
-            if done:
-                break
         sync_device(self.target.device)
-        decode_s = time.perf_counter() - t0
-        n_new = len(new_levels)
-        acceptance = {
-            k: (self.counters.accepted.get(k, 0) / v if v else 0.0) for k, v in self.counters.proposed.items()
-        }
-        by_level = {name: new_levels.count(name) for name in LEVELS}
-        level_s, level_calls = self._level_times()
-        c = self.counters
-        pair_acc = {k: c.pair_accepted.get(k, 0) / v for k, v in c.pair_proposed.items() if v}
-        yield Finished(
-            GenerationStats(
-                prompt_tokens=n_prompt,
-                new_tokens=n_new,
-                prefill_s=prefilled.seconds,
-                decode_s=decode_s,
-                tokens_per_s=n_new / decode_s if decode_s > 0 else 0.0,
-                rounds=rounds,
-                mean_accepted=n_new / rounds if rounds else 0.0,
-                proposed=dict(self.counters.proposed),
-                accepted=dict(self.counters.accepted),
-                acceptance=acceptance,
-                committed_by_level=by_level,
-                refreshes=refreshes,
-                stop_reason=stop_reason,
-                mode=speculation.mode,
-                reused_tokens=prefilled.reused_tokens,
-                disk_tokens=prefilled.disk_tokens,
-                acceptance_by_proposer=pair_acc,
-                proposed_by_proposer=dict(c.pair_proposed),
-                level_seconds=level_s,
-                level_calls=level_calls,
-            )
-        )
+        refreshes = refresh.count if refresh is not None else 0
+        yield Finished(self._stats(prefilled, levels, rounds, refreshes, stop_reason, time.perf_counter() - t0))
 
-    def _commit_lower(self, committed, since_select, recent_acc, queries, accepted_row, events, step) -> None:
-        """Roll the lower lanes back to `committed`; re-select retrieval chunks when stale."""
-        self._refreshed = False
-        cc = self.config.cache
+    def _verify(self, proposal: Proposal, committed: list[int], refresh: RetrievalRefresh | None,
+                events: list[Event]) -> tuple[VerifyResult, torch.Tensor | None]:
+        """The target's forward over `proposal` and its exact verification against the target's
+        law; with a retrieval level also the forward's queries (and, when the selection follows
+        the target's attention, what each chunk received)."""
+        sampling = self.config.sampling
+        self.full.sync(committed, [])
+        queries = probe = None
+        if refresh is not None:
+            probe = refresh.probe(proposal)
+            logits, queries, first_row = self.full.advance(proposal.tokens, capture_queries=True, key_mass=probe)
+        else:
+            logits = self.full.advance(proposal.tokens)
+        # Row i follows committed + proposal.tokens[:i]: its penalty counts exactly that prefix.
+        logits = self.penalties(logits, committed, (), proposal.tokens)
+        if sampling.greedy:
+            r = verify_greedy(proposal.tokens, logits)
+            p = greedy_law(logits) if self.inspect else None
+        else:
+            p = warp(logits, sampling)
+            if proposal.tokens:
+                r = verify_stochastic(proposal.tokens, proposal.laws, p, self.generator)
+            else:
+                r = _bonus_only(p[0], self.generator)
+        if proposal.tokens:
+            self.counters.add("target", proposal.levels, r.accepted)
+            checks = (token_checks("target", proposal.tokens, proposal.levels, proposal.laws, p, r)
+                      if self.inspect else ())
+            events.append(verified_event("target", proposal.tokens, r, checks))
+        if refresh is not None:
+            refresh.verified(proposal, r.accepted, probe, first_row)
+        return r, queries
+
+    def _roll_back(self, committed: list[int], new: int, done: bool, refresh: RetrievalRefresh | None,
+                   queries: torch.Tensor | None, row: int, step: int, events: list[Event]) -> None:
+        """Every lane to `committed` (`new` tokens more); the lower ones only while decoding goes
+        on, the retrieval lane by `refresh` (a new selection's ChunksSelected joins `events`)."""
+        self.full.commit(committed)
+        if self.lookup is not None:
+            self.lookup.commit(committed)
+        if done:
+            return
         if self.small is not None:
             self.small.commit(committed)
-        if self.retrieval is None:
-            return
-        lane = self.retrieval
-        backlog = len(committed) - 1 - lane.covered
-        full_up = lane.cache.length - len(lane.fed) + backlog + self.margin > lane.cache.capacity
-        stale = cc.refresh_every > 0 and since_select >= cc.refresh_every
-        low = (
-            cc.refresh_acceptance > 0
-            and len(recent_acc) == recent_acc.maxlen
-            and sum(recent_acc) / len(recent_acc) < cc.refresh_acceptance
+        if refresh is not None:
+            sel = refresh.commit(committed, new, queries, row)
+            if sel is not None:
+                events.append(self._selection_event(sel, step))
+
+    def _stats(self, prefilled: Prefilled, levels: list[str], rounds: int, refreshes: int, stop_reason: str,
+               decode_s: float) -> GenerationStats:
+        c = self.counters
+        level_s, level_calls = self._level_times()
+        return GenerationStats(
+            prompt_tokens=len(self.prompt),
+            new_tokens=len(levels),
+            prefill_s=prefilled.seconds,
+            decode_s=decode_s,
+            tokens_per_s=len(levels) / decode_s if decode_s > 0 else 0.0,
+            rounds=rounds,
+            mean_accepted=len(levels) / rounds if rounds else 0.0,
+            proposed=dict(c.proposed),
+            accepted=dict(c.accepted),
+            acceptance={k: (c.accepted.get(k, 0) / v if v else 0.0) for k, v in c.proposed.items()},
+            committed_by_level={name: levels.count(name) for name in LEVELS},
+            refreshes=refreshes,
+            stop_reason=stop_reason,
+            mode=self.config.speculation.mode,
+            reused_tokens=prefilled.reused_tokens,
+            disk_tokens=prefilled.disk_tokens,
+            acceptance_by_proposer={k: c.pair_accepted.get(k, 0) / v for k, v in c.pair_proposed.items() if v},
+            proposed_by_proposer=dict(c.pair_proposed),
+            level_seconds=level_s,
+            level_calls=level_calls,
         )
-        if full_up or ((stale or low) and not lane.cache.selection.dense):
-            # Queries of the row that produced the last committed token: the freshest position.
-            sel = lane.reselect(queries[:, accepted_row], committed, self._mass)
-            self._refreshed = True
-            events.append(self._selection_event(sel, step))
-        else:
-            lane.commit(committed)
 
 
-    # Per round, what the target attended to so far counts this much less: a refresh follows the
-    # recent verifications (a half-life of about 7 rounds).
-    MASS_DECAY = 0.9
-
-    def _observe(self, probe: KeyMass, rows: int) -> None:
-        """Add the attention mass the target's first `rows` query rows gave each chunk."""
-        mass = torch.stack([m[:, :rows].sum(dim=1) for m in probe.layers])  # [L, Hkv, n_chunks]
-        old = self._mass
-        if old is not None:
-            n = min(old.shape[2], mass.shape[2])
-            mass[:, :, :n] += self.MASS_DECAY * old[:, :, :n]
-        self._mass = mass
+def _accepted(proposal: Proposal, r: VerifyResult, room: int, eos_ids: frozenset[int]):
+    """The tokens a round commits and who proposed each: the accepted part of `proposal` and the
+    target's own token, at most `room`, ending at the first EOS (kept). Returns (tokens, levels,
+    whether an EOS ended them)."""
+    new = (proposal.tokens[: r.accepted] + [r.token])[:room]
+    levels = (proposal.levels[: r.accepted] + ["target"])[:room]
+    for i, t in enumerate(new):
+        if t in eos_ids:
+            return new[: i + 1], levels[: i + 1], True
+    return new, levels, False
 
 
 def _bonus_only(p: torch.Tensor, generator) -> VerifyResult:

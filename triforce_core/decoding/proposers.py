@@ -10,6 +10,8 @@ proposers also have `inspect` (set by the decoder): when on, greedy proposals ca
 (softmax at temperature 1) and the middle level's `Verified` events carry `TokenCheck`s. The middle
 level verifies what the levels below propose exactly (residual resampling), so each token it
 emits follows the retrieval level's law p_mid, the q the target's verification uses.
+`RoundProposer` picks, each round, what the target verifies: the lookup or the levels below, and
+how many tokens (`schedule.py`).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from .lanes import Lane, RetrievalLane
 from .lookup import ContextIndex
 from .penalties import NO_PENALTIES, Penalties
 from .sampling import row_argmax, sample, verify_greedy, verify_stochastic, warp
-from .schedule import LookupLength
+from .schedule import DraftSchedule, LookupLength
 
 
 @dataclass
@@ -35,6 +37,7 @@ class Proposal:
     laws: torch.Tensor | None  # [n, V] law each token was drawn from (None: greedy or point masses;
     #                            greedy with inspect: the softmax each argmax was taken of)
     levels: list[str]
+    match: int | None = None  # the lookup's proposal: its backward match (`ContextIndex.propose`); else None
 
 
 @dataclass
@@ -72,23 +75,56 @@ class Lookup:
         self.index = ContextIndex(min_match=min_match, rival_slack=RIVAL_SLACK if agree else None, backoff=backoff)
         self.seconds = 0.0
         self.calls = 0
-        self.match = 0  # the last proposal's backward match (`ContextIndex.propose`)
 
     def propose(self, n: int, committed: list[int], speculated: list[int], events: list[Event],
                 length: LookupLength | None = None) -> Proposal:
         """Up to n tokens; `length` (the target's price of a row) cuts them where they stop paying."""
         t0 = time.perf_counter()
-        tokens, self.match = self.index.propose(committed + speculated if speculated else committed, n)
+        tokens, match = self.index.propose(committed + speculated if speculated else committed, n)
         if length is not None:
-            tokens = tokens[: length.take(self.match, len(tokens))]
+            tokens = tokens[: length.take(match, len(tokens))]
         self.seconds += time.perf_counter() - t0
         self.calls += 1
         if tokens:
             events.append(Drafted(self.level, tuple(tokens)))
-        return Proposal(tokens, None, [self.level] * len(tokens))
+        return Proposal(tokens, None, [self.level] * len(tokens), match)
 
     def commit(self, committed: list[int]) -> None:
         self.index.extend(committed[len(self.index.tokens) :])
+
+
+class RoundProposer:
+    """What the target verifies in a round, and how many tokens: the lookup's proposal where the
+    sequence's end recurs in the context, cut where its tokens stop paying for their rows
+    (`LookupLength` at `row_cost` of a step), else what the levels below the target (`lower`)
+    propose in as many tokens as `DraftSchedule` allows; with neither, a plain target step.
+    `update` tells the rule that sized a proposal what the target accepted of it."""
+
+    def __init__(self, lookup: Lookup | None, lower: "ModelDraft | MiddleLevel | None", row_cost: float | None,
+                 lookup_max: int, gamma2: int, adaptive: bool):
+        self.lookup, self.lower, self.lookup_max = lookup, lower, lookup_max
+        self.length = LookupLength(row_cost) if lookup is not None else None
+        self.schedule = DraftSchedule(gamma2, adaptive)  # the draft length of the levels below
+
+    def propose(self, committed: list[int], room: int, events: list[Event]) -> Proposal:
+        """The round's proposal; `room`: tokens the answer may still take (no rows past its end)."""
+        longest = min(self.lookup_max, room - 1)
+        if self.lookup is not None and longest > 0:
+            proposal = self.lookup.propose(longest, committed, [], events, self.length)
+            if proposal.tokens:
+                return proposal
+        if self.lower is not None:
+            n = self.schedule.take()
+            if n > 0:
+                return self.lower.propose(n, committed, [], events)
+        return Proposal([], None, [])
+
+    def update(self, proposal: Proposal, accepted: int) -> None:
+        """After the target accepted `accepted` of `proposal`'s tokens."""
+        if proposal.match is not None:
+            self.length.update(proposal.match, len(proposal.tokens), accepted)
+        elif self.lower is not None:
+            self.schedule.update(len(proposal.tokens), accepted)
 
 
 class ModelDraft:
