@@ -49,27 +49,18 @@ SELECT_BY = ("queries", "attention")
 # level and the draft keep float16.
 KV_DTYPES = ("float32", "float16", "bfloat16", "int16")
 # The K/V dtype of a float32 Hugging Face model (a folder, a hub id, the demo pair) on the CPU when
-# none is asked for (auto): float32, so that greedy output equals Hugging Face's (on the shipped
-# pair, greedy answers equal float32's on 18 of 20 questions with float16, 12 of 20 with
-# bfloat16; docs/benchmarks.md, "16-bit K/V"). Other models (CUDA, 16-bit weights) keep K/V in
-# their own dtype.
+# none is asked for (auto): float32, so that greedy output equals Hugging Face's (16-bit K/V
+# changes an answer now and then: docs/benchmarks.md, "16-bit K/V"). Other models (CUDA, 16-bit
+# weights) keep K/V in their own dtype.
 DEFAULT_KV_DTYPE = "float32"
 # A GGUF file's K/V dtype on the CPU (float32, the native kernels) when none is asked for: float16,
-# as llama.cpp keeps it. Its top-1 agreement with Hugging Face float32 over 4,096 teacher-forced
-# positions of SmolLM2 is 99.93 % (3 positions, mean KL 9e-7; bench/results/fidelity-smollm2.json,
-# `python -m bench.fidelity --target smollm2 --tokens 4096`), and 16-bit K/V is much faster (the
-# shipped pair on a 2-core AVX2 EPYC: a step 0.60-0.67x float32's at 16K-64K, a 7-row
-# verification 0.81-0.85x; document chat at 32K 1.59x float32's tokens/s autoregressive;
-# docs/benchmarks.md). `exact` (`--exact`) keeps float32.
+# as llama.cpp keeps it: close to float32 (`python -m bench.fidelity`) and much faster to read
+# (docs/results.md). `exact` (`--exact`) keeps float32.
 GGUF_KV_DTYPE = "float16"
 # ... and for a GGUF file whose heads are at least this wide (a multiple of 64 up to 256: Llama
 # 3.2 3B, Llama 3.1 8B, Qwen2.5 7B, Mistral 7B), where the integer attention kernel's vector
-# paths run: int16 (`kv.int16`). It reads closer to float32 than float16 (mean KL 1.8e-7 against
-# 9.0e-7 on SmolLM2) and measured faster there: the 3B shape's step 0.97-0.98x float16's and its
-# 7-row verification 0.73-0.85x at 8K-32K (bench/results/level-steps-3b-q4km-int16-cache.json).
-# Heads of 64 keep float16: the 1B shape's step was 1.02x, SmolLM2's chat 1.00x (lookup) and
-# 0.98x (autoregressive; bench/results/chat-smollm2-6k-rp12-int16-prefetch.json), the 1B shape's
-# chat (lookup, one engine a process) 0.72-1.01x (bench/results/chat-1b-shape-q4km-4k-lookup-*.json).
+# paths run: int16 (`kv.int16`), closer to float32 than float16 and faster there; heads of 64
+# keep float16, where it was not (docs/results.md, `python -m bench.level_steps`).
 INT16_KV_MIN_HEAD = 128
 # What `exact` (`--exact`, `TriForceEngine(exact=True)`) computes and keeps K/V in: greedy output
 # equals Hugging Face's token for token.
@@ -144,13 +135,9 @@ class SamplingConfig:
 
 # The sampling an instruct model (`loading.is_instruct`: SmolLM2-135M-Instruct, a chat GGUF file)
 # gets when the user sets none; the demo pair keeps `SamplingConfig()` (greedy, no penalty).
-# Measured on SmolLM2 (`scripts.measure_loops`: lookup, 3 questions on the first 16,000
-# characters of the sample chapter; looping = an 8-token sequence 3+ times in the answer). 128
-# new tokens: greedy 3/3 answers loop, T = 0.6 / top-p 0.9 3/9; greedy with repetition penalty
-# 1.1, 1.2 or 1.3 0/3, T = 0.6 / top-p 0.9 with 1.1 or 1.2 0/9. 256 new tokens: greedy 3/3,
-# 1.1 1/3, 1.2 0/3, 1.3 0/3. 1.2, the mildest that stopped every loop at both lengths, and
-# greedy, which keeps an answer reproducible and equal to autoregressive decoding
-# (assets/models/README.md, "Default sampling").
+# Repetition penalty 1.2: the mildest that stopped the looping answers measured on SmolLM2
+# (`scripts.measure_loops`), with greedy decoding, which keeps an answer reproducible and equal to
+# autoregressive decoding (assets/models/README.md, "Default sampling").
 INSTRUCT_SAMPLING = dict(repetition_penalty=1.2)
 
 
@@ -194,9 +181,7 @@ class CacheConfig:
     draft_sinks: int = 16
     draft_window: int = 240
     prefill_chunk: int = 1024
-    # Measured (bench.selection, 32K, 6 questions, greedy, one process): the retrieval level's
-    # acceptance by the target 0.68 -> 0.78 alone and 0.57 -> 0.69 under the paper's three
-    # levels (decode +4 % and +26 %); the default with lookup unchanged (128.5 against 128.7 tok/s).
+    # raised the retrieval level's acceptance over the queries' ranking (`python -m bench.selection`)
     select_by: str = "attention"
     kv_dtype: str | None = None
 
@@ -250,64 +235,36 @@ def needs_draft(mode: str) -> str:
 class SpeculationConfig:
     """Which levels run and how far each one speculates.
 
-    gamma1  tokens the small draft proposes before the retrieval level verifies them (triforce)
-    gamma2  tokens the full target verifies per round (every speculative mode)
-    lookup  context lookup (`triforce_core.decoding.lookup`) proposes wherever the sequence's last
-            tokens recur in the context: at the start of a round its tokens go straight to
-            the target, inside the middle level it stands in front of the small draft.
-            Off, `triforce` is the paper's pure three-level method. Ignored by
-            `autoregressive`; mode `lookup` is lookup alone in front of the target.
+    mode              triforce (small draft -> retrieval level -> target), retrieval, draft, lookup or
+                      autoregressive (`MODES`; `DEFAULT_MODE` is what the app and the command line run)
+    gamma1            tokens the small draft proposes before the retrieval level verifies them (triforce)
+    gamma2            tokens the full target verifies per round (every speculative mode)
+    max_new_tokens    the longest answer
+    ignore_eos        keep decoding past an end-of-sequence token
+    lookup            context lookup (`decoding.lookup`) proposes where the sequence's last tokens recur
+                      in the context: straight to the target at a round's start, in front of the small
+                      draft inside the middle level; off, `triforce` is the paper's three levels alone;
+                      mode `lookup` is lookup alone, `autoregressive` ignores it
     lookup_min_match  tokens of the sequence's end that must recur for a lookup proposal
-    lookup_row_cost  what one more verification row costs, as a fraction of a target step: a
-            lookup proposal keeps its j-th token while the chance that the first j are all
-            accepted is at least this (`schedule.LookupLength`: the chance by the proposal's
-            backward match, counted in the generation from a measured prior); none kept, the
-            round is a plain step. None: measured once per processor, thread count, model
-            shapes, products' mode and K/V dtype, and kept (`decoding.row_cost`; SmolLM2 on a
-            2-core EPYC: 0.4). Replayed over 40 recorded SmolLM2 document chats, each priced by
-            its forwards (`bench.lookup_replay`, 2K-7K tokens, greedy with and without
-            repetition penalty 1.2, `bench/results/lookup-replay-smollm2-rp12.json`), against
-            the runs below (longest 16): 1.23x against 1.17x autoregressive on their geometric
-            mean, 1.12x against 1.06x with the penalty, 1.36x against 1.28x without; the slowest
-            workload 0.99x against 0.92x, 1 of 40 below 1.0x against 8. The price x 0.75 or
-            x 1.5: 1.22x and 1.21x; the prior alone, nothing counted: 1.24x. Live (`bench.chat`,
-            SmolLM2 at 6K, four sets of questions, penalty 1.2): 1.01-1.08x against 0.92-1.09x
-            for the runs; greedy 1.41x against 1.43x (docs: Results)
-    lookup_max  the longest lookup proposal the target verifies in one forward. 8: in the replay
-            above 1.23x against 1.21x for 16 (runs: 1.19x against 1.17x); past 8 rows a row
-            costs more (SmolLM2 at 6K: 5.3 ms each up to 9 rows, 6.2 ms past them). On the demo pair
-            (the bash manual, runs) longest 8 and 12 gave 2.04x and 1.98x against 2.07x for 16
-            at 31K, 1.77x and 1.66x against 1.76x at 63K (`bench/results/lookup-max-*.json`)
-    lookup_agree  a lookup proposal stops where another earlier occurrence of the context, matched
-            nearly as long (at most 2 tokens shorter), continues differently (at least one token
-            is kept; `lookup.ContextIndex`'s rivals). On SmolLM2's document chat it raised
-            lookup's speed by 3 % over eight recorded workloads replayed offline
-            (`bench.lookup_replay`) and by 5.5-6.5 % in two live runs (docs: Results, Benchmarks)
-    lookup_backoff  where the last `lookup_min_match` tokens never occurred, one token is proposed
-            when every earlier occurrence of the last `lookup_min_match - 1` continues alike
-            (`lookup.ContextIndex`'s backoff; it leaves the run length as it
-            was). On SmolLM2's document chat: +2 % replayed offline, +1 % in a live run (docs:
-            Results, Benchmarks); under the rows' price both rules still pay in the replay above
-            (without the rivals' cut 1.20x, without the backoff 1.22x, against 1.23x)
-    adaptive_gamma  the draft of the levels below the target follows what the target accepts
-            (at most gamma2; after misses, plain target steps: `schedule.DraftSchedule`).
-            Off: every draft is gamma2 long (the paper).
-    min_confidence  triforce only: the retrieval level's own token joins the speculation only
-            when its law gives it at least this probability; else the round ends there (0 =
-            always). Exact either way: a proposal's length may depend on anything the proposer
-            computed. Off by default: on the demo pair the retrieval law is flat even where the
-            target agrees with it, and a gate of 0.5 cut every such draft (docs: Results, Benchmarks).
-    draft_confidence  the small draft (triforce's lowest level, mode `draft`) proposes a token only
-            when its law gives some token at least this probability; its proposal stops before
-            the first unsure one (0 = always; the paper's method). Exact either way, as
-            min_confidence. Measured (`bench.chat`, every configuration in one process): the
-            paper's three levels with the gate at 0.5 against none, SmolLM2 at 6K 0.77x against
-            0.66x autoregressive, the retrieval level accepting 76 % of the draft's tokens against
-            23 % (0.3: 0.76x, 55 %; 0.7: 0.75x, 85 %); the demo pair at 30K 0.88x against 0.75x.
-            In mode `draft` (lookup, then the draft) within noise: 1.44x against 1.42x, and
-            2.18x against 2.13x (docs: Results, Benchmarks)
+    lookup_max        the longest lookup proposal the target verifies in one forward
+    lookup_agree      a lookup proposal stops where a nearly as long earlier match continues
+                      differently (`lookup.ContextIndex`'s rivals; at least one token is kept)
+    lookup_backoff    with no match, one token where every occurrence of the last
+                      `lookup_min_match - 1` tokens continues alike (`lookup.ContextIndex`)
+    lookup_row_cost   what one more verification row costs, as a fraction of a target step: a lookup
+                      proposal keeps a token while the chance that it and those before it are accepted
+                      is at least this (`schedule.LookupLength`); None: measured per machine and model
+                      (`decoding.row_cost`)
+    adaptive_gamma    the levels below the target draft as far as the target has been accepting (at
+                      most gamma2; plain steps after misses: `schedule.DraftSchedule`); off: always gamma2
+    min_confidence    triforce: the retrieval level's own token joins a proposal only when its law gives
+                      it at least this probability (0 = always)
+    draft_confidence  the small draft proposes a token only when its law gives some token at least this
+                      probability (0 = always, the paper's)
 
-    The paper's pure three-level method is `SpeculationConfig(**PAPER_METHOD)`.
+    A proposal's length may depend on anything the proposer computed, so every setting keeps
+    decoding exact. The paper's method is `SpeculationConfig(**PAPER_METHOD)`; the measurements
+    behind the defaults are in docs/results.md and docs/benchmarks.md.
     """
 
     mode: str = "triforce"

@@ -29,20 +29,16 @@ itself is unsure what comes next, and the proposal stops there (keeping at least
     rival            q r s -> u          (match 3, within the slack of 2: "t" and "u" differ)
     proposal   t                         (cut where the two continuations part)
 
-Every proposed token costs the target a verification row, whether or not it is accepted. On
-SmolLM2's document chat (`bench.chat`'s six questions over 2K-8K tokens, eight recorded
-workloads replayed with the measured cost of a forward by rows: `bench.lookup_replay`) the cut
-raised lookup's speed over autoregressive decoding by 3 % on their geometric mean, and by
-5.5-6.5 % in live runs (docs: Results, Benchmarks). Considering every occurrence as a rival, however
+Every proposed token costs the target a verification row, whether or not it is accepted, so a
+cut where the text is unsure pays (replayed on recorded document chats, `bench.lookup_replay`,
+and live, `bench.chat`: docs/benchmarks.md). Considering every occurrence as a rival, however
 short its match, was worse than no cut.
 
 With `backoff`, where the last `min_match` tokens never occurred before, their last
 `min_match - 1` are looked up instead, and when every earlier occurrence of those (the most
-recent `max_candidates`) continues with the same token, that one token is proposed. On eight
-recorded workloads of that kind, at positions with no 3-token match, such a token was the
-target's 52 % of the time (a split vote's majority 34 %, one token's follower 23 %), enough to
-pay for the verification row it costs; lookup's speed rose by 2 % on their geometric mean (1 %
-live).
+recent `max_candidates`) continues with the same token, that one token is proposed: where the
+earlier occurrences agree, the target takes such a token often enough to pay for its row
+(docs/benchmarks.md).
 """
 
 from __future__ import annotations

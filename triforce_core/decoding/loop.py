@@ -1,6 +1,7 @@
 """The decoding loop: TriForce's three levels and the single-level modes, one code path.
 
-Structure (lanes in `lanes.py`, proposers in `proposers.py`, proposal lengths in `schedule.py`)
+Structure (lanes in `lanes.py`, proposers and the round's choice among them in `proposers.py`,
+proposal lengths in `schedule.py`, the retrieval level's refresh in `refresh.py`)
 ---------
 A *lane* is one model running over one cache; it knows which token ids its cache holds, so
 after any verification it can roll back to the longest common prefix with the current path by

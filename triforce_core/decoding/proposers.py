@@ -60,9 +60,9 @@ class Counters:
 
 
 # With `lookup_agree`, a lookup run stops where an occurrence matched at most this many tokens
-# shorter than the chosen one continues differently. On SmolLM2's document chat, replayed
-# offline over eight workloads: slack 0, 1, 2, 3 and 5 within 1 % of each other; every
-# occurrence (no slack limit) worse than no cut.
+# shorter than the chosen one continues differently. Replayed offline on document chats
+# (`bench.lookup_replay`) the slack mattered little; every occurrence (no slack limit) was
+# worse than no cut (docs/benchmarks.md).
 RIVAL_SLACK = 2
 
 

@@ -9,8 +9,7 @@ kept on disk under `config.cache_home()/row-cost`, like the native kernels and t
     c = (t(ROWS rows) - t(1 row)) / ((ROWS - 1) * t(1 row))       rounded to a multiple of STEP
 
 with t the least time of a target forward over a cache of CONTEXT tokens (random K/V: a
-forward's time does not depend on the values). SmolLM2 (Q4_1, float16 K/V, the fast products)
-on a 2-core EPYC, 8,186 tokens: a step 14.1 ms, five rows 35.7 ms, c = 0.4 (docs: Results). A
+forward's time does not depend on the values); docs/results.md has measured prices. A
 file that cannot be read, or does not hold a sane number, is measured again and replaced; a
 folder that cannot be written only costs a measurement at each start. Measured on a busy
 machine the price comes out high (the fastest of REPEATS forwards is kept against that); a
@@ -41,10 +40,9 @@ from .lanes import Lane
 log = logging.getLogger(__name__)
 
 # Tokens in the cache the calibration's forwards attend to (fewer where the model's window is
-# shorter): long, as the documents lookup copies from are. On SmolLM2 (float16 K/V) a row costs
-# more of a step as the context grows: 0.25 at 2K, 0.35-0.45 at 4K-7K (`bench.lookup_replay`).
-# Measured at 4K the price was 0.3, and lookup ran at 0.95-1.05x autoregressive decoding on
-# document chat at 6K; measured here, 0.4 and 1.01-1.08x (docs: Results).
+# shorter): long, as the documents lookup copies from are; a row costs more of a step as the
+# context grows, and a price measured over a short cache proposed too much on document chat
+# (docs/benchmarks.md, `bench.lookup_replay`).
 CONTEXT = 8192
 ROWS = 5  # the wider forward: a typical lookup proposal of 4 tokens and its bonus row
 REPEATS = 7

@@ -107,8 +107,7 @@ class KVStore:
 
     def make_room(self, need: int) -> None:
         """Grow to hold `need` tokens, with room for a few more turns: a conversation needs a
-        little more each turn, and every reallocation copies the whole cache (SmolLM2 at 6K:
-        0.13 s a turn). The extra is a quarter of the capacity, at most GROW_SLACK tokens."""
+        little more each turn, and every reallocation copies the whole cache. The extra is a quarter of the capacity, at most GROW_SLACK tokens."""
         if need > self.capacity:
             self.grow(need + min(self.capacity // 4, GROW_SLACK))
 
