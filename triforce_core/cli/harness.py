@@ -44,7 +44,7 @@ from typing import Callable, Sequence
 
 import torch
 
-from ..config import GenerationConfig
+from ..config import DRAFT_MODES, MODES as OUR_MODES, GenerationConfig
 from ..engine import TriForceEngine
 from ..decoding.events import Committed, Finished, Prefilled
 from ..kv import kv_dtype_name
@@ -54,7 +54,6 @@ from ..models.roofline import Limit, measure_limit
 from ..decoding.loop import make_generator
 from .bench_report import RunResult, add_ratios, load_average, machine_info, settings, summarise
 
-OUR_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 HF_MODES = ("hf-generate", "hf-assisted")
 MODES = OUR_MODES + HF_MODES
 QUESTION = "\n\nQuestion: How does Python find an attribute of an instance of a class?\nAnswer:"
@@ -285,8 +284,10 @@ class Bench:
         max_new = config.speculation.max_new_tokens
         say = progress or (lambda line: None)
         self.engine.check_prompt(prompt, _with_mode(config, "autoregressive"))
-        if any(m in ("triforce", "draft", "hf-assisted") for m in modes) and self.engine.draft is None:
-            raise BenchError("modes triforce, draft and hf-assisted need a small draft model (--draft)")
+        needing = [m for m in modes if m in (*DRAFT_MODES, "hf-assisted")]
+        if needing and self.engine.draft is None:
+            raise BenchError(f"modes {', '.join(needing)} need a small draft model (--draft); modes "
+                             f"{', '.join(m for m in MODES if m not in needing)} run without one")
         greedy = config.sampling.greedy
         load = load_average()
 
