@@ -16,7 +16,7 @@ per KV head, `default_chunk`), each chunk one forward over a
 forward is a few-row one (at most `native_layers.ROWS`), the path decoding steps and
 verifications take, not the long-prefill path. The configurations:
 
-    float/kv-float32   dequantize in registers, float32 products (quant_rows.c); K/V float32
+    float/kv-float32   dequantize in registers, float32 products (float_products.c); K/V float32
     float/kv-float16   the same products; K/V float16 (today's default for GGUF files)
     int16/kv-float16   16-bit activation rows, integer products for the 256-weight types, the float
                        path for the others (`int8.WIDE`); K/V float16 (the default for GGUF files)

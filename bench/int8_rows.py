@@ -4,8 +4,8 @@ For each GGML type and row count (1 row: a decoding step; 7: a verification of s
 and the bonus), y = x @ W^T for one [N x K] matrix of random blocks (or `--matrices` of them in
 turn, so that the weights come from memory as a forward's do; scales of a trained model's
 order) through the native layers' own product (`parts_product`): float32 arithmetic
-(`csrc/quant_rows.c`, `exact`'s) and, for the 256-weight types, integer products over 16-bit
-activations (`csrc/int16_rows.c`, `int8.WIDE`) and, where AMX's integer tiles run, the same in
+(`csrc/float_products.c`, `exact`'s) and, for the 256-weight types, integer products over 16-bit
+activations (`csrc/q_k_int16.c`, `int8.WIDE`) and, where AMX's integer tiles run, the same in
 the order steps and verifications share there (`int8.STEP_TILES`), calls alternated, medians (and the ratio of the
 fastest calls, which other work on a shared machine disturbs least). The header states the
 machine, the threads and the integer paths' vector instructions; a ratio is float time / integer

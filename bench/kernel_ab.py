@@ -6,7 +6,7 @@
                               sides, the base's models with that field of their `Arithmetic`:
                               prefill_tiles=0, a prefill without tiles)
 
-Builds the decoder layers' library (`layers.c`) and the attention's (`few_rows.c`) from git
+Builds the decoder layers' library (`layers.c`) and the attention's (`attention.c`) from git
 revision REV's `triforce_core/models/csrc` (extracted with `git archive` into a temporary
 folder) and from the working tree, with the flags the engine builds them with, loads both
 pairs, and alternates them call by call (the order reversed every other repetition, medians of
@@ -82,8 +82,10 @@ class Libraries(NamedTuple):
 def load(layers_c: Path, folder: Path) -> Libraries:
     """The libraries built from the csrc folder holding `layers_c`."""
     layers = native_layers.Layers(ctypes.CDLL(str(native_build.build(layers_c, native_layers.LAYER_FLAGS, folder))))
-    attention = native_attention.Kernel(native_build.build(layers_c.with_name(native_attention.SOURCE.name),
-                                                           native_attention.FLAGS, folder))
+    source = layers_c.with_name(native_attention.SOURCE.name)
+    if not source.exists():  # a revision from before the attention's source was named attention.c
+        source = layers_c.with_name("few_rows.c")
+    attention = native_attention.Kernel(native_build.build(source, native_attention.FLAGS, folder))
     return Libraries(layers, attention)
 
 

@@ -1,4 +1,4 @@
-"""Integer products over 16-bit activations (`int8.WIDE`, `csrc/int16_rows.c`) for the 256-weight
+"""Integer products over 16-bit activations (`int8.WIDE`, `csrc/q_k_int16.c`) for the 256-weight
 types, the float path for the others. What they claim, one order per output:
 
 - Activations are quantized as defined: d = max|x| / 32767 per 256, q = round(x / d) half away

@@ -1,5 +1,5 @@
 """Steps' and verifications' products in one order on AMX's tiles and on VNNI (`int8.STEP_TILES`,
-the steps' kernels of `csrc/tile_rows.c`). What they claim:
+the kernels of `csrc/q_k_steps.c`). What they claim:
 
 - Q4_K, Q5_K and Q6_K parts give the scalar reference's products bit for bit: up to three rows on VNNI
   (16 outputs in the lanes), more on the tiles (groups of seven rows), outputs past a tile's 16,

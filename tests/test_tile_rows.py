@@ -1,4 +1,4 @@
-"""A prefill's products of the 256-weight types on AMX tiles (`int8.TILES`, `csrc/tile_rows.c`).
+"""A prefill's products of the 256-weight types on AMX tiles (`int8.TILES`, `csrc/q_k_tiles.c`).
 What they claim:
 
 - The tiles give the scalar reference's products bit for bit (rows past one tile and one group

@@ -1,7 +1,8 @@
 """Attention of new query rows over a cache's keys: the mask, and the path for each shape.
 
 - Few rows (a decoding step, a verification) on the CPU: the native kernel
-  (`native_attention`) up to 51 rows, else two batched matrix products up to 8.
+  (`native_attention`) up to NATIVE_QUERY_ROWS rows, else two batched matrix products up to
+  SMALL_QUERY_ROWS.
 - Many rows (prefill): PyTorch's CPU flash kernel, in two passes merged by their log-sum-exps
   when every cached key is visible to every row.
 - Few rows on a GPU in 16 bits: the flash kernel over the cached keys (`cuda_few_rows`).
@@ -32,20 +33,13 @@ SMALL_QUERY_ROWS = 8
 # ... and up to which when the caller reads the attention weights (`KeyMass`): a verification
 # of grouped-query heads has G rows per token.
 PROBED_QUERY_ROWS = 64
-# Query rows up to which the native kernel runs (where it is built): against PyTorch's two
-# flash passes, with rows in groups sharing each key loaded, it costs 0.60x at 9 rows, 0.72x at
-# 17, 0.88x at 25 and 0.86x at 33 over 64K keys (32K: 0.61x, 0.72x, 0.79x, 0.79x), 4 heads of
-# 64; and with SmolLM2's 3 query heads per KV head (30 layers of 3 KV heads of 64, 6,118 keys)
-# 0.71x at 21 rows, 0.75x at 33, 0.86x at 42 and 0.96x at 51: a default 16-token lookup run and
-# its bonus row. Beyond the speed, the bound is an exactness one: a verification or lookup run
-# whose rows take another path than a step (PyTorch's kernels sum in an order that depends on
-# the rows) gives logits that are not the steps', and speculation is then not lossless against
-# our own autoregressive decoding. So every forward of up to 17 tokens (a 16-token lookup run
-# and its bonus row, `native_layers.ROWS`) takes the kernel for up to 8 query heads per KV head
-# (Llama 3 and Mistral have 4, Qwen2.5-7B 7): 136 rows, where 51 covered only SmolLM2's 3. It
-# is the faster path there too: 8 KV heads of 64 (Llama-3.2-1B's), float32 K/V, PyTorch's time
-# over the kernel's 1.21x at 68 rows and 1.23x at 136 over 8K keys, 1.56x and 1.17x over 32K
-# (`python -m bench.attention --keys 8192,32768 --rows 51,68,136 --heads 8 --head-dim 64`).
+# Query rows up to which the native kernel runs (where it is built): every forward of up to
+# `native_layers.ROWS` tokens (a 16-token lookup run and its bonus row) for up to 8 query heads
+# per KV head (Llama 3 and Mistral have 4, Qwen2.5-7B 7). The bound is an exactness one: a
+# verification or lookup run whose rows take another path than a step (PyTorch's kernels sum in
+# an order that depends on the rows) gives logits that are not the steps', and speculation is
+# then not lossless against our own autoregressive decoding. The kernel is also the faster path
+# over the whole range (`python -m bench.attention`; docs/benchmarks.md).
 NATIVE_QUERY_ROWS = 8 * 17
 
 
@@ -53,17 +47,15 @@ NATIVE_QUERY_ROWS = 8 * 17
 # `cuda_few_rows` (decoding, verification, lookup runs); prefill keeps PyTorch's own choice.
 CUDA_FEW_ROWS = 256
 # Cached keys from which several new tokens take `cuda_few_rows` too: its split costs ~20 small
-# operations a layer, and over a short cache PyTorch's masked kernel is done sooner (an H100,
-# Llama-3-8B shapes: 3 rows over 4K keys 16.1 ms against 26.7; 7 rows over 32K keys 52.0
-# against 27.3; the crossing lies between the two measured lengths).
+# operations a layer, and over a short cache PyTorch's masked kernel is done sooner (measured
+# on an H100, `bench.cuda_levels`).
 CUDA_SPLIT_KEYS = 16384
 # CUDA's flash kernel (FlashAttention-2 inside PyTorch), which also returns each row's log-sum-exp.
 CUDA_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention", None)
 
 
 # Widened K/V (PyTorch's paths over a 16-bit cache) go to a buffer kept per thread up to this
-# size: a fresh one of a long cache's size costs more in page faults than the conversion itself
-# (4 heads x 64K keys x 64: 35 against 5 ms a tensor on the 2-core machine).
+# size: a fresh one of a long cache's size costs more in page faults than the conversion itself.
 WIDEN_BUFFER_BYTES = 512 * 2**20
 _buffers = threading.local()
 
@@ -131,14 +123,14 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
     (else None).
 
-    Few query rows (up to 33) against a long cache (decoding, verification) on the CPU: the
-    native kernel (`native_attention`), which reads each key and value once for all rows, where
-    it is built and every row sees a prefix of the keys (no window cut); else, up to 8 rows, two
-    batched matrix products, which also read each key once but run the few-row product
-    compute-bound (1.5-2.3x the kernel's time). PyTorch's CPU SDPA is slower there still: its
-    math path rescales every cached key and its fused kernel handles a mask over a long cache
-    slowly. Many rows (prefill): the fused kernel, which needs 4-D inputs to be chosen (with 3-D
-    inputs SDPA takes the math path, measured 3x slower for a 1024-token chunk at 16K).
+    Few query rows (up to NATIVE_QUERY_ROWS) against a long cache (decoding, verification) on
+    the CPU: the native kernel (`native_attention`), which reads each key and value once for all
+    rows, where it is built, `native` (the model's `Arithmetic.native_attention`) and every row
+    sees a prefix of the keys (no window cut); else, up to SMALL_QUERY_ROWS rows, two batched
+    matrix products, which also read each key once but run the few-row product compute-bound.
+    PyTorch's CPU SDPA is slower there still: its math path rescales every cached key and its
+    fused kernel handles a mask over a long cache slowly. Many rows (prefill): the fused kernel,
+    which needs 4-D inputs to be chosen (with 3-D inputs SDPA takes the math path).
     K/V in another dtype than q (a 16-bit cache) are widened to q's dtype on those paths.
     `k` may instead be an int16 cache's heads (`Int16Heads`, `v` None): up to NATIVE_QUERY_ROWS
     rows seeing a prefix of the keys go to the integer kernel, whose rows give the same bits
@@ -152,8 +144,7 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
             return kernel.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
         # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
         k, v = kernel.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
-    # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first (the draft's
-    # 257-key window, one row, one thread: 0.69 ms a step against 0.84 widened, 0.75 in float32)
+    # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first
     if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype)
             and q.dtype == torch.float32
             and (mask is None or mask.limits is not None)):
@@ -188,8 +179,7 @@ def split_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, new_bias:
     seen by every query, with no mask; the chunk's own S keys with the causal mask.
 
     The CPU flash kernel given a mask over the whole cache reads that mask for every key and
-    cannot skip work: 49 against 55 GFLOP/s (71 % against 79 % of a 2048^2 float32 matrix
-    product) for a 1024-token chunk at 64K keys on this 2-core machine. q: [Hkv, R, D],
+    cannot skip work. q: [Hkv, R, D],
     k/v: [Hkv, T, D], new_bias: [R, S] additive (0 or -inf) -> [Hkv, R, D].
     """
     S = new_bias.shape[1]
@@ -215,11 +205,9 @@ def cuda_few_rows(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Mask 
     new keys, causal among themselves, through two small products in float32; the two parts are
     merged by their log-sum-exps. A single row (S = 1, no mask) takes the kernel alone.
 
-    PyTorch's own choice is several times slower here. On an H100 (`bench.cuda_levels`,
-    Llama-3-8B shapes, bfloat16, 8 KV heads of 128): a step over 130K keys 15.5 ms against its
-    62.1 (it picks cuDNN's kernel, which does not split the keys), a 7-token verification 29.3
-    against 171.4 (the mask sends it to the memory-efficient kernel), 7 tokens over 32K keys
-    27.3 against 52.0. The arithmetic differs from a single pass by rounding only: in bfloat16
+    PyTorch's own choice is several times slower here (`bench.cuda_levels`): for a step it picks
+    cuDNN's kernel, which does not split the keys, and a verification's mask sends it to the
+    memory-efficient kernel. The arithmetic differs from a single pass by rounding only: in bfloat16
     a verification's logits then differ from a step's by a few units in the last place, where
     PyTorch's path happened to match them bit for bit (`bench.cuda_exactness`).
     q: [Hkv, R, D], k/v: [Hkv, T, D] -> [Hkv, R, D]. `flash` stands in for the CUDA kernel
@@ -261,7 +249,7 @@ def attention_mask(
     past = T - S
     q_idx = torch.arange(S, device=device)[:, None]  # [S, 1]
     if window is None or T <= window:  # no window cut: every cached key, the new ones causally
-        # Built over the S new columns only: the [R, T] mask cost ~2 ms a 7-token verification at 64K.
+        # Built over the S new columns only: an [R, T] mask over a long cache costs a verification more.
         hidden = (torch.arange(S, device=device)[None, :] > q_idx).repeat(G, 1)  # [G*S, S], rows (g, s)
         new_bias = None
         if device.type == "cpu" and G * S > SMALL_QUERY_ROWS:

@@ -1,5 +1,5 @@
 """GGML's block types as the native kernels read them: type numbers, block sizes, the struct
-that describes one stacked piece of a matrix to `csrc/quant_rows.c`, and what a matrix of them
+that describes one stacked piece of a matrix to `csrc/float_products.c`, and what a matrix of them
 offers the kernels (`Stacked`).
 
 Data only: `quantized` (the weights) and `native_layers` (the kernels' Python side) both read
@@ -18,11 +18,11 @@ IN_OUT = 255  # float32 stored [inputs, outputs]: a Hugging Face checkpoint's pr
 BLOCKS = {F32: (1, 4), F16: (1, 2), Q4_0: (32, 18), Q4_1: (32, 20), Q8_0: (32, 34), Q4_K: (256, 144), Q5_K: (256, 176),
           Q6_K: (256, 210)}
 TYPE_NAMES = {F32: "F32", F16: "F16", Q4_0: "Q4_0", Q4_1: "Q4_1", Q8_0: "Q8_0", Q4_K: "Q4_K", Q5_K: "Q5_K", Q6_K: "Q6_K"}
-LANES = 32  # the kernel's sums run over inputs in steps of this many (csrc/quant_rows.c)
+LANES = 32  # the kernel's sums run over inputs in steps of this many (csrc/float_products.c)
 
 
 class Part(ctypes.Structure):
-    """One stacked piece of a matrix, as `struct part` in csrc/quant_rows.c."""
+    """One stacked piece of a matrix, as `struct part` in csrc/float_products.c."""
 
     _fields_ = [("data", ctypes.c_void_p), ("ld", ctypes.c_int64), ("type", ctypes.c_int32), ("rows", ctypes.c_int32)]
 

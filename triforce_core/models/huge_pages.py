@@ -1,11 +1,9 @@
 """Large, long-lived CPU buffers on 2 MB pages (Linux transparent huge pages).
 
-A decoding step streams the whole K/V cache once: at 6K tokens of SmolLM2, 282 MB of float32
-in 4 KB pages is some 69,000 pages, each a TLB miss, and the hardware prefetchers stop at every
-page's end. On 2 MB pages the same stream is 141 pages. Measured on a 2-core Xeon (AVX-512,
-float32 K/V, 30 layers of 3 KV heads over 6,118 keys, the native kernel called per layer,
-interleaved): one-row attention 12.2 against 13.5 ms a step; a plain two-thread sum over as
-much memory 10.0 against 12.1 ms.
+A decoding step streams the whole K/V cache once: in 4 KB pages that is tens of thousands of
+pages, each a TLB miss, and the hardware prefetchers stop at every page's end; on 2 MB pages
+the same stream is a few hundred, and a step's attention is faster (`bench.level_steps
+--pages huge,small`).
 
 `zeros` maps fresh anonymous memory (the kernel hands it out zeroed), asks for huge pages over
 the 2 MB-aligned part of it (`madvise(MADV_HUGEPAGE)`, which the kernel honours in its default

@@ -1,4 +1,5 @@
-"""Integer products over a GGUF file's K-type blocks (`csrc/int16_rows.c`, `csrc/tile_rows.c`):
+"""Integer products over a GGUF file's K-type blocks (`csrc/q_k_int16.c`, `csrc/q_k_steps.c`,
+`csrc/q_k_tiles.c`):
 the modes a model's `Arithmetic.products` names, and a thin wrapper for tests and benchmarks.
 
 On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are compute-bound:
@@ -10,12 +11,12 @@ products do not pay. Why 16 bits and not llama.cpp's 8: an 8-bit activation move
 top token too often to be a default (the measurements: docs/benchmarks.md).
 
 - 0: the float path (`arithmetic.EXACT`).
-- WIDE: the K types over 16-bit activations, one order per output (`csrc/int16_rows.c`), on
+- WIDE: the K types over 16-bit activations, one order per output (`csrc/q_k_int16.c`), on
   AVX-512 VNNI, AVX2 or the scalar reference: the default where AMX's tiles do not run.
 - STEP_TILES: WIDE's activations and integers with the K types' parts summed a sub-block at a
-  time in an order every row count shares (`csrc/tile_rows.c`, the steps' order), on VNNI up to
+  time in an order every row count shares (`csrc/q_k_steps.c`, the steps' order), on VNNI up to
   3 rows and on AMX's tiles for more: the default for steps and verifications where the tiles run.
-- TILES: WIDE's activations and integers on AMX's tiles, summed a super-block at a time in an
+- TILES: WIDE's activations and integers on AMX's tiles (`csrc/q_k_tiles.c`), summed a super-block at a time in an
   order of their own, so only for a prefill's rows (`Transformer._project`,
   `Arithmetic.prefill_tiles`). Where the tiles do not run, STEP_TILES and TILES take the scalar
   reference of their order (the tests' way to check it).

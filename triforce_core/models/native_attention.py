@@ -1,4 +1,4 @@
-"""Few-row attention over a long cache in native code: the CPU kernel of `csrc/few_rows.c`.
+"""Few-row attention over a long cache in native code: the CPU kernel of `csrc/attention.c`.
 
 A decoding step has one query row per head, a verification of γ drafted tokens γ rows (times
 the query heads that share a KV head). PyTorch's CPU matrix products run such few-row products
@@ -21,9 +21,8 @@ bit, the same call over those K/V widened to float32, and reads half the bytes.
 `Kernel.integer_attention` reads a cache of another kind: keys and values as 16-bit integers
 (`int16_kv`), in integer arithmetic (csrc/integer_attention.c): each query row and each row's
 weights on 14-bit grids of their own, every sum exact in int32, so plain C, VNNI and AMX's int8
-tiles give the same bits and a verification's extra rows cost the tiles little. No cache holds
-such planes yet: the kernel is measured and tested on its own (`bench.attention --integer`,
-`bench.kv_formats`'s int16-attention).
+tiles give the same bits and a verification's extra rows cost the tiles little. The int16
+cache (`kv.int16`, `--kv-dtype int16`) holds such planes.
 """
 
 from __future__ import annotations
@@ -37,22 +36,20 @@ from . import int16_kv
 from .int16_kv import Int16Heads
 from .native_build import CSRC, FLAGS, Loader
 
-SOURCE = CSRC / "few_rows.c"
+SOURCE = CSRC / "attention.c"
 # What the keys and values may be stored as: the kernel's `kind` code for each.
 KINDS = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2}
-BLOCK = 256  # keys per job: measured flat from 64 to 2048 at 16K and 64K keys
-# One row, 4 heads of 64, K/V not in cache: at 1,024 keys 0.15 against PyTorch's 0.21 ms, at
-# 256 keys even (0.08 ms); the draft's small window keeps PyTorch's path.
+BLOCK = 256  # keys per job (the time is flat over a wide range of block sizes)
+# Keys from which float32 K/V take the kernel: below, PyTorch's path is as fast (the draft's
+# small window keeps it).
 MIN_KEYS = 1024
 # heads x rows x keys below which one thread runs all the jobs (waking the other costs more than
-# it saves): one row over 4,096 keys took 0.81 ms on one thread, 0.49 ms on two.
+# it saves).
 SMALL_WORK = 1 << 12
 # The integer attention's paths, in the kernel's numbering, and the rows above which the tiles
-# are its default where they run.
+# are its default where they run: up to a step of four query heads VNNI and the tiles cost
+# alike, past it the tiles' cost hardly grows with the rows (`bench.attention --integer`).
 INTEGER_PATHS = ("scalar", "vnni", "tiles")
-# Over 32K keys, 8 heads of 64 (`bench.attention --integer`): one row 2.67 ms on VNNI against
-# 3.20 on the tiles, four rows alike (3.58 against 3.81 there, 2.73 against 2.47 in another run;
-# head size 128: 6.73 against 6.36), 28 rows 13.6 against 8.95.
 INTEGER_TILE_ROWS = 4
 
 

@@ -1,11 +1,9 @@
 """A decoder layer's work around attention, in native code, for few rows: `csrc/layers.c`.
 
-Profiled (one retrieval-level step of the demo target, 4 layers, 4K keys, this 2-core CPU):
-of 6.7 ms, attention took 3.0; the rest went to ~20 PyTorch operators a layer on a few hundred
-floats (norms 0.7 ms, rotary 0.4, cache and mask glue 0.5) and to matrix products that read
-the weights at about 9 GB/s (2.0 ms for 17.6 MB). The small draft's step (2 layers, 3.4 MB of
-weights) was 1.25 ms, nearly all of it operator overhead. The kernel does each side of a
-layer in one call: norm, q/k/v projection (with bias), rotary embedding before attention;
+A few-row step in PyTorch spends most of what attention leaves on ~20 operators a layer over a
+few hundred floats (norms, rotary, cache and mask glue) and on matrix products that read the
+weights far below the memory's speed; a small draft's step is nearly all operator overhead.
+The kernel does each side of a layer in one call: norm, q/k/v projection (with bias), rotary embedding before attention;
 output projection, residual, norm, SwiGLU MLP, residual after it; and the final norm with the
 vocabulary projection.
 
@@ -36,7 +34,7 @@ SOURCE = CSRC / "layers.c"
 LAYER_FLAGS = FLAGS + ("-ffp-contract=off",)
 # New tokens up to which a forward uses the kernel: a 16-token lookup run (the default's longest)
 # and its bonus row. Past it a GGUF model's forward dequantizes every matrix for PyTorch's
-# products: SmolLM2 at 6K keys, 17 rows took 150 ms that way against 100 ms for 16 here.
+# products, which costs a few-row forward far more.
 ROWS = 17
 # `decode_layers`' kind for an int16 cache (csrc/layers.c's CACHE_I16; the float kinds are
 # native_attention.KINDS').
@@ -238,14 +236,14 @@ class Layers:
         path = native_attention.INTEGER_PATHS.index(attention.integer_path(R))
         # the same cache as the last forward's (its memory, sizes and layout, the same attention
         # path): its description stands; the checks below take views of each tensor, a few
-        # operators that cost a step ~0.5 ms where a forward has just streamed the caches
+        # operators that cost a step much where a forward has just streamed the caches
         key = tuple((t.data_ptr(), tuple(t.shape), t.stride(), t.dtype) for t in (k, v, sk, sv)) + (
             L, Hkv, D, path, id(attention))
         memo = Layers._planes_memo
         if memo is not None and memo[0] == key:
             return memo[1], memo[2]
         capacity = sk.shape[-1] if sk.dim() == 3 else 0
-        # the whole cache's tensors once a forward (a check a layer in Python cost ~0.2 ms): every
+        # the whole cache's tensors once a forward (not a check a layer in Python): every
         # layer is a slice of them, laid out as layer 0's, which the kernel's own check covers
         if (k.dim() != 3 or tuple(k.shape) != (L, Hkv, capacity * 2 * D) or v.shape != k.shape
                 or tuple(sk.shape) != (L, Hkv, capacity) or sv.shape != sk.shape

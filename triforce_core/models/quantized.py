@@ -2,7 +2,7 @@
 
 A GGUF checkpoint's matrices stay in memory as the file stores them (4 to 8 bits a weight plus
 16-bit scales), [outputs, inputs] with the blocks along the inputs. A decoding step or a
-verification reads them through the native kernels (`csrc/quant_rows.c`), which dequantize in
+verification reads them through the native kernels (`csrc/float_products.c`), which dequantize in
 registers; a prefill's large matrix products dequantize one matrix at a time into a float32
 tile for PyTorch. The dequantized values equal, bit for bit, those transformers computes when
 it loads the same file (it uses the `gguf` package's arithmetic, which the kernel follows).

@@ -7,8 +7,8 @@ processor, so a token cannot take less than (weight bytes + KV bytes) / memory b
 The bandwidth is measured here, in the same process as the benchmark, by reading a buffer
 much larger than the last-level cache (median of several passes).
 
-Prefill: each new token costs 2 x non-embedding parameters in matrix products, and each causal
-(query, key) pair 4 x head_dim x heads x layers in attention (scores and weighted values); at
+Prefill: each new token costs twice the non-embedding parameters in matrix products, and each
+causal (query, key) pair four times head_dim times heads times layers in attention (scores and weighted values); at
 64K tokens attention is most of it. Its limit is the processor's matrix-multiply rate,
 measured here on a square float32 product.
 """
@@ -50,7 +50,7 @@ def kv_bytes(model: Transformer, context_tokens: int, kv_dtype: torch.dtype | No
 
 
 def measure_bandwidth(device: torch.device, nbytes: int = BUFFER_BYTES, passes: int = 7) -> float:
-    """Read bandwidth in GB/s: a sum over a large float32 buffer with the process's threads."""
+    """Read bandwidth in gigabytes a second: a sum over a large float32 buffer with the process's threads."""
     x = torch.ones(nbytes // 4, dtype=torch.float32, device=device)
     times = []
     for i in range(passes + 1):

@@ -54,7 +54,7 @@ class Rotary:
         n = positions.numel()
         if scaled and 0 < n <= TABLE_BLOCK and self.rope_type != "dynamic" and positions.device.type == "cpu":
             # The positions as Python numbers: one operator. After a forward has streamed the
-            # weights through the caches, each operator's first call costs ~0.1-1 ms of misses,
+            # weights through the caches, each operator's first call costs its cache misses,
             # and a step's positions are consecutive: two views of the block, not five operators.
             at = positions.tolist() if positions.dim() == 1 else positions.reshape(-1).tolist()
             lo, hi = min(at), max(at)

@@ -19,7 +19,7 @@ SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
 # Upper bounds on the settings. The largest model of the supported families, Llama 3.1 405B,
 # has width 16,384, MLP width 53,248, 126 layers, 128 heads (8 KV heads) of size 128, a
 # vocabulary of 128,256 and a context of 131,072; Qwen2's vocabulary is 152,064 and
-# Qwen2.5-1M's context 1,010,000. Each bound leaves 4x or more above those, so every real 1B-70B
+# Qwen2.5-1M's context 1,010,000. Each bound leaves four times those or more, so every real 1B-70B
 # (and 405B) checkpoint passes, and still stops a number no file of real weights could back.
 # The context length sizes no buffer (a generation's caches are sized by its own prompt and
 # answer, and an allocation that fails is one line), so its bound only refuses nonsense.

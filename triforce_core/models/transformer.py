@@ -32,10 +32,9 @@ from .rotary import Rotary, apply_rotary
 from .spec import ModelSpec, UnsupportedModelError
 
 # A prefill's MLP on the integer products runs this many rows at a time: its [S, 2 * MLP] float32
-# gate/up output is then 16 MB, not 64 (a 1B model's 1,024-row chunk), so the allocator reuses
+# gate/up output is then a quarter of a 1B model's 1,024-row chunk's, so the allocator reuses
 # memory instead of taking fresh pages from the kernel for each layer, and the intermediate rows
-# stay in cache (a 1B prefill of 2,048 tokens 82.9 against 75.5 tokens/s, alternated in one
-# process). Those products give each row the same bits whatever rows come with it.
+# stay in cache. Those products give each row the same bits whatever rows come with it.
 MLP_ROWS = 256
 
 
@@ -153,8 +152,8 @@ class Transformer:
             if keep_stored and all(isinstance(w, StoredTensor) and w.shape[1] % LANES == 0 for w in stored):
                 return Matrix(stored=tuple(stored))
             # Projections are stored transposed, [in, out], and applied as x @ W: for the few rows
-            # of a decoding step this reads the weights ~1.4x faster on CPU than F.linear's
-            # [out, in] layout (measured on the demo target's shapes, 1 and 3 rows).
+            # of a decoding step this reads the weights faster on CPU than F.linear's [out, in]
+            # layout (measured on the demo target's shapes).
             return Matrix(dense_t=_transposed(torch.cat([get(n) for n in names])))
 
         embed, head = "model.embed_tokens.weight", "lm_head.weight" if "lm_head.weight" in state else None
@@ -265,8 +264,8 @@ class Transformer:
 
         A GGUF matrix of 256-weight blocks alone takes the integer products where this model's
         are on and the processor runs their VNNI path: each row then gets the decoding steps'
-        own arithmetic, with no float32 tile of the matrix (1B Q4_K_M, 2,048 tokens in chunks of
-        1,024: 69-71 against 66-68 tokens/s for dequantizing and PyTorch's float32 product).
+        own arithmetic, with no float32 tile of the matrix (faster than dequantizing for PyTorch's
+        float32 product on a 1B Q4_K_M file).
         Anything else (float weights, 32-weight blocks, `exact`, AVX2 alone, where the integer
         products over many rows were not measured against PyTorch's) is a float32 product.
 

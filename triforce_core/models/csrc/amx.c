@@ -1,5 +1,5 @@
-/* AMX's tiles as both libraries use them (tile_rows.c in layers.c, integer_attention.c in
- * few_rows.c): whether this process may run them, and their one configuration.
+/* AMX's tiles as both libraries use them (q_k_tiles.c and q_k_steps.c in layers.c, integer_attention.c in
+ * attention.c): whether this process may run them, and their one configuration.
  *
  * The tiles run only after the process asks the kernel for their state (arch_prctl
  * ARCH_REQ_XCOMP_PERM): without it the first tile instruction faults. A library asks once, after

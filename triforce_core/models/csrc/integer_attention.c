@@ -1,5 +1,5 @@
 /* Few-row attention over a 16-bit integer cache, in integer arithmetic: the same bits on the
- * tiles (AMX-INT8) for many rows, on VNNI for a step, and in plain C. Included by few_rows.c,
+ * tiles (AMX-INT8) for many rows, on VNNI for a step, and in plain C. Included by attention.c,
  * whose jobs, softmax and merge it shares.
  *
  * Why. Over a float16 cache every query row costs its own float32 multiply-adds, and seven
@@ -9,9 +9,8 @@
  *
  * The cache. Each key and value vector (one token, one KV head) is stored as int16 on a grid
  * of its own absmax (scale = absmax / 32767, float32, `sk`/`sv`), as two byte planes: its high
- * byte plus 128 and its low byte, both unsigned, so x = 256 (hi - 128) + lo. Teacher-forced on
- * SmolLM2 this grid reads the document 100x closer to float32 than a float16 cache does
- * (`bench.kv_formats`). The planes are laid out as the products read them:
+ * byte plus 128 and its low byte, both unsigned, so x = 256 (hi - 128) + lo: closer to float32
+ * than a float16 cache (`bench.kv_formats`). The planes are laid out as the products read them:
  *   keys, per 16 tokens:  [plane 2][D / 4][16 tokens][4 dims]    (32 D bytes)
  *   values, per 4 tokens: [plane 2][D][4 tokens]                 (8 D bytes)
  * so 64 bytes of keys are 16 tokens' 4 dims (a tile's B row and a VNNI vector, lanes = keys),
@@ -23,12 +22,12 @@
  *      (qh in [-64, 63], ql in [0, 127]);
  *   2. A = sum_d k_d qh_d, B = sum_d k_d ql_d, exact in int32 (|A|, |B| < 2^29 for D <= 256);
  *      score = (float)A * (128 c) + (float)B * c, c = sq sk (one fused multiply-add);
- *   3. the softmax of few_rows.c (its exponential, its sums, its chunk sums);
+ *   3. the softmax of attention.c (its exponential, its sums, its chunk sums);
  *   4. p' = p sv[t], on a 14-bit grid of the row's largest in the block, split p = 128 ph + pl
  *      (both in [0, 127]);
  *   5. X = sum_t ph_t v_t, Y = sum_t pl_t v_t, exact in int32 for blocks of up to 256 keys;
  *      the block's output (float)X * (128 s) + (float)Y * s, s = the block's grid step;
- *   6. few_rows.c's merge.
+ *   6. attention.c's merge.
  * Only 2 and 5 differ between the paths, and they give integers: a row equals itself whatever
  * rows share its call and whichever path ran it. The unsigned planes against signed parts are
  * what VNNI (u8 x s8) and the tiles' TDPBSUD multiply; the planes' +128 is taken back as
@@ -446,7 +445,7 @@ static int iat_blocks(const float *qs, const int8_t *qb, const int32_t *qsum, co
         const int32_t *qsh = qsum + (int64_t)h * 2 * R16;
         const float *qsr = qs + h * R;
         /* the next job's keys and values are asked for into the level-2 cache while this one is
-           worked (as few_rows.c does), spread over the products' passes */
+           worked (as attention.c does), spread over the products' passes */
         Prefetch pk = {NULL, NULL, 0, 0}, pv = {NULL, NULL, 0, 0};
         if (job + 1 < job_end) {
             int64_t h1 = (job + 1) / nb, t1 = (job + 1) % nb * block;

@@ -1,12 +1,12 @@
-/* Integer products chosen and run: which parts take which kernel (int16_rows.c's 16-bit
- * activations for the K types; tile_rows.c's on AMX's tiles, or in the steps' order), the
+/* Integer products chosen and run: which parts take which kernel (q_k_int16.c's 16-bit
+ * activations for the K types; q_k_tiles.c's on AMX's tiles, q_k_steps.c's in the steps' order), the
  * activation rows quantized for them, and the outputs split over the threads. A mode is
  * int8.py's: INT8_WIDE (16-bit activations for the K types), INT8_TILES (WIDE's with those parts
  * on AMX's tiles, for a prefill's rows), INT8_STEP_TILES (the same activations, the K types in
- * the steps' order of tile_rows.c: VNNI up to 3 rows, the tiles above). The 32-weight types and
+ * the steps' order of q_k_steps.c: VNNI up to 3 rows, the tiles above). The 32-weight types and
  * float parts keep the float path in every mode.
  *
- * Included by layers.c after tile_rows.c.
+ * Included by layers.c after q_k_steps.c.
  */
 
 /* y [S, N] = x [S, K] @ W^T over the stacked parts: the 256-weight types' parts from xw (S x K/256
@@ -35,7 +35,7 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
 #pragma omp atomic write
             failed = 1;
         }
-        if (quantize_xw) {  /* a prefill's 1,024 rows took 3 % of its time on one thread */
+        if (quantize_xw) {  /* a prefill's many rows: quantized by every thread, not one */
 #pragma omp for schedule(static)
             for (int s = 0; s < S; s++)
                 quantize_q16_k(x + (int64_t)s * K, K, (struct block_q16_k *)xw + (int64_t)s * (K / 256));
@@ -46,9 +46,8 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
         int group = ta ? (ta->steps ? tile_group(K) / STEP_ROWS * STEP_ROWS : tile_group(K)) : I16_ROWS;
         for (int s0 = 0; s0 < S; s0 += group) {
             int g = S - s0 < group ? S - s0 : group;
-            /* guided: a thread that finishes early takes jobs from the other's share (one step
-             * of the 1B shape at 4K 35.6 against 36.0 ms, 3B 90.6 against 91.5, 7 rows 138 against
-             * 141); each output is still one thread's, so the bits do not change */
+            /* guided: a thread that finishes early takes jobs from the other's share; each
+             * output is still one thread's, so the bits do not change */
             /* nowait: the groups write different rows of y, so a thread that finishes one
              * group's share goes on to the next instead of waiting at a barrier for each */
 #pragma omp for schedule(guided) nowait
@@ -60,7 +59,7 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
 #ifdef TILES_X86
                     if (ta && ta->steps && g <= VNNI_STEP_ROWS && step_type(parts[i].type) && path == INT8_AVX512_VNNI && tiles_ready()) {
                         for (int64_t r = lo; r < hi; r += 16)  /* a few rows: VNNI in the tiles' order */
-                            vnni_step_outputs(&parts[i], r, r + 16 < hi ? r + 16 : hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256),
+                            q_k_steps_vnni(&parts[i], r, r + 16 < hi ? r + 16 : hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256),
                                               K, y + (int64_t)s0 * N + base, N, g);
                         continue;
                     }
@@ -68,7 +67,7 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
                     if (ta && is_k_type(parts[i].type) && (!ta->steps || step_type(parts[i].type)))
                         tile_outputs(&parts[i], lo, hi, ta, s0, g, K, y + (int64_t)s0 * N + base, N, path);
                     else if (is_k_type(parts[i].type))
-                        int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
+                        q_k_int16_outputs(&parts[i], lo, hi, (const struct block_q16_k *)xw + (int64_t)s0 * (K / 256), g, K, y + (int64_t)s0 * N + base, N, path);
                     else if (w)
                         stacked_outputs(x + (int64_t)s0 * K, g, K, &parts[i], 1, lo, hi, y + (int64_t)s0 * N + base, N, w);
                 }
@@ -80,7 +79,7 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
 }
 
 /* stacked_product with the 256-weight types' parts as integer products over 16-bit activations
- * (x's rows quantized once, int16_rows.c), the others by the float path; with `ta` (no layouts:
+ * (x's rows quantized once, q_k_int16.c), the others by the float path; with `ta` (no layouts:
  * the steps' order for rows VNNI takes alone) as product_q's. */
 static int wide_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                 const struct tile_acts *ta) {
@@ -94,7 +93,7 @@ static int wide_stacked_product(const float *x, int S, int K, const struct part 
     return failed;
 }
 
-/* wide_stacked_product for a prefill's rows: the 256-weight types' parts on tiles (tile_rows.c:
+/* wide_stacked_product for a prefill's rows: the 256-weight types' parts on tiles (q_k_tiles.c:
  * the same 16-bit activations, their own order), the others by the float path as there. */
 static int tiles_stacked_product(const float *x, int S, int K, const struct part *parts, int nparts, float *y, int threads,
                                  int steps) {
@@ -104,8 +103,8 @@ static int tiles_stacked_product(const float *x, int S, int K, const struct part
     int nb = K / 256, S_pad = (S + TILE_M - 1) / TILE_M * TILE_M;
     tiles_ready();  /* asked once here, not first by two threads at once */
     if (steps && S <= VNNI_STEP_ROWS && int8_path() == INT8_AVX512_VNNI && tiles_ready()) {
-        /* a step: VNNI in the tiles' order (vnni_step_outputs) reads the rows as WIDE does,
-           so none of the tiles' layouts is made (they cost a step 4 % in allocations) */
+        /* a step: VNNI in the tiles' order (q_k_steps_vnni) reads the rows as WIDE does,
+           so none of the tiles' layouts is made (their allocations would cost a step) */
         const struct tile_acts none = {NULL, NULL, NULL, NULL, S_pad, steps, NULL, NULL};
         return wide_stacked_product(x, S, K, parts, nparts, y, threads, &none);
     }

@@ -12,7 +12,7 @@
  * so `a * b + c` is two roundings as in PyTorch's separate operators; only the order of the
  * sums inside a norm or a matrix product differs, as it does between PyTorch's own kernels.
  * Weights are either float32 stored [in, out] (`x @ W`, the vocabulary projection [vocab,
- * hidden]), or as a GGUF file stores them (quant_rows.c): each matrix is passed as its parts.
+ * hidden]), or as a GGUF file stores them (float_products.c): each matrix is passed as its parts.
  * With `int8` (an int8.py mode, the model's `Arithmetic.products`) the K types' parts are
  * integer products over 16-bit activations instead (integer_products.c).
  */
@@ -31,11 +31,12 @@
 #include <immintrin.h>
 #endif
 
-#include "quant_rows.c"
-#include "int8_rows.c"
-#include "int16_rows.c"
+#include "float_products.c"
+#include "q_k_blocks.c"
+#include "q_k_int16.c"
 #include "amx.c"
-#include "tile_rows.c"
+#include "q_k_tiles.c"
+#include "q_k_steps.c"
 #include "integer_products.c"
 
 #define COLS 64            /* output columns a job computes (one row: eight vectors in registers) */
@@ -85,7 +86,7 @@ static void two_rows(const float *x0, const float *x1, int K, const float *w, in
 }
 
 /* One row over 64 columns: 256 bytes of each weight row a step (a one-row product streams the
- * weights from memory: the longer runs read them ~10 % faster than 128 bytes a row). */
+ * weights from memory: the longer runs read them faster than 128 bytes a row). */
 static void one_row(const float *x0, int K, const float *w, int64_t ldw, int64_t n0, float *y0) {
     __m256 a[8];
     for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_ps();
@@ -247,8 +248,8 @@ int final_logits(const float *x, int R, int E, const float *norm_w, float eps, c
 
 /* ---- A whole forward of few rows: every layer in one call ----------------------------------
  *
- * A decoding step of SmolLM2 ran ~4 ms of its 25 ms at 6K keys in Python between the native
- * calls of each layer (three calls, the cache's views and copies, a dozen small tensors). Here
+ * A decoding step spent a share of its time in Python between the native calls of each layer
+ * (three calls, the cache's views and copies, a dozen small tensors). Here
  * one call runs every layer: the same layer_in, the new keys and values written into the cache
  * (rounded into its dtype as PyTorch's copy rounds: to nearest even), the same few-row
  * attention (the attention library's own function, passed by address), the same layer_out. So
@@ -268,7 +269,7 @@ struct layer_weights {
     int n_down;
 };
 
-/* few_rows.c's `attention`. */
+/* attention.c's `attention`. */
 typedef int (*attention_fn)(const float *q, const void *k, const void *v, int64_t head_stride, int kind, int H, int R,
                             int D, int64_t T, const int64_t *limit, int block, int threads, float *out, float *m_out,
                             float *l_out, int chunk, float *chunk_sum, float *result);

@@ -1,11 +1,11 @@
 /* Integer products over 16-bit activations for the 256-weight types (Q4_K, Q5_K, Q6_K):
  * `int8.WIDE`, the fast path's default.
  *
- * Why 16 bits: 8-bit activations (int8_rows.c, llama.cpp's arithmetic) move the model's
- * numbers by up to half an 8-bit step an input, enough to change SmolLM2's top token at 2 % of
- * positions. Two levels of 8 bits (the row, then its residual) keep about 15 bits, but pay two
- * integer products a row. A 16-bit activation keeps about 16 bits for one: the weight times its
- * sub-block's integer scale fits 16 bits too (Q4_K 63 x 15, Q5_K 63 x 31, Q6_K 128 x 32 with
+ * Why 16 bits: 8-bit activations (llama.cpp's arithmetic) move the model's numbers by up to
+ * half an 8-bit step an input, enough to change its top token too often for a default. Two
+ * levels of 8 bits (the row, then its residual) keep about 15 bits, but pay two integer
+ * products a row. A 16-bit activation keeps about 16 bits for one: the weight times its
+ * sub-block's integer scale fits 16 bits too (Q4_K 63 * 15, Q5_K 63 * 31, Q6_K 128 * 32 with
  * Q6_K's bias of 32 inside the weight), so one vpdpwssd multiplies 32 of them by 32 activations
  * and adds the pairs. A super-block's weights are scaled and widened once for all rows, by
  * vpmaddubsw against their scales at every other byte (the other bytes zero: one product a
@@ -17,18 +17,18 @@
  * minimums). Each row is quantized on its own. The q are stored in the weights' order above:
  * of each 64 inputs, the 32 even ones, then the 32 odd ones (`q16_at`).
  *
- * One order of the float arithmetic, written once in the scalar reference (`ref16_block`) and
+ * One order of the float arithmetic, written once in the scalar reference (`q_k_int16_ref_block`) and
  * followed by every vector path. Per output and row, the 16 lanes and 8 offset lanes of
- * int8_rows.c's struct i8acc (its lanes 16-31 stay zero) and its i8_result:
+ * q_k_blocks.c's struct i8acc (its lanes 16-31 stay zero) and its i8_result:
  *   - super-block b adds to lane l < 16 V_l = sum of W_e q_e over e = 64 p + 4 l + t, p < 4,
- *     t < 4 (the lanes of int8_rows.c's K types), W_e = sc(e) w_e (Q6_K: sc(e) (w_e - 32)):
+ *     t < 4 (the lanes of q_k_blocks.c's K types), W_e = sc(e) w_e (Q6_K: sc(e) (w_e - 32)):
  *     lane = fmaf((float)V_l, d d_x, lane);
  *   - Q4_K, Q5_K: offset lane j < 8 gets M_j = m_j bsum_j:  lane = fmaf((float)M_j, dmin d_x, lane).
- * The integer sums are exact and bounded: |V_l| <= 16 x 4096 x 32767 < 2^31 (Q6_K, the largest);
+ * The integer sums are exact and bounded: |V_l| <= 16 * 4096 * 32767 < 2^31 (Q6_K, the largest);
  * a conversion to float rounds the same on every path. Nothing depends on the rows beside, the
  * thread or the vector path: a verification's row equals a step's bit for bit (tested).
  *
- * Included by layers.c after int8_rows.c (its paths, its probe and its accumulators).
+ * Included by layers.c after q_k_blocks.c (its paths, its probe and its accumulators).
  */
 
 /* 256 inputs as 16-bit integers (576 bytes: a multiple of 64). */
@@ -75,8 +75,8 @@ static void quantize_q16_k_ref(const float *x, int K, struct block_q16_k *y) {
 /* quantize_q16_k_ref in AVX-512, the same bits: the largest |x| is exact in any order; x * id is
  * the same product; roundf (half away from zero) is t = trunc(v) and one more away from zero
  * where |v - t| >= 0.5 (v - t is exact for a float); NaN gives 0 and the bounds clamp as there;
- * the sums per 32 are integer sums. A prefill's rows took 4 % of its time in the scalar loop. */
-static VNNI_TARGET void vnni_quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
+ * the sums per 32 are integer sums. (A prefill's rows spend a share of its time here.) */
+static VNNI_TARGET void quantize_q16_k_vnni(const float *x, int K, struct block_q16_k *y) {
     const __m512 sign = _mm512_set1_ps(-0.0f), half = _mm512_set1_ps(0.5f), one = _mm512_set1_ps(1.0f);
     const __m512 hi = _mm512_set1_ps(Q16_MAX), lo = _mm512_set1_ps(-Q16_MAX);
     /* of 64 words (32 from each of two registers), the even ones, then the odd ones */
@@ -128,7 +128,7 @@ static VNNI_TARGET void vnni_quantize_q16_k(const float *x, int K, struct block_
 static void quantize_q16_k(const float *x, int K, struct block_q16_k *y) {
 #ifdef I8_X86
     if (int8_path() == INT8_AVX512_VNNI) {
-        vnni_quantize_q16_k(x, K, y);
+        quantize_q16_k_vnni(x, K, y);
         return;
     }
 #endif
@@ -145,14 +145,14 @@ int int16_quantize_rows(const float *x, int S, int K, void *out) {
 /* ---- the scalar reference ---------------------------------------------------------------- */
 
 /* Weight e of a super-block as the 16-bit integer the products take. */
-static inline int ref16_weight(int type, const uint8_t *blk, int e) {
-    int sc, q = ref_wk(type, blk, e, &sc);
+static inline int q_k_int16_weight_ref(int type, const uint8_t *blk, int e) {
+    int sc, q = q_k_weight_ref(type, blk, e, &sc);
     return type == T_Q6_K ? sc * (q - 32) : sc * q;
 }
 
-static void ref16_block(int type, const uint8_t *blk, const struct block_q16_k *x, struct i8acc *A) {
+static void q_k_int16_ref_block(int type, const uint8_t *blk, const struct block_q16_k *x, struct i8acc *A) {
     int32_t V[16] = {0};
-    for (int e = 0; e < 256; e++) V[(e % 64) / 4] += ref16_weight(type, blk, e) * q16_at(x, e);
+    for (int e = 0; e < 256; e++) V[(e % 64) / 4] += q_k_int16_weight_ref(type, blk, e) * q16_at(x, e);
     float dd = (type == T_Q6_K ? half_at(blk + 208) : half_at(blk)) * x->d;
     for (int l = 0; l < 16; l++) A->a[l] = fmaf((float)V[l], dd, A->a[l]);
     if (type == T_Q6_K) return;
@@ -164,17 +164,17 @@ static void ref16_block(int type, const uint8_t *blk, const struct block_q16_k *
     }
 }
 
-static void ref16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S, struct i8acc *A) {
+static void q_k_int16_ref(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S, struct i8acc *A) {
     int bb = block_bytes(type);
     for (int s = 0; s < S; s++)
-        for (int b = 0; b < nb; b++) ref16_block(type, row + (int64_t)b * bb, x + s * ldx + b, &A[s]);
+        for (int b = 0; b < nb; b++) q_k_int16_ref_block(type, row + (int64_t)b * bb, x + s * ldx + b, &A[s]);
 }
 
 #ifdef I8_X86
 /* -- AVX2: a super-block's scaled weights into a buffer once for all rows, in the activations'
  *    order (of each 64, the even ones, then the odd), then per row 16 vpmaddwd: the first 16 of
  *    each 32 into lanes 0-7, the second 16 into lanes 8-15. */
-static INLINE AVX2_TARGET void avx2_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
+static INLINE AVX2_TARGET void q_k_int16_avx2(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     struct unpackedk u;
     int16_t W[256] __attribute__((aligned(32)));
@@ -182,11 +182,11 @@ static INLINE AVX2_TARGET void avx2_16k(const int type, const uint8_t *row, cons
     for (int b = 0; b < nb; b++) {
         const uint8_t *blk = row + (int64_t)b * block_bytes(type);
         float d, f;
-        unpackk(type, blk, &u, &d, &f);
+        q_k_bytes_avx2(type, blk, &u, &d, &f);
         __m256i mins = _mm256_setzero_si256();
         if (type != T_Q6_K) {
             uint64_t scb, mnb;
-            k4_scales(blk + 4, &scb, &mnb);
+            q4_k_scales(blk + 4, &scb, &mnb);
             mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
         }
         for (int h = 0; h < 8; h++) {  /* weights 32h .. 32h + 31 */
@@ -230,12 +230,12 @@ static INLINE AVX2_TARGET void avx2_16k(const int type, const uint8_t *row, cons
     }
 }
 
-static AVX2_TARGET void avx2_16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
+static AVX2_TARGET void q_k_int16_avx2_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
                                     struct i8acc *A) {
     switch (type) {
-    case T_Q4_K: avx2_16k(T_Q4_K, row, x, ldx, nb, S, A); break;
-    case T_Q5_K: avx2_16k(T_Q5_K, row, x, ldx, nb, S, A); break;
-    case T_Q6_K: avx2_16k(T_Q6_K, row, x, ldx, nb, S, A); break;
+    case T_Q4_K: q_k_int16_avx2(T_Q4_K, row, x, ldx, nb, S, A); break;
+    case T_Q5_K: q_k_int16_avx2(T_Q5_K, row, x, ldx, nb, S, A); break;
+    case T_Q6_K: q_k_int16_avx2(T_Q6_K, row, x, ldx, nb, S, A); break;
     }
 }
 
@@ -260,7 +260,7 @@ static INLINE VNNI_TARGET __m512i scale_bytes_index(int per16, int p, int odd) {
 }
 
 /* The vpshufb indices of scale_bytes_index for a type's super-block, c = 2p + odd. */
-static INLINE VNNI_TARGET void vnni_16k_index(const int type, __m512i *index) {
+static INLINE VNNI_TARGET void q_k_int16_vnni_index(const int type, __m512i *index) {
     for (int p = 0; p < 4; p++)
         for (int odd = 0; odd < 2; odd++) index[2 * p + odd] = scale_bytes_index(type == T_Q6_K, p, odd);
 }
@@ -268,10 +268,10 @@ static INLINE VNNI_TARGET void vnni_16k_index(const int type, __m512i *index) {
 /* A super-block's 256 scaled weights (W: eight registers, c = 2p + odd, the even weights of 64
  * then the odd), its d and, for Q4_K and Q5_K, its dmin (f, else 0) and integer minimums (mins:
  * the offset lanes' factors, else 0). */
-static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk, const __m512i *index, __m512i *W, float *d,
+static INLINE VNNI_TARGET void q_k_int16_vnni_widen(const int type, const uint8_t *blk, const __m512i *index, __m512i *W, float *d,
                                               float *f, __m256i *mins) {
     __m512i q[4], scales;
-    vnni_k_bytes(type, blk, q);
+    q_k_bytes_vnni(type, blk, q);
     *mins = _mm256_setzero_si256();
     *f = 0.0f;
     if (type == T_Q6_K) {
@@ -279,7 +279,7 @@ static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk
         *d = half_at(blk + 208);
     } else {
         uint64_t scb, mnb;
-        k4_scales(blk + 4, &scb, &mnb);
+        q4_k_scales(blk + 4, &scb, &mnb);
         scales = _mm512_broadcast_i32x4(_mm_cvtsi64_si128((long long)scb));
         *mins = _mm256_cvtepu8_epi32(_mm_cvtsi64_si128((long long)mnb));
         *d = half_at(blk);
@@ -295,7 +295,7 @@ static INLINE VNNI_TARGET void vnni_16k_widen(const int type, const uint8_t *blk
 /* An output's lanes set to zero before its first super-block, where the row's is first used
  * (in place of a memset of every accumulator of a group before the call: the same zeros, so
  * the same bits, without a pass over memory the kernel then overwrites). */
-static INLINE VNNI_TARGET void vnni_16k_start(struct i8acc *A) {
+static INLINE VNNI_TARGET void q_k_int16_vnni_start(struct i8acc *A) {
     _mm512_store_ps(A->a, _mm512_setzero_ps());
     _mm512_store_ps(A->a + 16, _mm512_setzero_ps());
     _mm256_store_ps(A->m, _mm256_setzero_ps());
@@ -305,18 +305,18 @@ static INLINE VNNI_TARGET void vnni_16k_start(struct i8acc *A) {
  * b widened into registers, so each activation load feeds two products. Output by output, a
  * 7-row verification loaded each row's activations once per output (from the second level of
  * cache where the rows are wider than 2,048 inputs). The same operations on each lane in the
- * same order as vnni_16k. */
-static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0, const uint8_t *row1, const struct block_q16_k *x,
+ * same order as q_k_int16_vnni. */
+static INLINE VNNI_TARGET void q_k_int16_vnni_pair(const int type, const uint8_t *row0, const uint8_t *row1, const struct block_q16_k *x,
                                              int64_t ldx, int nb, int S, struct i8acc *A0, struct i8acc *A1) {
     const int bb = block_bytes(type);
     __m512i index[8];
-    vnni_16k_index(type, index);
+    q_k_int16_vnni_index(type, index);
     for (int b = 0; b < nb; b++) {
         __m512i W0[8], W1[8];
         __m256i mins0, mins1;
         float d0, d1, f0, f1;
-        vnni_16k_widen(type, row0 + (int64_t)b * bb, index, W0, &d0, &f0, &mins0);
-        vnni_16k_widen(type, row1 + (int64_t)b * bb, index, W1, &d1, &f1, &mins1);
+        q_k_int16_vnni_widen(type, row0 + (int64_t)b * bb, index, W0, &d0, &f0, &mins0);
+        q_k_int16_vnni_widen(type, row1 + (int64_t)b * bb, index, W1, &d1, &f1, &mins1);
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
             __m512i P0 = _mm512_setzero_si512(), Q0 = P0, P1 = P0, Q1 = P0;
@@ -333,8 +333,8 @@ static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0
                 Q1 = _mm512_dpwssd_epi32(Q1, W1[c + 1], X1);
             }
             if (b == 0) {
-                vnni_16k_start(&A0[s]);
-                vnni_16k_start(&A1[s]);
+                q_k_int16_vnni_start(&A0[s]);
+                q_k_int16_vnni_start(&A1[s]);
             }
             _mm512_store_ps(A0[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P0, Q0)), _mm512_set1_ps(d0 * xs->d), _mm512_load_ps(A0[s].a)));
             _mm512_store_ps(A1[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(P1, Q1)), _mm512_set1_ps(d1 * xs->d), _mm512_load_ps(A1[s].a)));
@@ -347,25 +347,25 @@ static INLINE VNNI_TARGET void vnni_16k_pair(const int type, const uint8_t *row0
     }
 }
 
-static VNNI_TARGET void vnni_16_pair(int type, const uint8_t *row0, const uint8_t *row1, const struct block_q16_k *x, int64_t ldx,
+static VNNI_TARGET void q_k_int16_vnni_pair_row(int type, const uint8_t *row0, const uint8_t *row1, const struct block_q16_k *x, int64_t ldx,
                                      int nb, int S, struct i8acc *A0, struct i8acc *A1) {
     switch (type) {
-    case T_Q4_K: vnni_16k_pair(T_Q4_K, row0, row1, x, ldx, nb, S, A0, A1); break;
-    case T_Q5_K: vnni_16k_pair(T_Q5_K, row0, row1, x, ldx, nb, S, A0, A1); break;
-    case T_Q6_K: vnni_16k_pair(T_Q6_K, row0, row1, x, ldx, nb, S, A0, A1); break;
+    case T_Q4_K: q_k_int16_vnni_pair(T_Q4_K, row0, row1, x, ldx, nb, S, A0, A1); break;
+    case T_Q5_K: q_k_int16_vnni_pair(T_Q5_K, row0, row1, x, ldx, nb, S, A0, A1); break;
+    case T_Q6_K: q_k_int16_vnni_pair(T_Q6_K, row0, row1, x, ldx, nb, S, A0, A1); break;
     }
 }
 
-static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
+static INLINE VNNI_TARGET void q_k_int16_vnni(const int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb,
                                         int S, struct i8acc *A) {
     const int bb = block_bytes(type);
     __m512i index[8];
-    vnni_16k_index(type, index);
+    q_k_int16_vnni_index(type, index);
     for (int b = 0; b < nb; b++) {
         __m512i W[8];
         __m256i mins;
         float d, f;
-        vnni_16k_widen(type, row + (int64_t)b * bb, index, W, &d, &f, &mins);
+        q_k_int16_vnni_widen(type, row + (int64_t)b * bb, index, W, &d, &f, &mins);
         for (int s = 0; s < S; s++) {
             const struct block_q16_k *xs = x + s * ldx + b;
             __m512i V0 = _mm512_setzero_si512(), V1 = V0;
@@ -374,7 +374,7 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
                 V1 = _mm512_dpwssd_epi32(V1, W[c + 1], _mm512_loadu_si512((const void *)(xs->qs + 32 * c + 32)));
             }
             __m512i V = _mm512_add_epi32(V0, V1);
-            if (b == 0) vnni_16k_start(&A[s]);
+            if (b == 0) q_k_int16_vnni_start(&A[s]);
             _mm512_store_ps(A[s].a, _mm512_fmadd_ps(_mm512_cvtepi32_ps(V), _mm512_set1_ps(d * xs->d), _mm512_load_ps(A[s].a)));
             if (type != T_Q6_K) {
                 __m256i M = _mm256_mullo_epi32(mins, _mm256_loadu_si256((const __m256i *)xs->bsums));
@@ -384,31 +384,28 @@ static INLINE VNNI_TARGET void vnni_16k(const int type, const uint8_t *row, cons
     }
 }
 
-static VNNI_TARGET void vnni_16_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
+static VNNI_TARGET void q_k_int16_vnni_row(int type, const uint8_t *row, const struct block_q16_k *x, int64_t ldx, int nb, int S,
                                     struct i8acc *A) {
     switch (type) {
-    case T_Q4_K: vnni_16k(T_Q4_K, row, x, ldx, nb, S, A); break;
-    case T_Q5_K: vnni_16k(T_Q5_K, row, x, ldx, nb, S, A); break;
-    case T_Q6_K: vnni_16k(T_Q6_K, row, x, ldx, nb, S, A); break;
+    case T_Q4_K: q_k_int16_vnni(T_Q4_K, row, x, ldx, nb, S, A); break;
+    case T_Q5_K: q_k_int16_vnni(T_Q5_K, row, x, ldx, nb, S, A); break;
+    case T_Q6_K: q_k_int16_vnni(T_Q6_K, row, x, ldx, nb, S, A); break;
     }
 }
 #endif
 
-/* Rows from which outputs go two at a time on the VNNI path (vnni_16k_pair), on a 1B Q4_K_M
- * file (`bench.kernel_ab`, one output at a time as the base): at 7 rows wqkv, wo and down
- * 1.10-1.26x, gate/up 0.96-1.03x, a 7-row forward at 4K 1.00-1.09x in three runs; at 5 rows
- * gate/up 0.87x and the forward 0.96x; at 256 rows gate/up 94 against 81 GMAC/s. */
+/* Rows from which outputs go two at a time on the VNNI path (q_k_int16_vnni_pair): each
+ * activation load then feeds two outputs, which pays from a verification's rows on, not for
+ * fewer (`bench.kernel_ab`, one output at a time as the base, on a 1B Q4_K_M file). */
 #define I16_PAIRS_FROM 7
 
 /* Activation rows sharing each widened super-block (and a group of a many-row product). */
 #define I16_ROWS 32
 
 /* Output row `at` (p->ld bytes: a row a few ahead of the one being worked) asked for. Q6_K's
- * rows (27 lines for 2,048 inputs, against Q4_K's 18) went into the first level in a burst that
- * stalled on the queue of misses; into the second they ran a step's Q6_K product 0.80-0.88x the
- * time on VNNI and 0.86-0.88x on AVX2 (a 2-core Xeon, 19 16384 x 2048 matrices from memory, the
- * paths forced, alternated with the library before), Q4_K's alike either way (0.97-1.03x).
- * Inlined: as a call it cost the row loop a quarter of its speed. */
+ * rows (half as many lines again as Q4_K's) went into the first level in a burst that stalled
+ * on the queue of misses: they go into the second, Q4_K's into the first (alike either way).
+ * Inlined: as a call it slowed the row loop. */
 static INLINE void row_ahead(const struct part *p, const uint8_t *at) {
     if (p->type == T_Q6_K)
         for (int64_t b = 0; b < p->ld; b += 64) __builtin_prefetch(at + b, 0, 2);
@@ -417,21 +414,21 @@ static INLINE void row_ahead(const struct part *p, const uint8_t *at) {
 }
 
 /* Outputs [r0, r1) of one part (a 256-weight type) against all S rows: y[s * ldy + r]. */
-static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *xw, int S, int K, float *y,
+static void q_k_int16_outputs(const struct part *p, int64_t r0, int64_t r1, const struct block_q16_k *xw, int S, int K, float *y,
                           int64_t ldy, int path) {
     int nb = K / 256;
     int64_t ldx = nb;
     struct i8acc A[I16_ROWS], A2[I16_ROWS];
     int64_t r = r0;
 #ifdef I8_X86
-    if (path == INT8_AVX512_VNNI && S >= I16_PAIRS_FROM)  /* two outputs at a time (vnni_16k_pair) */
+    if (path == INT8_AVX512_VNNI && S >= I16_PAIRS_FROM)  /* two outputs at a time (q_k_int16_vnni_pair) */
         for (; r + 2 <= r1; r += 2) {
             const uint8_t *row = (const uint8_t *)p->data + r * p->ld;
             for (int64_t ahead = r + PREFETCH_ROWS; ahead < r + PREFETCH_ROWS + 2 && ahead < p->rows; ahead++)
                 row_ahead(p, (const uint8_t *)p->data + ahead * p->ld);
             for (int s0 = 0; s0 < S; s0 += I16_ROWS) {
                 int g = S - s0 < I16_ROWS ? S - s0 : I16_ROWS;
-                vnni_16_pair(p->type, row, row + p->ld, xw + s0 * ldx, ldx, nb, g, A, A2);
+                q_k_int16_vnni_pair_row(p->type, row, row + p->ld, xw + s0 * ldx, ldx, nb, g, A, A2);
                 for (int s = 0; s < g; s++) {
                     y[(int64_t)(s0 + s) * ldy + r] = i8_result(&A[s]);
                     y[(int64_t)(s0 + s) * ldy + r + 1] = i8_result(&A2[s]);
@@ -448,10 +445,10 @@ static void int16_outputs(const struct part *p, int64_t r0, int64_t r1, const st
             if (path != INT8_AVX512_VNNI) memset(A, 0, sizeof(A[0]) * (size_t)g);  /* the VNNI kernels start their lanes */
             switch (path) {
 #ifdef I8_X86
-            case INT8_AVX512_VNNI: vnni_16_row(p->type, row, xs, ldx, nb, g, A); break;
-            case INT8_AVX2: avx2_16_row(p->type, row, xs, ldx, nb, g, A); break;
+            case INT8_AVX512_VNNI: q_k_int16_vnni_row(p->type, row, xs, ldx, nb, g, A); break;
+            case INT8_AVX2: q_k_int16_avx2_row(p->type, row, xs, ldx, nb, g, A); break;
 #endif
-            default: ref16_row(p->type, row, xs, ldx, nb, g, A); break;
+            default: q_k_int16_ref(p->type, row, xs, ldx, nb, g, A); break;
             }
             for (int s = 0; s < g; s++) y[(int64_t)(s0 + s) * ldy + r] = i8_result(&A[s]);
         }

@@ -259,8 +259,8 @@ static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
 #define USE_AVX512 1
 #endif
 /* Weights are prefetched this many rows ahead, into the level-1 cache: the hardware's own
- * prefetcher left a one-row pass over the Q8_0 vocabulary waiting on memory (4.9 against 2.5 ms
- * of one core for 49,152 rows of 576), and a non-temporal hint did not help. */
+ * prefetcher left a one-row pass over a Q8_0 vocabulary waiting on memory, and a non-temporal
+ * hint did not help. */
 #define PREFETCH_ROWS 2 /* outside the vector paths: the integer products use it on every machine */
 
 #if defined(HAVE_AVX2)
@@ -352,8 +352,8 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
        nibble n can stand for (Q4_0: d (n - 8); Q4_1: d n + m, one rounding) fill one register,
        and each weight is a permute of it by its nibble: vpermps reads an index's low 4 bits
        only, so the low nibbles need no mask. The same operations on the same numbers as
-       computing each weight: the same values. With Q4_1's (d, m) broadcast as loaded and
-       converted together, a step's products over SmolLM2's Q4_1 layers ran 10 % faster. */
+       computing each weight: the same values. Q4_1's (d, m) are broadcast as loaded and
+       converted together (faster than apart). */
     __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (type == T_Q4_1 ? 4 : 2))));
     __m512 table;
     if (type == T_Q4_0) {
@@ -371,8 +371,7 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
 #endif
 
 /* Rows sharing each dequantized block (2 accumulators a row; past 6 rows some spill to the
- * level-1 cache, still cheaper than dequantizing twice). One layer of SmolLM2 after attention,
- * one core: 5 rows 661 against 854 us as 4 + 1, 7 rows 877 against 1,013 as 4 + 3. */
+ * level-1 cache, still cheaper than dequantizing twice). */
 #ifdef USE_AVX512
 #define FUSED_ROWS 16 /* one 16-lane accumulator a row: 16 of the 32 registers */
 #define FUSED_OUTS 8
@@ -384,7 +383,7 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
 /* dot_rows over a row of 32-weight blocks read in place: no float copy of the row. The sums
  * are dot_rows' own, FMA for FMA. */
 #ifdef USE_AVX512
-static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
+static inline __attribute__((always_inline)) void q32_float_rows(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     __m512 a[FUSED_ROWS];
@@ -398,7 +397,7 @@ static inline __attribute__((always_inline)) void fused_rows_g(const int type, c
     for (int s = 0; s < G; s++) y[s * ldy] = lanes_sum16(a[s]);
 }
 
-static inline __attribute__((always_inline)) void fused_outs_g(const int type, const uint8_t *row, int64_t ldw, const float *x,
+static inline __attribute__((always_inline)) void q32_float_outs(const int type, const uint8_t *row, int64_t ldw, const float *x,
                                                               const int O, int K, float *y) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     __m512 a[FUSED_OUTS];
@@ -413,7 +412,7 @@ static inline __attribute__((always_inline)) void fused_outs_g(const int type, c
     for (int o = 0; o < O; o++) y[o] = lanes_sum16(a[o]);
 }
 #else
-static inline __attribute__((always_inline)) void fused_rows_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
+static inline __attribute__((always_inline)) void q32_float_rows(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     __m256 a[FUSED_ROWS][2];
@@ -428,10 +427,10 @@ static inline __attribute__((always_inline)) void fused_rows_g(const int type, c
 }
 
 /* One row of x against `O` weight rows (ldw bytes apart) read in place: a step's product. Each
- * output's two accumulators take the same FMAs in the same order as fused_rows_g's (bit for
+ * output's two accumulators take the same FMAs in the same order as q32_float_rows's (bit for
  * bit its result); the O outputs' chains run side by side, where one output alone waits on
  * its two chains' latency (2 FMAs a block each) and the machine's FMA units stand idle. */
-static inline __attribute__((always_inline)) void fused_outs_g(const int type, const uint8_t *row, int64_t ldw, const float *x,
+static inline __attribute__((always_inline)) void q32_float_outs(const int type, const uint8_t *row, int64_t ldw, const float *x,
                                                               const int O, int K, float *y) {
     const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
     __m256 a[FUSED_OUTS][2];
@@ -452,8 +451,8 @@ static inline __attribute__((always_inline)) void fused_outs_g(const int type, c
     {                                                                                      \
         int64_t r = r0;                                                                    \
         for (; r + FUSED_OUTS <= r1; r += FUSED_OUTS)                                      \
-            fused_outs_g(T, base + r * ldw, ldw, x, FUSED_OUTS, K, y + r);                 \
-        for (; r < r1; r++) fused_outs_g(T, base + r * ldw, ldw, x, 1, K, y + r);          \
+            q32_float_outs(T, base + r * ldw, ldw, x, FUSED_OUTS, K, y + r);                 \
+        for (; r < r1; r++) q32_float_outs(T, base + r * ldw, ldw, x, 1, K, y + r);          \
         return 1;                                                                          \
     }
 
@@ -468,7 +467,7 @@ static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, in
 
 /* S rows in groups of at most FUSED_ROWS, as even as possible (5 rows: one group, not 4 + 1,
  * which would dequantize every block twice for the one row). */
-#define FUSED_CASE(T, n) case n: fused_rows_g(T, row, x + s * ldx, ldx, n, K, y + s * ldy, ldy); break;
+#define FUSED_CASE(T, n) case n: q32_float_rows(T, row, x + s * ldx, ldx, n, K, y + s * ldy, ldy); break;
 #if FUSED_ROWS > 8
 #define FUSED_CASES_WIDE(T) FUSED_CASE(T, 8) FUSED_CASE(T, 9) FUSED_CASE(T, 10) FUSED_CASE(T, 11) FUSED_CASE(T, 12) \
     FUSED_CASE(T, 13) FUSED_CASE(T, 14) FUSED_CASE(T, 15)
@@ -481,7 +480,7 @@ static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, in
         switch (g) {                                                                        \
         FUSED_CASE(T, 1) FUSED_CASE(T, 2) FUSED_CASE(T, 3) FUSED_CASE(T, 4)                 \
         FUSED_CASE(T, 5) FUSED_CASE(T, 6) FUSED_CASE(T, 7) FUSED_CASES_WIDE(T)              \
-        default: fused_rows_g(T, row, x + s * ldx, ldx, FUSED_ROWS, K, y + s * ldy, ldy); break; \
+        default: q32_float_rows(T, row, x + s * ldx, ldx, FUSED_ROWS, K, y + s * ldy, ldy); break; \
         }                                                                                   \
         s += g;                                                                             \
     }                                                                                       \
@@ -491,9 +490,7 @@ static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, in
  * super-block's scales are unpacked once (as dequant_k4 and dequant_q6_k do), then its 32
  * vectors of 8 weights are made in increasing k, each the same values as the row buffer's, and
  * multiplied into the same accumulators as dot_rows (vector i into accumulator i & 1): every
- * sum is dot_rows', FMA for FMA. Against the row buffer, one core: [3072, 1536] Q4_K 587
- * against 1,074 us for one row, 1,033 against 2,167 for five; Q6_K 808 / 1,610 and 1,242 /
- * 2,813. */
+ * sum is dot_rows', FMA for FMA (about twice as fast as dequantizing into a row buffer). */
 typedef struct { float ds[16], dm[8]; const uint8_t *lo, *hi; } KScales;
 
 static inline __attribute__((always_inline)) void k_scales(const int type, const uint8_t *b, KScales *ks) {
@@ -539,9 +536,8 @@ static inline __attribute__((always_inline)) __m256 k_vector(const int type, con
 #define K_ROWS 6 /* rows sharing each super-block's vectors */
 
 /* 8-lane accumulators on the AVX-512 path too (the same sums): a 16-lane one would cost a
- * register insert per two vectors, and ran slower here (one row of [3072, 1536] Q4_K, one
- * core: 758 against 587 us). */
-static inline __attribute__((always_inline)) void fused_k_g(const int type, const uint8_t *row, const float *x, int64_t ldx,
+ * register insert per two vectors, and ran slower. */
+static inline __attribute__((always_inline)) void q_k_float_rows(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                            const int G, int K, float *y, int64_t ldy) {
     const int bb = type == T_Q6_K ? 210 : type == T_Q5_K ? 176 : 144;
     __m256 a[K_ROWS][2];
@@ -558,13 +554,13 @@ static inline __attribute__((always_inline)) void fused_k_g(const int type, cons
     for (int s = 0; s < G; s++) y[s * ldy] = lanes_sum8(_mm256_add_ps(a[s][0], a[s][1]));
 }
 
-#define K_CASE(T, n) case n: fused_k_g(T, row, x + s * ldx, ldx, n, K, y + s * ldy, ldy); break;
+#define K_CASE(T, n) case n: q_k_float_rows(T, row, x + s * ldx, ldx, n, K, y + s * ldy, ldy); break;
 #define K_GROUPS(T)                                                                         \
     for (int s = 0, left = (S + K_ROWS - 1) / K_ROWS; s < S; left--) {                      \
         int g = (S - s + left - 1) / left;                                                  \
         switch (g) {                                                                        \
         K_CASE(T, 1) K_CASE(T, 2) K_CASE(T, 3) K_CASE(T, 4) K_CASE(T, 5)                    \
-        default: fused_k_g(T, row, x + s * ldx, ldx, K_ROWS, K, y + s * ldy, ldy); break;   \
+        default: q_k_float_rows(T, row, x + s * ldx, ldx, K_ROWS, K, y + s * ldy, ldy); break;   \
         }                                                                                   \
         s += g;                                                                             \
     }                                                                                       \

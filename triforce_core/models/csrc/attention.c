@@ -73,9 +73,8 @@ INLINE float load1(const void *p, int64_t i, const int kind) {
 #define LANES 8
 /* With several rows, a block is worked through in pieces of SUB_BYTES of keys (64 keys of 64
  * floats): every row passes over one piece while it sits in the level-1 cache, where a whole
- * 64 KB block would be read again from level 2 by each row. Measured with 7 rows over 64K keys:
- * 9.5 against 10.7 ms a layer (16K keys: 2.22 against 2.48), results equal bit for bit (each
- * key's score and each row's running sum are formed in the same order). */
+ * 64 KB block would be read again from level 2 by each row (faster with several rows; the same
+ * bits: each key's score and each row's running sum are formed in the same order). */
 #ifndef SUB_BYTES
 #define SUB_BYTES 16384
 #endif
@@ -173,17 +172,14 @@ INLINE float dot(const float *a, const void *b, int64_t b0, int D, const int kin
 /* The next block's keys (or values) are brought into the level-2 cache while this block's rows
  * are computed from it: the rows after the first run from cache, and without this the memory
  * would stand idle during them. Into level 2, not level 1: a block (64 KB of keys) is larger
- * than level 1, where it evicted the piece the rows were working on (7 rows over 64K keys:
- * 5.2 against 7.0 ms a layer with the hint for level 1, the rows grouped alike in both).
+ * than level 1, where it evicted the piece the rows were working on.
  * `next` advances by `step` bytes per call, up to `end`.
  *
  * Where one group holds every row (a decoding step), that group's single pass streams the block
  * from memory, and each line `ahead` bytes past the one being read is also asked for, into
- * level 1: the hardware prefetchers stop at each 4 KB page's end, the hint does not. Measured on
- * a 2-core Xeon (AVX-512), 3 rows (SmolLM2's step) over 6,118 keys, 30 layers of 3 heads: 10.4
- * against 11.9 ms; 2 KB and 8 KB ahead ran alike, the hint for level 2 at 11.2, and without the
- * next-block prefetch 11.5. With several groups it is not asked for: the groups after the first
- * read the piece from cache, and the hints cost 16 % at 21 rows. */
+ * level 1: the hardware prefetchers stop at each 4 KB page's end, the hint does not (a step is
+ * faster with it; a few KB either way ran alike). With several groups it is not asked for: the
+ * groups after the first read the piece from cache, and the hints cost them. */
 #define AHEAD_BYTES 4096
 typedef struct { const char *next, *end; int64_t step; int ahead; } Prefetch;
 
@@ -199,9 +195,8 @@ static inline void prefetch(Prefetch *pf) {
 }
 
 /* Rows are worked in groups: a group's rows share every key and value vector loaded, where one
- * row at a time needs a load for each multiply-add. Over 2,048 keys (level 2), 4 heads: 7 rows
- * 0.18 against 0.24 ms, 16 rows 0.37 against 0.54. A group's accumulators must fit the vector
- * registers: 16 with AVX2, 32 with AVX-512's (groups of 2, 4 and 6 rows ran alike there). */
+ * row at a time needs a load for each multiply-add. A group's accumulators must fit the vector
+ * registers: 16 with AVX2, 32 with AVX-512's (where groups of 2, 4 and 6 rows ran alike). */
 #ifdef __AVX512VL__
 #define ROW_GROUP 4
 #else
@@ -257,8 +252,8 @@ INLINE __m128 lane_sums(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
  * fours, each key vector loaded once for all rows. Every score is one chain of multiply-adds
  * over d, then the lane tree, whatever rb: a row's scores are equal bit for bit however many
  * rows share its call. (Eight keys at a time gave one row more independent chains but ran
- * 25 % slower over a cache in memory, the hardware prefetcher following eight lines at once.) */
-INLINE void scores_group(const float *q, const void *k, int n, int D, float *s, int64_t ss, const int rb, Prefetch *pf,
+ * slower over a cache in memory, the hardware prefetcher following eight lines at once.) */
+INLINE void scores_avx2(const float *q, const void *k, int n, int D, float *s, int64_t ss, const int rb, Prefetch *pf,
                          const int kind) {
     const int kb = 4;
     for (int t = 0; t < n; t += kb) {
@@ -301,7 +296,7 @@ INLINE void scores_group(const float *q, const void *k, int n, int D, float *s, 
 /* The weighted sums of `rb` rows over n values (D % (8 dv) == 0; rb and dv compile-time
  * constants at each call): d in pieces of dv vectors, each value vector loaded once for all
  * rows; every o[d] one running sum in t order, as in weighted_scalar, whatever rb and dv. */
-INLINE void weighted_group(const float *w, int64_t ws, const void *v, int n, int D, float *o, int more, const int rb,
+INLINE void weighted_avx2(const float *w, int64_t ws, const void *v, int n, int D, float *o, int more, const int rb,
                            const int dv, Prefetch *pf, const int kind) {
     for (int d0 = 0; d0 < D; d0 += 8 * dv) {
         __m256 acc[ROW_GROUP][8];
@@ -338,11 +333,11 @@ INLINE void scores_rows(const float *q, const void *k, int n, int D, float *s, i
 #ifdef HAVE_AVX2
     if (D % 8 == 0) {
         switch (rows) {
-        case 1: scores_group(q, k, n, D, s, ss, 1, pf, kind); return;
-        case 2: scores_group(q, k, n, D, s, ss, 2, pf, kind); return;
+        case 1: scores_avx2(q, k, n, D, s, ss, 1, pf, kind); return;
+        case 2: scores_avx2(q, k, n, D, s, ss, 2, pf, kind); return;
 #if ROW_GROUP >= 4
-        case 3: scores_group(q, k, n, D, s, ss, 3, pf, kind); return;
-        case 4: scores_group(q, k, n, D, s, ss, 4, pf, kind); return;
+        case 3: scores_avx2(q, k, n, D, s, ss, 3, pf, kind); return;
+        case 4: scores_avx2(q, k, n, D, s, ss, 4, pf, kind); return;
 #endif
         }
     }
@@ -357,13 +352,13 @@ INLINE void weighted_rows(const float *w, int64_t ws, const void *v, int n, int 
     if (D % 32 == 0) {
         switch (rows) {
         case 1:  /* one row: eight chains of multiply-adds where D allows, to keep both units busy */
-            if (D % 64 == 0) weighted_group(w, ws, v, n, D, o, more, 1, 8, pf, kind);
-            else weighted_group(w, ws, v, n, D, o, more, 1, 4, pf, kind);
+            if (D % 64 == 0) weighted_avx2(w, ws, v, n, D, o, more, 1, 8, pf, kind);
+            else weighted_avx2(w, ws, v, n, D, o, more, 1, 4, pf, kind);
             return;
-        case 2: weighted_group(w, ws, v, n, D, o, more, 2, 4, pf, kind); return;
+        case 2: weighted_avx2(w, ws, v, n, D, o, more, 2, 4, pf, kind); return;
 #if ROW_GROUP >= 4
-        case 3: weighted_group(w, ws, v, n, D, o, more, 3, 4, pf, kind); return;
-        case 4: weighted_group(w, ws, v, n, D, o, more, 4, 4, pf, kind); return;
+        case 3: weighted_avx2(w, ws, v, n, D, o, more, 3, 4, pf, kind); return;
+        case 4: weighted_avx2(w, ws, v, n, D, o, more, 4, 4, pf, kind); return;
 #endif
         }
     }
@@ -490,7 +485,7 @@ typedef int (*BlocksFn)(const void *, const void *, const void *, int64_t, int, 
 static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_out, const float *l_out, float *result,
                   int64_t T, int block, int chunk, float *chunk_sum, int threads) {
     /* each (head, row) is merged on its own, by one thread: the same bits whatever the threads;
-       on one thread it was 0.7 % of a 7-row forward of the 1B shape at 8K, the other waiting */
+       split over the threads only where the work is large (on one, the others wait) */
     (void)threads;
 #ifdef _OPENMP
 #pragma omp parallel for collapse(2) schedule(static) num_threads(threads) if (threads > 1 && (int64_t)H * R * nb * D >= MERGE_PARALLEL)

@@ -1,14 +1,14 @@
-/* What the integer products over the K types' blocks (int16_rows.c, tile_rows.c) share: the
+/* What the integer products over the K types' blocks (q_k_int16.c, q_k_tiles.c, q_k_steps.c) share: the
  * order of their float arithmetic (struct i8acc, i8_result), a super-block's weights by
- * definition (ref_wk) and unpacked for AVX2 (unpackk) and for AVX-512 (vnni_k_bytes), and the
+ * definition (q_k_weight_ref) and unpacked for AVX2 (q_k_bytes_avx2) and for AVX-512 (q_k_bytes_vnni), and the
  * vector path the products take (int8_path, chosen at run time).
  *
- * Included by layers.c after quant_rows.c (one library; `native_build` keys it by both).
+ * Included by layers.c after float_products.c (one library; `native_build` keys it by both).
  *
  * One order of the float arithmetic per output and row: 32 float lanes and 8 "offset" lanes
- * (struct i8acc), which a product fills as int16_rows.c describes; the result is
+ * (struct i8acc), which a product fills as q_k_int16.c describes; the result is
  * tree32(lanes) - tree8(offset lanes): lanes l and l + 16 added, then l and l + 8, then
- * quant_rows.c's lanes_sum8 (tree8). Nothing depends on the rows beside, the thread or the
+ * float_products.c's lanes_sum8 (tree8). Nothing depends on the rows beside, the thread or the
  * vector path: a verification's row equals a step's, and the paths equal the scalar reference
  * bit for bit (tested).
  *
@@ -73,7 +73,7 @@ static inline int is_k_type(int type) { return type == T_Q4_K || type == T_Q5_K 
 
 /* Weight e (0..255) of a super-block, unsigned (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63), and the
  * integer scale of its sub-block. */
-static inline int ref_wk(int type, const uint8_t *blk, int e, int *scale) {
+static inline int q_k_weight_ref(int type, const uint8_t *blk, int e, int *scale) {
     if (type == T_Q6_K) {
         int h = e / 128, c = (e % 128) / 32, l = e % 32;
         int lo = blk[h * 64 + (c & 1) * 32 + l], hb = (blk[128 + h * 32 + l] >> (2 * c)) & 3;
@@ -98,7 +98,7 @@ static inline int ref_wk(int type, const uint8_t *blk, int e, int *scale) {
 
 /* The eight 6-bit scales and minimums of a Q4_K/Q5_K super-block as bytes, scale_min_k4's
  * arithmetic four bytes at a time. */
-static inline void k4_scales(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
+static inline void q4_k_scales(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
     uint32_t w0, w1, w2;
     memcpy(&w0, q, 4), memcpy(&w1, q + 4, 4), memcpy(&w2, q + 8, 4);
     uint32_t s_hi = (w2 & 0x0f0f0f0fu) | (((w0 >> 6) & 0x03030303u) << 4);
@@ -107,7 +107,7 @@ static inline void k4_scales(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
     *mn = (w1 & 0x3f3f3f3fu) | (uint64_t)m_hi << 32;
 }
 
-/* -- AVX2: a super-block's weights unpacked into a buffer once for all rows (int16_rows.c's
+/* -- AVX2: a super-block's weights unpacked into a buffer once for all rows (q_k_int16.c's
  *    AVX2 product reads them): stores and loads of one size, which the processor forwards (a
  *    load spanning two stores waits for both to reach the cache). */
 
@@ -120,7 +120,7 @@ struct unpackedk {
 
 /* A super-block into `u`; returns the offset lanes' 16 multipliers and sets d and the offset's
  * factor f (dmin, or 32 d). */
-static INLINE AVX2_TARGET __m256i unpackk(int type, const uint8_t *blk, struct unpackedk *u, float *d, float *f) {
+static INLINE AVX2_TARGET __m256i q_k_bytes_avx2(int type, const uint8_t *blk, struct unpackedk *u, float *d, float *f) {
     __m256i fifteen = _mm256_set1_epi8(15);
     if (type == T_Q6_K) {
         __m256i three = _mm256_set1_epi8(3);
@@ -157,7 +157,7 @@ static INLINE AVX2_TARGET __m256i unpackk(int type, const uint8_t *blk, struct u
         _mm256_store_si256((__m256i *)(u->q + 64 * p + 32), hi);
     }
     uint64_t scb, mnb;
-    k4_scales(blk + 4, &scb, &mnb);
+    q4_k_scales(blk + 4, &scb, &mnb);
     for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)(u->scw + 16 * j), _mm256_set1_epi16((int16_t)((scb >> (8 * j)) & 0xff)));
     __m128i mb = _mm_cvtsi64_si128((long long)mnb);
     *d = half_at(blk);
@@ -171,8 +171,8 @@ static INLINE AVX2_TARGET __m256i unpackk(int type, const uint8_t *blk, struct u
  *    block, 8-15 the odd one: the reference's lanes again). */
 
 /* A super-block's 256 weights as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63): byte m of
- * q[p] is weight 64p + m. The 16-bit products' VNNI path (int16_rows.c) starts here. */
-static INLINE VNNI_TARGET void vnni_k_bytes(const int type, const uint8_t *blk, __m512i *q) {
+ * q[p] is weight 64p + m. The 16-bit products' VNNI path (q_k_int16.c) starts here. */
+static INLINE VNNI_TARGET void q_k_bytes_vnni(const int type, const uint8_t *blk, __m512i *q) {
     const __m512i fifteen = _mm512_set1_epi8(15);
     if (type == T_Q6_K) {
         __m512i three = _mm512_set1_epi8(3);
