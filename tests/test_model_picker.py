@@ -272,3 +272,40 @@ def test_a_pick_sent_twice_switches_once_and_a_pick_meanwhile_is_refused(chat_en
         assert list(first)[-1][0] is new_user and new_user.model.id == "second"
     finally:
         worker.close()
+
+
+def test_a_switch_to_a_model_without_a_small_draft_says_which_mode_it_runs(chat_engine):
+    """From triforce (whose lowest level is the small draft) to a model without one: the picker
+    offers the modes that run without a draft, picks lookup, and the status line says why."""
+    import copy
+
+    from triforce_core.config import DRAFTLESS_MODES
+    from triforce_core.documents import Document
+    from triforce_core.serving.registry import ServedModel
+    from triforce_core.serving.slots import SlotPool
+    from triforce_core.serving.worker import EngineWorker
+    from ui.handlers.documents import DocumentHandlers
+    from ui.handlers.models import MODEL_OUTPUTS, ModelHandlers
+    from ui.settings import Settings
+    from ui.state import AppContext, SessionPool
+    from ui.views import DOCUMENT_OUTPUTS
+
+    alone = copy.copy(chat_engine)  # the same target, no small draft
+    alone.draft = None
+    worker = EngineWorker()
+    try:
+        shelf = _Shelf(chat_engine)
+        shelf._served["second"] = ServedModel(shelf._served["second"].choice, alone, None)
+        shelf.loaded.set()
+        ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                         slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000,
+                         models=shelf)
+        documents = DocumentHandlers(ctx)
+        user, *_ = documents.set_document(None, Document(words(60, 5), "txt", "d.txt"), 32)
+        done = list(ModelHandlers(ctx, documents).on_pick("second", user, 32, "triforce",
+                                                          SimpleNamespace(session_hash="page-1")))[-1]
+        assert "it has no small draft, so mode lookup instead of triforce" in done[DOCUMENT_OUTPUTS.index("status")]
+        mode = done[len(DOCUMENT_OUTPUTS) + MODEL_OUTPUTS.index("mode")]
+        assert mode["value"] == "lookup" and mode["choices"] == list(DRAFTLESS_MODES)
+    finally:
+        worker.close()
