@@ -35,10 +35,13 @@ from triforce_core.models.roofline import measure_bandwidth
 
 
 def timed_attend(q, k, v, mask, scale, path: str) -> float:
-    """Seconds for one `attend` call on `path`: "native" (the kernel) or "pytorch" (the kernel off)."""
-    t0 = time.perf_counter()
-    attend(q, k, v, mask, scale, native=path != "pytorch")
-    return time.perf_counter() - t0
+    """Seconds for one `attend` call on `path`: "native" (the kernel) or "pytorch" (the kernel off),
+    in inference mode as a forward calls it (PyTorch's path widens 16-bit K/V into a per-thread
+    buffer that a forward may have made)."""
+    with torch.inference_mode():
+        t0 = time.perf_counter()
+        attend(q, k, v, mask, scale, native=path != "pytorch")
+        return time.perf_counter() - t0
 
 
 def timed_integer(kernel, q, heads: int16_kv.Int16Heads, mask, scale, path: str) -> float:
