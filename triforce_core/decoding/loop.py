@@ -232,7 +232,7 @@ class SpeculationLoop(Prefill):
         self.penalties.start = len(committed)  # the answer, which the penalties count, starts here
         proposer = RoundProposer(self.lookup, self.proposer, self.row_cost, speculation.lookup_max,
                                  speculation.gamma2, speculation.adaptive_gamma)
-        refresh = RetrievalRefresh(self.retrieval, self.config.cache, self.margin) if self.retrieval else None
+        refresh = None if self.retrieval is None else RetrievalRefresh(self.retrieval, self.config.cache, self.margin)
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
         levels: list[str] = []  # who proposed each committed token of the answer
         rounds, stop_reason = 0, "max_new_tokens"
