@@ -20,7 +20,7 @@ static int product_q(const float *x, void *xw, int S, int K, const struct part *
     int64_t N = 0;
     for (int i = 0; i < nparts; i++) {
         int t = parts[i].type;
-        if (!is_int8_type(t) && t != T_F32 && t != T_F16) return -2;  /* GGUF parts only */
+        if (!is_block_type(t) && t != T_F32 && t != T_F16) return -2;  /* GGUF parts only */
         if (is_k_type(t) ? !xw : !x) return -2;
         if (K <= 0 || K % block_weights(t)) return -2;
         N += parts[i].rows;

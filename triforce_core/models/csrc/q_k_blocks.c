@@ -63,7 +63,8 @@ static inline float i8_result(const struct i8acc *A) {
 }
 #endif
 
-static inline int is_int8_type(int type) {
+/* The GGUF block types the kernels read (float parts aside). */
+static inline int is_block_type(int type) {
     return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
 
@@ -111,16 +112,13 @@ static inline void q4_k_scales(const uint8_t *q, uint64_t *sc, uint64_t *mn) {
  *    AVX2 product reads them): stores and loads of one size, which the processor forwards (a
  *    load spanning two stores waits for both to reach the cache). */
 
-/* A super-block: q (unsigned, in order) and each 32 weights' 16 pair scales (the madd's other
- * operand). */
+/* A super-block's weights q, unsigned, in order. */
 struct unpackedk {
     uint8_t q[256];
-    int16_t scw[128];
 } __attribute__((aligned(64)));
 
-/* A super-block into `u`; returns the offset lanes' 16 multipliers and sets d and the offset's
- * factor f (dmin, or 32 d). */
-static INLINE AVX2_TARGET __m256i q_k_bytes_avx2(int type, const uint8_t *blk, struct unpackedk *u, float *d, float *f) {
+/* A super-block into `u`; sets d and the offset's factor f (dmin, or 32 d). */
+static INLINE AVX2_TARGET void q_k_bytes_avx2(int type, const uint8_t *blk, struct unpackedk *u, float *d, float *f) {
     __m256i fifteen = _mm256_set1_epi8(15);
     if (type == T_Q6_K) {
         __m256i three = _mm256_set1_epi8(3);
@@ -134,15 +132,9 @@ static INLINE AVX2_TARGET __m256i q_k_bytes_avx2(int type, const uint8_t *blk, s
                 _mm256_store_si256((__m256i *)(u->q + 128 * h + 32 * c), _mm256_or_si256(lo[c], hi));
             }
         }
-        __m256i sc = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)(blk + 192)));  /* 16 scales, one per 16 */
-        for (int c = 0; c < 8; c++) {  /* weights 32c.. take scales 2c (pairs 0-7) and 2c + 1 (pairs 8-15) */
-            __m256i lo = _mm256_set1_epi16((int16_t)((const int8_t *)blk)[192 + 2 * c]);
-            __m256i hi = _mm256_set1_epi16((int16_t)((const int8_t *)blk)[193 + 2 * c]);
-            _mm256_store_si256((__m256i *)(u->scw + 16 * c), _mm256_blend_epi32(lo, hi, 0xf0));
-        }
         *d = half_at(blk + 208);
         *f = 32.0f * *d;
-        return sc;
+        return;
     }
     const uint8_t *qs = blk + (type == T_Q5_K ? 48 : 16);
     __m256i qh = _mm256_loadu_si256((const __m256i *)(blk + 16)), one = _mm256_set1_epi8(1);
@@ -156,19 +148,12 @@ static INLINE AVX2_TARGET __m256i q_k_bytes_avx2(int type, const uint8_t *blk, s
         _mm256_store_si256((__m256i *)(u->q + 64 * p), lo);
         _mm256_store_si256((__m256i *)(u->q + 64 * p + 32), hi);
     }
-    uint64_t scb, mnb;
-    q4_k_scales(blk + 4, &scb, &mnb);
-    for (int j = 0; j < 8; j++) _mm256_store_si256((__m256i *)(u->scw + 16 * j), _mm256_set1_epi16((int16_t)((scb >> (8 * j)) & 0xff)));
-    __m128i mb = _mm_cvtsi64_si128((long long)mnb);
     *d = half_at(blk);
     *f = half_at(blk + 2);
-    return _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(mb, mb));  /* m_j for bsums 2j and 2j + 1 */
 }
 
-/* -- AVX-512 with VNNI: 64 weights an instruction or two, the weights unpacked into registers.
- *    A super-block's 64 weights per vpmaddubsw and vpdpwssd (its 16 int32 lanes are the
- *    reference's V_l as they stand); two 32-weight blocks per vpdpbusd (lanes 0-7 the even
- *    block, 8-15 the odd one: the reference's lanes again). */
+/* -- AVX-512 with VNNI: a super-block's weights unpacked into registers (q_k_int16.c's VNNI
+ *    products start here). */
 
 /* A super-block's 256 weights as unsigned bytes (Q4_K 0..15, Q5_K 0..31, Q6_K 0..63): byte m of
  * q[p] is weight 64p + m. The 16-bit products' VNNI path (q_k_int16.c) starts here. */
