@@ -62,11 +62,11 @@ OPEN_QUESTIONS = (
 
 # Named configurations: what each field differs in from the default SpeculationConfig.
 CONFIGS: dict[str, dict] = {
-    "triforce": {},  # the default: what the app and `chat` run
-    "triforce-paper": dict(PAPER_METHOD),  # the paper's three levels
-    "triforce-fixed-gamma": {"adaptive_gamma": False},
-    "triforce-match2": {"lookup_min_match": 2},
-    "triforce-gate": {"min_confidence": 0.5},
+    "triforce": {"mode": "triforce"},  # the three levels with lookup in front (the app's default is lookup)
+    "triforce-paper": {**PAPER_METHOD, "mode": "triforce"},  # the paper's three levels alone
+    "triforce-fixed-gamma": {"mode": "triforce", "adaptive_gamma": False},
+    "triforce-match2": {"mode": "triforce", "lookup_min_match": 2},
+    "triforce-gate": {"mode": "triforce", "min_confidence": 0.5},
     "retrieval": {"mode": "retrieval"},
     "retrieval-paper": {**PAPER_METHOD, "mode": "retrieval"},
     "draft": {"mode": "draft"},
