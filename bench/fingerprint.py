@@ -63,7 +63,9 @@ def fingerprint(target: str, draft: str | None, kv_dtypes: list[str], new_tokens
     engine = TriForceEngine.from_pretrained(target_name, draft=draft, exact=exact)
     text = PROMPT * repeat
     ids = engine.encode(text)
-    result: dict = {"target": target, "draft": draft, "prompt_tokens": len(ids), "exact": exact, "runs": {}}
+    # the draft by its folder's name: two checkouts of one tree hold it under different paths
+    result: dict = {"target": target, "draft": draft and Path(draft).name, "prompt_tokens": len(ids), "exact": exact,
+                    "runs": {}}
     modes = ["autoregressive", "lookup", "retrieval"] + (["draft", "triforce"] if engine.draft is not None else [])
     for kv in kv_dtypes:
         kv_name = None if kv == "default" else kv
