@@ -79,6 +79,7 @@ class UserState:
     model: ServedModel | None = None  # a model the user switched to (None: the server's started model)
     # the mode picked since the last answer's panels were cleared (None: they show that answer's)
     panels_mode: str | None = None
+    keep: bool = True  # saved in the conversation store (False: the lesson's own session, never saved)
 
     @property
     def busy(self) -> bool:
