@@ -91,8 +91,9 @@ def read_name(section: dict) -> str:
 
 
 def transcript_html(turns: Sequence[tuple], empty: str = "") -> str:
-    """The conversation: (question, answer_html, footer[, sources_html]) per turn; answer_html
-    and sources_html are trusted markup."""
+    """The conversation: (question, answer_html, footer[, sources_html[, actions]]) per turn;
+    answer_html, sources_html and actions (buttons under the answer: copy, Continue) are trusted
+    markup; actions go right after the footer, in a `<div class="tf-actions">`."""
     if not turns:
         return f'<div class="tf-transcript tf-empty">{html.escape(empty)}</div>'
     parts = ['<div class="tf-transcript">']
@@ -101,6 +102,8 @@ def transcript_html(turns: Sequence[tuple], empty: str = "") -> str:
         parts.append(f'<div class="tf-msg tf-assistant">{answer or "<span class=tf-wait>…</span>"}')
         if footer:
             parts.append(f'<div class="tf-foot">{html.escape(footer)}</div>')
+        if len(rest) > 1 and rest[1]:
+            parts.append(f'<div class="tf-actions">{rest[1]}</div>')
         if rest and rest[0]:
             parts.append(rest[0])
         parts.append("</div>")
