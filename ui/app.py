@@ -27,11 +27,13 @@ from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
 from .handlers.documents import DocumentHandlers
-from .handlers.models import MODEL_OUTPUTS, ModelHandlers, model_info, modes_for
-from .handlers.teaching import LESSON_CONTROLS, LESSON_END_OUTPUTS, LESSON_SETUP_OUTPUTS, PICK_OUTPUTS, TeachingHandlers
+from .handlers.models import MODEL_OUTPUTS, ModelHandlers, message_placeholder, model_info, modes_for
+from .handlers.teaching import (LESSON_CONTROLS, LESSON_END_OUTPUTS, LESSON_QUERY, LESSON_SETUP_OUTPUTS, PICK_OUTPUTS,
+                                TeachingHandlers)
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
 from .render import legend_block, passages_html, stats_html, status_html
+from .pasting import paste_note, take_question
 from .settings import SETTING_NAMES, SETTING_ROWS, Settings, retrieval_budget, setting_control
 from .state import AppContext, SessionPool
 from .views import DOCUMENT_OUTPUTS, PANELS, STREAMED, doc_info, gauge, stats_rows, transcript, upload_note
@@ -39,6 +41,10 @@ from .views import DOCUMENT_OUTPUTS, PANELS, STREAMED, doc_info, gauge, stats_ro
 __all__ = ["CSS_PATH", "MAX_UPLOAD_MB", "Settings", "build_app"]
 
 MAX_UPLOAD_MB = 50
+# The header's light/dark switch: assets/app.js ("dark mode") flips Gradio's dark theme and keeps the choice.
+THEME_TOGGLE = ('<button type="button" id="tf-theme" class="tf-theme-toggle" '
+                'title="Switch between the light and the dark theme (remembered in this browser)">'
+                '<span class="tf-theme-to-dark">Dark mode</span><span class="tf-theme-to-light">Light mode</span></button>')
 FILE_TYPES = sorted(EXTENSIONS)
 
 
@@ -85,7 +91,7 @@ def build_app(
     with gr.Blocks(title=title, fill_width=True) as demo:
         page = {"user": gr.State(None, delete_callback=ctx.release_user)}
         gr.HTML(
-            f'<div class="tf-header"><h1>{html.escape(title)}</h1><p>Lossless hierarchical speculative decoding '
+            f'<div class="tf-header">{THEME_TOGGLE}<h1>{html.escape(title)}</h1><p>Lossless hierarchical speculative decoding '
             "over a long document. Every token is coloured by the level that proposed it; the panels show "
             "where the retrieval level looked and how often each level was right.</p></div>"
         )
@@ -114,11 +120,13 @@ def build_app(
                 page["status"] = gr.HTML(status_html("Ready.", "info"), elem_id="tf-status")
                 page["narration"] = gr.HTML(narration_html(None), elem_id="tf-narration")
                 with gr.Row():
-                    message = gr.Textbox(placeholder="Ask about the document, e.g. What follows «a phrase from it»?",
+                    message = gr.Textbox(placeholder=message_placeholder(engine),  # the model's kind: ui.handlers.models
                                          show_label=False, scale=5,
                                          elem_id="tf-message", lines=1)
                     send_btn = gr.Button("Send", variant="primary", scale=1, elem_id="tf-send")
                     stop_btn = gr.Button("Stop", variant="stop", scale=1, elem_id="tf-stop")
+                page["message"] = message
+                page["paste_note"] = gr.HTML(paste_note(), elem_id="tf-paste-note")  # a paste over the cap: what to do
                 with gr.Row():
                     regen_btn = gr.Button("Regenerate", elem_id="tf-regenerate")
                     compare_btn = gr.Button("Compare with autoregressive", elem_id="tf-compare")
@@ -128,7 +136,9 @@ def build_app(
                 with gr.Row():
                     stepmode = gr.Checkbox(False, label="Step mode (one round per Step)", elem_id="tf-stepmode")
                     step_btn = gr.Button("Step", elem_id="tf-step")
-                    lesson_btn = gr.Button("Lesson: watch one round at a time", elem_id="tf-lesson-start")
+                    # the lesson opens in a tab of its own (`LESSON_QUERY`): this tab is never touched
+                    gr.Button("Lesson: watch one round at a time (opens a new tab)", elem_id="tf-lesson-start",
+                              link="?" + "=".join(LESSON_QUERY), link_target="_blank")
                 lesson = gr.HTML("", elem_id="tf-lesson")
                 with gr.Accordion("Settings", open=False, elem_id="tf-settings"):
                     if models is not None:
@@ -157,10 +167,16 @@ def build_app(
                                                  elem_id="tf-inspector-plot")
         # Filled by the page's script when a token is clicked (see ui/app.js): "turn:segment@nonce".
         pick = gr.Textbox("", elem_id="tf-pick", elem_classes=["tf-hidden"], show_label=False, container=False)
+        # A paste too long for a question, used as the document (ui/pasting.py; app.js "big pastes"):
+        # the note's button puts the text here and clicks the hidden button.
+        paste_text = gr.Textbox("", elem_id="tf-paste-text", elem_classes=["tf-hidden"], show_label=False,
+                                container=False)
+        paste_btn = gr.Button("Use the paste as the document", elem_id="tf-paste-use", elem_classes=["tf-hidden"])
         # The API endpoint's own (hidden) components.
         with gr.Row(visible=False):
             api_message = gr.Textbox(label="message")
             api_document = gr.File(label="document")
+            api_temperature = gr.Number(None, label="temperature")  # optional: None, the page's default
             api_answer = gr.Textbox(label="answer")
             api_btn = gr.Button("chat")
 
@@ -179,7 +195,7 @@ def build_app(
         # The box empties the moment a question is sent (what it held moves to `asked`), never
         # when the answer ends: a next question typed meanwhile is kept.
         asked = gr.State("")
-        take = dict(fn=lambda m: ("", m), inputs=message, outputs=[message, asked], queue=False, **private)
+        take = dict(fn=take_question, inputs=message, outputs=[message, asked], queue=False, **private)
         ask = dict(fn=answers.on_ask, inputs=[asked, user, teaching, stepmode, system, *settings_inputs],
                    outputs=streamed, concurrency_limit=None, **private)
         # a book read by relevance: the sections the question read are ticked once it is answered
@@ -187,6 +203,8 @@ def build_app(
         send_btn.click(**take).then(**ask).then(**tick)
         message.submit(**take).then(**ask).then(**tick)
         stop_btn.click(answers.on_stop, [user], None, queue=False, **private)
+        paste_btn.click(documents.on_paste, [paste_text, user, budget, mode], doc_outputs + [paste_text, page["paste_note"]],
+                        **private)
         regen_btn.click(answers.on_regenerate, [user, teaching, stepmode, system, *settings_inputs], streamed,
                         concurrency_limit=None, **private).then(**tick)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
@@ -196,21 +214,31 @@ def build_app(
         pick.change(teach.on_pick, [pick, user], [page[name] for name in PICK_OUTPUTS], queue=False, **private)
         step_btn.click(teach.on_step, [user], None, queue=False, **private)
         stepmode.change(teach.on_step_mode, [user, stepmode], None, queue=False, **private)
-        # The lesson: the sample, its settings (the user's kept), its question, running by itself;
-        # when its answer ends (or stops), the user's settings come back.
+        # The lesson, in a tab of its own: the Lesson button opens this page at the lesson's address
+        # (`LESSON_QUERY`), whose own page session (never saved) loads the sample, takes the lesson's
+        # settings (keeping that tab's), asks its question and runs by itself; when its answer ends
+        # (or stops), that tab's settings come back. The tab the button was pressed in is untouched.
+        # The gate turns True on that page's load alone, and its change runs the lesson.
         by_name = {"teaching": teaching, "stepmode": stepmode, **controls, "question": asked, "lesson": lesson}
         lesson_controls = [by_name[name] for name in LESSON_CONTROLS]
-        lesson_btn.click(documents.on_sample, [user, budget, mode], doc_outputs, **private).then(
+        lesson_gate = gr.State(False)
+        demo.load(teach.lesson_open, [user], [user, lesson_gate], **private)
+        lesson_gate.change(documents.on_sample, [user, budget, mode], doc_outputs, **private).then(
             teach.lesson_setup, [user, *lesson_controls, controls["chunk_size"]],
             [by_name[name] for name in LESSON_SETUP_OUTPUTS], **private).success(**ask).then(**tick).then(
             teach.lesson_end, [user], [by_name[name] for name in LESSON_END_OUTPUTS], **private)
+        # the lesson's words describe its answer: the next action (once it is over) takes them away
+        for event in (send_btn.click, message.submit, regen_btn.click, clear_btn.click, sample_btn.click,
+                      upload.upload, read_btn.click):
+            event(teach.on_action, [user], lesson, queue=False, **private)
         for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
             control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
         # the user's own pick of a mode (not the lesson's or a model switch's): the panels of the
         # answers before describe another mode
         mode.input(answers.on_mode, [user, budget, mode], [page["status"], page["map"], *(page[n] for n in PANELS)],
                    **private)
-        api_btn.click(endpoint.chat, [api_message, api_document], api_answer, api_name="chat", concurrency_limit=None)
+        api_btn.click(endpoint.chat, [api_message, api_document, api_temperature], api_answer, api_name="chat",
+                      concurrency_limit=None)
         if models is not None:
             page["mode"] = controls["mode"]
             page["repetition_penalty"] = controls["repetition_penalty"]

@@ -64,24 +64,45 @@ class Settings:
 
 
 SETTING_NAMES = [f.name for f in fields(Settings)]  # the order handlers receive the values in
-# The accordion: one control per `Settings` field, in rows.
+# The accordion: one control per `Settings` field, two to a row (the labels are sentences: five to
+# a row clipped them), a row wrapping where its two do not fit side by side.
 SETTING_ROWS = (
-    ("mode", "temperature", "top_p", "repetition_penalty"),
-    ("max_new_tokens", "budget", "chunk_size"),
-    ("gamma1", "gamma2", "draft_window", "seed", "lookup"),
+    ("mode", "max_new_tokens"),
+    ("temperature", "top_p"),
+    ("repetition_penalty", "seed"),
+    ("budget", "chunk_size"),
+    ("gamma1", "gamma2"),
+    ("draft_window", "lookup"),
 )
 _SLIDERS = {  # name: (low, high, step, label)
-    "temperature": (0.0, 2.0, 0.05, "Temperature (0 = greedy)"),
-    "top_p": (0.05, 1.0, 0.05, "Top-p"),
+    "temperature": (0.0, 2.0, 0.05, "Temperature (0 = greedy: always the likeliest token)"),
+    "top_p": (0.05, 1.0, 0.05, "Top-p: sample among the likeliest tokens that make up this share"),
     "repetition_penalty": (1.0, 2.0, 0.05, "Repetition penalty (1 = off)"),
-    "max_new_tokens": (1, 2048, 1, "Max new tokens"),
-    "budget": (64, 16384, 64, "Retrieval budget (tokens)"),
-    "chunk_size": (1, 64, 1, "Chunk size"),
-    "gamma1": (1, 8, 1, "γ1 (small-draft tokens)"),
-    "gamma2": (1, 16, 1, "γ2 (tokens per target round)"),
-    "draft_window": (16, 2048, 16, "Draft window"),
+    "max_new_tokens": (1, 2048, 1, "Max new tokens: the longest an answer may be"),
+    "budget": (64, 16384, 64, "Retrieval budget: tokens of cache the retrieval level reads"),
+    "chunk_size": (1, 64, 1, "Chunk size: tokens per retrieval chunk"),
+    "gamma1": (1, 8, 1, "Tokens the small draft proposes per check (γ1)"),
+    "gamma2": (1, 16, 1, "Tokens per target check (γ2)"),
+    "draft_window": (16, 2048, 16, "Draft window: recent tokens the small draft sees"),
 }
-_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup",
+# A sentence under a control whose label names a symbol or a term a person may not know.
+SETTING_INFO = {
+    "mode": "Which levels propose tokens; the full target checks every one, so the text is its own. triforce: "
+            "small draft → retrieval level → full target; retrieval: the retrieval level drafts; draft: the small "
+            "draft drafts; lookup: text copied from the context; autoregressive: no speculation.",
+    "repetition_penalty": "Makes a token the answer already holds less likely (exact at every level: the text is "
+                          "the penalised target's).",
+    "budget": "The retrieval level attends to this many tokens of the cache: the chunks most relevant to the "
+              "recent tokens, with the first chunk and the most recent tokens.",
+    "gamma1": "γ1: how many tokens the small draft guesses before the retrieval level checks them.",
+    "gamma2": "γ2: the most tokens the full target checks in one forward pass (with context lookup on, fewer "
+              "while it keeps rejecting them).",
+    "draft_window": "The small draft attends to the first tokens and this many of the newest, so it stays fast "
+                    "over a long document.",
+    "lookup": "Proposes what followed an earlier match in the context (a quote from the document). Off: the "
+              "paper's pure method.",
+}
+_ELEM_IDS = {"mode": "tf-mode", "max_new_tokens": "tf-max-new", "lookup": "tf-lookup", "temperature": "tf-temperature",
              "repetition_penalty": "tf-repetition-penalty", "budget": "tf-budget"}
 assert sorted(n for row in SETTING_ROWS for n in row) == sorted(SETTING_NAMES), "every setting has one control"
 
@@ -91,6 +112,10 @@ def slider_range(name: str) -> tuple[float, float, float]:
     low, high, step, _label = _SLIDERS[name]
     return low, high, step
 
+
+# The narrowest a control gets before its row wraps: a slider's number box, its reset button and
+# its range's ends side by side.
+MIN_WIDTH = 220
 
 # Under a remote engine these are the server's own flags (a request cannot change them): shown,
 # not editable.
@@ -103,17 +128,20 @@ def setting_control(name: str, value, modes: list[str], remote: bool = False):
     elem_id = _ELEM_IDS.get(name)
     fixed = remote and name in SERVER_SETTINGS
     extra, suffix = ({"interactive": False}, " (the server's)") if fixed else ({}, "")
+    info = SETTING_INFO.get(name)
     if name == "mode":
-        return gr.Dropdown(modes, value=value, label="Mode", elem_id=elem_id)
+        return gr.Dropdown(modes, value=value, label="Mode", info=info, elem_id=elem_id, min_width=MIN_WIDTH)
     if name == "seed":
-        return gr.Number(value=-1 if value is None else value, label="Seed (sampling; -1 = random)", precision=0)
+        return gr.Number(value=-1 if value is None else value, label="Seed for sampling (-1 = random)", precision=0,
+                         min_width=MIN_WIDTH)
     if name == "lookup":
-        return gr.Checkbox(value, label="Context lookup (off: the paper's pure method)" + suffix, elem_id=elem_id,
-                           **extra)
+        return gr.Checkbox(value, label="Context lookup: propose text copied from the context" + suffix, info=info,
+                           elem_id=elem_id, min_width=MIN_WIDTH, **extra)
     low, high, step, label = _SLIDERS[name]
     if fixed:  # the server's value, wherever the slider would stop a person
         low, high, step = min(low, value), max(high, value), 1
-    return gr.Slider(low, high, value=value, step=step, label=label + suffix, elem_id=elem_id, **extra)
+    return gr.Slider(low, high, value=value, step=step, label=label + suffix, info=info, elem_id=elem_id,
+                     min_width=MIN_WIDTH, **extra)
 
 
 def retrieval_budget(budget, mode: str) -> int | None:

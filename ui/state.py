@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from triforce_core.documents import Document
 from triforce_core.engine import TriForceEngine
 from triforce_core.serving.book import BookSession
+from triforce_core.serving.history import ConversationStore
 from triforce_core.serving.registry import ServedModel, ServedModels
 from triforce_core.serving.remote import RemoteBookSession, RemoteChatSession, RemoteEngine
 from triforce_core.serving.worker import EngineWorker, Job
@@ -42,14 +43,25 @@ def book_session(engine, document: Document, **kwargs) -> BookSession:
     return (RemoteBookSession if isinstance(engine, RemoteEngine) else BookSession)(engine, document, **kwargs)
 
 
+def reads_by_relevance(engine, document: Document) -> bool:
+    """Whether `document` is read by relevance (a `book_session`: each question reads the parts
+    most relevant to it) rather than whole: when its tokens exceed `engine`'s context window.
+    The one decision of the page and the `chat` endpoint; run it on the worker (the tokenizer)."""
+    return len(engine.encode(document.text)) > engine.context_window
+
+
 @dataclass
 class Answer:
     """What the page shows of one turn."""
 
     trace: AnswerTrace
     footer: str = ""
+    settings: dict | None = None  # the generation settings it ran with (kept with the conversation)
     baseline: dict | None = None  # the autoregressive comparison of this answer
     inspected: bool = False  # generated with inspect=True: its tokens carry the rule's values
+    # the transcript's last rendering of this answer, (what it was drawn from, its HTML): a
+    # finished answer is not rendered again each time the page redraws the conversation
+    shown: tuple | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass
@@ -80,10 +92,24 @@ class UserState:
     # the mode picked since the last answer's panels were cleared (None: they show that answer's)
     panels_mode: str | None = None
     keep: bool = True  # saved in the conversation store (False: the lesson's own session, never saved)
+    # the conversation store (ui.handlers.conversations): who owns this session's conversations
+    # (a hash of its browser's token, and key), the stored conversation it writes to (None: a new
+    # one on its next answer), the name of a reopened conversation's document no longer kept
+    # (asking more needs it again), and what the last save said (shown in the sidebar)
+    owner: str | None = field(default=None, repr=False)
+    conversation_id: str | None = None
+    document_gone: str | None = None
+    history_note: str = ""
+    # the answer the inspector and the narration were last drawn for (a new one clears them)
+    panels_answer: Answer | None = field(default=None, repr=False)
 
     @property
     def busy(self) -> bool:
         return self.job is not None and not self.job.finished.is_set()
+
+    def new_conversation(self) -> None:
+        """A document was loaded (or the conversation cleared): the next answer starts a new stored conversation."""
+        self.conversation_id, self.document_gone = None, None
 
 
 class SessionPool:
@@ -135,6 +161,10 @@ class AppContext:
     defaults: Settings
     max_bytes: int
     models: ServedModels | None = None  # the models users may switch to (None: `engine` alone)
+    # the conversations kept (`ui.handlers.conversations`; None: not saved, `history_note` says why)
+    history: ConversationStore | None = None
+    history_note: str = ""
+    model_name: str | None = None  # the model's name where there is no picker (`models` None)
 
     @property
     def remote(self) -> bool:

@@ -18,9 +18,10 @@ from triforce_core.resources import SAMPLE_DOCUMENT
 from triforce_core.documents.picking import merged_spans, over_window, section_tokens, selected_text
 
 from ..figures import retrieval_map_figure
+from ..pasting import paste_note, pasted_document
 from ..render import status_html
 from ..settings import retrieval_budget
-from ..state import AppContext, UserState, book_session, chat_session
+from ..state import AppContext, UserState, book_session, chat_session, reads_by_relevance
 from ..views import (DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript, upload_note,
                      with_outputs)
 
@@ -43,6 +44,7 @@ class DocumentHandlers:
             self.ctx.worker.call(old.release)
         self.ctx.worker.call(lambda: (user.session.set_document(doc), user.session.document_tokens))
         user.document, user.answers, user.spans = doc, [], []
+        user.new_conversation()  # kept as a new conversation from its first answer
 
     def _read_book(self, user: UserState, doc: Document) -> None:
         """Each question reads the book's parts most relevant to it."""
@@ -51,6 +53,7 @@ class DocumentHandlers:
             lambda: book_session(engine, doc, system_prompt=old.system_prompt, config=old.config))
         self.ctx.worker.call(old.release)
         user.document, user.answers, user.spans = doc, [], []
+        user.new_conversation()  # kept as a new conversation from its first answer
 
     def _outputs(self, user: UserState, budget, mode: str | None, status: str) -> tuple:
         """`mode`: the settings' (None: the app's default), for the gauge's retrieval budget. The
@@ -67,11 +70,13 @@ class DocumentHandlers:
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is being generated; stop it before changing the document.")
-        count, window = self.ctx.engine_of(user).encode, self.ctx.window_of(user)
-        tokens, sizes = self.ctx.worker.call(
-            lambda: (len(count(doc.text)), section_tokens(doc, lambda t: len(count(t))) if doc.sections else []))
+        engine, window = self.ctx.engine_of(user), self.ctx.window_of(user)
+        count = engine.encode
+        by_relevance, sizes = self.ctx.worker.call(
+            lambda: (reads_by_relevance(engine, doc),
+                     section_tokens(doc, lambda t: len(count(t))) if doc.sections else []))
         user.book, user.book_sizes = (doc, sizes) if doc.sections else (None, [])
-        if tokens > window:  # a book: each question reads what is most relevant to it
+        if by_relevance:  # a book: each question reads what is most relevant to it
             self._read_book(user, doc)
             what = "sections" if doc.sections else "parts"
             size = user.session.book_tokens  # the count the document line and the gauge show
@@ -137,6 +142,19 @@ class DocumentHandlers:
         doc = load_document(SAMPLE_DOCUMENT, max_bytes=self.ctx.max_bytes)
         # the upload box would show a file that is no longer the document
         return with_outputs(self.set_document(user, doc, budget, mode), upload=gr.update(value=None))
+
+    def on_paste(self, text, user, budget, mode=None):
+        """A paste too long for a question, used as the document (the note's button, `ui.pasting`),
+        read as an upload is. Outputs: `DOCUMENT_OUTPUTS`, then the hidden box that carried the
+        text (emptied) and the note beside the chat box (emptied once the text is read)."""
+        try:
+            doc = pasted_document(text, self.ctx.max_bytes)
+        except DocumentError as e:
+            message = f"Could not use the paste as the document: {e}"
+            gr.Warning(message)
+            return (*with_outputs(_skipped(), user=user, status=status_html(message, "error")), "", gr.skip())
+        out = with_outputs(self.set_document(user, doc, budget, mode), upload=gr.update(value=None))
+        return (*out, "", paste_note())
 
 
 def read_document(session: BookSession) -> Document:
