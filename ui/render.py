@@ -21,8 +21,10 @@ LEVEL_STYLE = {
 }
 
 
-def segments_html(segments, teaching: bool = False, key: int | None = None) -> str:
-    """An answer's segments (see `ui.trace`) as HTML; `teaching` adds rejected drafts and round marks.
+def segments_html(segments, teaching: bool = False, key: int | None = None, token_class: str = "tf-tok") -> str:
+    """An answer's segments (see `ui.trace`) as HTML, one span per token; `teaching` adds
+    rejected drafts and round marks. The transcript shows answers as Markdown
+    (`ui.answer_html`) and this token-by-token form under them, with `token_class` "tf-seg".
 
     With `key` (the answer's turn), each token carries `data-tf="turn:segment"`, which the page's
     script sends to the inspector when the token is clicked."""
@@ -32,7 +34,7 @@ def segments_html(segments, teaching: bool = False, key: int | None = None) -> s
         if seg.kind == "token":
             label = LEVEL_STYLE[seg.level][0]
             title = html.escape(f"{label} · {seg.note}" if seg.note else label)
-            out.append(f'<span class="tf-tok tf-{seg.level}" title="{title}"{data}>{html.escape(seg.text)}</span>')
+            out.append(f'<span class="{token_class} tf-{seg.level}" title="{title}"{data}>{html.escape(seg.text)}</span>')
         elif not teaching:
             continue
         elif seg.kind == "rejected":
@@ -82,8 +84,11 @@ def sources_html(sections_read: Sequence[dict] | None, passages: Sequence[dict])
 
 
 def read_name(section: dict) -> str:
-    """One entry of `BookReader.describe`: '16. What is Ownership? (part 2 of 3)'. Text outside
-    any section has no number, and its title is already the part's name ('Part 3 of 9')."""
+    """One entry of `BookReader.describe`, named as the book names it: its "name" ('4.1. What is
+    Ownership?', 'Ownership, from «The stack…»', 'Text from «It was…»'). An entry written before
+    parts had names (a saved conversation) reads '16. What is Ownership? (part 2 of 3)'."""
+    if section.get("name"):
+        return str(section["name"])
     if section.get("number") is None:
         return str(section.get("title", ""))
     part = f" (part {section['part']})" if section.get("part") else ""
@@ -180,3 +185,11 @@ def passages_html(passages: Sequence[tuple[str, str, float]]) -> str:
         for where, text, share in passages
     )
     return f'<div class="tf-passages"><b>Most-read passages of the document</b><ol>{items}</ol></div>'
+
+
+def answer_label(number: int, text: str, words: int = 6) -> str:
+    """Which answer a panel shows: 'answer 2: «A class is a blueprint…»' (its first `words`
+    words; `number` counts from 1)."""
+    first = text.split()
+    quoted = " ".join(first[:words]) + ("…" if len(first) > words else "")
+    return f"answer {number}: «{quoted}»" if quoted else f"answer {number}"

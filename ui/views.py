@@ -19,7 +19,8 @@ from triforce_core.serving.book import BookSession
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure, top_passages
 from .inspector import inspector_figure, inspector_html
 from .narration import narration_html
-from .render import context_gauge_html, passages_html, segments_html, sources_html, stats_html, transcript_html
+from .answer_html import answer_body_html, copy_buttons, rounds_html
+from .render import answer_label, context_gauge_html, passages_html, sources_html, stats_html, transcript_html
 from .state import Answer, UserState
 from .trace import AnswerTrace
 
@@ -51,9 +52,11 @@ TOC_INDENT = "\u2003\u2003"  # per level below the top (an em space is kept by H
 
 def toc_label(number: int, title: str, level: int, tokens: int) -> str:
     """One line of the table of contents, as a tree: a subsection indented by its depth under
-    its parent, with a branch mark ('1. Classes · 2,048 tokens', then '  └ 2. Scopes · 512 tokens')."""
+    its parent, with a branch mark ('7. Reference · 2,048 tokens', then '  └ 7.1 Hash functions ·
+    512 tokens'). The title is the book's, its own number included where it has one; the index
+    `number` (what `chat --sections` picks by) is not shown, so the book is never renumbered."""
     branch = TOC_INDENT * (level - 2) + "\u2003└ " if level > 1 else ""
-    return f"{branch}{number}. {title[:70]} · {tokens:,} tokens"
+    return f"{branch}{title[:70]} · {tokens:,} tokens"
 
 
 def toc_update(user: UserState | None, window: int) -> tuple:
@@ -201,13 +204,35 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
     return rows
 
 
+def answer_html(answer: Answer, key: int, teaching: bool) -> str:
+    """One answer in the transcript: its text as Markdown coloured by level and, in the teaching
+    view, its rounds and rejected drafts one click away. The Markdown is rendered again only
+    when the answer has grown (the page redraws the conversation while the last answer streams)."""
+    segments = answer.trace.segments
+    drawn = (len(segments), key)
+    if answer.shown is None or answer.shown[0] != drawn:
+        answer.shown = (drawn, answer_body_html(segments, key))
+    body = answer.shown[1]
+    return body + rounds_html(segments, key) if teaching and body else body
+
+
+def empty_chat(user: UserState | None) -> str:
+    """The chat's words before the first question: what to do next, for the document loaded."""
+    if user is None or user.document is None:
+        return "Load a document (or the sample), then ask a question about it."
+    doc = user.session.book if isinstance(user.session, BookSession) else user.document
+    return f"Ask a question about {doc.name or 'the document'}."
+
+
 def transcript(user: UserState | None, teaching: bool) -> str:
     if user is None or not user.session.turns:
-        return transcript_html([], "Load a document (or the sample), then ask a question about it.")
+        return transcript_html([], empty_chat(user))
     turns = []
     for k, (turn, answer) in enumerate(zip(user.session.turns, user.answers)):
-        sources = sources_html(turn.sections_read, turn.passages) if answer.footer else ""  # once it has ended
-        turns.append((turn.question, segments_html(answer.trace.segments, teaching, k), answer.footer, sources))
+        ended = bool(answer.footer)
+        sources = sources_html(turn.sections_read, turn.passages) if ended else ""  # once it has ended
+        actions = copy_buttons(answer.trace.text) if ended and answer.trace.text else ""
+        turns.append((turn.question, answer_html(answer, k, teaching), answer.footer, sources, actions))
     return transcript_html(turns)
 
 
@@ -216,14 +241,34 @@ def teaching_updates(user: UserState, answer: Answer, teaching: bool, decode, wa
     """The round narration (teaching view) and, for the lesson, the inspector opened once on the
     answer's first checked rejection."""
     t = answer.trace
-    narration = narration_html(t, waiting=waiting, auto_step=auto_step) if teaching else gr.skip()
+    label = answer_label(answer_number(user, answer), t.text)
+    narration = narration_html(t, waiting=waiting, auto_step=auto_step, label=label) if teaching else gr.skip()
     inspector = plot = gr.skip()
+    if user.panels_answer is not answer:  # a new answer: what the panels showed was an earlier one's
+        user.panels_answer = answer
+        inspector, plot = inspector_html(None, str), inspector_figure(None, str)
+        if not teaching:
+            narration = narration_html(None)
     if user.auto_inspect and decode is not None:
         seg = next((s for s in t.segments if s.kind == "rejected" and s.checks), None)
         if seg is not None:
             user.auto_inspect = False
-            inspector, plot = inspector_html(seg, decode, answer.inspected), inspector_figure(seg, decode)
+            inspector = inspector_html(seg, decode, answer.inspected, label)
+            plot = inspector_figure(seg, decode, label)
     return narration, inspector, plot
+
+
+def answer_number(user: UserState, answer: Answer) -> int:
+    """`answer`'s place in the conversation, from 1 (the next one while it has not taken its place)."""
+    return next((k + 1 for k, a in enumerate(user.answers) if a is answer), len(user.answers) + 1)
+
+
+def labelled(fig, label: str):
+    """A figure of an answer, its title prefixed with the answer it shows (`answer_label`)."""
+    title = fig.layout.title.text or ""
+    fig.update_layout(title=dict(text=f"{label}<br>{title}" if title else label, font=dict(size=12)),
+                      margin=dict(t=64))
+    return fig
 
 
 def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool, budget, window: int,
@@ -247,9 +292,12 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
     if answer.baseline is not None:
         speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
     speed_fig = speed_figure(speed if t.new_tokens else [], "waits for Step left out" if t.waited_s > 0 else "")
+    label = answer_label(answer_number(user, answer), t.text)  # each panel names the answer it shows
+    acceptance = labelled(acceptance_figure(t.rounds), label) if t.rounds else acceptance_figure(t.rounds)
+    speed_fig = labelled(speed_fig, label) if t.new_tokens else speed_fig
     return (
-        user, transcript(user, teaching), status, map_fig, passages, acceptance_figure(t.rounds),
-        speed_fig, stats_html(stats_rows(answer)), gauge(user, budget, window),
+        user, transcript(user, teaching), status, map_fig, passages, acceptance,
+        speed_fig, stats_html([("answer", label)] + stats_rows(answer)), gauge(user, budget, window),
     ) + extra
 
 
