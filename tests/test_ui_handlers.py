@@ -373,7 +373,8 @@ def test_the_last_update_of_an_answer_opens_the_inspector_on_its_first_rejection
     trace = user.answers[0].trace
     first = next(seg for seg in trace.segments if seg.kind == "rejected" and seg.checks)
     skip = type(gr.skip())
-    assert all(isinstance(u["inspector"], skip) for u in updates[:-1])  # the refreshes before saw no rejection
+    assert "Click a token" in updates[0]["inspector"]  # a new answer: the inspector starts cleared
+    assert all(isinstance(u["inspector"], skip) for u in updates[1:-1])  # the refreshes before saw no rejection
     final = updates[-1]["inspector"]
     assert not isinstance(final, skip) and "rejected</b>" in final and "u = " in final
     assert f"«{chat_engine.detokenize([first.token_id])}»" in final  # decoded by the model's tokenizer
@@ -387,7 +388,7 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     runs by itself (each pause ends after LESSON_ROUND_S, no Step pressed), and when it ends the
     settings it changed come back as the user had them."""
     import ui.handlers.answers as answers_module
-    from ui.handlers.teaching import LESSON_CONTROLS, LESSON_QUESTION, RESTORED
+    from ui.handlers.teaching import LESSON_CONTROLS, LESSON_QUESTION, LESSON_SETTINGS, RESTORED
 
     pace = 0.3
     monkeypatch.setattr(answers_module, "LESSON_ROUND_S", pace)
@@ -397,10 +398,14 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     doc = Document(words(700, 3), "txt", "d.txt", (Section(0, "page 1"),))
     user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
     context = user.session.document_tokens
-    mine = dict(teaching=False, stepmode=False, mode="lookup", temperature=0.0, seed=-1, lookup=True, budget=512)
+    mine = dict(teaching=False, stepmode=False, mode="lookup", temperature=0.0, seed=-1, lookup=True,
+                repetition_penalty=1.0, budget=512)
     lesson = named(LESSON_SETUP_OUTPUTS, teaching.lesson_setup(user, *(mine[name] for name in LESSON_CONTROLS), 4))
     budget = lesson["budget"]["value"]
-    assert lesson["teaching"] is True and lesson["stepmode"] is True and lesson["mode"]["value"] == "triforce"
+    assert lesson["teaching"]["value"] is True and lesson["stepmode"]["value"] is True
+    assert lesson["mode"]["value"] == "triforce" and lesson["lookup"]["value"] is False
+    assert {name: lesson[name]["value"] for name in LESSON_SETTINGS} == LESSON_SETTINGS
+    assert user.keep is False  # the lesson's session is never saved
     assert budget == context // 4 // 64 * 64 and budget < context / 2, (budget, context)
     from ui.handlers.teaching import lesson_budget
     assert lesson_budget(4096, 8) == 1024 and lesson_budget(9375, 8) == 2304  # SmolLM2 reading a book, the demo pair
@@ -409,6 +414,7 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     assert f"The retrieval budget is {budget:,} tokens, about a quarter of the context ({context:,} tokens)" \
         in lesson["lesson"] and "cheapest" in lesson["lesson"]
     values = _values(mode="triforce", temperature=0.8, seed=3, lookup=False, budget=budget, max_new_tokens=30)
+    # (the demo pair's answer: the lesson's own temperature and seed are SmolLM2's pick, a test there)
     statuses = [out["status"] for out in streamed(answers.on_ask("w9 w10", user, True, True, "", *values))]
     trace, job = user.answers[0].trace, user.job
     s = trace.stats
@@ -428,7 +434,13 @@ def test_the_lesson_reads_a_quarter_of_the_context_runs_by_itself_and_gives_the_
     # it ends: the settings come back, but the teaching view
     back = named(LESSON_END_OUTPUTS, teaching.lesson_end(user))
     assert {name: back[name]["value"] for name in RESTORED} == {name: mine[name] for name in RESTORED}
-    assert "your settings are back" in back["lesson"] and user.lesson is None
+    assert "settings are back" in back["lesson"] and user.lesson is None
+    # which level produced what: the counts of its own trace
+    by = s.committed_by_level
+    assert f"{by['draft']} green" in back["lesson"] and f"{by['retrieval']} blue" in back["lesson"]
+    assert f"{by['target']} red" in back["lesson"] and f"Its answer: {s.new_tokens} tokens" in back["lesson"]
+    struck = sum(1 for seg in trace.segments if seg.kind == "rejected")
+    assert f"Struck through: {struck} rejected proposal" in back["lesson"]
     assert all(isinstance(u, type(gr.skip())) for u in teaching.lesson_end(user))  # only once
     # the next question is the user's own: it does not run by itself
     list(answers.on_ask("w11", user, False, False, "", *_values()))

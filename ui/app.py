@@ -18,6 +18,7 @@ import gradio as gr
 from triforce_core.documents import EXTENSIONS
 from triforce_core.engine import TriForceEngine
 from triforce_core.resources import APP_CSS as CSS_PATH
+from triforce_core.serving.history import ConversationStore
 from triforce_core.serving.registry import ServedModels
 from triforce_core.serving.remote import RemoteEngine
 from triforce_core.serving.worker import EngineWorker
@@ -26,6 +27,7 @@ from triforce_core.serving.slots import SlotPool
 from .figures import acceptance_figure, retrieval_map_figure, speed_figure
 from .handlers.answers import AnswerHandlers
 from .handlers.chat_endpoint import ChatEndpoint
+from .handlers.conversations import BROWSER_KEY, SIDEBAR, ConversationHandlers
 from .handlers.documents import DocumentHandlers
 from .handlers.models import MODEL_OUTPUTS, ModelHandlers, message_placeholder, model_info, modes_for
 from .handlers.teaching import (LESSON_CONTROLS, LESSON_END_OUTPUTS, LESSON_QUERY, LESSON_SETUP_OUTPUTS, PICK_OUTPUTS,
@@ -60,6 +62,8 @@ def build_app(
     slots: SlotPool | None = None,
     models: ServedModels | None = None,
     model_name: str | None = None,
+    history: ConversationStore | None = None,
+    history_note: str = "",
 ) -> gr.Blocks:
     """The app around one engine (created once, here), run by `worker` (the one scheduler; a new
     one by default), its `chat` endpoint lending caches from `slots`. With `models` (whose
@@ -69,7 +73,11 @@ def build_app(
 
     With a `RemoteEngine` (`python app.py --engine URL`), answers run on its server: pass a
     `ThreadWorker`; there is no model picker and no slot pool here, and the speculation settings
-    the server keeps to itself are shown as its own."""
+    the server keeps to itself are shown as its own.
+
+    With `history` (`triforce_core.serving.history`), every conversation is kept and a sidebar
+    lists this browser's (`ui.handlers.conversations`); `history_note`: why there is none (the
+    sidebar says it)."""
     engine = engine_factory()
     if engine.tokenizer is None:
         raise ValueError("the app needs a model with a tokenizer")
@@ -86,6 +94,8 @@ def build_app(
     modes = modes_for(engine)
     documents, answers, endpoint = DocumentHandlers(ctx), AnswerHandlers(ctx), ChatEndpoint(ctx)
     teach = TeachingHandlers(ctx)
+    ctx.history, ctx.history_note, ctx.model_name = history, history_note, model_name  # conversations kept
+    conversations = ConversationHandlers(ctx, documents)
 
     # -- layout ----------------------------------------------------------------------------------
     with gr.Blocks(title=title, fill_width=True) as demo:
@@ -180,6 +190,29 @@ def build_app(
             api_answer = gr.Textbox(label="answer")
             api_btn = gr.Button("chat")
 
+        # -- conversations kept (ui.handlers.conversations): the sidebar, each browser's own list --
+        with gr.Sidebar(label="Conversations", open=False, visible=history is not None or bool(history_note),
+                        elem_id="tf-sidebar"):
+            gr.HTML('<h3 class="tf-conv-head">Conversations</h3>')
+            page["conversation_note"] = gr.HTML(conversations.note(None), elem_id="tf-conv-note")
+            page["conversations"] = gr.Radio(choices=[], value=None, label="Kept in this browser, the newest first",
+                                             elem_id="tf-conversations", visible=history is not None)
+            with gr.Group(visible=history is not None):
+                page["conversation_title"] = gr.Textbox(label="Name of the open conversation", max_length=200,
+                                                        elem_id="tf-conv-title")
+                with gr.Row():
+                    rename_btn = gr.Button("Rename", size="sm", elem_id="tf-conv-rename")
+                    delete_btn = gr.Button("Delete", size="sm", variant="stop", elem_id="tf-conv-delete")
+                page["undo"] = gr.Button("Undo the delete", size="sm", visible=False, elem_id="tf-conv-undo")
+                page["export"] = gr.DownloadButton("Export as Markdown", value=None, interactive=False, size="sm",
+                                                   elem_id="tf-conv-export")
+        # the browser's token, in its localStorage under the store's secret (so a restart keeps it)
+        browser = gr.BrowserState("", storage_key=BROWSER_KEY,
+                                  secret=history.browser_secret() if history is not None else None)
+        sidebar = [page[name] for name in SIDEBAR]
+        listed = dict(fn=conversations.on_answered, inputs=[browser, page["user"]], outputs=sidebar, queue=False,
+                      api_visibility="private")
+
         page["upload"] = upload
         # -- wiring ----------------------------------------------------------------------------
         user, budget, mode = page["user"], controls["budget"], controls["mode"]
@@ -200,13 +233,13 @@ def build_app(
                    outputs=streamed, concurrency_limit=None, **private)
         # a book read by relevance: the sections the question read are ticked once it is answered
         tick = dict(fn=documents.on_answered, inputs=user, outputs=page["toc_list"], queue=False, **private)
-        send_btn.click(**take).then(**ask).then(**tick)
-        message.submit(**take).then(**ask).then(**tick)
+        send_btn.click(**take).then(**ask).then(**tick).then(**listed)
+        message.submit(**take).then(**ask).then(**tick).then(**listed)
         stop_btn.click(answers.on_stop, [user], None, queue=False, **private)
         paste_btn.click(documents.on_paste, [paste_text, user, budget, mode], doc_outputs + [paste_text, page["paste_note"]],
                         **private)
         regen_btn.click(answers.on_regenerate, [user, teaching, stepmode, system, *settings_inputs], streamed,
-                        concurrency_limit=None, **private).then(**tick)
+                        concurrency_limit=None, **private).then(**tick).then(**listed)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
                           concurrency_limit=None, **private)
         clear_btn.click(answers.on_clear, [user, budget, mode], streamed, **private)
@@ -248,5 +281,19 @@ def build_app(
             for event in (open_btn.click, model_path.submit):
                 event(switcher.on_path, [model_path, user, budget, controls["mode"]], switched, **private)
             demo.load(switcher.on_page_load, None, page["model"], **private)  # files added since start
+        # -- conversations kept: their events (ui.handlers.conversations) --
+        if history is not None:
+            deleted = gr.State("")
+            demo.load(conversations.on_load, [browser, user], [browser, *sidebar], **private)
+            page["conversations"].input(conversations.on_open,
+                                        [page["conversations"], browser, user, teaching, budget, mode],
+                                        doc_outputs + sidebar, **private)
+            for event in (rename_btn.click, page["conversation_title"].submit):
+                event(conversations.on_rename, [page["conversations"], page["conversation_title"], browser, user],
+                      sidebar, **private)
+            delete_btn.click(conversations.on_delete, [page["conversations"], browser, user], sidebar + [deleted],
+                             **private)
+            page["undo"].click(conversations.on_undo, [deleted, browser, user], sidebar + [deleted], **private)
+            clear_btn.click(conversations.on_clear, [browser, user], sidebar, **private)
     demo.tf_worker = worker  # for shutdown and tests
     return demo

@@ -15,9 +15,19 @@ LOWER = {"lookup": "the context lookup", "draft": "the small draft", "retrieval"
          "target": "the full target"}
 
 
+# A piece of text the page could not show as it is: an empty one, or one of blanks alone.
+EMPTY_PIECE = "a token with no text of its own (the end of the answer, or part of a character the next token completes)"
+BLANKS = {"\n": "⏎", " ": "␣", "\t": "⇥"}
+
+
 def _quote(text: str) -> str:
-    shown = text.replace("\n", "⏎")
-    return f"«{shown}»"
+    """A token's text in «», never «» nor a blank that reads as nothing: a newline shows as ⏎
+    everywhere; a piece of blanks alone shows each blank (␣ a space, ⇥ a tab)."""
+    if text == "":
+        return EMPTY_PIECE
+    if not text.strip():
+        return "«" + "".join(BLANKS.get(c, c) for c in text) + "»"
+    return "«" + text.replace("\n", "⏎") + "»"
 
 
 def round_sentence(trace: AnswerTrace, n: int) -> str:
@@ -53,7 +63,11 @@ def round_sentence(trace: AnswerTrace, n: int) -> str:
             text += f", then added its own bonus token {_quote(own.text)}"
         parts.append(text)
     words = "".join(s.text for s in committed)
-    parts.append(f"{len(committed)} token{'s' * (len(committed) != 1)} committed: {_quote(words)}")
+    count = f"{len(committed)} token{'s' * (len(committed) != 1)} committed"
+    if pt and len(committed) < at:  # the answer's end (or its token limit) came within the accepted ones
+        count += " (the answer ended within them)"
+    shown = _quote(words) if words or len(committed) <= 1 else "tokens with no text of their own"
+    parts.append(f"{count}: {shown}")
     return f"Round {n}: " + "; ".join(parts) + "."
 
 
@@ -61,15 +75,65 @@ def _first_target_rejection(segs: list[Segment]) -> Segment | None:
     return next((s for s in segs if s.rejected_by == "target"), None)
 
 
-def narration_html(trace: AnswerTrace | None, last: int = 4, waiting: bool = False, auto_step: bool = False) -> str:
-    """The last rounds' sentences, newest last; `waiting`: the generation waits for Step
+# Under the rounds: what the symbols of their sentences mean.
+SYMBOLS = ("p: the verifier's probability of the token; q: the proposer's; u: a uniform random draw between 0 and 1 "
+           "(a proposal is kept when u < p/q, so with probability min(1, p/q)); greedy: kept if and only if it is "
+           "the verifier's likeliest token (its argmax). The residual is the distribution left after removing what "
+           "the proposer already covered, norm(max(0, p − q)): a rejected proposal's replacement is drawn from it.")
+
+
+def narration_html(trace: AnswerTrace | None, waiting: bool = False, auto_step: bool = False, label: str = "") -> str:
+    """Every round's sentence, in a list that scrolls (app.css), newest last; `label`: which answer
+    it describes (`ui.render.answer_label`); `waiting`: the generation waits for Step
     (`auto_step`: the lesson, whose next round follows by itself)."""
     if trace is None or not trace.rounds:
         return '<div class="tf-narration tf-empty">Each round of speculation is described here.</div>'
     n = len(trace.rounds)
-    items = "".join(f"<li>{html.escape(round_sentence(trace, k))}</li>" for k in range(max(1, n - last + 1), n + 1))
+    items = "".join(f"<li>{html.escape(round_sentence(trace, k))}</li>" for k in range(1, n + 1))
     nxt = ("The next round follows in a second, or press <b>Step</b>." if auto_step
            else "Press <b>Step</b> for the next round.")
     tail = f'<div class="tf-narration-next">{nxt}</div>' if waiting else ""
-    colours = " ".join(f'<span class="tf-tok tf-{lvl}">{label}</span>' for lvl, (label, _) in LEVEL_STYLE.items())
-    return f'<div class="tf-narration"><ol start="{max(1, n - last + 1)}">{items}</ol>{tail}<div>{colours}</div></div>'
+    head = (f'<div class="tf-narration-head">The rounds of {html.escape(label)}: {n}</div>' if label else "")
+    colours = " ".join(f'<span class="tf-tok tf-{lvl}">{name}</span>' for lvl, (name, _) in LEVEL_STYLE.items())
+    return (f'<div class="tf-narration">{head}<ol class="tf-rounds">{items}</ol>{tail}<div>{colours}</div>'
+            f'<div class="tf-symbols">{html.escape(SYMBOLS)}</div></div>')
+
+
+# The colours of `ui.render.LEVEL_STYLE`, named in words for the lesson's text.
+COLOUR_NAMES = {"lookup": "yellow", "draft": "green", "retrieval": "blue", "target": "red"}
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    return f"{n} {one if n == 1 else (many or one + 's')}"
+
+
+def levels_summary(trace: AnswerTrace) -> str:
+    """Which level produced what in one answer, counted from its trace: each colour's tokens
+    (the full target's split into replacements after its rejections and bonus tokens), and the
+    struck-through drafts by the level that rejected them."""
+    tokens = [s for s in trace.segments if s.kind == "token"]
+    rejected = [s for s in trace.segments if s.kind == "rejected"]
+    by = {level: sum(1 for s in tokens if s.level == level) for level in LEVEL_STYLE}
+    target_rejected = {s.round for s in rejected if s.rejected_by == "target"}
+    replaced = sum(1 for s in tokens if s.level == "target" and s.round in target_rejected)
+    parts = []
+    if by["lookup"]:
+        parts.append(f"{by['lookup']} yellow (copied by the context lookup from earlier in the context)")
+    if by["draft"]:
+        parts.append(f"{by['draft']} green (the small draft's guesses that the retrieval level and the full target "
+                     "both kept)")
+    if by["retrieval"]:
+        parts.append(f"{by['retrieval']} blue (the retrieval level's own: drawn where it rejected a guess, or "
+                     "proposed after the kept ones)")
+    if by["target"]:
+        parts.append(f"{by['target']} red (the full target's own: {replaced} drawn where it rejected a proposal, "
+                     f"{by['target'] - replaced} bonus after a round it accepted whole)")
+    text = f"Its answer: {_count(len(tokens), 'token')} over {_count(len(trace.rounds), 'round')}"
+    text += (": " + ", ".join(parts) + ".") if parts else "."
+    if rejected:
+        lower = sum(1 for s in rejected if s.rejected_by == "retrieval")
+        why = [f"{lower} at the retrieval level's check"] if lower else []
+        why += [f"{len(rejected) - lower} at the full target's"] if len(rejected) > lower else []
+        text += (f" Struck through: {_count(len(rejected), 'rejected proposal')} ({', '.join(why)}; a rejection also "
+                 "discards the proposals after it).")
+    return text
