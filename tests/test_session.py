@@ -228,3 +228,108 @@ def test_cli_chat_contract(tiny_pair_dir, tmp_path):
                          capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, check=False)
     assert bad.returncode == 2
     assert bad.stderr.strip().splitlines() == [f"error: {tmp_path / 'missing.pdf'}: no such file"]
+
+
+# -- Continue: an answer cut by its token limit goes on as one longer answer would have -------------
+CONTINUE_MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
+FREE_QUESTION = "What is a class?"  # the demo target answers in its own words (no copy of the document)
+
+
+@pytest.fixture(scope="module")
+def demo_engine():
+    from triforce_core.models.loading import DEMO_DRAFT, DEMO_TARGET
+
+    return TriForceEngine.from_pretrained(str(DEMO_TARGET), str(DEMO_DRAFT), device="cpu")
+
+
+@pytest.fixture(scope="module")
+def demo_document():
+    from triforce_core.resources import SAMPLE_DOCUMENT
+
+    return SAMPLE_DOCUMENT.read_text(encoding="utf-8")[:6000]
+
+
+def demo_config(mode: str, max_new: int, **sampling) -> GenerationConfig:
+    return GenerationConfig(sampling=SamplingConfig(**sampling),
+                            speculation=SpeculationConfig(mode=mode, max_new_tokens=max_new),
+                            cache=CacheConfig(budget=256, chunk_size=8))
+
+
+@pytest.mark.parametrize("mode", CONTINUE_MODES)
+def test_continue_after_the_limit_gives_the_tokens_of_one_longer_answer(demo_engine, demo_document, mode):
+    """The demo pair, greedy with an instruct model's repetition penalty (the penalty counts the
+    whole answer, so the continuation must see its first part as already generated): 12 tokens,
+    then Continue with 12 more, equals one answer of 24, token for token and in its text."""
+    sampling = dict(repetition_penalty=1.2)
+    longer = ChatSession(demo_engine, demo_document)
+    list(longer.ask(FREE_QUESTION, demo_config(mode, 24, **sampling)))
+    cut = ChatSession(demo_engine, demo_document)
+    list(cut.ask(FREE_QUESTION, demo_config(mode, 12, **sampling)))
+    first = cut.turns[-1]
+    assert first.stats.stop_reason == "max_new_tokens" and cut.can_continue()
+    events = list(cut.continue_last(demo_config(mode, 12, **sampling)))
+    turn, whole = cut.turns[-1], longer.turns[-1]
+    assert len(cut.turns) == 1 and turn is first  # the same turn, not a new one
+    assert turn.token_ids == whole.token_ids and len(turn.token_ids) == 24
+    assert turn.answer == whole.answer and len(turn.levels) == 24
+    # the events' text goes on from the first part's: joined, they are the answer's second half
+    text = "".join(ev.text for ev in events if isinstance(ev, Committed))
+    assert whole.answer.endswith(text) and text
+    s = turn.stats
+    assert s.new_tokens == 24 and s.stop_reason == "max_new_tokens" and s.mode == mode
+    assert s.prompt_tokens == whole.stats.prompt_tokens and s.prefill_tokens <= whole.stats.prefill_tokens + 2
+    assert s.decode_s > 0 and s.tokens_per_s == pytest.approx(24 / s.decode_s)
+
+
+def test_a_continuation_counts_the_answer_so_far_in_its_penalty_and_not_without(demo_engine, demo_document):
+    """Negative control: the same prompt and answer ids generated as a fresh answer (the penalty
+    then forgets the first part) go elsewhere, so the test above can fail."""
+    cfg = demo_config("autoregressive", 12, repetition_penalty=1.2)
+    longer = ChatSession(demo_engine, demo_document)
+    list(longer.ask(FREE_QUESTION, demo_config("autoregressive", 24, repetition_penalty=1.2)))
+    cut = ChatSession(demo_engine, demo_document)
+    list(cut.ask(FREE_QUESTION, cfg))
+    answer = list(cut.turns.pop().token_ids)
+    prompt = cut.prompt_for(FREE_QUESTION)  # the prompt the answer followed
+    assert len(prompt) == longer.turns[-1].stats.prompt_tokens
+    fresh = [t for ev in cut._slot.generate(prompt + answer, cfg) if isinstance(ev, Committed) for t in ev.token_ids]
+    assert answer + fresh != longer.turns[-1].token_ids
+
+
+def test_continue_says_why_not_and_fills_what_is_left_of_the_window(engine):
+    cfg = config("autoregressive", max_new=12)
+    session = ChatSession(engine, DOCUMENT, config=cfg)
+    with pytest.raises(ValueError, match="no answer to continue"):
+        session.continue_last()
+    # a document that leaves 5 tokens of the window after a 12-token answer
+    probe = len(session.prompt_ids(Q1))
+    size = 300 + engine.context_window - 12 - 5 - probe
+    session.set_document(words(size, 1))
+    assert len(session.prompt_ids(Q1)) + 12 + 5 == engine.context_window
+    drain(session.ask(Q1))
+    out = drain(session.continue_last())
+    assert len(out["ids"]) == 5 and session.turns[-1].stats.new_tokens == 17 and len(session.turns[-1].token_ids) == 17
+    assert session.can_continue()  # stopped by its limit (the window's), but no room is left
+    with pytest.raises(ContextLengthError, match=r"no room left to continue.*1,024 of 1,024 tokens"):
+        session.continue_last()
+    # an answer stopped by Stop (or ended by itself) is not continued
+    stopped = ChatSession(engine, DOCUMENT, config=config("autoregressive", max_new=12))
+    events = stopped.ask(Q1)
+    next(ev for ev in events if isinstance(ev, Committed))
+    events.close()
+    assert not stopped.can_continue()
+    with pytest.raises(ValueError, match="only an answer stopped by its token limit"):
+        stopped.continue_last()
+
+
+def test_a_stopped_continuation_keeps_its_tokens_as_a_stopped_answer(engine):
+    session = ChatSession(engine, DOCUMENT, config=config("triforce", max_new=12))
+    drain(session.ask(Q1))
+    events = session.continue_last()
+    for ev in events:
+        if isinstance(ev, Committed):
+            break
+    events.close()
+    turn = session.turns[-1]
+    assert turn.stats is None and 12 < len(turn.token_ids) < 24 and not session.can_continue()
+    assert turn.answer == engine.detokenize([t for t in turn.token_ids if t not in engine.eos_token_ids])

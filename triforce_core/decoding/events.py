@@ -29,7 +29,7 @@ so a stop takes effect within one round. No `Finished` follows a close.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Union
 
 LEVELS = ("lookup", "draft", "retrieval", "target")
@@ -156,6 +156,35 @@ class GenerationStats:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+    def then(self, later: "GenerationStats") -> "GenerationStats":
+        """These figures and those of `later`, a continuation of the same answer (Continue after
+        the token limit), as one answer's: counts and times add up, rates and shares are
+        recomputed from the sums; the prompt and reuse are this (the first) part's, the stop
+        reason the later part's; the mode is one name, or 'first, then later' when they differ."""
+        proposed, accepted = _add(self.proposed, later.proposed), _add(self.accepted, later.accepted)
+        pair_proposed = _add(self.proposed_by_proposer, later.proposed_by_proposer)
+        pair_accepted = _add({k: v * self.proposed_by_proposer.get(k, 0) for k, v in self.acceptance_by_proposer.items()},
+                             {k: v * later.proposed_by_proposer.get(k, 0) for k, v in later.acceptance_by_proposer.items()})
+        new, decode, rounds = self.new_tokens + later.new_tokens, self.decode_s + later.decode_s, self.rounds + later.rounds
+        return replace(
+            self, new_tokens=new, prefill_s=self.prefill_s + later.prefill_s, decode_s=decode,
+            tokens_per_s=new / decode if decode > 0 else 0.0, rounds=rounds,
+            mean_accepted=new / rounds if rounds else 0.0, proposed=proposed, accepted=accepted,
+            acceptance={k: accepted.get(k, 0) / v if v else 0.0 for k, v in proposed.items()},
+            committed_by_level=_add(self.committed_by_level, later.committed_by_level),
+            refreshes=self.refreshes + later.refreshes, stop_reason=later.stop_reason,
+            mode=self.mode if self.mode == later.mode else f"{self.mode}, then {later.mode}",
+            acceptance_by_proposer={k: pair_accepted.get(k, 0) / v for k, v in pair_proposed.items() if v},
+            proposed_by_proposer=pair_proposed,
+            level_seconds=_add(self.level_seconds, later.level_seconds),
+            level_calls=_add(self.level_calls, later.level_calls),
+        )
+
+
+def _add(a: dict, b: dict) -> dict:
+    """Two dicts of counts (or seconds) summed key by key."""
+    return {k: a.get(k, 0) + b.get(k, 0) for k in {**a, **b}}
 
 
 @dataclass(frozen=True)

@@ -156,10 +156,12 @@ class SpeculationLoop(Prefill):
         self.selection_event: ChunksSelected | None = None
         self._mark: tuple | None = None
         self.inspect = False
+        self.answer_start: int | None = None  # `generate`'s: where a continued answer began in the prompt
 
     # -- a generation: prefill (`Prefill`), then decoding ------------------------------------
     def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False,
-                 inspect: bool = False, boundary: int | None = None) -> Iterator[Event]:
+                 inspect: bool = False, boundary: int | None = None,
+                 answer_start: int | None = None) -> Iterator[Event]:
         """One generation: prefill `prompt` (reusing the cached prefix), then decode.
 
         The one way the engine, chat sessions, cache slots and the bench run a generation.
@@ -167,9 +169,13 @@ class SpeculationLoop(Prefill):
         `progress_events` a `PrefillProgress` event is also yielded there, so a scheduler can
         interleave other work with a long prefill (and close the generator to abort it).
         With `inspect`, each `Verified` event carries its `TokenCheck`s. `boundary`: where a
-        document ends in the prompt (`Prefill.prefill_steps`).
+        document ends in the prompt (`Prefill.prefill_steps`). `answer_start`: where the answer
+        begins in `prompt` when the prompt ends with an answer's first part (a continued answer):
+        the penalties count the answer from there, as one longer generation's would, and the
+        events' text follows that part's (None: the answer begins after the prompt).
         """
         self.set_inspect(inspect)
+        self.answer_start = answer_start
         if progress_events:
             prefilled = yield from self.prefill_steps(prompt, on_prefill_progress, boundary)
         else:
@@ -229,11 +235,15 @@ class SpeculationLoop(Prefill):
         """Decode after `prefill`; yields Drafted/Verified/Committed/ChunksSelected, then Finished."""
         speculation = self.config.speculation
         committed = self.history = list(self.prompt)  # grows in place: the caches' token record
-        self.penalties.start = len(committed)  # the answer, which the penalties count, starts here
+        # the answer, which the penalties count, starts here (a continued answer: where it began)
+        start = len(committed) if self.answer_start is None else self.answer_start
+        self.penalties.start = start
         proposer = RoundProposer(self.lookup, self.proposer, self.row_cost, speculation.lookup_max,
                                  speculation.gamma2, speculation.adaptive_gamma)
         refresh = None if self.retrieval is None else RetrievalRefresh(self.retrieval, self.config.cache, self.margin)
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
+        if detok is not None:
+            detok.ids = committed[start:]  # a continued answer's text goes on from its first part's
         levels: list[str] = []  # who proposed each committed token of the answer
         rounds, stop_reason = 0, "max_new_tokens"
         t0 = time.perf_counter()

@@ -292,6 +292,15 @@ class _OverHTTP:
         self._rendered = (ids, messages)
         return ids
 
+    # Continue sends an answer's first part as token ids after its prompt; the server takes
+    # messages, whose chat template would close that answer's turn: refused, in one line.
+    def can_continue(self) -> bool:
+        return False
+
+    def continue_last(self, *args, **kwargs):
+        raise ValueError("Continue needs the engine in this process: under a remote engine (--engine), raise "
+                         "Max new tokens and Regenerate instead")
+
     def _messages_of(self, prompt_ids: Sequence[int]) -> list[dict]:
         if self._rendered is None or self._rendered[0] != list(prompt_ids):
             raise RemoteError("the conversation changed between its prompt and its turn")  # an invariant

@@ -6,6 +6,7 @@
     session.turns[-1].answer, session.turns[-1].stats.prefill_tokens
     for event in session.regenerate(): ...           # rolls the caches back, no re-prefill
     for event in session.edit_last("Who is Ahab?"): ...
+    for event in session.continue_last(): ...        # an answer cut by its token limit goes on
 
 How the reuse works: every turn renders the whole conversation with the target's chat
 template and tokenizes it. The speculation loop's full target cache remembers which token ids it
@@ -25,6 +26,7 @@ out-of-memory error frees the caches and leaves the session usable.
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from typing import Callable, Iterator
 
 from ..config import GenerationConfig
@@ -49,6 +51,10 @@ def _is_oom(e: BaseException) -> bool:
 
 class ChatSession:
     """One document and one conversation over a shared engine; not thread-safe (one user)."""
+
+    # How the caller can allow truncation (the command line: "--truncate"), named in a refusal
+    # as one of its options; None where no such option exists (the app's page, the HTTP API).
+    truncation_hint: str | None = None
 
     def __init__(
         self,
@@ -149,6 +155,29 @@ class ChatSession:
             self._prefix = (key, a[:n])
         prefix = self._prefix[1]
         return len(prefix) if prefix and prompt[: len(prefix)] == prefix else None
+
+    def document_span(self, prompt: list[int]) -> tuple[int, int] | None:
+        """The tokens [start, end) of `prompt` (this conversation's) that hold the document: from
+        where the first user message's content begins (what `prompt` shares with the same head
+        and an empty message ends there) to `document_end`. None where that is not known."""
+        end = self.document_end(prompt)
+        if end is None:
+            return None
+        head = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        empty = render_prompt(self.engine.tokenizer, head + [{"role": "user", "content": ""}])[1]
+        start = 0
+        while start < min(len(empty), end) and empty[start] == prompt[start]:
+            start += 1
+        return start, end
+
+    def passages(self, selections: list[ChunksSelected], prompt: list[int], answer_ids: list[int],
+                 question: str) -> list[dict]:
+        """An answer's citations (`documents.citations.answer_passages`), the document's only:
+        searched in the prompt tokens that hold it and checked against its text, so an earlier
+        answer the model repeats, the question or the template is never cited as the book's."""
+        return answer_passages(selections, prompt, answer_ids, self.engine.detokenize,
+                               question_tokens=question_tokens(self.engine.tokenizer, question),
+                               within=self.document_span(prompt), document=self.document)
 
     def prompt_ids(self, question: str) -> list[int]:
         """Token ids of the whole conversation plus `question`, ready for the answer."""
@@ -262,6 +291,89 @@ class ChatSession:
 
         return run()
 
+    # -- Continue: the last answer, cut by its token limit, goes on ----------------------------
+    def can_continue(self) -> bool:
+        """The last answer stopped at its token limit (`continue_last` goes on with it)."""
+        last = self.turns[-1] if self.turns else None
+        return last is not None and last.stats is not None and last.stats.stop_reason == "max_new_tokens"
+
+    def continue_last(self, config: GenerationConfig | None = None, on_prefill_progress=None,
+                      progress_events: bool = False, inspect: bool = False) -> Iterator[Event]:
+        """Go on with the last answer where its token limit stopped it, up to `config`'s
+        max_new_tokens more (fewer where the window has less room), exactly as one generation
+        with the larger limit would have gone on: greedy, the same tokens.
+
+        The prompt is the turn's prompt followed by the answer's token ids as ids (rendered as
+        text, the chat template would close the assistant's turn), the penalties count the whole
+        answer (they cover the answer, not the prompt: `decoding.penalties`), and the cache
+        already holds it all, so nothing but a token or two is prefilled. The new tokens join
+        the same `Turn` (its ids, levels and text); its stats then cover the whole answer
+        (`TurnStats.continued`), or are None if the continuation is stopped (a stopped answer's).
+        Checks raise here: ValueError when the last answer did not stop at its limit,
+        ContextLengthError when the window has no room left."""
+        if not self.turns:
+            raise ValueError("there is no answer to continue")
+        if not self.can_continue():
+            raise ValueError("only an answer stopped by its token limit can be continued; "
+                             "the last one ended on its own or was stopped")
+        config = config or self.config
+        turn = self.turns[-1]
+        prompt = self._prompt_of_last()
+        if len(prompt) != turn.stats.prompt_tokens:
+            raise ValueError("the conversation changed since this answer (another document or system prompt); "
+                             "ask the question again")
+        answer = [int(t) for t in turn.token_ids]
+        window, held = self.engine.context_window, len(prompt) + len(answer)
+        room = window - held
+        if room <= 0:
+            raise ContextLengthError(
+                f"no room left to continue: the conversation and this answer fill the context window "
+                f"({held:,} of {window:,} tokens); clear the conversation, or ask a shorter question")
+        if room < config.speculation.max_new_tokens:  # what is left of the window
+            config = replace(config, speculation=replace(config.speculation, max_new_tokens=room))
+        self.engine.check_prompt(prompt + answer, config)
+        return self._continued(turn, prompt, answer, config, on_prefill_progress, progress_events, inspect)
+
+    def _prompt_of_last(self) -> list[int]:
+        """The prompt the last turn's answer followed (the conversation before it, its question)."""
+        turns, self.turns = self.turns, self.turns[:-1]
+        try:
+            return self.prompt_ids(turns[-1].question)
+        finally:
+            self.turns = turns
+
+    def _continued(self, turn: Turn, prompt: list[int], answer: list[int], config: GenerationConfig,
+                   on_prefill_progress, progress_events: bool, inspect: bool) -> Iterator[Event]:
+        before, turn.stats = turn.stats, None  # None until the continuation finishes
+        prefilled: Prefilled | None = None
+        selections: list[ChunksSelected] = []
+        try:
+            for ev in self._slot.generate(prompt + answer, config, on_prefill_progress, progress_events, inspect,
+                                          boundary=self.document_end(prompt), answer_start=len(prompt)):
+                if isinstance(ev, Prefilled):
+                    prefilled = ev
+                elif isinstance(ev, ChunksSelected):
+                    selections.append(ev)
+                elif isinstance(ev, Committed):
+                    turn.token_ids += ev.token_ids
+                    turn.levels += ev.levels
+                elif isinstance(ev, Finished):
+                    turn.stats = before.continued(ev.stats, prefilled.tokens, prefilled.seconds)
+                    if selections or not any(p.get("kind") == "read" for p in turn.passages):
+                        # what the continuation's selections read, or what the whole answer quotes
+                        turn.passages = answer_passages(
+                            selections, prompt, list(turn.token_ids), self.engine.detokenize,
+                            question_tokens=question_tokens(self.engine.tokenizer, turn.question))
+                yield ev
+        except Exception as e:  # the slot has freed its caches (they may be half-written)
+            if _is_oom(e):
+                raise SessionError("out of memory while continuing the answer; the caches were freed. "
+                                   "Try a smaller retrieval budget or a lower-precision dtype") from None
+            raise
+        finally:  # what was generated is kept, as in `_turn`
+            ids = [t for t in turn.token_ids if t not in self.engine.eos_token_ids]
+            turn.answer = self.engine.detokenize(ids)
+
     def cache_lengths(self) -> dict[str, int]:
         """Tokens held by each cache (0 when there is none yet)."""
         return self._slot.cache_lengths()
@@ -290,12 +402,7 @@ class ChatSession:
         doc = self.document_tokens
         rest = len(prompt) - doc - question_tokens
         if not self.allow_truncation or not self._document:
-            raise ContextLengthError(
-                f"the document ({doc} tokens), the conversation so far and the chat template ({rest} tokens), "
-                f"this question ({question_tokens} tokens) and max_new_tokens ({max_new}) need "
-                f"{len(prompt) + max_new} tokens, but the target's context window is {window} tokens; "
-                "use a shorter document, clear the conversation, lower max_new_tokens or allow truncation"
-            )
+            raise ContextLengthError(self._too_long(question_tokens, doc, rest, max_new, len(prompt), window))
         before_chars, before_tokens = len(self._document), doc
         ids = self._encode(self._document)
         for _ in range(4):
@@ -305,8 +412,9 @@ class ChatSession:
             keep = len(ids) - excess - 8
             if keep <= 0:
                 raise ContextLengthError(
-                    f"even without the document, the conversation ({rest} tokens), this question "
-                    f"({question_tokens}) and max_new_tokens ({max_new}) exceed the context window of {window} tokens"
+                    f"Even with none of the document, this question ({question_tokens:,} tokens), the "
+                    f"{'conversation so far and the ' if self.turns else ''}chat template ({rest:,} tokens) and "
+                    f"{max_new:,} tokens for the answer are over the model's context window of {window:,} tokens."
                 )
             ids = ids[:keep]
             self._document = self.engine.tokenizer.decode(ids).strip()
@@ -317,6 +425,28 @@ class ChatSession:
             raise ContextLengthError(f"could not cut the document to fit the context window of {window} tokens")
         self.engine.check_prompt(prompt, config)
         return prompt, Truncation(before_tokens, self.document_tokens, before_chars, len(self._document))
+
+    def _document_words(self, tokens: int) -> str:
+        """The document's part in a refusal: 'the document (8,235 tokens)'."""
+        return f"the document ({tokens:,} tokens)"
+
+    def _too_long(self, question: int, document: int, rest: int, max_new: int, prompt: int, window: int) -> str:
+        """A refusal in a sentence: what the turn needs, every number true, then only the options
+        that exist and could help (the answer's limit only where the prompt alone fits)."""
+        around = "the conversation so far and the chat template" if self.turns else "the chat template"
+        options = ["shorten the question"]
+        if self.turns:
+            options.append("clear the conversation")
+        if prompt < window:
+            options.append(f"lower the answer's token limit (now {max_new:,})")
+        if self._document and document + rest + max_new >= window:
+            options.append("use a shorter document")
+        if self.truncation_hint and self._document and not self.allow_truncation:
+            options.append(f"allow truncation ({self.truncation_hint})")
+        said = ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
+        return (f"This question is {question:,} tokens: with {self._document_words(document)}, {around} "
+                f"({rest:,} tokens) and {max_new:,} tokens for the answer, it needs {prompt + max_new:,} tokens, "
+                f"over the model's context window of {window:,}. {said[0].upper()}{said[1:]}.")
 
     def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0,
               inspect: bool = False) -> Iterator[Event]:
@@ -348,11 +478,9 @@ class ChatSession:
                         first_token_s=first_token_s if first_token_s is not None else time.perf_counter() - t0,
                         decode_s=s.decode_s, tokens_per_s=s.tokens_per_s, new_tokens=s.new_tokens,
                         acceptance=dict(s.acceptance), mean_accepted=s.mean_accepted,
-                        stop_reason=s.stop_reason, mode=s.mode,
+                        stop_reason=s.stop_reason, mode=s.mode, proposed=dict(s.proposed),
                     )
-                    turn.passages = answer_passages(
-                        selections, prompt, answer_ids, self.engine.detokenize,
-                        question_tokens=question_tokens(self.engine.tokenizer, question))
+                    turn.passages = self.passages(selections, prompt, answer_ids, question)
                 yield ev
         except Exception as e:  # the slot has freed its caches (they may be half-written)
             if _is_oom(e):

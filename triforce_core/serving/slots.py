@@ -72,10 +72,12 @@ class Slot:
         progress_events: bool = False,
         inspect: bool = False,
         boundary: int | None = None,
+        answer_start: int | None = None,
     ) -> Iterator[Event]:
         """The events of one generation after `prompt_ids` (checks raise here, before anything runs).
         With `inspect`, each `Verified` event carries its `TokenCheck`s; `boundary`: where a
-        document ends in the prompt (its K/V kept on disk up to there: `Prefill.prefill_steps`).
+        document ends in the prompt (its K/V kept on disk up to there: `Prefill.prefill_steps`);
+        `answer_start`: where a continued answer began in the prompt (`SpeculationLoop.generate`).
 
         Stopped (the generator closed), the caches keep what was committed and stay usable;
         failed (an exception, e.g. out of memory), they are freed, since they may be half-written.
@@ -83,12 +85,13 @@ class Slot:
         prompt = [int(i) for i in prompt_ids]
         self.engine.check_prompt(prompt, config)
         self.last_used = time.monotonic()
-        return self._generate(prompt, config, on_prefill_progress, progress_events, inspect, boundary)
+        return self._generate(prompt, config, on_prefill_progress, progress_events, inspect, boundary, answer_start)
 
-    def _generate(self, prompt, config, on_prefill_progress, progress_events, inspect, boundary) -> Iterator[Event]:
+    def _generate(self, prompt, config, on_prefill_progress, progress_events, inspect, boundary,
+                  answer_start=None) -> Iterator[Event]:
         try:
             loop = self._loop_for(config, len(prompt))
-            yield from loop.generate(prompt, on_prefill_progress, progress_events, inspect, boundary)
+            yield from loop.generate(prompt, on_prefill_progress, progress_events, inspect, boundary, answer_start)
         except Exception:
             self.release()
             raise

@@ -6,7 +6,7 @@ finishes, and its `truncation` (`Truncation`) says what `allow_truncation` cut f
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 
 @dataclass(frozen=True)
@@ -24,6 +24,34 @@ class TurnStats:
     stop_reason: str
     mode: str
     disk_tokens: int = 0  # of the reused tokens, those whose K/V was read from the disk cache
+    # proposed tokens by verifying level (what `acceptance` is a share of; {} where not known)
+    proposed: dict[str, int] = field(default_factory=dict)
+
+    def continued(self, later, prefill_tokens: int, prefill_s: float) -> "TurnStats":
+        """These figures with those of `later` (the `GenerationStats` of a continuation of the
+        same answer, Continue after its token limit, which ran `prefill_tokens` through the
+        target in `prefill_s`), as one answer's: tokens, rounds, prefill and decoding times add
+        up, the speed, mean accepted length and acceptance are recomputed from the sums (a
+        level's acceptance weighted by its proposals; without this part's counts, by its
+        tokens); the prompt, its reuse and the first token's time stay this part's, the stop
+        reason is the later part's; the mode is one name, or 'first, then later'."""
+        rounds = self.new_tokens / self.mean_accepted if self.mean_accepted else 0.0
+        new, decode = self.new_tokens + later.new_tokens, self.decode_s + later.decode_s
+        rounds += later.rounds
+        proposed, acceptance = {}, {}
+        for level in {**self.acceptance, **later.acceptance}:
+            mine = self.proposed.get(level, self.new_tokens if level in self.acceptance else 0)
+            theirs = later.proposed.get(level, 0)
+            proposed[level] = mine + theirs
+            accepted = self.acceptance.get(level, 0.0) * mine + later.accepted.get(level, 0)
+            acceptance[level] = accepted / proposed[level] if proposed[level] else 0.0
+        return replace(
+            self, prefill_tokens=self.prefill_tokens + prefill_tokens, prefill_s=self.prefill_s + prefill_s,
+            decode_s=decode, tokens_per_s=new / decode if decode > 0 else 0.0, new_tokens=new,
+            acceptance=acceptance, mean_accepted=new / rounds if rounds else 0.0, stop_reason=later.stop_reason,
+            mode=self.mode if self.mode == later.mode else f"{self.mode}, then {later.mode}",
+            proposed={k: int(v) for k, v in proposed.items()},
+        )
 
     def as_dict(self) -> dict:
         return {
