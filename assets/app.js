@@ -234,3 +234,37 @@ document.addEventListener("click", (event) => {
   if (document.readyState === "loading") document.addEventListener("DOMContentLoaded", watch);
   else watch();
 })();
+
+// The round narration (ui/narration.py): every round in a list that scrolls. Each update redraws
+// it; it follows the newest round unless the reader has scrolled up to an earlier one.
+(() => {
+  let follow = true, top = 0;
+  document.addEventListener("scroll", (event) => {
+    const list = event.target;
+    if (!(list instanceof Element) || !list.matches("#tf-narration .tf-rounds")) return;
+    follow = list.scrollTop + list.clientHeight >= list.scrollHeight - 4;
+    top = list.scrollTop;
+  }, true);
+  const keep = () => {
+    const list = document.querySelector("#tf-narration .tf-rounds");
+    if (list) list.scrollTop = follow ? list.scrollHeight : top;
+  };
+  const start = () => {
+    const panel = document.querySelector("#tf-narration");
+    if (!panel) return setTimeout(start, 500);
+    new MutationObserver(keep).observe(panel, { childList: true, subtree: true });
+  };
+  start();
+})();
+
+// Continue (ui/views.py `continue_button`): an answer stopped by its token limit carries a
+// Continue button in the transcript's HTML; a click runs the hidden #tf-continue button's event
+// (AnswerHandlers.on_continue), and the button goes at once so a second click cannot queue.
+document.addEventListener("click", (event) => {
+  const button = event.target.closest("#tf-chat .tf-continue");
+  if (!button) return;
+  const hidden = document.querySelector("#tf-continue");
+  if (!hidden) return;
+  button.disabled = true;
+  hidden.click();
+});

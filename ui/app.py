@@ -182,6 +182,8 @@ def build_app(
         paste_text = gr.Textbox("", elem_id="tf-paste-text", elem_classes=["tf-hidden"], show_label=False,
                                 container=False)
         paste_btn = gr.Button("Use the paste as the document", elem_id="tf-paste-use", elem_classes=["tf-hidden"])
+        # Clicked by the page's script when an answer's Continue button is (app.js "Continue").
+        continue_btn = gr.Button("Continue the last answer", elem_id="tf-continue", elem_classes=["tf-hidden"])
         # The API endpoint's own (hidden) components.
         with gr.Row(visible=False):
             api_message = gr.Textbox(label="message")
@@ -242,6 +244,9 @@ def build_app(
                         concurrency_limit=None, **private).then(**tick).then(**listed)
         compare_btn.click(answers.on_compare, [user, teaching, *settings_inputs], streamed,
                           concurrency_limit=None, **private)
+        # Continue: the last answer, stopped by its token limit, goes on in place
+        continue_btn.click(answers.on_continue, [user, teaching, stepmode, *settings_inputs], streamed,
+                           concurrency_limit=None, **private).then(**listed)
         clear_btn.click(answers.on_clear, [user, budget, mode], streamed, **private)
         teaching.change(answers.on_teaching, [user, teaching], [page["chat"], legend], **private)
         pick.change(teach.on_pick, [pick, user], [page[name] for name in PICK_OUTPUTS], queue=False, **private)

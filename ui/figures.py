@@ -12,7 +12,10 @@ from triforce_core.decoding.events import ChunksSelected
 from .render import LEVEL_STYLE
 from .trace import RoundStats
 
-_LAYOUT = dict(margin=dict(l=48, r=16, t=40, b=40), height=300, template="plotly_white", font=dict(size=12))
+# Transparent backgrounds: a chart shows the page's own, light or dark (the dark theme also gives its
+# text the page's colour: assets/app.css, "dark mode").
+_LAYOUT = dict(margin=dict(l=48, r=16, t=40, b=40), height=300, template="plotly_white", font=dict(size=12),
+               paper_bgcolor="rgba(0,0,0,0)", plot_bgcolor="rgba(0,0,0,0)")
 LEVEL_LINE = {"retrieval": "#2f6fb5", "target": "#c0392b"}  # by *verifying* level
 
 # token span (start, end) -> (where, text): e.g. ("page 3", "the chunk's text")

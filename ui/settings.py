@@ -87,7 +87,7 @@ _SLIDERS = {  # name: (low, high, step, label)
 }
 # A sentence under a control whose label names a symbol or a term a person may not know.
 SETTING_INFO = {
-    "mode": "Which levels propose tokens; the full target checks every one, so the text is its own. triforce: "
+    "mode": "The full target checks every token proposed, so the text is its own. triforce: "
             "small draft → retrieval level → full target; retrieval: the retrieval level drafts; draft: the small "
             "draft drafts; lookup: text copied from the context; autoregressive: no speculation.",
     "repetition_penalty": "Makes a token the answer already holds less likely (exact at every level: the text is "
@@ -130,7 +130,7 @@ def setting_control(name: str, value, modes: list[str], remote: bool = False):
     extra, suffix = ({"interactive": False}, " (the server's)") if fixed else ({}, "")
     info = SETTING_INFO.get(name)
     if name == "mode":
-        return gr.Dropdown(modes, value=value, label="Mode", info=info, elem_id=elem_id, min_width=MIN_WIDTH)
+        return gr.Dropdown(modes, value=value, label="Mode: which levels draft the answer", info=info, elem_id=elem_id, min_width=MIN_WIDTH)
     if name == "seed":
         return gr.Number(value=-1 if value is None else value, label="Seed for sampling (-1 = random)", precision=0,
                          min_width=MIN_WIDTH)

@@ -18,12 +18,14 @@ from triforce_core.decoding.events import ChunksSelected, Committed, PrefillProg
 from triforce_core.serving.worker import Job
 
 from ..figures import retrieval_map_figure
+from ..pasting import question_refused
 from ..render import legend_block, status_html
 from ..settings import SETTING_NAMES, Settings, retrieval_budget, settings_from
 from ..state import Answer, AppContext, UserState
 from ..trace import AnswerTrace
 from ..views import (PANELS, answer_footer, answer_updates, cleared_panels, empty_panels, gauge,
                      prefill_progress_text, transcript)
+from .conversations import document_gone_error, keep_answer
 from .documents import read_document
 from .teaching import LESSON_ROUND_S, round_pauses
 
@@ -82,7 +84,7 @@ class _Turn:
         # A stepped answer's waits for Step are no decoding time: its clock leaves them out, and
         # so does its final speed (the waits after rounds; the one after the prefill precedes it).
         waits = list(self.job.waits)
-        trace.waited_s = sum(seconds for after, seconds in waits if isinstance(after, Committed))
+        trace.waited_s = trace.waited_before + sum(seconds for after, seconds in waits if isinstance(after, Committed))
         trace.push(item, time.perf_counter() - sum(seconds for _after, seconds in waits))
         self.new_map = self.new_map or isinstance(item, ChunksSelected)
         if trace.new_tokens:
@@ -94,17 +96,19 @@ class AnswerHandlers:
         self.ctx = ctx
 
     def run_turn(self, user: UserState, start: Callable[[], Iterator], teaching: bool, budget, label: str,
-                 config: GenerationConfig | None = None, stepping: bool = False, auto_step_s: float | None = None):
+                 config: GenerationConfig | None = None, stepping: bool = False, auto_step_s: float | None = None,
+                 answer: Answer | None = None):
         """Stream one generation of `user` (`start()` -> its events, on the worker) into page updates;
         `budget`: the gauge's retrieval budget (`settings.retrieval_budget`, None without that level).
 
         With the teaching view on, the generation was started with inspect=True (`start` does
         that); with `config`, it can be stepped round by round (paused while `stepping`). With
         `auto_step_s` (the lesson), a pause ends by itself after that many seconds: the answer
-        runs one round at that pace, Step still ends a pause at once."""
+        runs one round at that pace, Step still ends a pause at once. With `answer` (Continue), the
+        generation goes on in that answer, the last one, instead of a new one."""
         ctx = self.ctx
         engine, window = ctx.engine_of(user), ctx.window_of(user)  # the user's model
-        answer = Answer(AnswerTrace(engine.detokenize), inspected=teaching)
+        answer = answer or Answer(AnswerTrace(engine.detokenize), inspected=teaching)
         pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
@@ -146,6 +150,7 @@ class AnswerHandlers:
         answer.footer = answer_footer(answer.trace, job.stopped)
         if not turn.shown and len(user.session.turns) > len(user.answers):
             user.session.turns.pop()  # failed or stopped before its prefill finished: no answer to keep
+        keep_answer(self.ctx, user, config)  # the conversation saved whole (ui.handlers.conversations)
         if error is not None:
             status = status_html(error, "error")
         elif job.stopped:
@@ -162,6 +167,7 @@ class AnswerHandlers:
         user = user or self.ctx.new_user()
         if user.busy:
             raise gr.Error("An answer is already being generated; wait for it or press Stop.")
+        document_gone_error(user)  # a reopened conversation whose document was let go
         try:
             settings = settings_from(dict(zip(SETTING_NAMES, setting_values)))
         except (ConfigError, TypeError, ValueError) as e:
@@ -178,6 +184,9 @@ class AnswerHandlers:
         message = (message or "").strip()
         if not message:
             raise gr.Error("Type a question first.")
+        refused = question_refused(message)  # before any tokenizing (ui.pasting: the box keeps it)
+        if refused:
+            raise gr.Error(refused)
         user, settings = self.prepare(user, setting_values, bool(stepping))
         user.session.system_prompt = (system or "").strip() or None
         config = settings.config()
@@ -212,6 +221,26 @@ class AnswerHandlers:
 
         budget = retrieval_budget(settings.budget, settings.mode)
         yield from self.run_turn(user, start, teaching, budget, "Regenerating", config, bool(stepping))
+
+    def on_continue(self, user, teaching, stepping, *setting_values):
+        """Continue: the last answer, stopped by its token limit, goes on with the page's settings
+        (Max new tokens more), in the same answer on the page, exactly as a larger limit would have
+        written it (`ChatSession.continue_last`); the session says why when it cannot (one line in
+        the status: an answer that ended on its own, a full window, a remote engine)."""
+        user, settings = self.prepare(user, setting_values, bool(stepping))
+        session = user.session
+        if not session.turns or len(user.answers) != len(session.turns):
+            raise gr.Error("There is no answer to continue.")
+        answer, config = user.answers[-1], settings.config()
+
+        def start():
+            events = session.continue_last(config, progress_events=True, inspect=bool(teaching))  # checks raise here
+            answer.trace.continuing()
+            answer.footer = ""  # the answer streams again: no footer, sources or buttons until it ends
+            return events
+
+        budget = retrieval_budget(settings.budget, settings.mode)
+        yield from self.run_turn(user, start, teaching, budget, "Continuing", config, bool(stepping), answer=answer)
 
     def on_compare(self, user, teaching, *setting_values):
         """Re-run the last answer autoregressively; report the speed ratio and whether the

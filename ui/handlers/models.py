@@ -35,7 +35,8 @@ from ..state import AppContext, UserState
 from ..views import DOCUMENT_OUTPUTS, PANELS, cleared_panels, doc_info, gauge, toc_update, transcript
 from .documents import DocumentHandlers
 
-MODEL_OUTPUTS = ("mode", "model", "model_info", "repetition_penalty")  # the last: the new model's default
+# "repetition_penalty": the new model's default; "message": the chat box, whose placeholder fits the model
+MODEL_OUTPUTS = ("mode", "model", "model_info", "repetition_penalty", "message")
 PROGRESS_EVERY_S = 0.5  # how often the loading line refreshes
 
 
@@ -53,6 +54,14 @@ def model_info(served_id: str | None, note: str | None, engine) -> str:
     where = f" · served by {html.escape(url)}" if url else ""
     return (f'<div class="tf-model-info">Model: {name}{what} · context window '
             f"<b>{engine.context_window:,}</b> tokens · {draft}{where}</div>")
+
+
+def message_placeholder(engine) -> str:
+    """The chat box's placeholder for `engine`'s model: an instruct model gets a real question; a
+    model that is no instruct model (the demo pair copies from its document) a phrase to go on."""
+    if getattr(engine, "instruct", False):
+        return "Ask about the document, e.g. What is a class?"
+    return "Ask about the document, e.g. What follows «a phrase from it»?"
 
 
 def page_key(request: gr.Request | None, user: UserState | None) -> object:
@@ -96,7 +105,7 @@ class ModelHandlers:
         gr.Warning(message)
         skip = (gr.skip(),) * len(DOCUMENT_OUTPUTS)
         return (*skip[:3], status_html(message, "error"), *skip[4:],
-                gr.skip(), gr.update(value=shown or self.ctx.model_id_of(user)), gr.skip(), gr.skip())
+                gr.skip(), gr.update(value=shown or self.ctx.model_id_of(user)), gr.skip(), gr.skip(), gr.skip())
 
     def _switch(self, choose, user: UserState | None, budget, mode, page, quiet: bool = False):
         """`page`: the page the event comes from (`page_key`), whose switches run one at a time.
@@ -193,4 +202,5 @@ class ModelHandlers:
                    *(panels[name] for name in PANELS), *toc_update(user, window), gr.skip(), gr.skip())
         yield (*out, gr.update(choices=modes, value=return_mode), gr.update(value=served.id),
                model_info(served.id, served.choice.note, served.engine),
-               gr.update(value=served.engine.default_sampling().repetition_penalty))  # an instruct model's own
+               gr.update(value=served.engine.default_sampling().repetition_penalty),  # an instruct model's own
+               gr.update(placeholder=message_placeholder(served.engine)))
