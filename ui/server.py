@@ -21,8 +21,10 @@ from fastapi import FastAPI
 
 from triforce_core.engine import TriForceEngine
 from triforce_core.serving.guard import AccessPolicy, Guard
+from triforce_core.serving.history import ConversationStore
 from triforce_core.serving.registry import ServedModels
-from triforce_core.serving.openai import ChatCompletionsAPI, run_server
+from triforce_core.serving.openai import ChatCompletionsAPI
+from triforce_core.serving.openai import run_server as serve
 from triforce_core.serving.remote import RemoteEngine
 from triforce_core.serving.worker import EngineWorker, ThreadWorker
 from triforce_core.serving.slots import SlotPool
@@ -63,6 +65,8 @@ def build_server(
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
     max_cache_bytes: int | None = None,
+    history: ConversationStore | None = None,
+    history_note: str = "",
 ) -> FastAPI:
     """The FastAPI app: HTTP API routes first, then the Gradio app mounted at `/`, all behind the
     `Guard` with `access` (default: loopback names only, no key, bodies outside /v1 up to the
@@ -80,7 +84,8 @@ def build_server(
     worker = EngineWorker()
     demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
                      max_cached_sessions=max_cached_sessions, max_cache_bytes=max_cache_bytes,
-                     worker=worker, slots=slots, models=models, model_name=model_name)
+                     worker=worker, slots=slots, models=models, model_name=model_name, history=history,
+                     history_note=history_note)
     demo.queue(default_concurrency_limit=8)
     base = (defaults or Settings()).config()
     api = ChatCompletionsAPI(engine, worker, slots, model_name=model_name, base_config=base, mode=api_mode,
@@ -90,6 +95,7 @@ def build_server(
     app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
     app.add_middleware(Guard, policy=access or AccessPolicy(max_body=(max_upload_mb + 1) * 1_000_000))
     app.state.tf_api = api
+    app.state.tf_stop = stopping(worker, app)
     return app
 
 
@@ -100,15 +106,44 @@ def build_remote_server(
     access: AccessPolicy | None = None,
     max_upload_mb: int = MAX_UPLOAD_MB,
     max_cached_sessions: int = 4,
+    history: ConversationStore | None = None,
+    history_note: str = "",
 ) -> FastAPI:
     """The FastAPI app of the page alone, its answers run on `engine`'s server (each on a thread
     of its own: they wait on the network, not on a model here), behind the `Guard` as above."""
     import gradio as gr
 
     demo = build_app(lambda: engine, defaults=defaults, max_upload_mb=max_upload_mb,
-                     max_cached_sessions=max_cached_sessions, worker=ThreadWorker(), model_name=engine.model_id)
+                     max_cached_sessions=max_cached_sessions, worker=ThreadWorker(), model_name=engine.model_id,
+                     history=history, history_note=history_note)
     demo.queue(default_concurrency_limit=8)
     app = FastAPI(title="TriForce Studio", docs_url=None, redoc_url=None, openapi_url=None)
     app = gr.mount_gradio_app(app, demo, path="/", **mount_options(max_upload_mb))
     app.add_middleware(Guard, policy=access or AccessPolicy(max_body=(max_upload_mb + 1) * 1_000_000))
+    app.state.tf_stop = stopping(demo.tf_worker, app)
     return app
+
+
+# -- a clean stop ------------------------------------------------------------------------------------
+
+def stopping(worker, app: FastAPI):
+    """What ends the streams of `app` when the server stops: every generation on `worker` is
+    cancelled (an answer streaming to a page or to /v1 ends as a Stop would end it) and the
+    worker closed; every open page's heartbeat stream (Gradio's, kept open as long as a page
+    is) ends. Runs on the server's event loop (see `run_server`)."""
+    from starlette.routing import Mount
+
+    pages = [route.app for route in app.routes if isinstance(route, Mount) and hasattr(route.app, "stop_event")]
+
+    def stop() -> None:
+        worker.close()
+        for page in pages:
+            page.stop_event.set()
+
+    return stop
+
+
+def run_server(app: FastAPI, host: str, port: int) -> None:
+    """Serve `app` until Ctrl-C or SIGTERM, open pages or not: their answers are stopped, the
+    worker closed, and one line says so (`triforce_core.serving.openai.run_server`)."""
+    serve(app, host, port, stopped="TriForce Studio stopped.")

@@ -261,6 +261,7 @@ class ThreadWorker:
         self._lock = threading.Lock()
         self._running = 0
         self._closed = False
+        self._jobs: set[Job] = set()  # running now (cancelled by close)
 
     def submit(self, start: Callable[[], Iterator], pause_after: Callable[[object], bool] | None = None,
                stepping: bool = False) -> Job:
@@ -270,6 +271,7 @@ class ThreadWorker:
             if self._closed:
                 raise RuntimeError("the worker is closed")
             self._running += 1
+            self._jobs.add(job)
         threading.Thread(target=self._run, args=(job,), name=self.name, daemon=True).start()
         return job
 
@@ -286,7 +288,12 @@ class ThreadWorker:
             return self._running
 
     def close(self) -> None:
-        self._closed = True
+        """No more jobs; every running one is cancelled (it ends within one event)."""
+        with self._lock:
+            self._closed = True
+            running = list(self._jobs)
+        for job in running:
+            job.cancel()
 
     def _run(self, job: Job) -> None:
         try:
@@ -297,3 +304,4 @@ class ThreadWorker:
         finally:
             with self._lock:
                 self._running -= 1
+                self._jobs.discard(job)

@@ -288,11 +288,41 @@ def create_app(api: ChatCompletionsAPI, access: AccessPolicy | None = None) -> F
     app = FastAPI(title="TriForce Studio API", docs_url=None, redoc_url=None, openapi_url=None)
     app.include_router(api.router)
     app.add_middleware(Guard, policy=access or AccessPolicy())
+    app.state.tf_stop = api.worker.close  # a stop cancels the generations: open streams end (run_server)
     return app
 
 
-def run_server(app, host: str, port: int) -> None:
-    """Serve `app` with uvicorn until interrupted."""
+def run_server(app, host: str, port: int, stopped: str | None = None) -> None:
+    """Serve `app` with uvicorn until Ctrl-C or SIGTERM, then return (a clean stop, not a signal's
+    death). When the stop begins, `app.state.tf_stop()` (if set) runs on the server's event loop,
+    before uvicorn waits for the open connections: it ends what would stream on (the worker's
+    generations, a page's streams), so they close within the graceful shutdown instead of being
+    cancelled with a traceback. `stopped`: the line printed on stderr at the end."""
+    import signal
+    import sys
+    import threading
+
     import uvicorn
 
-    uvicorn.run(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5)
+    on_stop = getattr(app.state, "tf_stop", None)
+
+    class Server(uvicorn.Server):
+        async def shutdown(self, sockets=None) -> None:
+            if on_stop is not None:
+                on_stop()
+            await super().shutdown(sockets)
+
+    server = Server(uvicorn.Config(app, host=host, port=port, log_level="warning", timeout_graceful_shutdown=5))
+    # uvicorn raises the signal it stopped on again once it has shut down, under the handlers it
+    # found: SIGTERM's is made Ctrl-C's (KeyboardInterrupt), which ends here as a normal return.
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, signal.default_int_handler) if main else None
+    try:
+        server.run()
+    except KeyboardInterrupt:  # the stop's own signal, raised again after the shutdown
+        pass
+    finally:
+        if main:
+            signal.signal(signal.SIGTERM, previous)
+    if stopped:
+        print(stopped, file=sys.stderr, flush=True)
