@@ -67,6 +67,12 @@ def parser() -> argparse.ArgumentParser:
                    "its model, tokenizer, caches and speculation settings, and the page serves no /v1 API of its "
                    "own; only the page's flags apply (--host, --port, --mode, --max-new-tokens, --max-upload-mb, "
                    "--max-cached-sessions, the access flags), the others are refused (docs/app.md)")
+    p.add_argument("--data-dir", metavar="DIR",
+                   help="the app's data folder, where every conversation is kept (an SQLite database, readable by "
+                   "this user only) (default: $XDG_DATA_HOME/triforce-studio, else ~/.local/share/triforce-studio)")
+    p.add_argument("--keep-documents-mb", type=float, default=200,
+                   help="the documents kept with the conversations, together at most this size; the least recently "
+                   "used are let go first, their conversations stay (default %(default)g MB)")
     p.add_argument("--engine-key", default=os.environ.get("TRIFORCE_ENGINE_KEY"), metavar="KEY",
                    help="the served engine's API key, if it has one (default: $TRIFORCE_ENGINE_KEY); sent to that "
                    "URL only")
@@ -86,6 +92,24 @@ def engine_flags_given(args: argparse.Namespace) -> list[str]:
     """The flags of `ENGINE_FLAGS` given other values than their defaults, as typed."""
     defaults = parse_args([])
     return ["--" + d.replace("_", "-") for d in ENGINE_FLAGS if getattr(args, d) != getattr(defaults, d)]
+
+
+def open_history(args: argparse.Namespace):
+    """The conversation store of `--data-dir`, and why there is none: (store, '') or (None, the
+    reason, also printed). A refused store does not stop the app: it serves without saving."""
+    from triforce_core.serving.history import ConversationStore, HistoryError, default_data_dir
+
+    if not args.keep_documents_mb >= 0:
+        raise ValueError(f"--keep-documents-mb must be >= 0, got {args.keep_documents_mb}")
+    folder = args.data_dir or default_data_dir()
+    try:
+        store = ConversationStore.open(folder, int(args.keep_documents_mb * 1_000_000))
+        store.purge()  # what was deleted before this start is gone for good
+    except HistoryError as e:
+        note = f"Conversations are not saved: {e}"
+        print(f"warning: {note}", file=sys.stderr)
+        return None, note
+    return store, ""
 
 
 def main_remote(args: argparse.Namespace) -> int:
@@ -110,8 +134,10 @@ def main_remote(args: argparse.Namespace) -> int:
         defaults = Settings(mode=args.mode or DEFAULT_MODE, max_new_tokens=args.max_new_tokens)
         defaults = replace(defaults.for_model(engine), **engine.speculation)  # the server's own settings
         defaults.config()
+        history, history_note = open_history(args)
         app = build_remote_server(engine, defaults=defaults, access=access, max_upload_mb=args.max_upload_mb,
-                                  max_cached_sessions=args.max_cached_sessions)
+                                  max_cached_sessions=args.max_cached_sessions, history=history,
+                                  history_note=history_note)
     except (RemoteError, ConfigError, ValueError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -150,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.api_slots < 0:
             raise ValueError(f"--api-slots must be >= 0, got {args.api_slots}")
         models = served_models(args, target, draft, slots=args.api_slots)
+        history, history_note = open_history(args)
         print(f"loading {target}" + (f" with draft {draft}" if draft else "") + " ...", file=sys.stderr)
         # the started model (which the registry never lets go of) and the app live as long as the
         # process: made with the collector paused, then frozen (see startup)
@@ -163,7 +190,8 @@ def main(argv: list[str] | None = None) -> int:
             app = build_server(models=models, defaults=defaults, api_mode=args.mode, access=access,
                                api_slots=args.api_slots, max_upload_mb=args.max_upload_mb,
                                max_cached_sessions=args.max_cached_sessions,
-                               max_cache_bytes=int(args.max_cache_gb * GB))
+                               max_cache_bytes=int(args.max_cache_gb * GB), history=history,
+                               history_note=history_note)
     except (ModelLoadError, ConfigError, ValueError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

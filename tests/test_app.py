@@ -45,7 +45,7 @@ def server(tmp_path_factory):
     url = f"http://127.0.0.1:{port}/"
     # triforce, not the default lookup alone: these tests watch the retrieval level's panels.
     cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens",
-           str(MAX_NEW), "--mode", "triforce"]
+           str(MAX_NEW), "--mode", "triforce", "--data-dir", str(log.parent / "data")]  # never the home's
     with running_server(cmd, log, lambda: urllib.request.urlopen(url, timeout=2), env, "the app") as proc:
         yield {"url": url, "proc": proc, "log": log}
 
@@ -410,8 +410,14 @@ def test_sample_document_question_coloured_tokens_and_retrieval_map(page, engine
 def test_teaching_view_and_autoregressive_comparison(page):
     ensure_answer(page)
     page.check("#tf-teaching input[type=checkbox]")
-    page.wait_for_selector(".tf-assistant s.tf-rej")
+    # the answer stays Markdown; its rounds and rejected drafts are one click away under it
+    rounds = page.locator(".tf-assistant").last.locator("details.tf-answer-rounds")
+    rounds.wait_for()
+    assert rounds.get_attribute("open") is None and "Rounds and rejected drafts" in rounds.inner_text()
+    rounds.locator("summary").click()
+    page.wait_for_selector(".tf-assistant details.tf-answer-rounds s.tf-rej")
     assert page.locator(".tf-assistant .tf-round").count() >= 2
+    assert page.locator(".tf-answer-body s.tf-rej, .tf-answer-body .tf-round").count() == 0
     assert "rejected draft" in page.inner_text("#tf-legend")
     shot(page, "03-teaching-view")
     page.click("#tf-compare")
@@ -653,77 +659,274 @@ def test_the_table_of_contents_shows_the_nesting(page, tmp_path):
     shot(page, "12-contents-tree")
 
 
-def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back(page):
-    """The guided lesson: the sample, a fixed question, sampled, a budget of about a quarter of
-    the context. It runs by itself, a round a second (narrated), each of the three levels
-    proposes tokens and the retrieval level checks some; the inspector opens on the first
-    rejection and names the token drawn in its place; at the end the settings it changed are the
-    user's again, and a click on any rejected token shows its p, q, u and the residual's bars."""
+def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back(page, documents):
+    """The guided lesson, in a tab of its own: the Lesson button opens the page at ?lesson=1,
+    whose own session loads the sample, asks a fixed question, sampled, with a budget of about a
+    quarter of the context. It runs by itself, a round a second (every round narrated), each of
+    the three levels proposes tokens and the retrieval level checks some; the inspector opens on
+    the first rejection and names the token drawn in its place; at the end its closing line
+    counts each colour of its answer, the settings it changed are that tab's again, and a click on
+    any rejected token shows its p, q, u and the residual's bars. The tab the button was pressed
+    in keeps its document and conversation."""
     page.reload()  # a fresh session with the server's settings
     page.wait_for_selector("#tf-send")
-    page.click("#tf-settings button")  # open the settings: what the lesson changes is visible
+    upload(page, documents["a"])
+    page.wait_for_selector("#tf-docinfo:has-text('scopes.txt')")
+    assert page.inner_text("#tf-chat").strip() == "Ask a question about scopes.txt."  # not "Load a document"
+    ask(page, "What is a namespace?")
+    wait_status(page, "tok/s", "rror")
+    mine = {panel: page.inner_text(panel) for panel in ("#tf-chat", "#tf-docinfo")}
+    page.click("#tf-settings button")  # the server's settings, which the lesson's tab starts with
     settings = ("#tf-lookup input[type=checkbox]", "#tf-stepmode input[type=checkbox]")
     page.wait_for_selector(settings[0])
     assert page.is_checked(settings[0]) and not page.is_checked(settings[1])
-    budget_box = page.locator("#tf-budget input[type=number]")
-    before = budget_box.input_value()
+    before = page.locator("#tf-budget input[type=number]").input_value()
     started = time.time()
-    page.click("#tf-lesson-start")
-    wait_status(page, "Lesson: the prefill done", "Lesson: round", "rror")
-    assert page.is_checked("#tf-teaching input[type=checkbox]") and page.is_checked(settings[1])
-    assert not page.is_checked(settings[0])  # the paper's three levels: no context lookup
-    assert "What is a class?" in page.locator(".tf-user").last.inner_text()
-    intro = page.inner_text("#tf-lesson")
-    budget = int(re.search(r"The retrieval budget is ([\d,]+) tokens", intro).group(1).replace(",", ""))
-    context = int(re.search(r"about a quarter of the context \(([\d,]+) tokens\)", intro).group(1).replace(",", ""))
-    assert budget < context / 2 and budget_box.input_value() == str(budget)
-    assert context == engine_tokens(document_text(SAMPLE).strip())  # the sample's tokens, the engine's count
-    assert "the retrieval level reads" in page.inner_text("#tf-gauge")  # a real selection, not the whole context
-    # it runs by itself: three rounds go by without a click
-    wait_status(page, "Lesson: round 3 done", "tok/s", "rror", timeout=120)
-    assert "Round 3:" in page.inner_text("#tf-narration") or "tok/s" in status(page)
-    shot(page, "10-lesson-running")
-    if "tok/s" not in status(page):
-        page.click("#tf-step")  # Step is there: the next round at once (then on by itself, to the end)
-    done = wait_status(page, "tok/s", "rror")
-    took = time.time() - started
-    assert "not counting" in done and "waiting for Step" in done, done  # its speed leaves the pauses out
-    # The line's figures are the engine's statistics (`Finished`); the table's, the page's count
-    # of the answer's rounds: the same, and the speed is over the decoding time without the waits
-    # (the lesson waits about a second after each round: two at least before round 3).
-    footer = FOOTER.fullmatch(done.strip())
-    assert footer and footer["note"], done
-    rows = shown_stats(page)
-    assert rows["tokens"] == footer["tokens"] == str(last_answer_tokens(page).count()), (rows, done)
-    assert rows["tokens/s"] == footer["speed"] + footer["note"], (rows, done)
-    assert rows["mean accepted length"] == f"{footer['mean']} tokens per target forward", (rows, done)
-    assert {k: v for k, v in rows.items() if k.startswith("acceptance")} == {
-        ACCEPTANCE_ROWS[level]: v for level, v in (pair.rsplit(" ", 1) for pair in footer["acceptance"].split(", "))}
-    waited, speed = float(footer["waited"]), float(footer["speed"])
-    assert 1.9 <= waited < took and int(footer["tokens"]) / speed + waited < took, (took, done)
-    levels = set(last_answer_tokens(page).evaluate_all("els => els.map(e => e.className)"))
-    assert {"tf-tok tf-draft", "tf-tok tf-retrieval", "tf-tok tf-target"} <= levels, levels
-    figures = page.inner_text("#tf-stats")
-    assert re.search(r"acceptance, lookup / small draft → retrieval\s+[01]\.\d\d", figures), figures
-    inspector = page.inner_text("#tf-inspector")  # opened by the lesson itself
-    assert re.search(r"the replacement «.+» was drawn from the residual", inspector), inspector
-    # the settings the lesson changed are the user's again (the teaching view stays on)
-    page.wait_for_function("document.querySelector('#tf-lesson').innerText.includes('your settings are back')")
-    expect = pytest.importorskip("playwright.sync_api").expect
-    expect(budget_box).to_have_value(before)
-    assert page.is_checked(settings[0]) and not page.is_checked(settings[1])
-    assert page.is_checked("#tf-teaching input[type=checkbox]")
-    rejected = page.locator(".tf-assistant").last.locator("s.tf-rej[title*='rejected: u']")
-    assert rejected.count() > 0
-    rejected.last.click()
-    page.wait_for_function("document.querySelector('#tf-inspector').innerText.includes('u = ')")
-    text = page.inner_text("#tf-inspector")
-    assert "rejected" in text and "p(x) = " in text and "q(x) = " in text and "residual" in text
-    page.wait_for_selector("#tf-inspector-plot .js-plotly-plot")
-    legend = page.locator("#tf-inspector-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
-    assert legend == ["p (verifier)", "q (proposer)", "residual"]
-    title = page.locator(".tf-assistant").last.locator(".tf-tok[title*='accepted']").first.get_attribute("title")
-    assert " proposed, " in title and "accepted: u " in title  # the short form on hover
-    shot(page, "11-inspector")
-    page.reload()  # a fresh session: the settings the lesson changed are the defaults again
-    page.wait_for_selector("#tf-send")
+    with page.context.expect_page() as opened:
+        page.click("#tf-lesson-start")
+    tab = opened.value
+    tab.set_default_timeout(240_000)
+    try:
+        assert "lesson=1" in tab.url
+        tab.wait_for_selector("#tf-send")
+        wait_status(tab, "Lesson: the prefill done", "Lesson: round", "rror")
+        tab.click("#tf-settings button")  # what the lesson changes is visible
+        budget_box = tab.locator("#tf-budget input[type=number]")
+        tab.wait_for_selector(settings[0])
+        assert tab.is_checked("#tf-teaching input[type=checkbox]") and tab.is_checked(settings[1])
+        assert not tab.is_checked(settings[0])  # the paper's three levels: no context lookup
+        assert "What is a class?" in tab.locator(".tf-user").last.inner_text()
+        intro = tab.inner_text("#tf-lesson")
+        assert "in a tab of its own" in intro and "green, a guess of the small draft" in intro
+        budget = int(re.search(r"The retrieval budget is ([\d,]+) tokens", intro).group(1).replace(",", ""))
+        context = int(re.search(r"about a quarter of the context \(([\d,]+) tokens\)", intro).group(1).replace(",", ""))
+        assert budget < context / 2 and budget_box.input_value() == str(budget)
+        assert context == engine_tokens(document_text(SAMPLE).strip())  # the sample's tokens, the engine's count
+        assert "the retrieval level reads" in tab.inner_text("#tf-gauge")  # a real selection, not the whole context
+        # it runs by itself: three rounds go by without a click
+        wait_status(tab, "Lesson: round 3 done", "tok/s", "rror", timeout=120)
+        assert "Round 3:" in tab.inner_text("#tf-narration") or "tok/s" in status(tab)
+        shot(tab, "10-lesson-running")
+        if "tok/s" not in status(tab):
+            tab.click("#tf-step")  # Step is there: the next round at once (then on by itself, to the end)
+        done = wait_status(tab, "tok/s", "rror")
+        took = time.time() - started
+        assert "not counting" in done and "waiting for Step" in done, done  # its speed leaves the pauses out
+        # The line's figures are the engine's statistics (`Finished`); the table's, the page's count
+        # of the answer's rounds: the same, and the speed is over the decoding time without the waits
+        # (the lesson waits about a second after each round: two at least before round 3).
+        footer = FOOTER.fullmatch(done.strip())
+        assert footer and footer["note"], done
+        rows = shown_stats(tab)
+        assert rows["tokens"] == footer["tokens"] == str(last_answer_tokens(tab).count()), (rows, done)
+        assert rows["tokens/s"] == footer["speed"] + footer["note"], (rows, done)
+        assert rows["mean accepted length"] == f"{footer['mean']} tokens per target forward", (rows, done)
+        assert rows["answer"].startswith("answer 1: «"), rows  # the table names the answer it shows
+        assert {k: v for k, v in rows.items() if k.startswith("acceptance")} == {
+            ACCEPTANCE_ROWS[level]: v for level, v in (pair.rsplit(" ", 1) for pair in footer["acceptance"].split(", "))}
+        waited, speed = float(footer["waited"]), float(footer["speed"])
+        assert 1.9 <= waited < took and int(footer["tokens"]) / speed + waited < took, (took, done)
+        levels = set(last_answer_tokens(tab).evaluate_all("els => els.map(e => e.className)"))
+        assert {"tf-tok tf-draft", "tf-tok tf-retrieval", "tf-tok tf-target"} <= levels, levels
+        figures = tab.inner_text("#tf-stats")
+        assert re.search(r"acceptance, lookup / small draft → retrieval\s+[01]\.\d\d", figures), figures
+        inspector = tab.inner_text("#tf-inspector")  # opened by the lesson itself, on its answer
+        assert re.search(r"the replacement «.+» was drawn from the residual", inspector), inspector
+        assert "In answer 1: «" in inspector and "the distribution left after removing" in inspector, inspector
+        # the settings the lesson changed are this tab's again (the teaching view stays on), and its
+        # closing line says which level produced what, counted from its answer
+        tab.wait_for_function("document.querySelector('#tf-lesson').innerText.includes('settings are back')")
+        expect = pytest.importorskip("playwright.sync_api").expect
+        expect(budget_box).to_have_value(before)
+        assert tab.is_checked(settings[0]) and not tab.is_checked(settings[1])
+        assert tab.is_checked("#tf-teaching input[type=checkbox]")
+        closing = tab.inner_text("#tf-lesson")
+        count = lambda level: last_answer_tokens(tab).evaluate_all(  # noqa: E731
+            f"els => els.filter(e => e.classList.contains('tf-{level}')).length")
+        rounds = int(re.search(r"Its answer: \d+ tokens? over (\d+) rounds?", closing).group(1))
+        assert f"Its answer: {footer['tokens']} tokens" in closing, closing
+        for level, colour in (("draft", "green"), ("retrieval", "blue"), ("target", "red")):
+            assert f"{count(level)} {colour}" in closing, (level, closing)
+        # the narration keeps every round of the answer, and never an empty «»
+        narration = tab.inner_text("#tf-narration")
+        assert tab.locator("#tf-narration .tf-rounds li").count() == rounds and "Round 1:" in narration
+        assert "«»" not in narration and "p: the verifier's probability" in narration
+        tab.locator(".tf-assistant").last.locator("details.tf-answer-rounds summary").click()  # one click away
+        rejected = tab.locator(".tf-assistant").last.locator("s.tf-rej[title*='rejected: u']")
+        assert rejected.count() > 0
+        rejected.last.click()
+        tab.wait_for_function("document.querySelector('#tf-inspector').innerText.includes('u = ')")
+        text = tab.inner_text("#tf-inspector")
+        assert "rejected" in text and "p(x) = " in text and "q(x) = " in text and "residual" in text
+        assert "if and only if" in text or "uniform random draw" in text
+        tab.wait_for_selector("#tf-inspector-plot .js-plotly-plot")
+        legend = tab.locator("#tf-inspector-plot .legendtext").evaluate_all("els => els.map(e => e.textContent)")
+        assert legend == ["p (verifier)", "q (proposer)", "residual"]
+        title = tab.locator(".tf-assistant").last.locator(".tf-tok[title*='accepted']").first.get_attribute("title")
+        assert " proposed, " in title and "accepted: u " in title  # the short form on hover
+        shot(tab, "11-inspector")
+        # the next action takes the lesson's words away
+        ask(tab, "What is an instance?")
+        tab.wait_for_function("!document.querySelector('#tf-lesson').innerText.includes('settings are back')")
+        wait_status(tab, "tok/s", "rror")
+    finally:
+        tab.close()
+    # the tab the lesson was opened from: its document and conversation as they were
+    assert {panel: page.inner_text(panel) for panel in mine} == mine
+    assert "Lesson" not in status(page) and page.inner_text("#tf-lesson").strip() == ""
+
+
+# -- answers as Markdown: copy buttons, the chat following the newest answer -----------------------
+
+CODE_DOCUMENT = """Adding numbers
+
+Python adds two numbers with a small function of its own. The function below adds two numbers:
+
+```python
+def add(a, b):
+    return a + b
+```
+
+Call it as add(2, 3), which gives 5, or as add(1.5, 2), which gives 3.5. Strings join the same way.
+"""
+
+
+@pytest.fixture(scope="module")
+def clipboard_page(page, server):
+    """A page of its own (its own session) in a browser context that may read and write the clipboard."""
+    context = page.context.browser.new_context(permissions=["clipboard-read", "clipboard-write"],
+                                               viewport={"width": 1300, "height": 1000})
+    pg = context.new_page()
+    pg.set_default_timeout(240_000)
+    pg.goto(server["url"])
+    pg.wait_for_selector("#tf-send")
+    yield pg
+    context.close()
+
+
+def clipboard(page) -> str:
+    return page.evaluate("() => (window.tfClipboard || navigator.clipboard).readText()")
+
+
+def test_an_answer_with_a_code_block_shows_it_as_code_with_copy_buttons_that_copy(clipboard_page, engine_answer,
+                                                                                   tmp_path):
+    from tests.helpers.page import assert_answer_text
+
+    pg = clipboard_page
+    path = tmp_path / "adding.txt"
+    path.write_text(CODE_DOCUMENT, encoding="utf-8")
+    upload(pg, path)
+    wait_status(pg, "Loaded adding.txt")
+    question = "What follows «The function below adds two numbers»?"
+    ask(pg, question)
+    done = wait_status(pg, "tok/s", "rror")
+    assert "tok/s" in done, done
+    reply = engine_answer(document_text(path), question)
+    content = reply["choices"][0]["message"]["content"]
+    assert "```python\ndef add(a, b):" in content, content  # the copier copies the block
+    assert last_answer_tokens(pg).count() == reply["usage"]["completion_tokens"]
+    assert_answer_text(pg, content)  # Markdown, words whole
+    last = pg.locator(".tf-assistant").last
+    code = last.locator(".tf-answer-body pre code.language-python")
+    assert code.count() == 1 and code.inner_text().startswith("def add(a, b):\n    return a + b")
+    assert "```" not in last.locator(".tf-answer-body").inner_text()  # no raw fence
+    shot(pg, "13-code-block")
+    # the code block's button copies its code; the answer's copy it as Markdown and as text
+    last.locator(".tf-copy-code").click()
+    pg.wait_for_function("() => document.querySelector('#tf-chat .tf-copy-code.tf-copied')")
+    assert clipboard(pg) == code.evaluate("c => c.textContent")
+    last.locator(".tf-copy-md").click()
+    pg.wait_for_function("() => document.querySelector('#tf-chat .tf-copy-md').textContent === 'Copied'")
+    assert clipboard(pg) == content
+    last.locator(".tf-copy-text").click()
+    pg.wait_for_function("() => document.querySelector('#tf-chat .tf-copy-text').textContent === 'Copied'")
+    assert clipboard(pg) == last.locator(".tf-answer-body").inner_text().strip() and "def add(a, b):" in clipboard(pg)
+    # without the Clipboard API (an older browser, a page not served securely): the fallback copies
+    pg.evaluate("""() => { window.tfClipboard = navigator.clipboard;
+                           Object.defineProperty(Navigator.prototype, 'clipboard', {get: () => undefined,
+                                                                                    configurable: true});
+                           return window.tfClipboard.writeText('-'); }""")
+    assert clipboard(pg) == "-"
+    pg.wait_for_function("() => document.querySelector('#tf-chat .tf-copy-md').textContent === 'Copy Markdown'")
+    last.locator(".tf-copy-md").click()
+    pg.wait_for_function("() => document.querySelector('#tf-chat .tf-copy-md').textContent === 'Copied'")
+    assert clipboard(pg) == content
+
+
+def test_the_chat_follows_the_newest_answer_unless_the_reader_scrolled_up(clipboard_page):
+    pg = clipboard_page
+    pg.set_viewport_size({"width": 1000, "height": 420})  # a short transcript box: two answers overflow it
+    box = pg.locator("#tf-chat .tf-transcript")
+
+    def place() -> tuple[float, float]:
+        """(how far the transcript is scrolled, how far from its end)."""
+        return tuple(box.evaluate("b => [b.scrollTop, b.scrollHeight - b.scrollTop - b.clientHeight]"))
+
+    ask(pg, "What follows «Call it as»?")
+    wait_status(pg, "tok/s", "rror")
+    assert box.evaluate("b => b.scrollHeight > b.clientHeight + 50"), "the transcript does not overflow its box"
+    assert place()[1] <= 1  # at the newest answer
+    pg.check("#tf-stepmode input[type=checkbox]")
+    ask(pg, "What follows «Python adds two numbers»?")
+    wait_status(pg, "Step mode: the prefill done", "rror")
+    pg.click("#tf-step")
+    wait_status(pg, "Step mode: round 1 done", "rror", "tok/s")
+    assert place()[1] <= 1  # a new question: the chat shows it and its answer as it grows
+    box.evaluate("b => { b.scrollTop = 30; }")  # the reader scrolls up to read
+    pg.wait_for_timeout(300)
+    for k in (2, 3):
+        before = box.evaluate("b => b.innerHTML.length")
+        pg.click("#tf-step")
+        wait_status(pg, f"Step mode: round {k} done", "rror", "tok/s")
+        pg.wait_for_function(f"() => document.querySelector('#tf-chat .tf-transcript').innerHTML.length > {before}")
+        assert place()[0] == 30  # the answer grew (the transcript drawn anew); the reader stays where they are
+    box.evaluate("b => { b.scrollTop = b.scrollHeight; }")  # back to the end: followed again
+    pg.wait_for_timeout(300)
+    pg.uncheck("#tf-stepmode input[type=checkbox]")
+    wait_status(pg, "tok/s", "rror")
+    assert place()[1] <= 1
+    pg.set_viewport_size({"width": 1300, "height": 1000})
+
+
+def test_an_answer_cut_by_its_limit_says_so_and_continue_writes_the_longer_answer(page, server):
+    """At a limit of 12 tokens the answer says it stopped there, with a Continue button on it;
+    Continue (12 more) goes on in the same answer, whose text and tokens are then the engine's
+    answer with a limit of 24 (greedy), and whose footer covers all 24 tokens."""
+    from tests.helpers.page import assert_answer_text
+
+    context = page.context.browser.new_context(viewport={"width": 1300, "height": 1000})
+    pg = context.new_page()  # a session of its own: the shared page's conversation stays as it is
+    pg.set_default_timeout(240_000)
+    try:
+        pg.goto(server["url"])
+        pg.wait_for_selector("#tf-send")
+        ensure_sample(pg)
+        pg.get_by_text("Settings").click()
+        set_number(pg, "#tf-max-new", 12)
+        question = "What is a class?"
+        ask(pg, question)
+        done = wait_status(pg, "tok/s", "rror")
+        assert done.endswith(" · Stopped at the 12-token limit."), done
+        last = pg.locator(".tf-assistant").last
+        assert last.locator(".tf-foot").inner_text().strip() == done
+        assert pg.locator("#tf-chat .tf-continue").count() == 1 and last.locator(".tf-continue").is_visible()
+        assert last_answer_tokens(pg).count() == 12
+        watch_status(pg)
+        last.locator(".tf-continue").click()
+        pg.wait_for_function("() => window.tfStatuses.some(t => t.includes('Continuing'))", timeout=240_000)
+        done = wait_status(pg, "limit.", "rror", "Stopped after")
+        footer = FOOTER.fullmatch(done.strip())
+        assert footer and footer["tokens"] == "24" and footer["limit"] == "24", done
+        assert pg.locator(".tf-assistant").count() == 1  # the same answer, gone on
+        body = {"model": "triforce-demo", "temperature": 0, "max_tokens": 24,
+                "messages": [{"role": "user", "content": f"{document_text(SAMPLE).strip()}\n\n{question}"}]}
+        request = urllib.request.Request(server["url"] + "v1/chat/completions", json.dumps(body).encode(),
+                                         {"Content-Type": "application/json"})
+        with urllib.request.urlopen(request, timeout=300) as r:
+            reply = json.loads(r.read())
+        assert reply["usage"]["completion_tokens"] == 24 and last_answer_tokens(pg).count() == 24
+        assert_answer_text(pg, reply["choices"][0]["message"]["content"])  # the longer answer's text
+        assert pg.locator("#tf-chat .tf-continue").count() == 1  # it ended at its (now larger) limit again
+        shot(pg, "15-continued")
+    finally:
+        context.close()

@@ -37,7 +37,7 @@ def smollm2_server(tmp_path_factory):
     log, data = folder / "app.log", folder / "data"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     url = f"http://127.0.0.1:{port}/"
-    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port)]
+    cmd = [sys.executable, str(ROOT / "app.py"), "--port", str(port), "--data-dir", str(data)]
     with running_server(cmd, log, lambda: urllib.request.urlopen(url, timeout=2), env, "the SmolLM2 app",
                         timeout=400) as proc:
         yield {"url": url, "proc": proc, "log": log, "data": data}
@@ -112,3 +112,50 @@ def test_the_chat_endpoint_reads_the_sample_as_the_page_does_and_answers_the_sam
     assert "tok/s" in done, done
     shown = last_answer_text(page)
     assert letters(shown) == letters(api), (shown, api)
+
+
+def lesson_answer_text(page) -> str:
+    """The text of the last answer on `page` as it reads: its Markdown body (the teaching view's
+    rounds and struck drafts under it left out), or else its committed tokens' text."""
+    return page.evaluate("""() => {
+        const a = [...document.querySelectorAll('#tf-chat .tf-assistant')].pop();
+        const body = a.querySelector('.tf-answer-body');
+        if (body) return body.innerText;
+        return [...a.querySelectorAll('.tf-tok, .tf-tok-more')].map(e => e.textContent).join('');
+    }""")
+
+
+def test_the_lesson_answers_in_english_in_a_tab_of_its_own(smollm2_page, tmp_path):
+    """On SmolLM2 the lesson's answer (its question and settings picked by `bench.lesson_search`)
+    is English: at least 25 words, no run of 6 words three times. It runs in the tab the Lesson
+    button opens; the tab it was pressed in keeps its document and conversation."""
+    from ui.handlers.teaching import LESSON_QUESTION, fluency_problem, repeated_run, words_of
+
+    page = smollm2_page
+    if page.locator("#tf-chat .tf-assistant").count() == 0:  # a document and a conversation of the user's own
+        notes = tmp_path / "notes.txt"
+        notes.write_text(SAMPLE.read_text(encoding="utf-8")[:1500], encoding="utf-8")
+        page.set_input_files("#tf-upload input[type=file]", str(notes))
+        page.wait_for_selector("#tf-docinfo:has-text('notes.txt')")
+        page.fill("#tf-message textarea", "What is this text about?")
+        page.click("#tf-send")
+        assert "tok/s" in wait_status(page, "tok/s", "rror", "Stopped", timeout=600)
+    mine = {panel: page.inner_text(panel) for panel in ("#tf-chat", "#tf-docinfo")}
+    with page.context.expect_page() as opened:
+        page.click("#tf-lesson-start")
+    tab = opened.value
+    tab.set_default_timeout(300_000)
+    try:
+        tab.wait_for_selector("#tf-send")
+        done = wait_status(tab, "tok/s", "rror", "Stopped", timeout=900)
+        assert "tok/s" in done, done
+        assert LESSON_QUESTION in tab.locator(".tf-user").last.inner_text()
+        text = lesson_answer_text(tab)
+        assert fluency_problem(text) is None, text
+        assert len(words_of(text)) >= 25 and repeated_run(text, 6) < 3, text
+        tab.wait_for_function("document.querySelector('#tf-lesson').innerText.includes('settings are back')")
+        closing = tab.inner_text("#tf-lesson")
+        assert "Its answer: " in closing and " green " in closing, closing  # which level produced what
+    finally:
+        tab.close()
+    assert {panel: page.inner_text(panel) for panel in mine} == mine

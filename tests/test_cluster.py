@@ -453,7 +453,7 @@ def test_the_page_against_the_cluster_colours_tokens_by_level_and_inspects_one(c
     url = f"http://127.0.0.1:{port}/"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "GRADIO_ANALYTICS_ENABLED": "False"}
     cmd = [sys.executable, "app.py", "--engine", cluster["base"], "--port", str(port), "--mode", "triforce",
-           "--max-new-tokens", "24"]
+           "--max-new-tokens", "24", "--data-dir", str(tmp_path / "data")]
     with running_server(cmd, tmp_path / "app.log", lambda: httpx.get(url, timeout=2).status_code == 200, env,
                         "the app"):
         in_browser(url, answered)

@@ -286,7 +286,7 @@ def app_server(tmp_path_factory):
     log = tmp_path_factory.mktemp("guard-app") / "app.log"
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", "8",
-           "--api-key", KEY]
+           "--api-key", KEY, "--data-dir", str(log.parent / "data")]
     url = f"http://127.0.0.1:{port}/"
     with running_server(cmd, log, lambda: httpx.get(url, timeout=2).status_code == 401, env, "the app"):
         yield {"url": url, "base": url.rstrip("/"), "port": port, "log": log}

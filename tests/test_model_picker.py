@@ -57,7 +57,7 @@ def page(shelf):
     env.update(HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False",
                HOME=str(shelf["home"]))  # no LM Studio, Ollama or Hugging Face models of this machine's
     cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", str(MAX_NEW),
-           "--models-dir", str(shelf["shelf"])]
+           "--models-dir", str(shelf["shelf"]), "--data-dir", str(shelf["root"] / "data")]
     with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
         with sync_api.sync_playwright() as p:
             browser, pg = open_page(p, url, 120_000)

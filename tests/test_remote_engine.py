@@ -585,7 +585,7 @@ def app(server, tmp_path_factory):
                TRIFORCE_ENGINE_KEY=KEY)
     url = f"http://127.0.0.1:{port}/"
     cmd = [sys.executable, str(ROOT / "app.py"), "--engine", server["base"], "--port", str(port), "--mode", "triforce",
-           "--max-new-tokens", "24"]
+           "--max-new-tokens", "24", "--data-dir", str(log.parent / "data")]
     with running_server(cmd, log, lambda: httpx.get(url, timeout=2).status_code == 200, env, "the app") as proc:
         yield {"url": url, "proc": proc, "log": log}
 

@@ -58,6 +58,7 @@ class Answer:
     footer: str = ""
     settings: dict | None = None  # the generation settings it ran with (kept with the conversation)
     baseline: dict | None = None  # the autoregressive comparison of this answer
+    ran_with: set[int] = field(default_factory=set)  # other generations run between its events (`Job.ran_with`)
     inspected: bool = False  # generated with inspect=True: its tokens carry the rule's values
     # the transcript's last rendering of this answer, (what it was drawn from, its HTML): a
     # finished answer is not rendered again each time the page redraws the conversation

@@ -59,16 +59,52 @@ def follow(job: Job, take: Callable[[object], None], interval: Callable[[], floa
             last = time.perf_counter()  # the refresh's own cost does not count as a pause
 
 
+def before_prefill(worker, job: Job, remote: bool = False) -> str:
+    """What a job does before its prefill's first progress: waits behind the requests ahead of
+    it on the worker, or reads its prompt (beside the other answers the worker runs meanwhile)."""
+    if remote:
+        return "waiting for the engine's server"
+    ahead = worker.ahead_of(job)
+    if ahead:
+        return f"waiting for {ahead} {'request' if ahead == 1 else 'requests'} ahead of yours"
+    text = "reading the prompt"
+    others = worker.sharing(job)
+    if others:
+        text += f" (the model runs {others} other {'answer' if others == 1 else 'answers'} by turns with it)"
+    return text
+
+
+def measured_with(others: set) -> str:
+    """'' for a measurement the worker ran alone, else what ran beside it: 'while 1 other answer
+    ran: the ratio is not a clean measurement'."""
+    if not others:
+        return ""
+    n = len(others)
+    return f"while {n} other {'answer' if n == 1 else 'answers'} ran: the ratio is not a clean measurement"
+
+
 class _Turn:
     """One streaming answer: its trace, the status line, whether a new chunk selection awaits
-    the retrieval map, and whether the answer has taken its place beside its turn yet."""
+    the retrieval map, and whether the answer has taken its place beside its turn yet. Until the
+    first event the status line says what the answer waits for (`before_prefill`)."""
 
-    def __init__(self, user: UserState, answer: Answer, label: str, spec, job: Job):
+    def __init__(self, user: UserState, answer: Answer, label: str, spec, job: Job, worker=None):
         self.user, self.answer, self.label, self.spec, self.job = user, answer, label, spec, job
+        self.worker = worker
         self.t0 = time.perf_counter()  # the job is submitted right after: the prefill's clock
-        self.status = status_html(f"{label}: waiting for the model…", "busy")
+        self._status: str | None = None  # set by the first event
         self.new_map = False
         self.shown = False
+
+    @property
+    def status(self) -> str:
+        if self._status is None:
+            return status_html(f"{self.label}: {before_prefill(self.worker, self.job, self.spec is None)}…", "busy")
+        return self._status
+
+    @status.setter
+    def status(self, value: str) -> None:
+        self._status = value
 
     def take(self, item) -> None:
         if isinstance(item, PrefillProgress):
@@ -112,7 +148,7 @@ class AnswerHandlers:
         pauses = round_pauses(config, engine.eos_token_ids) if config is not None else None
         user.job = job = ctx.worker.submit(start, pause_after=pauses, stepping=stepping)
         ctx.sessions.touch(user)
-        turn = _Turn(user, answer, label, getattr(engine.target, "spec", None), job)  # None: a remote engine
+        turn = _Turn(user, answer, label, getattr(engine.target, "spec", None), job, ctx.worker)  # None: remote
         interval, last_panels, error = UPDATE_EVERY_S, 0.0, None
         paused_at = None  # when the current pause was first seen (auto_step_s)
         try:
@@ -147,6 +183,7 @@ class AnswerHandlers:
             error = str(e) or type(e).__name__
         finally:
             job.cancel()  # a closed page or a failure stops the generation too
+            answer.ran_with.update(job.ran_with)  # for a comparison of its speed (on_compare)
         answer.footer = answer_footer(answer.trace, job.stopped)
         if not turn.shown and len(user.session.turns) > len(user.answers):
             user.session.turns.pop()  # failed or stopped before its prefill finished: no answer to keep
@@ -266,7 +303,9 @@ class AnswerHandlers:
 
         try:
             for _ in follow(job, take, lambda: COMPARE_EVERY_S):
-                yield page(f"Autoregressive baseline: {baseline.new_tokens} tokens…", "busy")
+                doing = (f"{baseline.new_tokens} tokens" if baseline.new_tokens
+                         else before_prefill(ctx.worker, job, ctx.remote))
+                yield page(f"Autoregressive baseline: {doing}…", "busy")
         except Exception as e:  # shown; the conversation is as it was
             yield page(str(e) or type(e).__name__, "error")
             return
@@ -278,12 +317,16 @@ class AnswerHandlers:
         same = baseline.token_ids == answer.trace.token_ids
         greedy = settings.temperature == 0
         identical = ("yes" if same else "NO") if greedy else ("yes" if same else "no (sampling: expected to differ)")
-        answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical}
+        # Both runs share the one worker with every other user: answers it ran between their
+        # events slowed them by turns, so their ratio is not the modes' own.
+        load = measured_with(answer.ran_with | job.ran_with)
+        answer.baseline = {"tokens_per_s": baseline.stats.tokens_per_s, "identical": identical, "load": load}
         speed = answer.trace.tokens_per_s()  # without a stepped answer's waits for Step
         ratio = speed / baseline.stats.tokens_per_s if baseline.stats.tokens_per_s else 0.0
         yield page(
             f"Autoregressive: {baseline.stats.tokens_per_s:.1f} tok/s; this answer "
-            f"{speed:.1f} tok/s ({ratio:.2f}×); identical output: {identical}.",
+            f"{speed:.1f} tok/s ({ratio:.2f}×); identical output: {identical}."
+            + (f" Measured {load}." if load else ""),
             "ok" if same or not greedy else "error",
         )
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import gradio as gr
 
 import re
+import time
 
 from triforce_core.serving.book import BookSession
 from triforce_core.documents import Document, DocumentError, Section, load_document
@@ -147,14 +148,18 @@ class DocumentHandlers:
         """A paste too long for a question, used as the document (the note's button, `ui.pasting`),
         read as an upload is. Outputs: `DOCUMENT_OUTPUTS`, then the hidden box that carried the
         text (emptied) and the note beside the chat box (emptied once the text is read)."""
+        nonce = time.monotonic_ns()  # the page's script wrote into the note: this update must redraw it
         try:
             doc = pasted_document(text, self.ctx.max_bytes)
         except DocumentError as e:
             message = f"Could not use the paste as the document: {e}"
-            gr.Warning(message)
-            return (*with_outputs(_skipped(), user=user, status=status_html(message, "error")), "", gr.skip())
-        out = with_outputs(self.set_document(user, doc, budget, mode), upload=gr.update(value=None))
-        return (*out, "", paste_note())
+        else:
+            if user is None or not user.busy:
+                out = with_outputs(self.set_document(user, doc, budget, mode), upload=gr.update(value=None))
+                return (*out, "", paste_note(nonce=nonce))
+            message = "An answer is being generated; stop it, then paste the text again to use it as the document."
+        gr.Warning(message)
+        return (*with_outputs(_skipped(), status=status_html(message, "error")), "", paste_note(message, nonce))
 
 
 def read_document(session: BookSession) -> Document:
