@@ -3,6 +3,7 @@ order, follow-ups keeping the read (and the cached prefix), answers exactly a pl
 
 from __future__ import annotations
 
+import html
 import json
 import random
 
@@ -68,12 +69,16 @@ def test_a_long_section_and_plain_text_are_cut_at_paragraphs():
         body = plain.text[p.start : p.end].strip()
         assert body.split("\n\n")[0] in paragraphs  # cut between paragraphs, never inside one
         assert p.tokens - r._header_tokens(p) <= 100
-    assert r.describe([1])[0]["number"] is None and r.describe([1])[0]["title"] == "Part 2 of 4"
+    # a part without a heading above it is named by where it starts, not "Part 2 of 4"
+    second = r.describe([1])[0]
+    opening = " ".join(plain.text[r.parts[1].start : r.parts[1].end].split()[:6])
+    assert second["number"] is None and second["title"] == second["name"] == f"Text from «{opening}…»"
 
 
 def test_what_was_read_is_named_once_under_the_answer_and_on_the_command_line():
-    """A part of plain text has no section number and its title is already 'Part 2 of 4': the
-    sources under an answer read "Part 2 of 4", not "None. Part 2 of 4 (part 2 of 4)"."""
+    """A part of plain text has no section number and is named by where it starts; a later piece
+    of a cut section by its heading and where it starts: the sources under an answer read those
+    names (never "None." or "Part 2 of 4"); the command line keeps the index `--sections` picks by."""
     from triforce_core.cli.chat import _read_line
     from ui.render import sources_html
 
@@ -83,10 +88,12 @@ def test_what_was_read_is_named_once_under_the_answer_and_on_the_command_line():
     piece = read[1]["part"]
     assert read[1]["number"] == 2 and piece.startswith("2 of ")  # a section cut in pieces keeps its label
     shown = sources_html(read, [])
-    assert "<li>Part 2 of 4</li>" in shown and f"<li>2. Long (part {piece})</li>" in shown
-    assert "None" not in shown and shown.count("2 of 4") == 1
+    plain_start = html.escape(read[0]["name"])
+    assert plain_start.startswith("Text from «") and f"<li>{plain_start}</li>" in shown
+    assert read[1]["name"].startswith("Long, from «") and f"<li>{html.escape(read[1]['name'])}</li>" in shown
+    assert "None" not in shown and "Part " not in shown and " of " not in shown
     line = _read_line(read)
-    assert line.endswith(f": Part 2 of 4; 2 Long (part {piece})]") and "None" not in line, line
+    assert line.endswith(f": {read[0]['name']}; 2 Long (part {piece})]") and "None" not in line, line
 
 
 def test_pick_reads_whole_parts_best_first_within_the_budget_in_document_order():
@@ -100,7 +107,7 @@ def test_pick_reads_whole_parts_best_first_within_the_budget_in_document_order()
     tight = r.pick(q, r.parts[4].tokens + 5)
     assert tight == [4]  # the best part whole; the next does not fit
     text = r.text(r.pick(q, 10_000))
-    assert 0 <= text.index("[Section 4: PageB]\nPageB\n") < text.index("[Section 5: Last]\nLast\n")
+    assert 0 <= text.index("[Section: PageB]\nPageB\n") < text.index("[Section: Last]\nLast\n")
     assert r.pick("nothing shared", 10_000) == []
 
 
@@ -186,6 +193,6 @@ def test_cli_plain_text_is_cut_into_parts_and_ranked(tiny_pair_dir, tmp_path):
                             "--question", q, "--json")
     assert code == 0, err
     read = json.loads(out)["turns"][0]["sections_read"]
-    assert len(read) == 1 and read[0]["number"] is None and read[0]["title"].startswith("Part ")
+    assert len(read) == 1 and read[0]["number"] is None and read[0]["title"].startswith("Text from «w")
     text = path.read_text()
     assert read[0]["start"] <= text.index(vocab_words(60, 61, 67, 9)) < read[0]["end"]

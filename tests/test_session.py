@@ -16,6 +16,7 @@ from triforce_core.config import CacheConfig, GenerationConfig, SamplingConfig, 
 from triforce_core.engine import ContextLengthError, TriForceEngine
 from triforce_core.decoding.events import Committed, Prefilled
 from triforce_core.serving.session import ChatSession, SessionError
+from triforce_core.serving.turns import Turn
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 MODES = ("triforce", "retrieval", "draft", "autoregressive")
@@ -148,8 +149,56 @@ def test_context_window_is_checked_before_prefill(engine):
     with pytest.raises(ContextLengthError) as err:
         session.ask(Q1)
     msg = str(err.value)
-    assert "the document (1000 tokens)" in msg and "max_new_tokens (100)" in msg and "1024 tokens" in msg
+    assert "the document (1,000 tokens)" in msg and "100 tokens for the answer" in msg and "window of 1,024" in msg
     assert session.cache_lengths()["target"] == 0 and not session.turns
+
+
+def test_a_refusal_is_a_sentence_with_the_true_numbers_and_only_the_options_there_are(engine):
+    """Plain words, every figure the session's own, and only options that exist for the caller and
+    would help: truncation only where the caller offers it (the command line), never on the page."""
+    session = ChatSession(engine, words(1000, 5), config=config(max_new=100))
+    with pytest.raises(ContextLengthError) as err:
+        session.ask(words(6, 2))
+    assert str(err.value) == (
+        "This question is 6 tokens: with the document (1,000 tokens), the chat template (3 tokens) and 100 tokens "
+        "for the answer, it needs 1,109 tokens, 85 over the model's context window of 1,024. Lower the answer's "
+        "token limit (now 100) or use a shorter document.")
+    assert "truncat" not in str(err.value)
+    session.truncation_hint = "--truncate"  # what the command line sets: it has that option
+    with pytest.raises(ContextLengthError, match=r"use a shorter document or allow truncation \(--truncate\)\.$"):
+        session.ask(words(6, 2))
+    # a long conversation: clearing it would make room; a question longer than the window: only shortening it helps
+    talk = ChatSession(engine, words(300, 5), config=config(max_new=12))
+    talk.turns.append(Turn(words(5, 1), answer=words(600, 3)))
+    with pytest.raises(ContextLengthError) as err:
+        talk.ask(words(200, 2))
+    assert "the conversation so far and the chat template (612 tokens)" in str(err.value)
+    assert str(err.value).endswith("100 over the model's context window of 1,024. "
+                                   "Shorten the question, clear the conversation or use a shorter document.")
+    with pytest.raises(ContextLengthError) as err:
+        ChatSession(engine, words(30, 5), config=config(max_new=12)).ask(words(1100, 2))
+    assert str(err.value).endswith("Shorten the question.") and "token limit" not in str(err.value)
+
+
+def test_a_book_refusal_says_how_much_of_the_book_could_be_read(engine):
+    """A book session over a question that leaves no room names the book's true size and what
+    was read of it (none), not "the document (0 tokens)", and offers no option the page lacks."""
+    from triforce_core.documents import Document
+    from triforce_core.serving.book import BookSession
+
+    book = BookSession(engine, Document(words(1500, 8), "txt", "b.txt"), config=config(max_new=12))
+    with pytest.raises(ContextLengthError) as err:
+        book.ask(words(1100, 7))
+    assert str(err.value) == (
+        "This question is 1,100 tokens: with none of the book (1,500 tokens) read, the chat template (3 tokens) "
+        "and 12 tokens for the answer, it needs 1,115 tokens, 91 over the model's context window of 1,024. "
+        "Shorten the question.")
+    assert not book.turns and book.picked == []  # refused before anything ran
+    # a question that fits beside part of the book reads it, and a refusal then says how much
+    list(book.ask(words(6, 9)))
+    read = book.document_tokens
+    assert 0 < read < 1500
+    assert book._document_words(read) == f"the {read:,} tokens read of the book (1,500 tokens)"
 
 
 def test_truncation_only_when_allowed_and_reported(engine):

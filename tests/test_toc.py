@@ -1,5 +1,6 @@
 """An HTML page's own table of contents decides its sections' levels: a chapter spans its pages
-even where every page's title is an <h1> (mdBook's print page), headings are the fallback."""
+even where every page's title is an <h1> (mdBook's print page), headings are the fallback; a
+section's title is the entry's as the book writes it, its own number included."""
 
 from __future__ import annotations
 
@@ -44,9 +45,10 @@ def test_mdbook_sidebar_nests_pages_under_their_chapter(tmp_path):
     path = tmp_path / "print.html"
     path.write_text(mdbook_page(CHAPTERS))
     doc = load_document(path, timeout_s=None)
-    assert titles(doc) == [("Getting Started", 1), ("Installation", 2), ("Hello World", 2),
-                           ("Understanding Ownership", 1), ("What Is Ownership?", 2),
-                           ("References and Borrowing", 2), ("The Slice Type", 2), ("Appendix", 1)]
+    # the book's own numbering kept: 2.1 is 2.1, not the fifth section
+    assert titles(doc) == [("1. Getting Started", 1), ("1.1. Installation", 2), ("1.2. Hello World", 2),
+                           ("2. Understanding Ownership", 1), ("2.1. What Is Ownership?", 2),
+                           ("2.2. References and Borrowing", 2), ("2.3. The Slice Type", 2), ("3. Appendix", 1)]
     own = doc.sections[3]
     text = doc.text[own.start : own.end]
     # the chapter spans its three pages (and not the next chapter), each page's <h2> included
@@ -69,8 +71,8 @@ def test_a_renamed_entry_is_skipped_and_the_rest_still_land(tmp_path):
     path = tmp_path / "print.html"
     path.write_text(mdbook_page(CHAPTERS, renamed="Start Here"))
     doc = load_document(path, timeout_s=None)
-    assert [t for t, _ in titles(doc)][:2] == ["Installation", "Hello World"]
-    assert ("Understanding Ownership", 1) in titles(doc) and ("Appendix", 1) in titles(doc)
+    assert [t for t, _ in titles(doc)][:2] == ["1.1. Installation", "1.2. Hello World"]
+    assert ("2. Understanding Ownership", 1) in titles(doc) and ("3. Appendix", 1) in titles(doc)
 
 
 def test_pandoc_nav_of_anchor_links(tmp_path):
@@ -83,7 +85,7 @@ def test_pandoc_nav_of_anchor_links(tmp_path):
                     '<section id="data"><h2>Data</h2><p>ccc</p></section></section>'
                     '<section id="end"><h1>End</h1><p>ddd</p></section></body></html>')
     doc = load_document(path, timeout_s=None)
-    assert titles(doc) == [("Intro", 1), ("Method", 1), ("Data", 2), ("End", 1)]
+    assert titles(doc) == [("1 Intro", 1), ("2 Method", 1), ("2.1 Data", 2), ("3 End", 1)]
     method = doc.sections[1]
     assert " ".join(doc.text[method.start : method.end].split()) == "Method bbb Data ccc"
 
@@ -106,10 +108,10 @@ def test_mdbook_toc_beside_the_page_is_read_by_the_command_line(tmp_path):
     path = folder / "print.html"
     # the library reads one file unless asked (the app never reads beside an upload) ...
     assert ("What Is Ownership?", 1) in titles(load_document(path, timeout_s=None))
-    assert ("What Is Ownership?", 2) in titles(load_document(path, timeout_s=None, companion_toc=True))
+    assert ("2.1. What Is Ownership?", 2) in titles(load_document(path, timeout_s=None, companion_toc=True))
     # ... and the command line asks
     code, out, _err = run_main(["ingest", "--json", str(path)])
     assert code == 0
     sections = json.loads(out)["sections"]
-    own = next(s for s in sections if s["title"] == "Understanding Ownership")
+    own = next(s for s in sections if s["title"] == "2. Understanding Ownership")
     assert own["level"] == 1 and sum(1 for s in sections if s["level"] == 2) == 5

@@ -76,8 +76,11 @@ def test_the_table_of_contents_is_a_tree():
     from ui.views import toc_label
 
     top, sub, subsub = toc_label(1, "Classes", 1, 2048), toc_label(2, "Scopes", 2, 512), toc_label(3, "Names", 3, 64)
-    assert top == "1. Classes · 2,048 tokens"
-    assert sub == "\u2003└ 2. Scopes · 512 tokens" and subsub == "\u2003\u2003\u2003└ 3. Names · 64 tokens"
+    assert top == "Classes · 2,048 tokens"
+    assert sub == "\u2003└ Scopes · 512 tokens" and subsub == "\u2003\u2003\u2003└ Names · 64 tokens"
+    # the book's own numbering, never the index: 7.1 stays 7.1 though it is the eighth section
+    assert toc_label(7, "7. Reference", 1, 900) == "7. Reference · 900 tokens"
+    assert toc_label(8, "7.1 Hash functions", 2, 300) == "\u2003└ 7.1 Hash functions · 300 tokens"
     # each level sits further in than its parent (em spaces: HTML keeps them)
     assert [len(x) - len(x.lstrip("\u2003")) for x in (top, sub, subsub)] == [0, 1, 3]
 

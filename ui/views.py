@@ -176,8 +176,25 @@ def answer_footer(trace: AnswerTrace, stopped: bool) -> str:
     pre = f"prefill {prefill.tokens:,} tokens in {prefill.seconds:.1f}s{reused} · " if prefill is not None else ""
     return (
         f"{s.mode} · {s.new_tokens} tokens at {trace.tokens_per_s():.1f} tok/s{waits_note(trace)} · {pre}"
-        f"mean accepted {s.mean_accepted:.2f}" + (f" · acceptance {acc}" if acc else "")
+        f"mean accepted {s.mean_accepted:.2f}" + (f" · acceptance {acc}" if acc else "") + limit_note(s)
     )
+
+
+def limit_note(stats) -> str:
+    """' · Stopped at the 128-token limit.' for an answer its token limit ended (Continue goes on
+    with it), else ''. A continued answer's limit is its whole length: the limits added up."""
+    return f" · Stopped at the {stats.new_tokens}-token limit." if stats.stop_reason == "max_new_tokens" else ""
+
+
+CONTINUE_BUTTON = ('<button type="button" class="tf-continue" title="Go on with this answer: up to Max new tokens '
+                   'more, as a larger limit would have written it">Continue</button>')
+
+
+def continue_button(user: UserState, k: int) -> str:
+    """The Continue button, on the last answer only, once it has ended at its token limit
+    (assets/app.js clicks the hidden #tf-continue, `AnswerHandlers.on_continue`)."""
+    last = k == len(user.session.turns) - 1 and k == len(user.answers) - 1
+    return CONTINUE_BUTTON if last and not user.busy and user.session.can_continue() else ""
 
 
 def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
@@ -201,6 +218,8 @@ def stats_rows(answer: Answer | None) -> list[tuple[str, str]]:
         if b["tokens_per_s"] > 0 and t.stats is not None:
             rows.append(("speed-up", f"{t.tokens_per_s() / b['tokens_per_s']:.2f}×"))
         rows.append(("outputs identical", b["identical"]))
+        if b.get("load"):  # other users' answers ran by turns with the two runs
+            rows.append(("measured", b["load"]))
     return rows
 
 
@@ -232,6 +251,7 @@ def transcript(user: UserState | None, teaching: bool) -> str:
         ended = bool(answer.footer)
         sources = sources_html(turn.sections_read, turn.passages) if ended else ""  # once it has ended
         actions = copy_buttons(answer.trace.text) if ended and answer.trace.text else ""
+        actions += continue_button(user, k) if ended else ""
         turns.append((turn.question, answer_html(answer, k, teaching), answer.footer, sources, actions))
     return transcript_html(turns)
 

@@ -155,7 +155,9 @@ def _chat_session(engine, document, spec: str | None, picked, config, args):
     elif document is not None:
         text = document.text if picked is None else selected_text(document, picked)
         _check_fits(engine, document, text, config, None if spec == "all" else args.sections, args.truncate)
-    return ChatSession(engine, text, system_prompt=args.system, config=config, allow_truncation=args.truncate)
+    session = ChatSession(engine, text, system_prompt=args.system, config=config, allow_truncation=args.truncate)
+    session.truncation_hint = "--truncate"  # a refusal may name it: this command line has it
+    return session
 
 
 def _passages_line(passages: list[dict]) -> str:

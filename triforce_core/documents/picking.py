@@ -6,7 +6,9 @@
 Sections are numbered from 1 in document order, as `ingest --json` lists them; a section's
 span includes its subsections (`Section.end`), so picking a chapter picks its sections too and
 picking both reads each character once. The picked spans are read in document order, each
-after a line naming it, so the model (and the reader of a transcript) sees where a gap is.
+after a line naming it by its title as the book writes it ("[Section: 7.1 Hash functions]",
+`sections.part_line`), so the model (and the reader of a transcript) sees where a gap is. The
+index picks; the book's own number, part of its title, is what is shown.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from .document import Document
-from .sections import Section
+from .sections import Section, part_line
 
 
 class SectionError(ValueError):
@@ -62,7 +64,7 @@ def selected_text(doc: Document, picked: Sequence[int]) -> str:
     parts = []
     for a, b, names in merged_spans(doc.sections, picked):
         head = doc.sections[names[0]]
-        parts.append(f"[Section {names[0] + 1}: {head.title}]\n" + doc.text[a:b].strip())
+        parts.append(part_line(head.title) + "\n" + doc.text[a:b].strip())
     return "\n\n".join(parts) + "\n"
 
 

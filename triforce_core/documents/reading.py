@@ -4,13 +4,15 @@
     picked = reader.pick("What is a slice?", budget=16_384)            # part indices, document order
     picked = reader.pick("And a str?", 16_384, previous=picked)        # a follow-up keeps what still ranks
     text = reader.text(picked)                      # what the conversation reads
-    reader.describe(picked)                         # [{"number", "title", "part", "start", "end", "tokens"}]
+    reader.describe(picked)                         # [{"number", "title", "part", "name", "start", "end", "tokens"}]
 
 The parts are the document's sections, each without its subsections (a partition of the
 text: every character is in exactly one part, so reading a chapter's page never repeats its
 chapter's opening). A part longer than `max_part_tokens` is cut at paragraph breaks into
-pieces of at most that size, named "(part 2 of 3)"; a text with no sections is cut the same
-way. Parts are ranked by BM25 (`bm25s`, the measured faster of the two maintained Python
+pieces of at most that size; a text with no sections is cut the same way. A part is named as
+the book names it: its section's title as the book writes it ("7.1 Hash functions"), a later
+piece of a cut section by that heading and where it starts ("Ownership, from «The stack and…»"),
+text without a heading above it by where it starts ("Text from «It was the best…»"). Parts are ranked by BM25 (`bm25s`, the measured faster of the two maintained Python
 libraries, see docs/long-documents.md) over lower-cased words without English stop words
 and over adjacent word pairs (so a quoted phrase counts as a phrase), the question's terms
 against each part's (its title included: it is the part's first line).
@@ -33,6 +35,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from . import Document
+from .sections import first_words, part_line
 
 _WORD = re.compile(r"\w+")
 # Cut a long part at a paragraph break, else at a line break, else anywhere (one huge line).
@@ -56,16 +59,17 @@ class Part:
     section: int | None  # index into Document.sections; None: text before the first section, or no sections
     piece: int = 1  # which piece of a cut section (1-based) ...
     pieces: int = 1  # ... of how many
-    title: str = ""  # the section's title ("" for none)
+    title: str = ""  # the section's title, as the book writes it ("" for none)
     tokens: int = 0  # of its text, its heading line included
+    opening: str = ""  # where its text starts: its first words ("It was the best of times…")
 
     @property
     def name(self) -> str:
-        """'Section 15: Understanding Ownership (part 2 of 3)', 'Part 7 of 40' (plain text)."""
-        cut = f" (part {self.piece} of {self.pieces})" if self.pieces > 1 else ""
+        """'7.1 Hash functions' (a section, or the first piece of one), 'Ownership, from «The
+        stack and the heap…»' (a later piece), 'Text from «It was the best…»' (no heading above)."""
         if self.section is None:
-            return f"Part {self.piece} of {self.pieces}" if self.pieces > 1 else "Opening"
-        return f"Section {self.section + 1}: {self.title}{cut}"
+            return f"Text from «{self.opening}»"
+        return f"{self.title}, from «{self.opening}»" if self.piece > 1 else self.title
 
 
 class BookReader:
@@ -98,7 +102,7 @@ class BookReader:
 
     @staticmethod
     def _header(part: Part) -> str:
-        return f"[{part.name}]\n"
+        return part_line(part.name) + "\n"
 
     def _cut(self) -> list[Part]:
         doc, text = self.document, self.document.text
@@ -115,9 +119,9 @@ class BookReader:
             title = doc.sections[section].title if section is not None else ""
             pieces = self._pieces(a, b)
             for k, (pa, pb) in enumerate(pieces, 1):
-                part = Part(pa, pb, section, k, len(pieces), title)
+                part = Part(pa, pb, section, k, len(pieces), title, opening=first_words(text[pa:pb]))
                 parts.append(Part(pa, pb, section, k, len(pieces), title,
-                                  self._span_tokens(pa, pb) + self._header_tokens(part)))
+                                  self._span_tokens(pa, pb) + self._header_tokens(part), part.opening))
         return parts
 
     def _pieces(self, a: int, b: int) -> list[tuple[int, int]]:
@@ -214,13 +218,15 @@ class BookReader:
                            for i in sorted(picked)) + "\n"
 
     def describe(self, picked: Sequence[int]) -> list[dict]:
-        """What was read, for a transcript: section number (1-based, as `ingest --json` lists them;
-        None for text outside any section), title, which piece of a cut section, span, tokens."""
+        """What was read, for a transcript: section number (its index, 1-based, as `ingest --json`
+        lists them and `--sections` picks them; None for text outside any section), title (as the
+        book writes it), which piece of a cut section, the part's name (`Part.name`: what a
+        reader is shown), span, tokens."""
         out = []
         for i in sorted(picked):
             p = self.parts[i]
             out.append({"number": None if p.section is None else p.section + 1, "title": p.title or p.name,
-                        "part": f"{p.piece} of {p.pieces}" if p.pieces > 1 else None,
+                        "part": f"{p.piece} of {p.pieces}" if p.pieces > 1 else None, "name": p.name,
                         "start": p.start, "end": p.end, "tokens": p.tokens})
         return out
 

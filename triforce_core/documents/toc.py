@@ -12,7 +12,9 @@ the levels, so a chapter spans its sub-pages even where every page's title is an
 Where an entry lands: the element its `#fragment` names; else (a link to another page, as an
 mdBook print page's sidebar has) the first heading after the previous entry whose text is the
 link's, its number ("4.1.") aside. Entries that land nowhere are left out; a list that lands
-fewer than three is not a table of contents.
+fewer than three is not a table of contents. A section's title is the entry's as the book
+writes it, its own number included ("4.1. What Is Ownership?"): the numbering a reader of the
+book knows.
 """
 
 from __future__ import annotations
@@ -131,5 +133,4 @@ def toc_sections(links: list[TocLink], anchors: dict[str, int],
     if not best:
         return ()
     top = min(link.depth for _at, link in best)
-    return tuple(Section(at, f"section: {plain_title(link.title)[:80]}", plain_title(link.title)[:200],
-                         link.depth - top + 1) for at, link in best)
+    return tuple(Section(at, f"section: {link.title[:80]}", link.title[:200], link.depth - top + 1) for at, link in best)

@@ -94,6 +94,15 @@ class BookSession(ChatSession):
         room = self.engine.context_window - rest - config.speculation.max_new_tokens - SLACK
         return max(0, min(self.reading_budget, room))
 
+    def _document_words(self, tokens: int) -> str:
+        """The book's part in a refusal: how much of it this question could read, of how much."""
+        if not tokens:
+            return f"none of the book ({self.book_tokens:,} tokens) read"
+        return f"the {tokens:,} tokens read of the book ({self.book_tokens:,} tokens)"
+
+    def _document_option(self) -> str | None:
+        return None  # what is read of the book is already what fits beside the question
+
     def _use(self, picked: Sequence[int]) -> None:
         self.picked = list(picked)
         self.read(self.reader.text(self.picked) if self.picked else "", self.reader.describe(self.picked))

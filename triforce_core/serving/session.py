@@ -361,9 +361,7 @@ class ChatSession:
                     turn.stats = before.continued(ev.stats, prefilled.tokens, prefilled.seconds)
                     if selections or not any(p.get("kind") == "read" for p in turn.passages):
                         # what the continuation's selections read, or what the whole answer quotes
-                        turn.passages = answer_passages(
-                            selections, prompt, list(turn.token_ids), self.engine.detokenize,
-                            question_tokens=question_tokens(self.engine.tokenizer, turn.question))
+                        turn.passages = self.passages(selections, prompt, list(turn.token_ids), turn.question)
                 yield ev
         except Exception as e:  # the slot has freed its caches (they may be half-written)
             if _is_oom(e):
@@ -402,7 +400,7 @@ class ChatSession:
         doc = self.document_tokens
         rest = len(prompt) - doc - question_tokens
         if not self.allow_truncation or not self._document:
-            raise ContextLengthError(self._too_long(question_tokens, doc, rest, max_new, len(prompt), window))
+            raise ContextLengthError(self._too_long(question, question_tokens, doc, rest, max_new, len(prompt), window))
         before_chars, before_tokens = len(self._document), doc
         ids = self._encode(self._document)
         for _ in range(4):
@@ -430,23 +428,36 @@ class ChatSession:
         """The document's part in a refusal: 'the document (8,235 tokens)'."""
         return f"the document ({tokens:,} tokens)"
 
-    def _too_long(self, question: int, document: int, rest: int, max_new: int, prompt: int, window: int) -> str:
-        """A refusal in a sentence: what the turn needs, every number true, then only the options
-        that exist and could help (the answer's limit only where the prompt alone fits)."""
+    def _document_option(self) -> str | None:
+        """What a refusal may offer about the document itself (None where there is nothing to offer)."""
+        return "use a shorter document" if self._document else None
+
+    def _too_long(self, text: str, question: int, document: int, rest: int, max_new: int, prompt: int,
+                  window: int) -> str:
+        """A refusal in a sentence: what the turn needs, every number true, then the options that
+        exist here, those that would make it fit alone if any would (else every one of them)."""
         around = "the conversation so far and the chat template" if self.turns else "the chat template"
-        options = ["shorten the question"]
-        if self.turns:
-            options.append("clear the conversation")
-        if prompt < window:
-            options.append(f"lower the answer's token limit (now {max_new:,})")
-        if self._document and document + rest + max_new >= window:
-            options.append("use a shorter document")
+        over = prompt + max_new - window
+        conversation = 0
+        if self.turns:  # the earlier turns' tokens: the prompt's length without them
+            turns, self.turns = self.turns, []
+            try:
+                conversation = prompt - len(self.prompt_ids(text))
+            finally:
+                self.turns = turns
+        options = [("shorten the question", question > over),  # a question is left
+                   ("clear the conversation", conversation >= over),
+                   (f"lower the answer's token limit (now {max_new:,})", max_new > over)]
+        if self._document_option():
+            options.append((self._document_option(), document >= over))
         if self.truncation_hint and self._document and not self.allow_truncation:
-            options.append(f"allow truncation ({self.truncation_hint})")
-        said = ", ".join(options[:-1]) + (" or " if len(options) > 1 else "") + options[-1]
+            options.append((f"allow truncation ({self.truncation_hint})", document > over))
+        alone = [what for what, enough in options if enough]
+        said = alone or [what for what, _enough in options if what != "clear the conversation" or self.turns]
+        said = ", ".join(said[:-1]) + (" or " if len(said) > 1 else "") + said[-1]
         return (f"This question is {question:,} tokens: with {self._document_words(document)}, {around} "
                 f"({rest:,} tokens) and {max_new:,} tokens for the answer, it needs {prompt + max_new:,} tokens, "
-                f"over the model's context window of {window:,}. {said[0].upper()}{said[1:]}.")
+                f"{over:,} over the model's context window of {window:,}. {said[0].upper()}{said[1:]}.")
 
     def _turn(self, question, prompt, config, truncation, on_prefill_progress, progress_events, t0,
               inspect: bool = False) -> Iterator[Event]:
