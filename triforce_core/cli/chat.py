@@ -161,7 +161,7 @@ def _chat_session(engine, document, spec: str | None, picked, config, args):
 
 
 def _passages_line(passages: list[dict]) -> str:
-    """'[most-read passages: Section 16: What is Ownership? «…» (75% of heads); ...]', or
+    """'[most-read passages: 4.1. What is Ownership? «…» (75% of heads); ...]', or
     '[quoted passages: «…» (40% of the answer); ...]' where the mode retrieved nothing."""
     quoted = all(p.get("kind") == "quoted" for p in passages)
     return f"[{'quoted' if quoted else 'most-read'} passages: " + "; ".join(
@@ -172,7 +172,7 @@ def _passages_line(passages: list[dict]) -> str:
 
 def _read_line(sections: list[dict]) -> str:
     """'[read 3 sections, 15,872 tokens: 15 Understanding Ownership, 16 What is Ownership? (part 2 of 2), ...]'."""
-    # text outside any section has no number, and its title already names the part ("Part 3 of 9")
+    # text outside any section has no number, and its title already names the part ("Text from «…»")
     names = [s["title"] if s["number"] is None else f"{s['number']} {s['title']}"
              + (f" (part {s['part']})" if s["part"] else "") for s in sections]
     total = sum(s["tokens"] for s in sections)

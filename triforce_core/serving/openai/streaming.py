@@ -9,7 +9,7 @@ carries `triforce`, the speculation statistics of that response (`Tally`): mode,
 target forward, acceptance per level, tokens by level, decode tokens/s, prefill and reused
 tokens, `spec_decode` (per verifying level, the counts behind vLLM's speculative-decoding
 counters, which `/metrics` sums: `triforce_core.serving.metrics`), and `passages`: the prompt's passages the answer's retrieval selections read most, each
-with its token span, share of heads, the "[Section N: title]" it lies under, its text and
+with its token span, share of heads, the "[Section: title]" it lies under, its text and
 `kind` "read"; in modes without a retrieval level, the passages the answer quotes verbatim (8
 tokens or more), `kind` "quoted", `share` the part of the answer quoted from it
 (`citations.answer_passages`).
