@@ -41,13 +41,12 @@ document.addEventListener("click", (event) => {
     dismiss.className = "tf-paste-dismiss";
     dismiss.textContent = "Dismiss";
     el.append(line, use, dismiss);
-    el.classList.add("tf-paste-shown");
   }
 
   function clear() {
     const el = note();
     pasted = "";
-    if (el) { el.replaceChildren(); el.classList.remove("tf-paste-shown"); }
+    if (el) el.replaceChildren();
   }
 
   // true when `text` arriving in `box` (over its selection) would take it over the cap

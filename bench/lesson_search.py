@@ -6,8 +6,11 @@ and seed, with the lesson's retrieval budget. This runs each candidate (question
 seed x repetition penalty) as the lesson's page does: the sample opened as the app opens it for
 the model's window (`bench.turn.open_session`), the teaching view's `inspect=True`, the app's
 settings for everything the lesson leaves alone. Each answer is scored by the lesson's own check
-(`fluency_problem`: at least 25 words, no 6-word run three times); the first fluent candidate
-in the order given is the pick, printed last.
+(`fluency_problem`: at least 25 words, no 6-word run three times). The pick (`pick`, printed
+last) is a question and temperature whose answers are fluent for every seed (a setting fluent by
+one lucky draw alone is not picked), the lowest such temperature (a hotter one drifts off the
+subject and into made-up strings that the check does not see), the first question given at it,
+with its first seed.
 
     python -m bench.lesson_search [--model smollm2] [--questions "What is a class?|..."]
                                   [--temperatures 0.3,0.6] [--seeds 1,2,3] [--penalties 1.2]
@@ -48,6 +51,16 @@ def lesson_config(engine: TriForceEngine, session, temperature: float, seed: int
                        "budget": lesson_budget(context, base.chunk_size)}).config()
 
 
+def pick(results: list[dict]) -> dict | None:
+    """Of the (question, temperature, repetition penalty) settings fluent for every seed, the one
+    at the lowest temperature, first in the order run: its first seed's row (None when none is)."""
+    groups: dict[tuple, list[dict]] = {}
+    for row in results:
+        groups.setdefault((row["question"], row["temperature"], row["repetition_penalty"]), []).append(row)
+    fluent = [rows for rows in groups.values() if all(r["fluent"] for r in rows)]
+    return min(fluent, key=lambda rows: rows[0]["temperature"])[0] if fluent else None
+
+
 def answer(session, question: str, config) -> tuple[str, int]:
     session.clear()
     text, tokens = [], 0
@@ -86,7 +99,7 @@ def main(argv=None) -> int:
     target, draft = default_model_names(MODELS[a.model], None)
     engine = TriForceEngine.from_pretrained(target, draft, device="cpu")
     session = open_session(engine, SAMPLE_DOCUMENT)
-    results, pick = [], None
+    results = []
     for question, temperature, seed, penalty in itertools.product(questions, temperatures, seeds, penalties):
         t0 = time.perf_counter()
         text, tokens = answer(session, question, lesson_config(engine, session, temperature, seed, penalty))
@@ -95,19 +108,18 @@ def main(argv=None) -> int:
                "new_tokens": tokens, "words": len(words_of(text)), "most_repeated_run": repeated_run(text),
                "fluent": problem is None, "problem": problem, "answer": text}
         results.append(row)
-        if pick is None and problem is None:
-            pick = row
         print(f"[lesson] {question!r} t={temperature} seed={seed} penalty={penalty}: {row['words']} words, "
               f"6-word run x{row['most_repeated_run']}, {'fluent' if problem is None else problem} "
               f"({time.perf_counter() - t0:.0f}s)\n    {' '.join(text.split())}", file=sys.stderr, flush=True)
-    if pick is None:
-        print("no candidate is fluent", file=sys.stderr)
+    chosen = pick(results)
+    if chosen is None:
+        print("no setting is fluent for every seed", file=sys.stderr)
     else:
-        print(f"pick: {pick['question']!r} temperature {pick['temperature']} seed {pick['seed']} "
-              f"repetition penalty {pick['repetition_penalty']}", file=sys.stderr)
+        print(f"pick: {chosen['question']!r} temperature {chosen['temperature']} seed {chosen['seed']} "
+              f"repetition penalty {chosen['repetition_penalty']}", file=sys.stderr)
     write_json(a.json, {"model": a.model, "draft": Path(draft).name if draft else None, "results": results,
-                        "pick": pick})
-    return 0 if pick is not None else 1
+                        "pick": chosen})
+    return 0 if chosen is not None else 1
 
 
 if __name__ == "__main__":

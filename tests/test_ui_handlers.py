@@ -486,3 +486,145 @@ def test_stepping_a_sampled_answer_and_inspecting_a_rejection(chat_engine: TriFo
     html = named(PICK_OUTPUTS, teaching.on_pick(f"1:{seg}@1", user))["inspector"]
     assert "Turn on the teaching view" in html
     assert "Click a token" in named(PICK_OUTPUTS, teaching.on_pick("nonsense", user))["inspector"]
+
+
+def test_continue_after_the_limit_says_so_and_goes_on_in_the_same_answer(chat_engine: TriForceEngine, worker):
+    """An answer cut by its token limit says so (footer and status line) with a Continue button
+    on it; Continue goes on in the same answer, whose tokens then equal one longer answer's and
+    whose footer covers the whole of it; the button is on the last answer only."""
+    ctx = AppContext(engine=chat_engine, worker=worker, sessions=SessionPool(worker, 2),
+                     slots=SlotPool(chat_engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+    documents, answers = DocumentHandlers(ctx), AnswerHandlers(ctx)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    user = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
+    with pytest.raises(gr.Error, match="no answer to continue"):
+        list(answers.on_continue(user, False, False, *_values()))
+    final = list(streamed(answers.on_ask("w9 w10", user, False, False, "", *_values())))[-1]
+    answer = user.answers[0]
+    assert answer.trace.stats.stop_reason == "max_new_tokens"
+    assert answer.footer.endswith(" · Stopped at the 12-token limit.") and answer.footer in final["status"]
+    assert final["chat"].count('class="tf-continue"') == 1
+
+    updates = list(streamed(answers.on_continue(user, False, False, *_values())))
+    assert all('class="tf-continue"' not in out["chat"] for out in updates[:-1])  # not while it streams
+    final = updates[-1]
+    assert user.answers == [answer] and len(user.session.turns) == 1  # the same answer went on
+    trace, turn = answer.trace, user.session.turns[0]
+    assert trace.new_tokens == 24 and trace.token_ids == turn.token_ids and trace.stats.new_tokens == 24
+    assert trace.stats.rounds == len(trace.rounds)  # the figures of both parts, as one answer's
+    assert " · 24 tokens at " in answer.footer and answer.footer.endswith(" · Stopped at the 24-token limit.")
+    assert answer.footer in final["status"] and final["chat"].count('class="tf-continue"') == 1
+
+    # the same question with a limit of 24 at once: the same tokens (greedy)
+    other = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
+    list(answers.on_ask("w9 w10", other, False, False, "", *_values(max_new_tokens=24)))
+    assert other.answers[0].trace.token_ids == trace.token_ids
+    assert other.session.turns[0].answer == turn.answer
+
+    # a next question: its answer carries the button, the one before no longer
+    final = list(streamed(answers.on_ask("w11", user, False, False, "", *_values())))[-1]
+    assert final["chat"].count('class="tf-continue"') == 1
+    assert final["chat"].rindex('class="tf-continue"') > final["chat"].rindex("tf-user")
+
+
+# -- the lesson in its own tab; panels that say which answer they show ---------------------------
+
+def _ctx(engine, worker) -> AppContext:
+    return AppContext(engine=engine, worker=worker, sessions=SessionPool(worker, 2),
+                      slots=SlotPool(engine, capacity=1), defaults=Settings(), max_bytes=1_000_000)
+
+
+def _request(query: str) -> gr.Request:
+    """The request of a page opened at `/?{query}`, as Gradio hands it to a load handler."""
+    from starlette.requests import Request
+
+    return gr.Request(Request({"type": "http", "method": "GET", "path": "/", "query_string": query.encode(),
+                               "headers": []}))
+
+
+def test_the_lesson_opens_only_at_its_own_address_in_a_session_never_saved(chat_engine: TriForceEngine, worker):
+    """The Lesson button's tab (/?lesson=1) gets a session of its own, never saved, and the gate
+    that starts the lesson; any other page load (the user's own tab) changes nothing."""
+    teaching = TeachingHandlers(_ctx(chat_engine, worker))
+    skip = type(gr.skip())
+    for query in ("", "lesson=0", "other=1"):
+        assert all(isinstance(out, skip) for out in teaching.lesson_open(None, _request(query))), query
+    user, gate = teaching.lesson_open(None, _request("lesson=1"))
+    assert gate is True and user is not None and user.keep is False and user.document is None
+
+
+def test_the_lesson_s_words_go_with_the_next_action_once_it_is_over(chat_engine: TriForceEngine, worker):
+    from ui.state import Lesson
+
+    teaching = TeachingHandlers(_ctx(chat_engine, worker))
+    user = _ctx(chat_engine, worker).new_user()
+    user.lesson = Lesson({})  # a lesson under way: its words stay
+    assert isinstance(teaching.on_action(user), type(gr.skip()))
+    user.lesson = None  # over: the next question, document or clearing takes them away
+    assert teaching.on_action(user) == "" and teaching.on_action(None) == ""
+
+
+def test_the_fluency_check_finds_short_and_looping_answers():
+    from ui.handlers.teaching import fluency_problem, repeated_run
+
+    english = ("A class is a blueprint for objects: it bundles data and the functions that work on it. Each "
+               "instance of a class has its own attributes, and methods are functions defined in the class body "
+               "that receive the instance as their first argument, usually called self.")
+    assert fluency_problem(english) is None and repeated_run(english) == 1
+    assert fluency_problem("A class is a blueprint.") == "5 words, under 25"
+    loop = "Regular classes have two fundamental attributes: the class and the object. " * 4
+    assert repeated_run(loop) == 4 and "repeated 4 times" in fluency_problem(loop)
+    twice = english + " " + "the class and the object of it. " * 2  # a phrase twice is not a loop
+    assert fluency_problem(twice) is None
+    # punctuation and case do not hide a loop
+    assert repeated_run("The class, the object. the CLASS the object " * 3) >= 3
+
+
+def test_an_empty_or_blank_token_is_never_shown_as_nothing():
+    from ui.narration import EMPTY_PIECE, quoted
+
+    assert quoted("") == EMPTY_PIECE and "«»" not in EMPTY_PIECE
+    assert quoted(" ") == "«␣»" and quoted("\n") == "«⏎»" and quoted(" \n\t") == "«␣⏎⇥»"
+    assert quoted("a b\nc") == "«a b⏎c»"  # spaces inside words read as they are
+
+
+def test_a_new_answer_clears_the_inspector_and_each_panel_names_the_answer_it_shows(
+        chat_engine: TriForceEngine, worker):
+    """The inspector and the p/q chart keep no token of an earlier answer once a new one starts;
+    the narration keeps every round of the answer it describes and names it, the inspector, the
+    chart, the charts and the table name it too; the chat's empty text names the document."""
+    from ui.views import transcript
+
+    ctx = _ctx(chat_engine, worker)
+    documents, answers, teaching = DocumentHandlers(ctx), AnswerHandlers(ctx), TeachingHandlers(ctx)
+    assert "Load a document" in transcript(None, False)
+    doc = Document(words(200, 3), "txt", "d.txt", (Section(0, "page 1"),))
+    loaded = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))
+    user = loaded["user"]
+    assert "Ask a question about d.txt." in loaded["chat"] and "Load a document" not in loaded["chat"]
+    values = _values(temperature=0.8, seed=2, max_new_tokens=30, lookup=False)
+    first = list(streamed(answers.on_ask("w9 w10", user, True, False, "", *values)))[-1]
+    trace = user.answers[0].trace
+    label = f"answer 1: «{' '.join(trace.text.split()[:6])}"
+    rounds = len(trace.rounds)
+    assert rounds > 4  # more than the four the narration used to keep
+    assert first["narration"].count("<li>") == rounds and "Round 1:" in first["narration"]
+    assert f"The rounds of {label}" in first["narration"].replace("&#x27;", "'")
+    assert "«»" not in first["narration"] and "p: the verifier&#x27;s probability" in first["narration"]
+    assert label in first["stats"] and label in first["acceptance"].layout.title.text
+    assert label in first["speed"].layout.title.text
+    picked = next(i for i, s in enumerate(trace.segments) if s.kind == "rejected" and s.checks)
+    shown = named(PICK_OUTPUTS, teaching.on_pick(f"0:{picked}@1", user))
+    assert "In answer 1: «" in shown["inspector"] and "answer 1: «" in shown["inspector_plot"].layout.title.text
+    assert "if and only if" in shown["inspector"] or "uniform random draw" in shown["inspector"]
+    assert "the distribution left after removing what the proposer already covered" in shown["inspector"]
+    # the next answer: its first update clears the inspector and the chart; its panels name it
+    updates = list(streamed(answers.on_ask("w11", user, True, False, "", *values)))
+    assert "Click a token" in updates[0]["inspector"] and not updates[0]["inspector_plot"].data
+    assert all(isinstance(u["inspector"], type(gr.skip())) for u in updates[1:])  # cleared once, then left
+    assert "answer 2: «" in updates[-1]["stats"] and "The rounds of answer 2" in updates[-1]["narration"]
+    # a token of either answer can still be inspected, and says which answer it is in
+    again = named(PICK_OUTPUTS, teaching.on_pick(f"0:{picked}@2", user))["inspector"]
+    assert "In answer 1: «" in again
+    cleared = named(STREAMED, answers.on_clear(user, 32))
+    assert "Ask a question about d.txt." in cleared["chat"]

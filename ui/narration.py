@@ -20,7 +20,7 @@ EMPTY_PIECE = "a token with no text of its own (the end of the answer, or part o
 BLANKS = {"\n": "⏎", " ": "␣", "\t": "⇥"}
 
 
-def _quote(text: str) -> str:
+def quoted(text: str) -> str:
     """A token's text in «», never «» nor a blank that reads as nothing: a newline shows as ⏎
     everywhere; a piece of blanks alone shows each blank (␣ a space, ⇥ a tab)."""
     if text == "":
@@ -58,15 +58,15 @@ def round_sentence(trace: AnswerTrace, n: int) -> str:
             c = next((c for c in rejected.checks if c.verifier == "target"), None)
             why = f" ({check_summary(c).split(': ', 1)[1]})" if c is not None else ""
             source = "from the residual" if c is not None and c.u is not None else "itself"
-            text += f", rejected {_quote(rejected.text)}{why} and drew {_quote(own.text)} {source}"
+            text += f", rejected {quoted(rejected.text)}{why} and drew {quoted(own.text)} {source}"
         elif own is not None and at == pt:
-            text += f", then added its own bonus token {_quote(own.text)}"
+            text += f", then added its own bonus token {quoted(own.text)}"
         parts.append(text)
     words = "".join(s.text for s in committed)
     count = f"{len(committed)} token{'s' * (len(committed) != 1)} committed"
     if pt and len(committed) < at:  # the answer's end (or its token limit) came within the accepted ones
         count += " (the answer ended within them)"
-    shown = _quote(words) if words or len(committed) <= 1 else "tokens with no text of their own"
+    shown = quoted(words) if words or len(committed) <= 1 else "tokens with no text of their own"
     parts.append(f"{count}: {shown}")
     return f"Round {n}: " + "; ".join(parts) + "."
 
