@@ -140,7 +140,9 @@ def test_a_long_paste_used_as_the_document_is_read_like_an_upload(engines):
         documents = DocumentHandlers(ctx)
         text = f"# First\n\n{words(30, 1)}\n\n# Second\n\n{words(30, 2)}\n"
         out = documents.on_paste(text, None, 32)
-        assert len(out) == len(DOCUMENT_OUTPUTS) + 2 and out[-2:] == ("", paste_note())
+        assert len(out) == len(DOCUMENT_OUTPUTS) + 2 and out[-2] == ""  # the hidden box lets go of the text
+        assert re.fullmatch(r'<div class="tf-paste-note" data-max="20000" data-nonce="\d+" [^>]*></div>', out[-1])
+        assert out[-1] != paste_note()  # a value of its own, so the page redraws the note the script wrote into
         named = dict(zip(DOCUMENT_OUTPUTS, out))
         user = named["user"]
         assert user.document.name == "pasted text" and user.document.text == text
@@ -150,7 +152,8 @@ def test_a_long_paste_used_as_the_document_is_read_like_an_upload(engines):
         empty = documents.on_paste("   ", user, 32)
         named = dict(zip(DOCUMENT_OUTPUTS, empty))
         assert "Could not use the paste as the document: the pasted text is empty" in named["status"]
-        assert named["user"].document.text == text  # the document before stays
+        assert "the pasted text is empty" in empty[-1] and empty[-2] == ""
+        assert user.document.text == text and isinstance(named["user"], type(gr.skip()))  # the document before stays
     finally:
         worker.close()
 

@@ -11,6 +11,8 @@ text file (Markdown headings are its sections).
 
 from __future__ import annotations
 
+import html
+
 import gradio as gr
 
 from triforce_core.documents import Document, DocumentError
@@ -21,10 +23,14 @@ MAX_QUESTION_CHARS = 20_000  # a question longer than this is a document
 PASTED_NAME = "pasted text"
 
 
-def paste_note() -> str:
-    """The (empty) note beside the chat box, which the page's script fills when a paste is over
-    the cap; it carries the cap for the script."""
-    return f'<div class="tf-paste-note" data-max="{MAX_QUESTION_CHARS}" role="status" aria-live="polite"></div>'
+def paste_note(message: str = "", nonce: int = 0) -> str:
+    """The note beside the chat box: empty until the page's script fills it (a paste over the
+    cap), or `message` (the server's word on a paste used as the document). It carries the cap
+    for the script. The script writes into the note itself, and Gradio redraws an HTML component
+    only when its value changes: a new `nonce` makes an update that empties the note draw it."""
+    body = html.escape(message)
+    return (f'<div class="tf-paste-note" data-max="{MAX_QUESTION_CHARS}" data-nonce="{int(nonce)}" role="status" '
+            f'aria-live="polite">{body}</div>')
 
 
 def question_refused(message: str) -> str | None:

@@ -16,7 +16,7 @@ import time
 from triforce_core.serving.book import BookSession
 from triforce_core.documents import Document, DocumentError, Section, load_document
 from triforce_core.resources import SAMPLE_DOCUMENT
-from triforce_core.documents.picking import merged_spans, over_window, section_tokens, selected_text
+from triforce_core.documents.picking import over_window, picked_titles, section_tokens, selected_text
 
 from ..figures import retrieval_map_figure
 from ..pasting import paste_note, pasted_document
@@ -106,13 +106,12 @@ class DocumentHandlers:
         tokens = self.ctx.worker.call(lambda: len(chat_session(engine, text, system_prompt=system).prompt_ids("")))
         room = int(max_new_tokens or 0)
         if tokens + room > window:
-            numbers = ", ".join(str(i + 1) for i in picked)
-            message = over_window(f"The selection (sections {numbers})", tokens, window, room)
+            message = over_window(f"The selection ({picked_titles(book, picked)})", tokens, window, room)
             gr.Warning(message)
             skip = _skipped()
             return (user, *skip[1:3], status_html(message + ". Pick fewer.", "error"), *skip[4:])
-        names = ", ".join(str(names[0] + 1) for _a, _b, names in merged_spans(book.sections, picked))
-        self._read(user, Document(text, book.format, f"{book.name}, sections {names}"))
+        names = picked_titles(book, picked)  # the book's own titles and numbers, not the list's positions
+        self._read(user, Document(text, book.format, f"{book.name}: {names}"))
         out = self._outputs(user, budget, mode, status_html(
             f"Reading sections {names} of {book.name}: {user.session.document_tokens:,} tokens. Ask a question.", "ok"))
         return with_outputs(out, toc_list=gr.update(value=picked))
