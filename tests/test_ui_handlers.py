@@ -144,24 +144,24 @@ def test_a_book_over_the_window_is_read_by_the_sections_picked(chat_engine: TriF
     updates = [named(STREAMED, out) for out in answers.on_ask(" ".join(gamma[:3]), user, False, False, "", *_values())]
     assert "tf-ok" in updates[-1]["status"]
     read = user.session.turns[-1].sections_read
-    assert 4 in [s["number"] for s in read] and user.document.text.startswith("[Section ")
+    assert 4 in [s["number"] for s in read] and user.document.text.startswith("[Section: ")
     assert documents.on_answered(user)["value"] == sorted({s["number"] - 1 for s in read})  # ticked
     # ... until the user ticks sections and reads those: a plain conversation over them
     labels = [label for label, _ in toc["choices"]]
-    assert labels[0] == "1. Alpha · 250 tokens" and labels[2] == "\u2003└ 3. Beta detail · 320 tokens"
-    assert labels[1] == "2. Beta · 620 tokens"  # a section includes its subsection
+    assert labels[0] == "Alpha · 250 tokens" and labels[2] == "\u2003└ Beta detail · 320 tokens"
+    assert labels[1] == "Beta · 620 tokens"  # a section includes its subsection
     assert "4 sections, about 1,270 tokens" in toc["label"] and "window of 1,024" in toc["label"]
 
     # Beta (with its detail) and Gamma: 1,020 tokens + the template + 12 for the answer, too many.
     with pytest.warns(UserWarning, match="selection"):  # gr.Warning: a toast on the page
         refused = named(DOCUMENT_OUTPUTS, documents.on_sections([1, 3], user, 32, 12))["status"]
-    assert "The selection (sections 2, 4) is 1,0" in refused and "window of 1,024" in refused
+    assert "The selection (Beta; Gamma) is 1,0" in refused and "window of 1,024" in refused
     assert "tf-error" in refused
     assert isinstance(user.session, BookSession)  # nothing changed
     out = named(DOCUMENT_OUTPUTS, documents.on_sections([0, 2, 3], user, 32, 12))  # Alpha, Beta detail, Gamma
     assert not isinstance(user.session, BookSession)
-    assert "Reading sections 1, 3, 4 of book.md" in out["status"] and out["toc_list"]["value"] == [0, 2, 3]
-    assert user.session.document.startswith("[Section 1: Alpha]") and "[Section 3: Beta detail]" in user.session.document
+    assert "Reading sections Alpha; Beta detail; Gamma of book.md" in out["status"] and out["toc_list"]["value"] == [0, 2, 3]
+    assert user.session.document.startswith("[Section: Alpha]") and "[Section: Beta detail]" in user.session.document
     assert 970 < user.session.document_tokens < 1000
     updates = [named(STREAMED, out) for out in answers.on_ask("w9 w10", user, False, False, "", *_values())]
     assert "tf-ok" in updates[-1]["status"] and user.answers[0].trace.new_tokens > 0

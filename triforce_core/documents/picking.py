@@ -68,6 +68,12 @@ def selected_text(doc: Document, picked: Sequence[int]) -> str:
     return "\n\n".join(parts) + "\n"
 
 
+def picked_titles(doc: Document, picked: Sequence[int]) -> str:
+    """The picked sections by the book's titles, one per span read (a chapter picked with its
+    subsections is named once): '7.1 Hash functions; 7.3 Compatibility functions'."""
+    return "; ".join(doc.sections[names[0]].title for _a, _b, names in merged_spans(doc.sections, picked))
+
+
 def section_tokens(doc: Document, count_tokens: Callable[[str], int]) -> list[int]:
     """Tokens of each section's own span (its subsections included)."""
     return [count_tokens(doc.text[s.start : s.end]) for s in doc.sections]
