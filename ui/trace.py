@@ -90,7 +90,19 @@ class AnswerTrace:
         self._t0: float | None = None
         self._last_t: float = 0.0
         self.waited_s = 0.0  # decoding's waits for Step (the caller's clock for `push` leaves them out too)
+        self.waited_before = 0.0  # of those, the waits of the answer's parts before a Continue
+        self._first: tuple[Prefilled | None, GenerationStats | None] | None = None  # (`continuing`)
         self._reset_round()
+
+    def continuing(self) -> None:
+        """The answer goes on (Continue after its token limit): the next generation's events
+        join this trace. Its prefill stays the answer's first; its statistics, when it finishes,
+        are merged into the answer's (`GenerationStats.then`), so every figure covers the whole
+        answer; its round clock goes on from the last round's (the wait before Continue left out)."""
+        self._first = (self.prefill, self.stats)
+        self.stats = None
+        self.waited_before = self.waited_s
+        self._t0 = None
 
     # -- folding events --------------------------------------------------------------------
     def _reset_round(self) -> None:
@@ -104,7 +116,7 @@ class AnswerTrace:
 
     def push(self, ev, now: float = 0.0) -> None:
         if isinstance(ev, Prefilled):
-            self.prefill = ev
+            self.prefill = ev if self._first is None else self._first[0]
         elif isinstance(ev, ChunksSelected):
             self.selections.append(ev)
         elif isinstance(ev, Drafted):
@@ -125,10 +137,11 @@ class AnswerTrace:
                 self._target = ev
         elif isinstance(ev, Committed):
             if self._t0 is None:
-                self._t0 = now
+                self._t0 = now - self._last_t  # a continued answer's clock goes on from its last round
             self._committed(ev, now - self._t0)
         elif isinstance(ev, Finished):
-            self.stats = ev.stats
+            before = self._first[1] if self._first is not None else None
+            self.stats = before.then(ev.stats) if before is not None else ev.stats
 
     def _count(self, ev: Verified) -> None:
         self._proposed[ev.level] = self._proposed.get(ev.level, 0) + ev.proposed

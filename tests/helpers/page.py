@@ -53,15 +53,43 @@ def watch_status(page) -> None:
 
 
 def last_answer_tokens(page):
-    """The last answer's coloured tokens (a locator)."""
+    """The last answer's coloured tokens (a locator): one `tf-tok` per token, in order (its
+    first piece: a token across a paragraph break or into bold text goes on as `tf-tok-more`)."""
     return page.locator(".tf-assistant").last.locator(".tf-tok")
+
+
+def assert_answer_text(page, content: str) -> None:
+    """The last answer shows `content` as Markdown: the source its Copy Markdown button copies
+    is `content`, and its text on screen (innerText) is that of `content` rendered without
+    colours under the same styles, so the colours split no word and add, drop or move no
+    character; no token's colour has a border, padding or margin."""
+    from ui.answer_html import plain_html
+
+    last = page.locator(".tf-assistant").last
+    assert last.locator("template.tf-md").evaluate("t => t.content.textContent") == content
+    shown, plain = last.locator(".tf-answer-body").evaluate("""(body, markup) => {
+        const twin = document.createElement('div');
+        twin.className = 'tf-answer-body';
+        twin.innerHTML = markup;
+        body.parentElement.appendChild(twin);
+        const text = twin.innerText;
+        twin.remove();
+        return [body.innerText, text];
+    }""", plain_html(content))
+    assert shown == plain and shown.strip(), (shown, plain)
+    boxes = last.locator(".tf-answer-body .tf-tok, .tf-answer-body .tf-tok-more").evaluate_all("""els => [...new Set(
+        els.map(e => { const s = getComputedStyle(e);
+                       return [s.paddingLeft, s.paddingRight, s.marginLeft, s.marginRight, s.borderLeftWidth,
+                               s.borderRightWidth, s.display].join(' '); }))]""")
+    assert boxes == ["0px 0px 0px 0px 0px 0px inline"], boxes
 
 
 FOOTER = re.compile(
     r"(?P<mode>\w+) · (?P<tokens>\d+) tokens at (?P<speed>[\d.]+) tok/s"
     r"(?P<note> \(not counting (?P<waited>[\d.]+) s waiting for Step\))? · "
     r"(?:prefill (?P<prefill>[\d,]+) tokens in [\d.]+s(?:, (?P<reused>[\d,]+) reused(?: \([\d,]+ from disk\))?)? · )?"
-    r"mean accepted (?P<mean>[\d.]+)(?: · acceptance (?P<acceptance>.+))?")
+    r"mean accepted (?P<mean>[\d.]+)(?: · acceptance (?P<acceptance>.+?))?"
+    r"(?: · Stopped at the (?P<limit>\d+)-token limit\.)?")  # an answer its token limit ended (Continue)
 PREFILL_ROW = re.compile(r"(?P<prefill>[\d,]+) tokens in [\d.]+s \((?P<reused>[\d,]+) reused(?:, [\d,]+ of them from disk)?\)")
 GAUGE = re.compile(r"document (?P<document>[\d,]+)(?: read of its (?P<book>[\d,]+))? \+ conversation "
                    r"(?P<conversation>[\d,]+) of (?P<window>[\d,]+) tokens")
@@ -95,9 +123,9 @@ def assert_answer_figures(page, reply: dict) -> re.Match:
     tokens = usage["completion_tokens"]
     per_forward = f"{truth['tokens_per_target_forward']:.2f}"
     acceptance = {level: f"{v:.2f}" for level, v in truth["acceptance"].items()}
-    # the same answer, token for token
-    shown = last_answer_tokens(page).evaluate_all("els => els.map(e => e.textContent)")
-    assert ("".join(shown), len(shown)) == (reply["choices"][0]["message"]["content"], tokens)
+    # the same answer: its text, shown as Markdown, and one coloured token per token
+    assert last_answer_tokens(page).count() == tokens
+    assert_answer_text(page, reply["choices"][0]["message"]["content"])
 
     rows = shown_stats(page)
     assert rows["mode"] == truth["mode"] and rows["tokens"] == str(tokens), rows
