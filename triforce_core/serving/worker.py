@@ -20,6 +20,12 @@ is called, without holding up the other jobs; `set_stepping(False)` lets it run 
 followed and the seconds it lasted (a generation's own clock runs on while it waits, so a
 consumer leaves these out of its speeds).
 
+What a job shares the worker with: before its first event `worker.ahead_of(job)` counts the
+requests it waits behind and `worker.sharing(job)` the other answers it will advance beside;
+`job.ran_with` holds the other generations whose events the worker ran between this job's own
+(a speed measured over such a job is not the job's alone). A `call` is no generation: it counts
+as a request ahead, never in `ran_with`.
+
 `ThreadWorker` runs the same `Job`s each on a thread of its own, for generations that wait on a
 remote engine (`remote`) rather than compute in this process.
 """
@@ -27,6 +33,7 @@ remote engine (`remote`) rather than compute in this process.
 from __future__ import annotations
 
 import collections
+import itertools
 import queue
 import threading
 import time
@@ -34,14 +41,20 @@ from typing import Callable, Iterator
 
 
 _END = object()
+_NUMBERS = itertools.count(1)  # each job's number, for `ran_with`
 
 
 class Job:
     """A generation submitted to the worker; iterate it to receive its items."""
 
     def __init__(self, start: Callable[[], Iterator], pause_after: Callable[[object], bool] | None = None,
-                 stepping: bool = False):
+                 stepping: bool = False, generation: bool = True):
         self._start = start
+        self.number = next(_NUMBERS)
+        self.generation = generation  # False: a `call` (one function run on the worker)
+        self.started = False  # the worker has begun it (called `start()`)
+        self.ran_with: set[int] = set()  # numbers of the other generations run between this job's events
+        self._worked = False  # it advanced in the worker's current pass
         self._items: queue.Queue = queue.Queue()
         self._cancelled = threading.Event()
         self.finished = threading.Event()
@@ -153,7 +166,9 @@ class Job:
                         self.steps_taken += 1
                     self._held = False
                 self._end_wait()
+            self._worked = True
             if self._gen is None:
+                self.started = True
                 self._gen = self._start()
             item = next(self._gen)
             self._items.put(item)
@@ -187,6 +202,7 @@ class EngineWorker:
         self._wake = threading.Condition()
         self._closed = False
         self._running = 0
+        self._active: list[Job] = []  # the jobs of the pass under way (for ahead_of and sharing)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -195,7 +211,9 @@ class EngineWorker:
         """Queue a generation: `start()` is called in the worker and returns its event iterator.
         With `pause_after` and `stepping`, the job waits for `step()` after each item the test
         accepts (see the module docstring)."""
-        job = Job(start, pause_after, stepping)
+        return self._queue(Job(start, pause_after, stepping))
+
+    def _queue(self, job: Job) -> Job:
         job._wake = self._wake
         with self._wake:
             if self._closed:
@@ -209,7 +227,23 @@ class EngineWorker:
         def start():
             yield fn()
 
-        return next(iter(self.submit(start)))
+        return next(iter(self._queue(Job(start, generation=False))))
+
+    def ahead_of(self, job: Job) -> int:
+        """Requests (generations or calls) submitted before `job`, not finished and not waiting
+        for a Step, while `job` has not started: what it waits behind. 0 once it has started."""
+        with self._wake:
+            if job.started or job.finished.is_set():
+                return 0
+            others = list(self._active) + list(self._pending)
+        return sum(1 for j in others if j.number < job.number and not j.finished.is_set() and not j.waiting)
+
+    def sharing(self, job: Job) -> int:
+        """The other generations the worker runs now, not waiting for a Step: what `job` advances
+        beside, one event each in turn."""
+        with self._wake:
+            others = list(self._active) + list(self._pending)
+        return sum(1 for j in others if j is not job and j.generation and not j.finished.is_set() and not j.waiting)
 
     @property
     def alive(self) -> bool:
@@ -241,10 +275,18 @@ class EngineWorker:
                 while self._pending:
                     active.append(self._pending.popleft())
                 self._running = len(active)
+                self._active = list(active)
             # One event from each active job in turn.
-            active = [job for job in active if job._step()]
+            for job in active:
+                job._worked = False
+            running = [job._step() for job in active]
+            worked = [job for job in active if job._worked]
+            for job in worked:  # the generations whose events ran between this job's
+                job.ran_with.update(o.number for o in worked if o is not job and o.generation)
+            active = [job for job, on in zip(active, running) if on]
             with self._wake:
                 self._running = len(active)
+                self._active = list(active)
                 # every job waits for a step: sleep until one is nudged (a step, a stop, a new job)
                 if active and not self._pending and not self._closed and all(j.waiting for j in active):
                     self._wake.wait(timeout=1.0)
@@ -278,6 +320,14 @@ class ThreadWorker:
     def call(self, fn: Callable[[], object]):
         """`fn()` here: there is no engine whose thread it must run on."""
         return fn()
+
+    def ahead_of(self, job: Job) -> int:
+        """0: no job waits for another here (each runs on its own thread)."""
+        return 0
+
+    def sharing(self, job: Job) -> int:
+        """0: the jobs here share no model in this process (each waits on its server)."""
+        return 0
 
     @property
     def alive(self) -> bool:
