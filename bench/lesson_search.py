@@ -10,7 +10,8 @@ settings for everything the lesson leaves alone. Each answer is scored by the le
 last) is a question and temperature whose answers are fluent for every seed (a setting fluent by
 one lucky draw alone is not picked), the lowest such temperature (a hotter one drifts off the
 subject and into made-up strings that the check does not see), the first question given at it,
-with its first seed.
+with its first seed. A question that holds a Markdown mark (`MARKS`) is not picked: its answers
+quote it, and the page's Markdown would show «__init__()» as a bold «init()».
 
     python -m bench.lesson_search [--model smollm2] [--questions "What is a class?|..."]
                                   [--temperatures 0.3,0.6] [--seeds 1,2,3] [--penalties 1.2]
@@ -51,13 +52,18 @@ def lesson_config(engine: TriForceEngine, session, temperature: float, seed: int
                        "budget": lesson_budget(context, base.chunk_size)}).config()
 
 
+MARKS = ("_", "*", "`")  # Markdown's emphasis and code marks
+
+
 def pick(results: list[dict]) -> dict | None:
     """Of the (question, temperature, repetition penalty) settings fluent for every seed, the one
-    at the lowest temperature, first in the order run: its first seed's row (None when none is)."""
+    at the lowest temperature, first in the order run, its question free of `MARKS`: its first
+    seed's row (None when none is)."""
     groups: dict[tuple, list[dict]] = {}
     for row in results:
         groups.setdefault((row["question"], row["temperature"], row["repetition_penalty"]), []).append(row)
-    fluent = [rows for rows in groups.values() if all(r["fluent"] for r in rows)]
+    fluent = [rows for rows in groups.values() if all(r["fluent"] for r in rows)
+              and not any(mark in rows[0]["question"] for mark in MARKS)]
     return min(fluent, key=lambda rows: rows[0]["temperature"])[0] if fluent else None
 
 

@@ -18,3 +18,5 @@ def test_the_pick_is_fluent_for_every_seed_at_the_lowest_temperature():
     assert pick(rows) == rows[4]
     assert pick(rows[:4]) == rows[2]  # only a hotter setting holds: that one
     assert pick(rows[:2]) is None
+    marked = [_row("What does __init__ do?", 0.3, 1, True), _row("What does __init__ do?", 0.3, 2, True)]
+    assert pick(marked + rows) == rows[4]  # the page's Markdown would turn its answer's __init__ bold

@@ -5,8 +5,10 @@ A token's `data-tf="turn:segment"` reaches `on_pick` through a hidden text box t
 script fills on click. Step mode submits the generation with a pause after each round
 (`round_pauses`): the worker then waits for `on_step` between rounds, serving other users
 meanwhile, and Stop still ends it. The lesson is a stepped answer whose pauses end by
-themselves after LESSON_ROUND_S (`AnswerHandlers.run_turn`): `lesson_setup` keeps the user's
-settings and sets its own, `lesson_end` gives them back.
+themselves after LESSON_ROUND_S (`AnswerHandlers.run_turn`), in a tab of its own: the Lesson
+button opens the page at `LESSON_QUERY`, whose load (`lesson_open`) gives that page a session of
+its own, never saved, and starts it; `lesson_setup` keeps that tab's settings and sets its own,
+`lesson_end` gives them back and counts which level produced what (`ui.narration.levels_summary`).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ..state import AppContext, Lesson, UserState
 # The lesson: the paper's three levels on the sample document, sampled, one round a second, in
 # a tab of its own (`LESSON_QUERY`). Its question and settings are the first candidate SmolLM2
 # answered fluently (`fluency_problem`) over the sample: docs/results.md, "The lesson's question".
-LESSON_QUESTION = "What is a class?"
+LESSON_QUESTION = "How does inheritance work in Python classes?"
 LESSON_SETTINGS = dict(mode="triforce", temperature=0.3, seed=1, lookup=False, repetition_penalty=1.2)
 LESSON_ROUND_S = 1.0  # the lesson runs by itself: the next round after this many seconds
 # The page address that opens the lesson (the Lesson button opens it in a new tab): that page's
