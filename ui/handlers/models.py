@@ -21,7 +21,7 @@ import time
 
 import gradio as gr
 
-from triforce_core.config import DEFAULT_MODE, DRAFTLESS_MODES, MODES
+from triforce_core.config import DEFAULT_MODE, DRAFTLESS_MODES, MODES, default_sampling
 from triforce_core.models.loading import ModelLoadError
 from triforce_core.models.folders import PathRefused
 from triforce_core.serving.registry import ServedModel, UnknownModel
@@ -58,8 +58,13 @@ def model_info(served_id: str | None, note: str | None, engine) -> str:
 
 def message_placeholder(engine) -> str:
     """The chat box's placeholder for `engine`'s model: an instruct model gets a real question; a
-    model that is no instruct model (the demo pair copies from its document) a phrase to go on."""
-    if getattr(engine, "instruct", False):
+    model that is no instruct model (the demo pair copies from its document) a phrase to go on.
+    A served engine's model (`--engine URL`) is known by its card's default sampling: an instruct
+    model's has the repetition control (`config.INSTRUCT_SAMPLING`)."""
+    instruct = getattr(engine, "instruct", None)
+    if instruct is None:
+        instruct = engine.default_sampling().repetition_penalty == default_sampling(True).repetition_penalty
+    if instruct:
         return "Ask about the document, e.g. What is a class?"
     return "Ask about the document, e.g. What follows «a phrase from it»?"
 
