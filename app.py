@@ -19,7 +19,7 @@ import sys
 
 
 def parser() -> argparse.ArgumentParser:
-    from triforce_core.config import CacheConfig, SpeculationConfig  # light: no torch
+    from triforce_core.config import CHAT_MAX_NEW_TOKENS, CacheConfig  # light: no torch
     from triforce_core.cli.flags import add_exact_arg, add_kv_cache_args, add_kv_dtype_arg, add_models_dir_arg
     from triforce_core.cli.serve import add_access_args
 
@@ -45,7 +45,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=["triforce", "retrieval", "draft", "lookup", "autoregressive"],
                    help="default decoding mode of the app and the HTTP API (default: lookup, the fastest measured on "
                    "document chat; the retrieval map shows a selection in triforce or retrieval mode)")
-    p.add_argument("--max-new-tokens", type=int, default=SpeculationConfig.max_new_tokens,
+    p.add_argument("--max-new-tokens", type=int, default=CHAT_MAX_NEW_TOKENS,
                    help="default answer length limit (default %(default)s)")
     p.add_argument("--budget", type=int, default=CacheConfig.budget,
                    help="default retrieval budget in tokens (default %(default)s)")

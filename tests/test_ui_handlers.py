@@ -628,3 +628,22 @@ def test_a_new_answer_clears_the_inspector_and_each_panel_names_the_answer_it_sh
     assert "In answer 1: «" in again
     cleared = named(STREAMED, answers.on_clear(user, 32))
     assert "Ask a question about d.txt." in cleared["chat"]
+
+
+def test_a_chat_answers_default_limit_is_the_measured_one_everywhere_a_chat_runs():
+    """The page, its `chat` endpoint and the `chat` command default to the limit measured for
+    SmolLM2's chat answers (docs/results.md names it); one generation's own default stays."""
+    from pathlib import Path
+
+    import app
+    from triforce_core.cli.main import build_parser
+    from triforce_core.config import CHAT_MAX_NEW_TOKENS, SpeculationConfig
+
+    parse = build_parser().parse_args
+    assert Settings().max_new_tokens == app.parse_args([]).max_new_tokens == CHAT_MAX_NEW_TOKENS
+    assert parse(["chat", "--question", "q"]).max_new_tokens == CHAT_MAX_NEW_TOKENS
+    assert parse(["generate", "--prompt", "x"]).max_new_tokens == SpeculationConfig().max_new_tokens
+    assert CHAT_MAX_NEW_TOKENS != SpeculationConfig().max_new_tokens
+    results = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text(encoding="utf-8")
+    section = results.split("## How long a chat answer is", 1)[1].split("\n## ", 1)[0]
+    assert f"**{CHAT_MAX_NEW_TOKENS}**" in section and "scripts.measure_answer_lengths" in section

@@ -17,6 +17,12 @@ MODES = ("triforce", "retrieval", "draft", "lookup", "autoregressive")
 # alone, the fastest measured on document chat at every prompt length (docs/results.md).
 DEFAULT_MODE = "lookup"
 
+# The longest answer of a chat turn where the user set none (the app's page and `chat` endpoint,
+# the `chat` command): a limit that most of SmolLM2's answers over the bundled sample end within
+# on their own, measured in docs/results.md ("How long a chat answer is"). One generation's own
+# default (`SpeculationConfig.max_new_tokens`: `generate`, the HTTP API, the benchmarks) stays.
+CHAT_MAX_NEW_TOKENS = 320
+
 
 # The disk cache of prefilled K/V (`triforce_core.kv.disk`): its folder and size cap.
 KV_CACHE_MAX_GB = 8.0

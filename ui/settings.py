@@ -13,6 +13,7 @@ from dataclasses import dataclass, fields, replace
 import gradio as gr
 
 from triforce_core.config import (
+    CHAT_MAX_NEW_TOKENS,
     DEFAULT_MODE,
     MODES,
     PAPER_METHOD,
@@ -33,7 +34,7 @@ class Settings:
     top_p: float = SamplingConfig.top_p
     # An instruct model's default comes from its engine (`for_model`); 1 = off.
     repetition_penalty: float = SamplingConfig.repetition_penalty
-    max_new_tokens: int = SpeculationConfig.max_new_tokens
+    max_new_tokens: int = CHAT_MAX_NEW_TOKENS  # a chat answer's limit (Continue goes on past it)
     budget: int = CacheConfig.budget
     chunk_size: int = CacheConfig.chunk_size
     gamma1: int = SpeculationConfig.gamma1

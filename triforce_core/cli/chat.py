@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..config import CHAT_MAX_NEW_TOKENS
 from ..documents.picking import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 from .flags import (UsageError, add_decoding_args, add_kv_cache_args, add_model_args, apply_kv_cache_args, check_flags,
                     load_engine)
@@ -50,7 +51,7 @@ def add_parser(sub) -> None:
                       help="with --sections auto: tokens of the book each question reads at most (default 4096, "
                       "measured with the demo pair; never more than the window leaves)")
     conv.add_argument("--max-mb", type=float, default=50.0, help="largest document accepted, in MB (default 50)")
-    add_decoding_args(c)
+    add_decoding_args(c, max_new=CHAT_MAX_NEW_TOKENS)  # a chat answer's limit
     add_kv_cache_args(c)
     c.add_argument("--json", action="store_true", help="print one JSON object on stdout")
 

@@ -50,9 +50,10 @@ def add_model_args(g) -> None:
     add_exact_arg(models)
 
 
-def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
+def add_decoding_args(g, mode: bool = True, sampling: bool = True, max_new: int = _SPEC.max_new_tokens) -> None:
     """The decoding and speculation flags; without `mode` (bench: every mode) no --mode, without
-    `sampling` (serve: each request sets its own) no sampling flags."""
+    `sampling` (serve: each request sets its own) no sampling flags; `max_new`: --max-new-tokens'
+    default (chat: a chat answer's, `config.CHAT_MAX_NEW_TOKENS`)."""
     dec = g.add_argument_group("decoding")
     if mode:
         dec.add_argument(
@@ -64,8 +65,8 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True) -> None:
         )
     else:
         g.set_defaults(mode=None)
-    dec.add_argument("--max-new-tokens", type=int, default=_SPEC.max_new_tokens,
-                     help=f"longest answer (default {_SPEC.max_new_tokens})" + ("" if sampling else "; a request's max_tokens overrides it"))
+    dec.add_argument("--max-new-tokens", type=int, default=max_new,
+                     help=f"longest answer (default {max_new})" + ("" if sampling else "; a request's max_tokens overrides it"))
     if sampling:
         # Sampling flags default to None: the model's own defaults (`TriForceEngine.default_sampling`)
         # fill in what is not given, so an instruct target gets its repetition control.
