@@ -89,7 +89,7 @@ def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path, 
             page.fill("#tf-message textarea", question)
             t0 = time.perf_counter()
             page.click("#tf-send")
-            page.wait_for_selector(".tf-assistant .tf-tok")
+            page.wait_for_selector(".tf-assistant .tf-tok", state="attached")
             first_s = time.perf_counter() - t0
             page.wait_for_function("document.querySelector('#tf-status').innerText.match(/tok\\/s|rror|Stopped/)")
             done_s = time.perf_counter() - t0

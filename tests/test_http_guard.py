@@ -361,7 +361,7 @@ def test_the_login_form_opens_the_app_in_a_browser(app_server):
                 page.wait_for_selector("#tf-send")  # the page, its config and its queue, with the cookie
                 page.fill("#tf-message textarea", "Hello")
                 page.click("#tf-send")
-                page.wait_for_selector(".tf-assistant .tf-tok")  # an answer through the guarded queue
+                page.wait_for_selector(".tf-assistant .tf-tok", state="attached")  # an answer through the guarded queue
                 cookies = {c["name"]: c for c in page.context.cookies()}
                 jar = cookies[f"triforce_key_{app_server['port']}"]
                 assert jar["httpOnly"] and jar["sameSite"] == "Strict"

@@ -43,8 +43,10 @@ class _Aligner:
     def __init__(self, pieces: Sequence[str], tokens: Sequence, key: int | None):
         self.source = "".join(pieces)
         self.owner: list[int] = []  # source character -> index of its token
+        self.starts = [0]  # token -> offset of its first source character (and the end)
         for i, piece in enumerate(pieces):
             self.owner.extend([i] * len(piece))
+            self.starts.append(self.starts[-1] + len(piece))
         self.lines = [0] + [m.end() for m in _LINES.finditer(self.source)]
         self.tokens = tokens
         self.key = key
@@ -89,6 +91,19 @@ class _Aligner:
         """A text of the rendering as coloured spans (escaped)."""
         if not self.tokens:
             return html.escape(text)
+        src = self.source
+        at = -1 if loose or not text else src.find(text, self.pos, self.pos + REACH + len(text))
+        if at >= 0:  # the usual case: the text is a stretch of the source, cut at its tokens' ends
+            out = []
+            end = at + len(text)
+            j = at
+            while j < end:
+                owner = self.owner[j]
+                stop = min(end, self.starts[owner + 1])
+                out.append(self._piece(owner, text[j - at:stop - at]))
+                j = stop
+            self.pos = end
+            return "".join(out)
         out: list[str] = []
         run_owner, run_start = None, 0
         for j, ch in enumerate(text):
@@ -236,8 +251,8 @@ def rounds_html(segments, key: int | None = None) -> str:
     if not any(seg.kind == "token" for seg in segments):
         return ""
     body = segments_html(segments, teaching=True, key=key, token_class="tf-seg")
-    return (f'<details class="tf-rounds"><summary>Rounds and rejected drafts</summary>'
-            f'<div class="tf-rounds-body">{body}</div></details>')
+    return (f'<details class="tf-answer-rounds"><summary>Rounds and rejected drafts</summary>'
+            f'<div class="tf-answer-rounds-body">{body}</div></details>')
 
 
 def copy_buttons(text: str) -> str:
