@@ -198,7 +198,7 @@ def test_an_answer_with_no_token_yet_is_empty():
 def test_the_rounds_view_keeps_rejected_drafts_and_round_marks_under_the_answer():
     trace = trace_of(["a", "b", "c", "d"], per_round=2)
     markup = rounds_html(trace.segments, key=2)
-    assert markup.startswith('<details class="tf-rounds"><summary>Rounds and rejected drafts</summary>')
+    assert markup.startswith('<details class="tf-answer-rounds"><summary>Rounds and rejected drafts</summary>')
     assert markup.count('class="tf-round"') == 2
     assert 'class="tf-tok' not in markup and markup.count('class="tf-seg tf-') == 4  # not the answer's tokens
     assert 'data-tf="2:1"' in markup
@@ -225,7 +225,7 @@ def test_the_transcript_renders_an_answer_again_only_when_it_grew():
     answer = Answer(trace)
     first = answer_html(answer, 0, False)
     assert answer_html(answer, 0, False) is first  # the same answer: the cached rendering
-    assert "tf-rounds" in answer_html(answer, 0, True) and "tf-rounds" not in first
+    assert "tf-answer-rounds" in answer_html(answer, 0, True) and "tf-answer-rounds" not in first
     trace.push(Committed((3,), ("target",), "!"))  # the answer grows: rendered anew
     grown = answer_html(answer, 0, False)
     assert grown is not first and grown.count('class="tf-tok ') == 4 and "!" in grown
