@@ -76,15 +76,18 @@ def set_number(page, elem_id: str, value) -> None:
     assert box.input_value() == str(value)
 
 
-def last_answer_text(page) -> str:
-    """The last answer's own text on the page (without its footer, buttons and sources)."""
-    return page.evaluate("""() => {
+def last_answer_text(page) -> tuple[str | None, str]:
+    """The last answer on the page: (its Markdown source, which its copy button copies, or None
+    without one; its shown text, without its footer, buttons and sources)."""
+    return tuple(page.evaluate("""() => {
         const answers = document.querySelectorAll('#tf-chat .tf-assistant');
-        const a = answers[answers.length - 1].cloneNode(true);
+        const last = answers[answers.length - 1];
+        const source = last.querySelector('template.tf-md');
+        const a = last.cloneNode(true);
         const foot = a.querySelector('.tf-foot');
         if (foot) { while (foot.nextSibling) foot.nextSibling.remove(); foot.remove(); }
-        return a.textContent;
-    }""")
+        return [source ? source.content.textContent : null, a.textContent];
+    }"""))
 
 
 def letters(text: str) -> str:
@@ -110,8 +113,10 @@ def test_the_chat_endpoint_reads_the_sample_as_the_page_does_and_answers_the_sam
     page.click("#tf-send")
     done = wait_status(page, "tok/s", "rror", "Stopped", timeout=600)
     assert "tok/s" in done, done
-    shown = last_answer_text(page)
+    source, shown = last_answer_text(page)
     assert letters(shown) == letters(api), (shown, api)
+    if source is not None:  # the answer's own text, token for token
+        assert source.strip() == api.strip(), (source, api)
 
 
 def lesson_answer_text(page) -> str:
