@@ -228,9 +228,9 @@ def answer_html(answer: Answer, key: int, teaching: bool) -> str:
     view, its rounds and rejected drafts one click away. The Markdown is rendered again only
     when the answer has grown (the page redraws the conversation while the last answer streams)."""
     segments = answer.trace.segments
-    drawn = (len(segments), key)
-    if answer.shown is None or answer.shown[0] != drawn:
-        answer.shown = (drawn, answer_body_html(segments, key))
+    drawn = (len(segments), key, id(segments))  # segments are only appended to
+    if answer.shown is None or answer.shown[0] != drawn or answer.shown[2] is not segments:
+        answer.shown = (drawn, answer_body_html(segments, key), segments)
     body = answer.shown[1]
     return body + rounds_html(segments, key) if teaching and body else body
 
@@ -299,20 +299,23 @@ def answer_updates(user: UserState, answer: Answer, status: str, teaching: bool,
     retrieval map and its passages (after a new chunk selection). `waiting`: a stepped
     generation waits for Step (`auto_step`: or, in the lesson, for its next round)."""
     t = answer.trace
+    fresh = user.panels_answer is not answer  # its first update: the map and passages showed an earlier answer
     extra = teaching_updates(user, answer, teaching, decode, waiting, auto_step)
+    label = answer_label(answer_number(user, answer), t.text)  # each panel names the answer it shows
+    cleared = (retrieval_map_figure(None), passages_html([])) if fresh else (gr.skip(), gr.skip())
     if not panels:  # text only: the answer so far, the status line and the narration
-        return (user, transcript(user, teaching), status) + (gr.skip(),) * 6 + extra
-    map_fig = passages = gr.skip()
+        return (user, transcript(user, teaching), status) + cleared + (gr.skip(),) * 4 + extra
+    map_fig, passages = cleared
     if new_map:
         sel = t.selections[-1] if t.selections else None
         labeler, span = chunk_labeler(user), document_span(user)
         map_fig = retrieval_map_figure(sel, labeler, span, max(0, len(t.selections) - 1))
+        map_fig = labelled(map_fig, label) if sel is not None else map_fig
         passages = passages_html(top_passages(sel, labeler, span))
     speed = [("this answer", t.tokens_per_s())]
     if answer.baseline is not None:
         speed.append(("autoregressive", answer.baseline["tokens_per_s"]))
     speed_fig = speed_figure(speed if t.new_tokens else [], "waits for Step left out" if t.waited_s > 0 else "")
-    label = answer_label(answer_number(user, answer), t.text)  # each panel names the answer it shows
     acceptance = labelled(acceptance_figure(t.rounds), label) if t.rounds else acceptance_figure(t.rounds)
     speed_fig = labelled(speed_fig, label) if t.new_tokens else speed_fig
     return (
