@@ -195,6 +195,31 @@ def test_the_sidebar_refuses_ids_of_another_browser(tmp_path):
     assert handlers.owner_of("short", None) is None and handlers.owner_of(mine, None) == owner_id(mine)
 
 
+def test_with_an_api_key_the_key_is_part_of_the_owner():
+    """The key's token as the Guard let it through: the browser's cookie, or a Bearer key (the
+    same token as the cookie that key gives); another key, another owner."""
+    import gradio as gr
+    from starlette.requests import Request
+
+    from triforce_core.serving.guard import AccessPolicy
+    from triforce_core.serving.history import new_token
+    from ui.handlers.conversations import ConversationHandlers, key_token
+
+    def request(*headers):
+        return gr.Request(Request({"type": "http", "method": "POST", "path": "/", "query_string": b"",
+                                   "headers": [(k.encode(), v.encode()) for k, v in headers]}))
+
+    token = AccessPolicy(api_key="s3cret").cookie_token
+    assert key_token(request(("cookie", f"triforce_key_7860={token}; theme=dark"))) == token
+    assert key_token(request(("authorization", "Bearer s3cret"))) == token
+    assert key_token(request()) is None
+    handlers, browser = ConversationHandlers(types.SimpleNamespace(history=None, history_note=""), None), new_token()
+    with_key = handlers.owner_of(browser, request(("authorization", "Bearer s3cret")))
+    assert with_key == handlers.owner_of(browser, request(("cookie", f"triforce_key_7860={token}")))
+    assert with_key not in (handlers.owner_of(browser, request()),
+                            handlers.owner_of(browser, request(("authorization", "Bearer other"))))
+
+
 # -- the handlers in-process, on a real engine and a real store ----------------------------------
 def _settings(**changes) -> list:
     from ui.settings import SETTING_NAMES, Settings

@@ -146,6 +146,7 @@ class ConversationStore:
         self.path = Path(path)
         self.max_document_bytes = int(max_document_bytes)
         self._lock = threading.Lock()
+        self._digests: dict[int, tuple] = {}  # id(document) -> (document, hash, stored form, bytes)
         existed = self.path.exists()
         try:
             self._db = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None, timeout=30)
@@ -257,9 +258,7 @@ class ConversationStore:
         with self._transaction() as db:
             doc_id = None
             if document is not None:
-                body = _document_json(document)
-                sha = hashlib.sha256(body.encode()).hexdigest()
-                size = len(document.text.encode())
+                sha, body, size = self._digest(document)
                 row = db.execute("SELECT id FROM documents WHERE owner = ? AND sha = ?", (owner, sha)).fetchone()
                 if row is None:
                     doc_id = db.execute("INSERT INTO documents (owner, sha, body, bytes, used) VALUES (?, ?, ?, ?, ?)",
@@ -290,6 +289,18 @@ class ConversationStore:
                            [(conversation_id, i, r) for i, r in enumerate(records)])
             let_go = self._keep_under_cap(db)
         return conversation_id, let_go
+
+    def _digest(self, document: Document) -> tuple[str, str, int]:
+        """(its hash, its stored form, its text's bytes): computed once per document object (a
+        conversation is saved at each answer, its document the same every time)."""
+        known = self._digests.get(id(document))
+        if known is None or known[0] is not document:
+            body = _document_json(document)
+            known = (document, hashlib.sha256(body.encode()).hexdigest(), body, len(document.text.encode()))
+            while len(self._digests) >= 8:  # the documents of the sessions saving now, not every one ever
+                self._digests.pop(next(iter(self._digests)))
+            self._digests[id(document)] = known
+        return known[1], known[2], known[3]
 
     def _keep_under_cap(self, db) -> list[str]:
         """Let go of the least recently used documents until those kept fit the cap."""
