@@ -204,6 +204,16 @@ def test_a_rerun_in_another_mode_is_the_same_answer_and_leaves_the_conversation(
     assert len(there.turns) == 1 and there.turns[-1].stats.mode == "triforce"  # the conversation as it was
 
 
+def test_continue_is_refused_in_one_line_under_a_remote_engine(remote):
+    """The server takes messages, whose template would close an answer's turn: a remote session
+    offers no Continue (the page shows no button) and refuses one in a line."""
+    there = RemoteChatSession(remote, words(120, 23))
+    list(there.ask(words(5, 24), config(remote, max_new=8)))
+    assert there.turns[-1].stats.stop_reason == "max_new_tokens" and not there.can_continue()
+    with pytest.raises(ValueError, match="^Continue needs the engine in this process: under a remote engine"):
+        there.continue_last(config(remote, max_new=8))
+    assert len(there.turns[-1].token_ids) == 8  # the answer as it was
+
 def test_a_plain_client_sees_no_events(server):
     body = {"model": MODEL, "messages": [{"role": "user", "content": words(40, 5)}], "stream": True,
             "temperature": 0, "max_tokens": 8}
