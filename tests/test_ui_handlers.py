@@ -514,6 +514,9 @@ def test_continue_after_the_limit_says_so_and_goes_on_in_the_same_answer(chat_en
     assert trace.stats.rounds == len(trace.rounds)  # the figures of both parts, as one answer's
     assert " · 24 tokens at " in answer.footer and answer.footer.endswith(" · Stopped at the 24-token limit.")
     assert answer.footer in final["status"] and final["chat"].count('class="tf-continue"') == 1
+    # Compare with autoregressive reruns the whole answer, its 24 tokens, not the page's limit of 12
+    compared = list(answers.on_compare(user, False, *_values()))
+    assert "identical output: yes" in named(STREAMED, compared[-1])["status"]
 
     # the same question with a limit of 24 at once: the same tokens (greedy)
     other = named(DOCUMENT_OUTPUTS, documents.set_document(None, doc, 32))["user"]
@@ -621,6 +624,9 @@ def test_a_new_answer_clears_the_inspector_and_each_panel_names_the_answer_it_sh
     # the next answer: its first update clears the inspector and the chart; its panels name it
     updates = list(streamed(answers.on_ask("w11", user, True, False, "", *values)))
     assert "Click a token" in updates[0]["inspector"] and not updates[0]["inspector_plot"].data
+    shown_map = updates[0]["map"]  # the first answer's selection goes too (or the new one's, named)
+    assert not isinstance(shown_map, type(gr.skip())) and not isinstance(updates[0]["passages"], type(gr.skip()))
+    assert not shown_map.data or "answer 2" in shown_map.layout.title.text
     assert all(isinstance(u["inspector"], type(gr.skip())) for u in updates[1:])  # cleared once, then left
     assert "answer 2: «" in updates[-1]["stats"] and "The rounds of answer 2" in updates[-1]["narration"]
     # a token of either answer can still be inspected, and says which answer it is in

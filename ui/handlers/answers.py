@@ -287,7 +287,9 @@ class AnswerHandlers:
         if not user.session.turns or not user.answers or user.answers[-1].trace.stats is None:
             raise gr.Error("Ask a question (and let the answer finish) first.")
         answer = user.answers[-1]
-        ar = Settings(**{**settings.__dict__, "mode": "autoregressive"}).config()
+        # as long as the answer (a continued one's limit is its whole length; one ended by EOS ends there too)
+        ar = Settings(**{**settings.__dict__, "mode": "autoregressive",
+                         "max_new_tokens": max(1, answer.trace.new_tokens)}).config()
         user.job = job = ctx.worker.submit(lambda: user.session.rerun_last(ar, progress_events=True))
         engine, window = ctx.engine_of(user), ctx.window_of(user)
         baseline = AnswerTrace(engine.detokenize)
