@@ -238,3 +238,24 @@ def test_cli_chat_reads_the_picked_sections_and_refuses_what_does_not_fit(tiny_p
     assert "[prefilled" not in too_many.stderr
     bad = _chat(tiny_pair_dir, "--document", str(path), "--sections", "4", "--question", "w9")
     assert bad.returncode == 2 and bad.stderr.strip() == "error: --sections: section 4 does not exist: the document has sections 1-3"
+
+
+def test_the_books_own_numbers_stay_in_its_titles_and_the_index_still_picks(tmp_path):
+    """Headings that carry the book's numbers keep them ("7.1 Hash functions", never renumbered as
+    the eighth section); `--sections` still numbers from 1 as listed, and the read names the book's."""
+    from triforce_core.documents.picking import picked_titles
+    from triforce_core.documents.reading import BookReader, token_starts
+    from tests.helpers.models import make_tokenizer
+
+    path = tmp_path / "manual.md"
+    path.write_text("# Preface\nwhy\n# 7. Reference\nref\n## 7.1 Hash functions\nhash\n## 7.3 Compatibility functions\ncompat\n")
+    doc = load_document(path, timeout_s=None)
+    assert [s.title for s in doc.sections] == ["Preface", "7. Reference", "7.1 Hash functions",
+                                               "7.3 Compatibility functions"]
+    picked = parse_spec("3-4", len(doc.sections))  # the index: the third and fourth as listed
+    assert picked == [2, 3] and picked_titles(doc, picked) == "7.1 Hash functions; 7.3 Compatibility functions"
+    text = selected_text(doc, picked)
+    assert text.startswith("[Section: 7.1 Hash functions]\n## 7.1 Hash functions") and "[Section: 7.3 Comp" in text
+    reader = BookReader(doc, token_starts(make_tokenizer(), doc.text))
+    read = reader.describe([2])
+    assert read[0]["number"] == 3 and read[0]["name"] == read[0]["title"] == "7.1 Hash functions"

@@ -27,7 +27,7 @@ from triforce_core.serving.guard import AccessPolicy
 from triforce_core.serving.history import HistoryError, Stored, new_token, owner_id
 from triforce_core.serving.turns import Truncation, Turn, TurnStats
 
-from ..render import stats_html, status_html
+from ..render import read_name, stats_html, status_html
 from ..state import Answer, AppContext, UserState, chat_session
 from ..trace import AnswerTrace, RoundStats
 from ..views import DOCUMENT_OUTPUTS, stats_rows, transcript, with_outputs
@@ -140,9 +140,8 @@ def conversation_markdown(stored: Stored) -> str:
         read, passages = t.get("sections_read") or [], t.get("passages") or []
         if read or passages:
             out += ["**Sources**", ""]
-            for s in read:
-                number = f"{s['number']}. " if s.get("number") is not None else ""
-                out.append(f"- Read: {number}{s.get('title', '')}")
+            for s in read:  # named as the page names them: the book's own titles and numbers
+                out.append(f"- Read: {read_name(s)}")
             quoted = bool(passages) and all(p.get("kind") == "quoted" for p in passages)
             for p in passages:
                 where = f"{p['section']}: " if p.get("section") else ""
