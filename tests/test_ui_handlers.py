@@ -612,7 +612,7 @@ def test_a_new_answer_clears_the_inspector_and_each_panel_names_the_answer_it_sh
     rounds = len(trace.rounds)
     assert rounds > 4  # more than the four the narration used to keep
     assert first["narration"].count("<li>") == rounds and "Round 1:" in first["narration"]
-    assert f"The rounds of {label}" in first["narration"].replace("&#x27;", "'")
+    assert f"{rounds} rounds of {label}" in first["narration"].replace("&#x27;", "'")
     assert "«»" not in first["narration"] and "p: the verifier&#x27;s probability" in first["narration"]
     assert label in first["stats"] and label in first["acceptance"].layout.title.text
     assert label in first["speed"].layout.title.text
@@ -628,7 +628,7 @@ def test_a_new_answer_clears_the_inspector_and_each_panel_names_the_answer_it_sh
     assert not isinstance(shown_map, type(gr.skip())) and not isinstance(updates[0]["passages"], type(gr.skip()))
     assert not shown_map.data or "answer 2" in shown_map.layout.title.text
     assert all(isinstance(u["inspector"], type(gr.skip())) for u in updates[1:])  # cleared once, then left
-    assert "answer 2: «" in updates[-1]["stats"] and "The rounds of answer 2" in updates[-1]["narration"]
+    assert "answer 2: «" in updates[-1]["stats"] and " rounds of answer 2: «" in updates[-1]["narration"]
     # a token of either answer can still be inspected, and says which answer it is in
     again = named(PICK_OUTPUTS, teaching.on_pick(f"0:{picked}@2", user))["inspector"]
     assert "In answer 1: «" in again

@@ -93,18 +93,14 @@ def narration_html(trace: AnswerTrace | None, waiting: bool = False, auto_step: 
     nxt = ("The next round follows in a second, or press <b>Step</b>." if auto_step
            else "Press <b>Step</b> for the next round.")
     tail = f'<div class="tf-narration-next">{nxt}</div>' if waiting else ""
-    head = (f'<div class="tf-narration-head">The rounds of {html.escape(label)}: {n}</div>' if label else "")
+    head = f'<div class="tf-narration-head">{_count(n, "round")} of {html.escape(label)}</div>' if label else ""
     colours = " ".join(f'<span class="tf-tok tf-{lvl}">{name}</span>' for lvl, (name, _) in LEVEL_STYLE.items())
     return (f'<div class="tf-narration">{head}<ol class="tf-rounds">{items}</ol>{tail}<div>{colours}</div>'
             f'<div class="tf-symbols">{html.escape(SYMBOLS)}</div></div>')
 
 
-# The colours of `ui.render.LEVEL_STYLE`, named in words for the lesson's text.
-COLOUR_NAMES = {"lookup": "yellow", "draft": "green", "retrieval": "blue", "target": "red"}
-
-
-def _count(n: int, one: str, many: str | None = None) -> str:
-    return f"{n} {one if n == 1 else (many or one + 's')}"
+def _count(n: int, one: str) -> str:
+    return f"{n} {one}{'s' * (n != 1)}"
 
 
 def levels_summary(trace: AnswerTrace) -> str:

@@ -285,7 +285,7 @@ def answer_number(user: UserState, answer: Answer) -> int:
 
 def labelled(fig, label: str):
     """A figure of an answer, its title prefixed with the answer it shows (`answer_label`)."""
-    title = fig.layout.title.text or ""
+    title, label = fig.layout.title.text or "", html.escape(label, quote=False)  # a model's text: no markup
     fig.update_layout(title=dict(text=f"{label}<br>{title}" if title else label, font=dict(size=12)),
                       margin=dict(t=64))
     return fig

@@ -29,8 +29,9 @@ from ..settings import slider_range
 from ..state import AppContext, Lesson, UserState
 
 # The lesson: the paper's three levels on the sample document, sampled, one round a second, in
-# a tab of its own (`LESSON_QUERY`). Its question and settings are the first candidate SmolLM2
-# answered fluently (`fluency_problem`) over the sample: docs/results.md, "The lesson's question".
+# a tab of its own (`LESSON_QUERY`). Its question and settings are those SmolLM2 answered fluently
+# (`fluency_problem`) over the sample for every seed tried, at the lowest temperature tried
+# (`bench.lesson_search.pick`): docs/results.md, "The lesson's question".
 LESSON_QUESTION = "How does inheritance work in Python classes?"
 LESSON_SETTINGS = dict(mode="triforce", temperature=0.3, seed=1, lookup=False, repetition_penalty=1.2)
 LESSON_ROUND_S = 1.0  # the lesson runs by itself: the next round after this many seconds
