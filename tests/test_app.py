@@ -673,7 +673,10 @@ def test_the_lesson_runs_by_itself_over_three_levels_and_gives_the_settings_back
     upload(page, documents["a"])
     page.wait_for_selector("#tf-docinfo:has-text('scopes.txt')")
     assert page.inner_text("#tf-chat").strip() == "Ask a question about scopes.txt."  # not "Load a document"
+    upload(page, documents["bad"])  # refused: said under the upload box, scopes.txt stays loaded
+    page.wait_for_selector("#tf-upload-note .tf-error")
     ask(page, "What is a namespace?")
+    page.wait_for_function("!document.querySelector('#tf-upload-note .tf-error')")  # the next action: it goes
     wait_status(page, "tok/s", "rror")
     mine = {panel: page.inner_text(panel) for panel in ("#tf-chat", "#tf-docinfo")}
     page.click("#tf-settings button")  # the server's settings, which the lesson's tab starts with
