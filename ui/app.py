@@ -269,6 +269,10 @@ def build_app(
         for event in (send_btn.click, message.submit, regen_btn.click, clear_btn.click, sample_btn.click,
                       upload.upload, read_btn.click):
             event(teach.on_action, [user], lesson, queue=False, **private)
+        # so does the line under the upload box about a refused file, once the user asks on (a
+        # document handler writes that line itself: loading one is not among these)
+        for event in (send_btn.click, message.submit, regen_btn.click, clear_btn.click):
+            event(upload_note, None, page["upload_note"], queue=False, **private)
         for control in (budget, mode):  # the gauge names the retrieval budget only in a mode that has the level
             control.change(answers.on_budget, [user, budget, mode], page["gauge"], **private)
         # the user's own pick of a mode (not the lesson's or a model switch's): the panels of the
