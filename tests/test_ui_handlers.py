@@ -653,3 +653,11 @@ def test_a_chat_answers_default_limit_is_the_measured_one_everywhere_a_chat_runs
     results = (Path(__file__).resolve().parent.parent / "docs" / "results.md").read_text(encoding="utf-8")
     section = results.split("## How long a chat answer is", 1)[1].split("\n## ", 1)[0]
     assert f"**{CHAT_MAX_NEW_TOKENS}**" in section and "scripts.measure_answer_lengths" in section
+
+
+def test_the_teaching_legend_says_what_the_hover_s_symbols_are():
+    from ui.render import legend_block
+
+    assert "p is the verifier&#x27;s probability" not in legend_block(False) and "hover" not in legend_block(False)
+    shown = legend_block(True)
+    assert "p is the verifier's probability" in shown and "q the proposer's" in shown and "uniform random draw" in shown

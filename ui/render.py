@@ -52,6 +52,9 @@ def legend_block(teaching: bool = False) -> str:
     if teaching:
         items.append('<s class="tf-rej tf-draft">rejected draft</s>')
         items.append('<span class="tf-round"></span> round start')
+        # the hover's short form ("u 0.31 < p/q 0.74/0.58"), in words where it appears
+        items.append('<span class="tf-legend-note">· hover a token: p is the verifier\'s probability of it, q the '
+                     "proposer's, u the uniform random draw (kept when u &lt; p/q)</span>")
     return '<div class="tf-legend">Proposed by: ' + " ".join(items) + "</div>"
 
 
