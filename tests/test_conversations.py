@@ -20,11 +20,13 @@ import pytest
 from tests.helpers import ROOT
 from tests.helpers.page import CHROMIUM, SAMPLE, wait_status
 from tests.helpers.servers import free_port, running_server
+from ui.handlers.conversations import BROWSER_KEY
 
 pytestmark = pytest.mark.xdist_group("conversations")
 
 MAX_NEW = 24
 QUESTIONS = ("What follows «Objects have individuality»?", "What follows «In C++ terminology, normally class members»?")
+OTHER = "What follows «A Word About Names»?"  # the question of a second conversation
 
 
 @contextlib.contextmanager
@@ -110,13 +112,21 @@ def test_conversations_outlive_a_restart_and_stay_in_their_browser(tmp_path):
             assert len(before) == 2 and all(t["tokens"] and t["sources"] for t in before), before
             levels = {cls for t in before for _text, cls in t["tokens"]}
             assert len(levels) > 1, levels  # coloured by more than one level: the colours must come back
+            # Clear conversation: the next answer starts a second one; the first stays listed
+            page.click("#tf-clear")
+            page.wait_for_function("() => !document.querySelector('#tf-chat .tf-assistant')")
+            page.fill("#tf-message textarea", OTHER)
+            page.click("#tf-send")
+            assert "tok/s" in wait_status(page, "tok/s", "rror")
+            both = [f"classes.txt · {OTHER}", f"classes.txt · {QUESTIONS[0]}"]  # the newest first
+            assert wait_listed(page, 2) == both
         # -- the app restarted on the same data folder; the same browser (its localStorage) --
         with app_on(data, port, tmp_path / "second.log") as url:
             page = new_page(context, url)
             open_sidebar(page)
-            assert wait_listed(page, 1) == [f"classes.txt · {QUESTIONS[0]}"]
+            assert wait_listed(page, 2) == both  # every conversation listed
             assert shown_turns(page) == []
-            page.locator("#tf-conversations label").first.click()
+            page.locator("#tf-conversations label").nth(1).click()
             wait_status(page, "Opened")
             page.wait_for_selector("#tf-docinfo:has-text('classes.txt')")  # its document, loaded again
             assert questions_shown(page) == asked
@@ -126,7 +136,7 @@ def test_conversations_outlive_a_restart_and_stay_in_their_browser(tmp_path):
             page.fill("#tf-conv-title textarea, #tf-conv-title input", "Classes, twice")
             page.click("#tf-conv-rename")
             page.wait_for_function("() => document.querySelector('#tf-conversations').innerText.includes('Classes, twice')")
-            assert listed(page) == ["Classes, twice"]
+            assert listed(page) == [both[0], "Classes, twice"]
             # export: every question, answer and citation
             with page.expect_download() as download:
                 page.click("#tf-conv-export")
@@ -142,28 +152,30 @@ def test_conversations_outlive_a_restart_and_stay_in_their_browser(tmp_path):
             page.click("#tf-send")
             assert "tok/s" in wait_status(page, "tok/s", "rror")
             page.wait_for_function("() => document.querySelectorAll('#tf-chat .tf-assistant').length === 3")
-            assert wait_listed(page, 1) == ["Classes, twice"]
-            # another browser sees nothing of it
+            page.wait_for_function("() => document.querySelector('#tf-conversations label').innerText.includes("
+                                   "'Classes, twice')")  # answered last: the newest
+            assert listed(page) == ["Classes, twice", both[0]]
+            # another browser sees nothing of them
             other = browser.new_context(viewport={"width": 1500, "height": 1100})
             stranger = new_page(other, url)
             open_sidebar(stranger)
-            stranger.wait_for_timeout(500)  # its list has loaded (the load event fills it): still empty
+            # its page has loaded its list: the load event gave it its own token (in its localStorage)
+            stranger.wait_for_function(f"() => localStorage.getItem({BROWSER_KEY!r}) !== null")
             assert listed(stranger) == []
             other.close()
-            # delete, undo, delete
+            # delete (the open one, ticked in the list), undo, delete
             page.click("#tf-conv-delete")
-            assert wait_listed(page, 0) == []
+            assert wait_listed(page, 1) == [both[0]]
             page.click("#tf-conv-undo")
-            assert wait_listed(page, 1) == ["Classes, twice"]
+            assert wait_listed(page, 2) == ["Classes, twice", both[0]]
             page.locator("#tf-conversations label").first.click()
             wait_status(page, "Opened")
             page.click("#tf-conv-delete")
-            assert wait_listed(page, 0) == []
+            assert wait_listed(page, 1) == [both[0]]
             page.reload()
             page.wait_for_selector("#tf-send")
             open_sidebar(page)
-            page.wait_for_timeout(500)
-            assert listed(page) == []
+            assert wait_listed(page, 1) == [both[0]]
         browser.close()
 
 
