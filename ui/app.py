@@ -256,6 +256,8 @@ def build_app(
         # (`LESSON_QUERY`), whose own page session (never saved) loads the sample, takes the lesson's
         # settings (keeping that tab's), asks its question and runs by itself; when its answer ends
         # (or stops), that tab's settings come back. The tab the button was pressed in is untouched.
+        # A tab of the browser's, not a Gradio Tab: the lesson gets the whole page (every panel it
+        # explains) with no second copy of the layout, and its session is a page's own `gr.State`.
         # The gate turns True on that page's load alone, and its change runs the lesson.
         by_name = {"teaching": teaching, "stepmode": stepmode, **controls, "question": asked, "lesson": lesson}
         lesson_controls = [by_name[name] for name in LESSON_CONTROLS]
