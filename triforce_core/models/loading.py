@@ -13,6 +13,7 @@ while loading reaches the caller as one `ModelLoadError` line naming the file, n
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from dataclasses import dataclass
@@ -21,9 +22,9 @@ from typing import Any
 
 import torch
 
-from . import gguf_file, prefix_draft, shapes
+from . import families, gguf_file, prefix_draft, shapes
 from .gguf_file import GGUFError, is_gguf
-from .spec import InconsistentModelError, ModelSpec, UnsupportedModelError
+from .spec import SUPPORTED_MODEL_TYPES, InconsistentModelError, ModelSpec, UnsupportedModelError
 from .transformer import Transformer
 from ..config import one_line
 from ..resources import DEMO_MODELS
@@ -154,10 +155,27 @@ def load_config(name: str) -> Any:
     from transformers import AutoConfig
 
     source = _check_source(name)
+    if os.path.isdir(source):  # a folder: its family is read before transformers is asked
+        refuse_config_file(Path(source) / "config.json")
     try:
         return AutoConfig.from_pretrained(source)
     except (OSError, ValueError, KeyError) as e:
         raise ModelLoadError(f"cannot read the config of {name}: {one_line(e)}") from e
+
+
+def refuse_config_file(path: Path) -> None:
+    """UnsupportedModelError, in the line `families.refusal` gives, for a config.json of a
+    family or feature the engine does not run: before transformers reads it (a family it does
+    not know, or one needing remote code, would be its own error about something else)."""
+    try:
+        settings = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return  # transformers reads it next and says what is wrong with it
+    kind = settings.get("model_type") if isinstance(settings, dict) else None
+    if isinstance(kind, str):  # without one, transformers' own reading decides
+        refused = families.refusal(kind, settings, SUPPORTED_MODEL_TYPES)
+        if refused is not None:
+            raise UnsupportedModelError(refused.line)
 
 
 def load_model(name: str, device: torch.device, dtype: torch.dtype) -> LoadedModel:
@@ -256,23 +274,51 @@ def load_draft(name: str, target: LoadedModel, device: torch.device, dtype: torc
 
 
 def check_pair(target: LoadedModel, draft: LoadedModel) -> None:
-    """The small draft must share the target's vocabulary (token id -> string)."""
+    """The small draft must share the target's tokenizer: its proposals are token ids the target
+    verifies. Checked on the tokenizers' sizes, their special tokens' ids and a sample of ids'
+    strings (`tokenizer_mismatch`); without a tokenizer on both sides, the vocabulary sizes."""
     tt, dt = target.tokenizer, draft.tokenizer
     if tt is not None and dt is not None:
-        tv, dv = tt.get_vocab(), dt.get_vocab()
-        if tv != dv:
-            differ = sum(1 for tok, i in tv.items() if dv.get(tok) != i) + sum(1 for tok in dv if tok not in tv)
-            raise ModelLoadError(
-                f"draft {draft.name} has a different vocabulary from target {target.name} "
-                f"({len(dv)} vs {len(tv)} tokens, {differ} entries differ); the draft must share the target's tokenizer"
-            )
+        differ = tokenizer_mismatch(tt, dt)
+        if differ is not None:
+            raise ModelLoadError(f"draft {draft.name}: the draft's tokenizer is not the target's ({target.name}): "
+                                 f"{differ}; pick a draft of the same family")
     elif target.model.vocab_size != draft.model.vocab_size:
         raise ModelLoadError(
-            f"draft {draft.name} has vocabulary size {draft.model.vocab_size}, target {target.name} has "
-            f"{target.model.vocab_size}; the draft must share the target's tokenizer"
+            f"draft {draft.name}: the draft's tokenizer is not the target's ({target.name}): vocabulary "
+            f"{draft.model.vocab_size:,} against {target.model.vocab_size:,}; pick a draft of the same family"
         )
     if draft.model.device != target.model.device:
         raise ModelLoadError("draft and target must be on the same device")
+
+
+SAMPLE_ENDS = 256  # ids compared at each end of the vocabulary
+SAMPLE_SPREAD = 400  # ids compared spread evenly between them
+
+
+def sample_ids(size: int) -> list[int]:
+    """The ids `tokenizer_mismatch` compares: the first and last SAMPLE_ENDS, SAMPLE_SPREAD between."""
+    step = max(1, size // SAMPLE_SPREAD)
+    return sorted({*range(min(size, SAMPLE_ENDS)), *range(max(0, size - SAMPLE_ENDS), size), *range(0, size, step)})
+
+
+def tokenizer_mismatch(target: Any, draft: Any) -> str | None:
+    """Where two tokenizers differ, in a few words ("vocabulary 49,152 against 151,936"), or None:
+    the same size (added tokens included), the same id for each special token, and the same
+    string for each sampled id (`sample_ids`)."""
+    tv, dv = len(target), len(draft)
+    if tv != dv:
+        return f"vocabulary {dv:,} against {tv:,}"
+    specials = sorted({*getattr(target, "all_special_tokens", ()), *getattr(draft, "all_special_tokens", ())})
+    for token in specials:
+        ti, di = target.convert_tokens_to_ids(token), draft.convert_tokens_to_ids(token)
+        if ti != di:
+            return f"the special token {token!r} is id {di} against {ti} (the same vocabulary of {tv:,})"
+    ids = sample_ids(tv)
+    for i, a, b in zip(ids, target.convert_ids_to_tokens(ids), draft.convert_ids_to_tokens(ids)):
+        if a != b:
+            return f"token {i:,} is {b!r} against {a!r} (the same vocabulary of {tv:,}, other strings)"
+    return None
 
 
 WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")

@@ -1,7 +1,8 @@
 """The architecture numbers the forward needs, read from a Hugging Face (transformers) config.
 
 Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
-window), and Qwen2 (q/k/v bias, tied embeddings); multi-head and grouped-query attention.
+window), Qwen2 (q/k/v bias, tied embeddings) and dense Qwen3 (an RMSNorm on each head's queries
+and keys before the rotary embedding, `qk_norm`); multi-head and grouped-query attention.
 `ModelSpec.from_config` refuses anything else with `UnsupportedModelError`, and numbers that
 contradict one another or no real model has (a damaged or lying file) with
 `InconsistentModelError`: the native kernels size their buffers from these numbers.
@@ -14,7 +15,12 @@ from dataclasses import dataclass
 from numbers import Integral, Real
 from typing import Any
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2")
+from . import families
+
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+# What a family adds to the one forward, beyond the config's numbers: Qwen3 normalizes each
+# head's queries and keys (its own [head size] weights, q then k) before the rotary embedding.
+QK_NORM_TYPES = ("qwen3",)
 
 # Upper bounds on the settings. The largest model of the supported families, Llama 3.1 405B,
 # has width 16,384, MLP width 53,248, 126 layers, 128 heads (8 KV heads) of size 128, a
@@ -69,6 +75,7 @@ class ModelSpec:
     rope_type: str
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
     intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
+    qk_norm: bool = False  # an RMSNorm on each head's q and k before the rotary embedding (Qwen3)
 
     def check(self) -> "ModelSpec":
         """The settings against one another and against `LIMITS` (InconsistentModelError, one
@@ -101,11 +108,9 @@ class ModelSpec:
     @classmethod
     def from_config(cls, config: Any) -> "ModelSpec":
         model_type = getattr(config, "model_type", None)
-        if model_type not in SUPPORTED_MODEL_TYPES:
-            raise UnsupportedModelError(
-                f"unsupported architecture {model_type!r}: supported are {', '.join(SUPPORTED_MODEL_TYPES)} "
-                "(Llama-family decoders)"
-            )
+        refused = families.refusal(model_type, config, SUPPORTED_MODEL_TYPES)  # a family or feature left out
+        if refused is not None:
+            raise UnsupportedModelError(refused.line)
         act = getattr(config, "hidden_act", "silu")
         if act != "silu":
             raise UnsupportedModelError(f"unsupported activation {act!r}: only SwiGLU (silu) is implemented")
@@ -143,4 +148,5 @@ class ModelSpec:
             rope_type=rope_type,
             sliding_windows=tuple(windows),
             intermediate_size=config.intermediate_size,
+            qk_norm=model_type in QK_NORM_TYPES,
         ).check()

@@ -37,7 +37,8 @@ from typing import Callable
 
 from ..config import GB
 from ..engine import TriForceEngine
-from ..models.gguf_file import SMOLLM2, GGUFError, smollm2_path
+from ..models.families import Refusal
+from ..models.gguf_file import SMOLLM2, GGUFError, refusal_of, smollm2_path
 from ..models.loading import (DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name,
                               weight_files)
 from ..models.folders import ModelFolders
@@ -96,10 +97,14 @@ class ModelChoice:
     note: str  # one line on what it is
     target: str  # what `TriForceEngine.from_pretrained` loads
     draft: str | None = None
+    refusal: Refusal | None = None  # a file of a family or feature the engine does not run (its header says)
 
     @property
     def label(self) -> str:
-        return f"{self.id} ({self.note})"
+        """The picker's entry; a file the engine does not run says why ("— not supported: mixture
+        of experts"): a Gradio dropdown cannot grey one entry out."""
+        said = f" — {self.refusal.short}" if self.refusal is not None else ""
+        return f"{self.id} ({self.note}){said}"
 
 
 @dataclass(eq=False)
@@ -184,6 +189,7 @@ class ServedModels:
         self.slots = slots
         self.started = started_choice(*started)
         self._opened: dict[str, ModelChoice] = {}  # files opened by path that discovery does not list
+        self._refusals: dict[str, tuple[tuple, Refusal | None]] = {}  # path -> (file identity, its header's verdict)
         self._alive: "weakref.WeakValueDictionary[str, ServedModel]" = weakref.WeakValueDictionary()
         self._recent: collections.OrderedDict[str, ServedModel] = collections.OrderedDict()
         self._pinned: ServedModel | None = None
@@ -201,7 +207,8 @@ class ServedModels:
         listed = {_real(c.target) for c in out.values()}
         for found in self.folders.discover():
             if str(found.path) not in listed:  # the started file is listed once, under its own id
-                out.setdefault(found.id, ModelChoice(found.id, f"GGUF, {TOOL_NOTES[found.tool]}", str(found.path)))
+                out.setdefault(found.id, ModelChoice(found.id, f"GGUF, {TOOL_NOTES[found.tool]}", str(found.path),
+                                                     refusal=self._refusal(found.path)))
         with self._lock:
             for c in self._opened.values():
                 out.setdefault(c.id, c)
@@ -219,10 +226,28 @@ class ServedModels:
         for c in self.choices():
             if c.target == str(path):
                 return c
-        choice = ModelChoice(self.folders.id_for(path), f"GGUF, {TOOL_NOTES['file']}", str(path))
+        choice = ModelChoice(self.folders.id_for(path), f"GGUF, {TOOL_NOTES['file']}", str(path),
+                             refusal=self._refusal(path))
         with self._lock:
             self._opened.setdefault(choice.id, choice)
             return self._opened[choice.id]
+
+    def _refusal(self, path: Path) -> Refusal | None:
+        """Why the engine cannot run the GGUF file (`gguf_file.refusal_of`: its header alone),
+        kept while the file is unchanged: the picker lists every file at each page load."""
+        try:
+            st = os.stat(path)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+        with self._lock:
+            kept = self._refusals.get(str(path))
+        if kept is not None and kept[0] == key:
+            return kept[1]
+        verdict = refusal_of(path)
+        with self._lock:
+            self._refusals[str(path)] = (key, verdict)
+        return verdict
 
     # -- loaded models ------------------------------------------------------------------------
     def loaded(self, model_id: str) -> ServedModel | None:
@@ -239,6 +264,8 @@ class ServedModels:
     def get(self, model_id: str) -> ServedModel:
         """The model `model_id`, loaded now if it is not in memory (UnknownModel, ModelLoadError)."""
         choice = self.find(model_id)
+        if choice.refusal is not None:  # said without loading anything, as a failed load says it
+            raise ModelLoadError(f"{Path(choice.target).name}: {choice.refusal.line}")
         with self._lock:
             served = self._alive.get(choice.id)
             if served is not None:
