@@ -81,7 +81,7 @@ Edit = Callable[[str, np.ndarray], list[tuple[str, np.ndarray]]]
 
 def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default",
                settings: dict[str, int] | None = None, edit: Edit | None = None) -> Path:
-    """Write `hf` (a transformers Llama or Qwen2 model) as a GGUF file; `types` maps a GGUF tensor
+    """Write `hf` (a transformers Llama, Qwen2 or Qwen3 model) as a GGUF file; `types` maps a GGUF tensor
     name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`);
     `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it.
 
@@ -90,7 +90,7 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     `edit(name, weights)` gets each tensor by its GGUF name, as float32 [rows, cols] before it is
     quantized, and returns the tensors to write in its place (none drops it, two add one)."""
     cfg = hf.config
-    arch = {"llama": "llama", "qwen2": "qwen2", "mistral": "llama"}[cfg.model_type]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}[cfg.model_type]
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny test model")
@@ -101,7 +101,12 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
         getattr(w, f"add_{key}")(value)
     w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
-    w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
+    if arch == "qwen3":  # a head size of its own, as llama.cpp's converter writes it
+        w.add_key_length(cfg.head_dim)
+        w.add_value_length(cfg.head_dim)
+        w.add_rope_dimension_count(cfg.head_dim)
+    else:
+        w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     tokens, merges = _vocab(cfg.vocab_size)
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre(pre)
@@ -117,6 +122,7 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
                  "self_attn.k_proj.weight": "attn_k.weight", "self_attn.v_proj.weight": "attn_v.weight",
                  "self_attn.q_proj.bias": "attn_q.bias", "self_attn.k_proj.bias": "attn_k.bias",
                  "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.weight": "attn_output.weight",
+                 "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                  "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                  "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
     state = hf.state_dict()

@@ -15,6 +15,8 @@ from transformers import (
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 
 from triforce_core.models.transformer import Transformer
@@ -60,6 +62,8 @@ KINDS = {
         dict(rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)),
     ),
     "qwen2_tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    # q/k norms, a head size (24) apart from width / heads (16), tied embeddings
+    "qwen3_tied": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=24)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
     "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
 }
@@ -71,7 +75,14 @@ def make_hf(kind: str, seed: int = 0, **overrides):
     config_cls, model_cls, kind_overrides = KINDS[kind]
     torch.manual_seed(seed)
     config = config_cls(**{**BASE, **kind_overrides, **overrides})
-    return model_cls(config).eval()
+    model = model_cls(config).eval()
+    if config.model_type == "qwen3":  # q/k norms start as ones: random ones, so that q's read as k's shows
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith(("q_norm.weight", "k_norm.weight")):
+                    p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+    return model
 
 
 # Where `to_ours` puts our models: the CPU, or with TRIFORCE_TEST_DEVICE=cuda a GPU, where the

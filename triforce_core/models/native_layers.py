@@ -55,7 +55,7 @@ class Layers:
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, I, I, I, P, P, P, P, P, I, I]
+        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, P, I, I, I, P, P, P, P, P, I, I]
         lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I]
         lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
@@ -110,10 +110,12 @@ class Layers:
             raise ValueError(f"native layer: {what} is {t.dtype} {tuple(t.shape)}, expected contiguous float32 {shape}")
 
     def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
-                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, products: int = 0):
+                 H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, products: int = 0,
+                 qk_norm: torch.Tensor | None = None):
         """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]. `products`: how the quantized
         matrices' products are computed (an `int8` mode, 0 the float path: the model's
-        `Arithmetic.products`; every method here takes it)."""
+        `Arithmetic.products`; every method here takes it). `qk_norm`: [2 D], an RMSNorm's
+        weights over each query head, then each key head, before the rotation (Qwen3), or None."""
         S, E = x.shape
         D = cos.shape[1]
         N = (H + 2 * Hkv) * D
@@ -122,6 +124,8 @@ class Layers:
         self._matrix("the q/k/v projection", w_qkv, E, N)
         if bias is not None:
             self._vector("the q/k/v bias", bias, N)
+        if qk_norm is not None:
+            self._vector("the q/k norms", qk_norm, 2 * D)
         self._vector("cos", cos, S, D)
         self._vector("sin", sin, S, D)
         q = torch.empty(H, S, D)
@@ -129,7 +133,7 @@ class Layers:
         v = torch.empty(Hkv, S, D)
         self._check(self.lib.layer_in(
             x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
-            None if bias is None else bias.data_ptr(),
+            None if bias is None else bias.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads(),
             int(products)))
         return q, k, v
@@ -298,7 +302,7 @@ class LayerWeights(ctypes.Structure):
 
     P, I = ctypes.c_void_p, ctypes.c_int
     _fields_ = [("attn_norm", P), ("w_qkv", P), ("n_qkv", I), ("bias", P), ("w_o", P), ("n_o", I), ("mlp_norm", P),
-                ("w_gate_up", P), ("n_gu", I), ("w_down", P), ("n_down", I)]
+                ("w_gate_up", P), ("n_gu", I), ("w_down", P), ("n_down", I), ("qk_norm", P)]
 
 
 class LayerTable:
@@ -319,7 +323,8 @@ class LayerTable:
             qkv, o, gu, down = parts(layer.wqkv), parts(layer.wo), parts(layer.w_gate_up), parts(layer.w_down)
             rows.append(LayerWeights(layer.attn_norm.data_ptr(), qkv[0], qkv[1],
                                      None if layer.bqkv is None else layer.bqkv.data_ptr(), o[0], o[1],
-                                     layer.mlp_norm.data_ptr(), gu[0], gu[1], down[0], down[1]))
+                                     layer.mlp_norm.data_ptr(), gu[0], gu[1], down[0], down[1],
+                                     None if layer.qk_norm is None else layer.qk_norm.data_ptr()))
             sizes.add(self._sizes(layer))
         if len(sizes) > 1:  # the kernel takes one set of sizes for every layer
             raise ValueError(f"decode_layers: the layers' weights differ in size ({len(sizes)} kinds)")
@@ -329,23 +334,27 @@ class LayerTable:
 
     @staticmethod
     def _sizes(layer) -> tuple:
-        """(norms, q/k/v, bias, output, gate/up, down) sizes of a layer: matrices as (inputs, outputs)."""
+        """(norms, q/k/v, bias, output, gate/up, down, q/k norms) sizes of a layer: matrices as (inputs, outputs)."""
         for norm in (layer.attn_norm, layer.mlp_norm):
             Layers._vector("a norm", norm, norm.numel())
         if layer.bqkv is not None:
             Layers._vector("the q/k/v bias", layer.bqkv, layer.bqkv.numel())
+        if layer.qk_norm is not None:
+            Layers._vector("the q/k norms", layer.qk_norm, layer.qk_norm.numel())
         return (layer.attn_norm.numel(), layer.mlp_norm.numel(), Layers._dims(layer.wqkv),
                 None if layer.bqkv is None else layer.bqkv.numel(), Layers._dims(layer.wo),
-                Layers._dims(layer.w_gate_up), Layers._dims(layer.w_down))
+                Layers._dims(layer.w_gate_up), Layers._dims(layer.w_down),
+                None if layer.qk_norm is None else layer.qk_norm.numel())
 
     def check(self, E: int, H: int, Hkv: int, D: int) -> None:
         """The weights are the sizes the kernel's buffers for width E, H heads and Hkv KV heads of
         size D take (ValueError naming the first that is not)."""
         I, N = self.intermediate, (H + 2 * Hkv) * D
-        want = (E, E, (E, N), None if self.sizes[3] is None else N, (H * D, E), (E, 2 * I), (I, E))
+        want = (E, E, (E, N), None if self.sizes[3] is None else N, (H * D, E), (E, 2 * I), (I, E),
+                None if self.sizes[7] is None else 2 * D)
         if self.sizes != want:
             names = ("the norm", "the MLP norm", "the q/k/v projection", "the q/k/v bias", "the output projection",
-                     "the gate/up projection", "the down projection")
+                     "the gate/up projection", "the down projection", "the q/k norms")
             what = next(n for n, got, w in zip(names, self.sizes, want) if got != w)
             raise ValueError(f"decode_layers: {what} is {self.sizes[names.index(what)]} where the buffers take "
                              f"{want[names.index(what)]} (width {E}, heads {H}/{Hkv} of {D}, MLP width {I})")

@@ -52,6 +52,9 @@ def expected(spec: ModelSpec) -> tuple[dict[str, tuple[Shape, str]], dict[str, t
             p + "mlp.up_proj.weight": ((I, E), f"{mlp}, {width}"),
             p + "mlp.down_proj.weight": ((E, I), f"{width}, {mlp}"),
         })
+        if spec.qk_norm:  # Qwen3: one norm over each head's queries, one over each head's keys
+            required.update({p + "self_attn.q_norm.weight": ((D,), f"head size {D}"),
+                             p + "self_attn.k_norm.weight": ((D,), f"head size {D}")})
         optional.update({
             p + "self_attn.q_proj.bias": ((H * D,), q),
             p + "self_attn.k_proj.bias": ((Hkv * D,), kv),

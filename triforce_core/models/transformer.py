@@ -90,6 +90,7 @@ class _Layer:
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: Matrix  # [2 * I, hidden]
     w_down: Matrix  # [hidden, I]
+    qk_norm: torch.Tensor | None = None  # [2 * D]: the norm over each query head, then each key head (Qwen3)
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
@@ -173,6 +174,7 @@ class Transformer:
                 bqkv = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
             if a + "o_proj.bias" in state:
                 raise UnsupportedModelError("an output-projection bias is not supported")
+            qk_norm = torch.cat([get(a + "q_norm.weight"), get(a + "k_norm.weight")]) if s.qk_norm else None
             self.layers.append(
                 _Layer(
                     attn_norm=get(p + "input_layernorm.weight"),
@@ -182,6 +184,7 @@ class Transformer:
                     mlp_norm=get(p + "post_attention_layernorm.weight"),
                     w_gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     w_down=matrix(p + "mlp.down_proj.weight"),
+                    qk_norm=qk_norm,
                 )
             )
         self.rotary = Rotary(config, s, device)
@@ -228,8 +231,11 @@ class Transformer:
         H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         h = self._rms_norm(x, layer.attn_norm)
         qkv = self._project(h, layer.wqkv, layer.bqkv)  # [S, (H + 2Hkv) * D]
+        qk = qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D)
+        if layer.qk_norm is not None:  # Qwen3: each head's queries and keys normalized, then rotated
+            qk = torch.cat([self._rms_norm(qk[:, :H], layer.qk_norm[:D]), self._rms_norm(qk[:, H:], layer.qk_norm[D:])], dim=1)
         # Queries and keys are rotated together (one set of elementwise ops, not two).
-        qk = apply_rotary(qkv[:, : (H + Hkv) * D].view(S, H + Hkv, D).transpose(0, 1), cos, sin)
+        qk = apply_rotary(qk.transpose(0, 1), cos, sin)
         v = qkv[:, (H + Hkv) * D :].view(S, Hkv, D).transpose(0, 1)
         return qk[:H], qk[H:], v
 
@@ -347,7 +353,7 @@ class Transformer:
         for i, layer in enumerate(self.layers if attention is None else ()):
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin,
-                                         self.arithmetic.products)
+                                         self.arithmetic.products, layer.qk_norm)
             else:
                 q, k, v = self._layer_in(x, layer, cos, sin)  # [H, S, D], [Hkv, S, D], [Hkv, S, D]
             if queries is not None:

@@ -159,14 +159,17 @@ static void product(const float *x, int S, int K, const float *w, int64_t ldw, i
 }
 
 /* The layer before attention. x: [S, E]; w_qkv: [E, (H + 2 Hkv) D]; bias: [(H + 2 Hkv) D] or
- * NULL; cos, sin: [S, D]. Writes q [H, S, D] and k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
+ * NULL; qk_norm: [2 D], the weights of an RMSNorm over each query head and each key head before
+ * the rotation (Qwen3: q's, then k's), or NULL; cos, sin: [S, D]. Writes q [H, S, D] and
+ * k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
  * Returns non-zero when scratch memory could not be had. */
 int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const struct part *w_qkv, int n_qkv, const float *bias,
-             int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v, int threads, int int8) {
+             const float *qk_norm, int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v,
+             int threads, int int8) {
     int64_t N = (int64_t)(H + 2 * Hkv) * D;
-    float *h = malloc(sizeof(float) * (size_t)S * (size_t)(E + N));
+    float *h = malloc(sizeof(float) * ((size_t)S * (size_t)(E + N) + (size_t)D));
     if (!h) return -1;
-    float *qkv = h + (int64_t)S * E;
+    float *qkv = h + (int64_t)S * E, *head = qkv + (int64_t)S * N;
     rms_norm(x, S, E, norm_w, eps, h);
     if (weights_product(h, S, E, w_qkv, n_qkv, N, qkv, threads, int8)) {
         free(h);
@@ -180,6 +183,10 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
         const float *c = cos + (int64_t)s * D, *sn = sin + (int64_t)s * D;
         for (int j = 0; j < H + Hkv; j++) {  /* x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) */
             const float *src = row + (int64_t)j * D;
+            if (qk_norm) {  /* the head normalized on its own, then rotated */
+                rms_norm(src, 1, D, qk_norm + (j < H ? 0 : D), eps, head);
+                src = head;
+            }
             float *dst = j < H ? q + ((int64_t)j * S + s) * D : k + ((int64_t)(j - H) * S + s) * D;
             for (int d = 0; d < half; d++) dst[d] = src[d] * c[d] - src[d + half] * sn[d];
             for (int d = half; d < D; d++) dst[d] = src[d] * c[d] + src[d - half] * sn[d];
@@ -267,6 +274,7 @@ struct layer_weights {
     int n_gu;
     const struct part *w_down;
     int n_down;
+    const float *qk_norm; /* [2 D] or NULL: layer_in's */
 };
 
 /* attention.c's `attention`. */
@@ -357,7 +365,7 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
     for (int i = 0; i < L && !failed; i++) {
         const struct layer_weights *w = &layers[i];
         /* 1. norm, q/k/v, rotary: q [H, S, D], k, v [Hkv, S, D] */
-        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, H, Hkv, D, cos, sin, q, k, v, threads, int8);
+        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, w->qk_norm, H, Hkv, D, cos, sin, q, k, v, threads, int8);
         if (failed) break;
         /* 2. the new keys and values into the cache, after the `length` cached ones */
         char *kl = NULL, *vl = NULL;
