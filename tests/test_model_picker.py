@@ -1,7 +1,8 @@
 """The app's model picker, for real: `python app.py --target demo --models-dir SHELF` in headless Chromium.
 
 The shelf holds a tiny GGUF model (window 1,024 tokens, a tokenizer of single letters, so a
-short book is over its window) and a corrupt GGUF file. Switching from the demo pair to the
+short book is over its window), a corrupt GGUF file and a mixture of experts (listed with
+why it is not run; a pick of it loads nothing). Switching from the demo pair to the
 tiny model and back keeps the document (read again with each tokenizer: the table of
 contents and the context gauge follow the window); a corrupt file or a path outside the
 model folders is refused in one line and the app keeps the model it had.
@@ -40,6 +41,8 @@ def shelf(tmp_path_factory):
     shelf.mkdir()
     write_gguf(make_hf("llama_mha", seed=4), shelf / "tiny.gguf", {})
     (shelf / "corrupt.gguf").write_bytes(b"GGUF\x03\x00\x00\x00" + b"\xff" * 64)
+    # a Mixtral-style file: arch llama, experts in its header (`families.refusal`)
+    write_gguf(make_hf("llama_mha", seed=5), shelf / "mixtral-like.gguf", {}, settings={"expert_count": 8})
     text = SAMPLE.read_text(encoding="utf-8")
     book = root / "book.md"  # about 700 demo tokens; about 1,900 of the tiny model's
     book.write_text("".join(f"# Part {i + 1}\n\n{text[i * 600:(i + 1) * 600]}\n\n" for i in range(3)), encoding="utf-8")
@@ -309,3 +312,18 @@ def test_a_switch_to_a_model_without_a_small_draft_says_which_mode_it_runs(chat_
         assert mode["value"] == "lookup" and mode["choices"] == list(DRAFTLESS_MODES)
     finally:
         worker.close()
+
+
+def test_a_file_the_engine_does_not_run_is_labelled_and_a_pick_says_why(page):
+    """The mixture-of-experts file is listed with its reason (a dropdown cannot grey one entry
+    out); picking it loads nothing, says why in one line, and the model stays."""
+    page.click("#tf-model input")
+    entry = page.locator("ul[role='listbox'] li", has_text="mixtral-like (").first
+    assert entry.inner_text().strip().endswith("mixtral-like (GGUF, models folder) — not supported: mixture of experts")
+    entry.click()
+    wait_status(page, "Could not load")
+    said = page.inner_text("#tf-status .tf-status")
+    assert "Could not load mixtral-like" in said and "mixture of experts (8 experts a layer)" in said, said
+    assert "supported are llama" in said and "Still on triforce-demo" in said and "\n" not in said.strip()
+    expect = pytest.importorskip("playwright.sync_api").expect
+    expect(page.locator("#tf-model input")).to_have_value(re.compile(r"^triforce-demo"))
