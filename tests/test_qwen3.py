@@ -28,6 +28,7 @@ from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greed
 from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import built, needs_compiler
 
+import triforce_core.models.gguf_file as gguf_file
 import triforce_core.models.native_layers as native_layers
 from triforce_core import TriForceEngine
 from triforce_core.kv import FullCache
@@ -176,6 +177,7 @@ def _file(folder: Path):
 def test_a_gguf_file_equals_hugging_faces_reading_of_it(folder):
     hf, t, _, ids, _, _ = _file(folder)
     assert t.model.quantized and t.model.spec.qk_norm and t.model.spec.head_dim == 128
+    assert gguf_file.refusal_of(folder / "qwen3-target.gguf") is None  # the picker offers it
     assert t.model.layers[0].wqkv.type_names() == ["Q8_0", "Q8_0", "Q8_0"]
     with torch.no_grad():
         want = hf(torch.tensor([ids[:100]])).logits[0]
