@@ -181,6 +181,14 @@ def test_a_damaged_header_is_no_verdict_and_no_crash(shelf, tmp_path):
         with pytest.raises(HeaderError):
             header_settings(short)
     assert refusal_of(shelf / "tiny.gguf") is None
+    import struct  # a string array whose count no file could hold: refused before it is walked
+
+    key = b"tokenizer.ggml.tokens"
+    lying = tmp_path / "lying.gguf"
+    lying.write_bytes(b"GGUF" + struct.pack("<IQQQ", 3, 0, 1, len(key)) + key + struct.pack("<IIQ", 9, 8, 1 << 40)
+                      + bytes(4096))
+    with pytest.raises(HeaderError, match="strings"):
+        header_settings(lying)
 
 
 def served_shelf(shelf):

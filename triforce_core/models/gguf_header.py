@@ -23,6 +23,9 @@ from pathlib import Path
 MAGIC = b"GGUF"
 MAX_ENTRIES = 1 << 16  # key-value entries; a model's header has a few dozen
 MAX_KEY = 1 << 16  # bytes in one key
+# Strings in one array: a vocabulary's tokens or merges (a few hundred thousand; the vocabulary's
+# bound, `spec.LIMITS`, is 1 << 20). A lying count past it would walk a file's weights as strings.
+MAX_STRINGS = 1 << 22
 # GGUF's value types: (struct format, size) of the fixed-size ones; 8 is a string, 9 an array.
 SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4), 6: ("f", 4),
            7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
@@ -67,8 +70,8 @@ class _Cursor:
             if inner in SCALARS:
                 self.skip(count * SCALARS[inner][1])
             elif inner == STRING:
-                if count > len(self.data) - self.at:  # each string takes 8 bytes at least
-                    raise HeaderError(f"an array of {count:,} strings in a smaller file")
+                if count > min(MAX_STRINGS, (len(self.data) - self.at) // 8):  # each takes 8 bytes at least
+                    raise HeaderError(f"an array of {count:,} strings")
                 for _ in range(count):
                     self.skip(self.take("Q", 8))
             else:  # arrays of arrays: no model's header has them
