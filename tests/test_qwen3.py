@@ -229,3 +229,17 @@ def test_a_lying_norm_is_refused_in_one_line(tmp_path, kind, edit, message):
     with pytest.raises(ModelLoadError, match=message) as e:
         load_model(str(path), CPU, torch.float32)
     assert "\n" not in str(e.value) and str(e.value).startswith(path.name)
+
+
+@needs_compiler
+def test_a_prefix_draft_over_qwen3_is_refused_in_one_line(folder, tmp_path):
+    """Prefix drafts' adapters are trained on Llama-family layers (no q/k norms)."""
+    from triforce_core.models import prefix_draft
+    from triforce_core.models.loading import load_draft
+
+    _, t, _, _, _, _ = _file(folder)
+    prefix_draft.write(tmp_path / "draft", {"model.norm.weight": torch.ones(t.model.spec.hidden_size)}, 1,
+                       "qwen3-target.gguf")
+    with pytest.raises(ModelLoadError, match=r"q/k norms \(Qwen3\) is not supported") as e:
+        load_draft(str(tmp_path / "draft"), t, CPU, torch.float32)
+    assert "\n" not in str(e.value)

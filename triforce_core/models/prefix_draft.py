@@ -131,6 +131,8 @@ def build(target: Transformer, folder: str) -> Transformer:
         p = f"model.layers.{i}."
         if layer.bqkv is not None:
             raise PrefixDraftError("a prefix draft over a model with q/k/v biases is not supported")
+        if layer.qk_norm is not None:  # its adapters are trained on Llama-family layers
+            raise PrefixDraftError("a prefix draft over a model with q/k norms (Qwen3) is not supported")
         pieces = {
             **dict(zip(ATTENTION, _parts(layer.wqkv, [q_out, kv_out, kv_out]))),
             "o_proj": _parts(layer.wo, [s.hidden_size])[0],
