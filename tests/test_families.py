@@ -42,7 +42,8 @@ def configs() -> dict[str, tuple[object, str]]:
     mixtral_like = LlamaConfig(**tiny)
     mixtral_like.num_local_experts = 8  # a Llama config that routes among experts
     return {
-        "qwen3_moe": (Qwen3MoeConfig(**tiny, num_experts=8, moe_intermediate_size=32), "a mixture of experts (8 experts"),
+        "qwen3_moe": (Qwen3MoeConfig(**tiny, num_experts=8, moe_intermediate_size=32),
+                      "a mixture of experts (8 experts"),
         "llama_experts": (mixtral_like, "a mixture of experts (8 experts"),
         "mamba": (MambaConfig(hidden_size=64, num_hidden_layers=2, vocab_size=97), "recurrent layers"),
         "llava": (LlavaConfig(), "vision tower"),
