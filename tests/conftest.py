@@ -39,6 +39,21 @@ def pytest_runtest_setup(item):
 
 
 @pytest.fixture(scope="session")
+def playwright_api():
+    """One Playwright (sync API) per test process, for every browser test in it: the sync API
+    refuses to start a second one while another runs its event loop on the same thread, and a
+    session's page (tests/test_app.py) keeps its own open, so the browser tests of every module a
+    worker runs launch their Chromium from this one. Skips without Playwright or Debian's chromium."""
+    sync_api = pytest.importorskip("playwright.sync_api")
+    from tests.helpers.page import CHROMIUM
+
+    if not os.path.exists(CHROMIUM):
+        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+    with sync_api.sync_playwright() as p:
+        yield p
+
+
+@pytest.fixture(scope="session")
 def tiny_pair_dir(tmp_path_factory):
     """A saved GQA Llama target + one-layer draft sharing a word-level tokenizer."""
     root = tmp_path_factory.mktemp("pair")

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.page import (ACCEPTANCE_ROWS, CHROMIUM, FOOTER, SAMPLE, assert_answer_figures, document_text,
+from tests.helpers.page import (ACCEPTANCE_ROWS, FOOTER, SAMPLE, assert_answer_figures, document_text,
                                 last_answer_tokens, number, open_page, shown_gauge, shown_stats, status, wait_status,
                                 watch_status)
 from tests.helpers.servers import at_once, free_port, running_server
@@ -226,15 +226,11 @@ def test_the_http_api_on_the_app_port_and_the_chat_endpoint_at_once(server, docu
 # -- the browser -----------------------------------------------------------------------------------
 
 @pytest.fixture(scope="session")
-def page(server):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+def page(server, playwright_api):
     SHOTS.mkdir(parents=True, exist_ok=True)
-    with sync_api.sync_playwright() as p:
-        browser, pg = open_page(p, server["url"], 240_000)
-        yield pg
-        browser.close()
+    browser, pg = open_page(playwright_api, server["url"], 240_000)
+    yield pg
+    browser.close()
 
 
 def shot(page, name: str) -> None:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.page import CHROMIUM, SAMPLE, open_page, wait_status
+from tests.helpers.page import SAMPLE, open_page, wait_status
 from tests.helpers.servers import free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -44,15 +44,11 @@ def smollm2_server(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def smollm2_page(smollm2_server):
+def smollm2_page(smollm2_server, playwright_api):
     """Headless Chromium on the SmolLM2 app, one page for the module."""
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
-    with sync_api.sync_playwright() as p:
-        browser, pg = open_page(p, smollm2_server["url"], 300_000)
-        yield pg
-        browser.close()
+    browser, pg = open_page(playwright_api, smollm2_server["url"], 300_000)
+    yield pg
+    browser.close()
 
 
 def test_the_smollm2_app_serves_its_page(smollm2_server):

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.page import CHROMIUM, SAMPLE, open_page, wait_status
+from tests.helpers.page import SAMPLE, open_page, wait_status
 from tests.helpers.servers import free_port, wait_until_up
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -40,10 +40,7 @@ def stream_answer(url: str, lines: list[str], started: threading.Event) -> None:
         started.set()
 
 
-def test_sigterm_with_a_page_mid_answer_and_a_stream_stops_the_app_in_one_line(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+def test_sigterm_with_a_page_mid_answer_and_a_stream_stops_the_app_in_one_line(tmp_path, playwright_api):
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     log = tmp_path / "app.log"
@@ -54,25 +51,24 @@ def test_sigterm_with_a_page_mid_answer_and_a_stream_stops_the_app_in_one_line(t
         proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_until_up(proc, lambda: urllib.request.urlopen(url, timeout=2), log, "the app")
-        with sync_api.sync_playwright() as p:
-            browser, page = open_page(p, url, 240_000)
-            try:
-                page.click("#tf-sample")
-                page.wait_for_selector("#tf-docinfo:has-text('python-tutorial-classes.txt')")
-                page.check("#tf-stepmode input")  # the answer waits for Step: mid-answer until the stop
-                page.fill("#tf-message textarea", "What is a namespace?")
-                page.click("#tf-send")
-                wait_status(page, "Press Step")
-                lines: list[str] = []
-                started = threading.Event()
-                threading.Thread(target=stream_answer, args=(url, lines, started), daemon=True).start()
-                assert started.wait(120) and lines and not lines[0].startswith("closed"), lines
-                health = json.load(urllib.request.urlopen(url + "v1/health", timeout=30))
-                assert health["jobs"] >= 1, health  # the page's answer (and the stream's) still runs
-                proc.send_signal(signal.SIGTERM)
-                code = proc.wait(timeout=STOP_S)
-            finally:
-                browser.close()
+        browser, page = open_page(playwright_api, url, 240_000)
+        try:
+            page.click("#tf-sample")
+            page.wait_for_selector("#tf-docinfo:has-text('python-tutorial-classes.txt')")
+            page.check("#tf-stepmode input")  # the answer waits for Step: mid-answer until the stop
+            page.fill("#tf-message textarea", "What is a namespace?")
+            page.click("#tf-send")
+            wait_status(page, "Press Step")
+            lines: list[str] = []
+            started = threading.Event()
+            threading.Thread(target=stream_answer, args=(url, lines, started), daemon=True).start()
+            assert started.wait(120) and lines and not lines[0].startswith("closed"), lines
+            health = json.load(urllib.request.urlopen(url + "v1/health", timeout=30))
+            assert health["jobs"] >= 1, health  # the page's answer (and the stream's) still runs
+            proc.send_signal(signal.SIGTERM)
+            code = proc.wait(timeout=STOP_S)
+        finally:
+            browser.close()
     finally:
         if proc.poll() is None:
             proc.kill()

@@ -87,96 +87,92 @@ def questions_shown(page) -> list[str]:
     return page.locator("#tf-chat .tf-user").evaluate_all("els => els.map(e => e.innerText.trim())")
 
 
-def test_conversations_outlive_a_restart_and_stay_in_their_browser(tmp_path):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+def test_conversations_outlive_a_restart_and_stay_in_their_browser(tmp_path, playwright_api):
     data, port = tmp_path / "data", free_port()
     doc = tmp_path / "classes.txt"
     doc.write_text(SAMPLE.read_text(encoding="utf-8")[:2500], encoding="utf-8")
-    with sync_api.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
-        context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
-        with app_on(data, port, tmp_path / "first.log") as url:
-            page = new_page(context, url)
-            page.set_input_files("#tf-upload input[type=file]", str(doc))
-            page.wait_for_selector("#tf-docinfo:has-text('classes.txt')")
-            for question in QUESTIONS:
-                page.fill("#tf-message textarea", question)
-                page.click("#tf-send")
-                done = wait_status(page, "tok/s", "rror")
-                assert "tok/s" in done, done
-            open_sidebar(page)
-            assert wait_listed(page, 1) == [f"classes.txt · {QUESTIONS[0]}"]
-            before, asked = shown_turns(page), questions_shown(page)
-            assert len(before) == 2 and all(t["tokens"] and t["sources"] for t in before), before
-            levels = {cls for t in before for _text, cls in t["tokens"]}
-            assert len(levels) > 1, levels  # coloured by more than one level: the colours must come back
-            # Clear conversation: the next answer starts a second one; the first stays listed
-            page.click("#tf-clear")
-            page.wait_for_function("() => !document.querySelector('#tf-chat .tf-assistant')")
-            page.fill("#tf-message textarea", OTHER)
+    browser = playwright_api.chromium.launch(executable_path=CHROMIUM, args=["--headless", "--no-sandbox"])
+    context = browser.new_context(viewport={"width": 1500, "height": 1100}, accept_downloads=True)
+    with app_on(data, port, tmp_path / "first.log") as url:
+        page = new_page(context, url)
+        page.set_input_files("#tf-upload input[type=file]", str(doc))
+        page.wait_for_selector("#tf-docinfo:has-text('classes.txt')")
+        for question in QUESTIONS:
+            page.fill("#tf-message textarea", question)
             page.click("#tf-send")
-            assert "tok/s" in wait_status(page, "tok/s", "rror")
-            both = [f"classes.txt · {OTHER}", f"classes.txt · {QUESTIONS[0]}"]  # the newest first
-            assert wait_listed(page, 2) == both
-        # -- the app restarted on the same data folder; the same browser (its localStorage) --
-        with app_on(data, port, tmp_path / "second.log") as url:
-            page = new_page(context, url)
-            open_sidebar(page)
-            assert wait_listed(page, 2) == both  # every conversation listed
-            assert shown_turns(page) == []
-            page.locator("#tf-conversations label").nth(1).click()
-            wait_status(page, "Opened")
-            page.wait_for_selector("#tf-docinfo:has-text('classes.txt')")  # its document, loaded again
-            assert questions_shown(page) == asked
-            assert shown_turns(page) == before  # tokens, their levels, citations and footers
-            assert page.locator("#tf-stats").inner_text() != ""
-            # rename
-            page.fill("#tf-conv-title textarea, #tf-conv-title input", "Classes, twice")
-            page.click("#tf-conv-rename")
-            page.wait_for_function("() => document.querySelector('#tf-conversations').innerText.includes('Classes, twice')")
-            assert listed(page) == [both[0], "Classes, twice"]
-            # export: every question, answer and citation
-            with page.expect_download() as download:
-                page.click("#tf-conv-export")
-            markdown = Path(download.value.path()).read_text(encoding="utf-8")
-            assert markdown.startswith("# Classes, twice\n")
-            for question, turn in zip(QUESTIONS, before):
-                assert question in markdown
-                answer = "".join(text for text, _cls in turn["tokens"])  # as rendered: Markdown's marks aside
-                assert plain(answer) in plain(markdown)
-            assert markdown.count("**Sources**") == 2 and ("- Quoted: " in markdown or "- Most read: " in markdown)
-            # a follow-up after reopening joins the same conversation
-            page.fill("#tf-message textarea", "What follows «multiple names»?")
-            page.click("#tf-send")
-            assert "tok/s" in wait_status(page, "tok/s", "rror")
-            page.wait_for_function("() => document.querySelectorAll('#tf-chat .tf-assistant').length === 3")
-            page.wait_for_function("() => document.querySelector('#tf-conversations label').innerText.includes("
-                                   "'Classes, twice')")  # answered last: the newest
-            assert listed(page) == ["Classes, twice", both[0]]
-            # another browser sees nothing of them
-            other = browser.new_context(viewport={"width": 1500, "height": 1100})
-            stranger = new_page(other, url)
-            open_sidebar(stranger)
-            # its page has loaded its list: the load event gave it its own token (in its localStorage)
-            stranger.wait_for_function(f"() => localStorage.getItem({BROWSER_KEY!r}) !== null")
-            assert listed(stranger) == []
-            other.close()
-            # delete (the open one, ticked in the list), undo, delete
-            page.click("#tf-conv-delete")
-            assert wait_listed(page, 1) == [both[0]]
-            page.click("#tf-conv-undo")
-            assert wait_listed(page, 2) == ["Classes, twice", both[0]]
-            page.locator("#tf-conversations label").first.click()
-            wait_status(page, "Opened")
-            page.click("#tf-conv-delete")
-            assert wait_listed(page, 1) == [both[0]]
-            page.reload()
-            page.wait_for_selector("#tf-send")
-            open_sidebar(page)
-            assert wait_listed(page, 1) == [both[0]]
-        browser.close()
+            done = wait_status(page, "tok/s", "rror")
+            assert "tok/s" in done, done
+        open_sidebar(page)
+        assert wait_listed(page, 1) == [f"classes.txt · {QUESTIONS[0]}"]
+        before, asked = shown_turns(page), questions_shown(page)
+        assert len(before) == 2 and all(t["tokens"] and t["sources"] for t in before), before
+        levels = {cls for t in before for _text, cls in t["tokens"]}
+        assert len(levels) > 1, levels  # coloured by more than one level: the colours must come back
+        # Clear conversation: the next answer starts a second one; the first stays listed
+        page.click("#tf-clear")
+        page.wait_for_function("() => !document.querySelector('#tf-chat .tf-assistant')")
+        page.fill("#tf-message textarea", OTHER)
+        page.click("#tf-send")
+        assert "tok/s" in wait_status(page, "tok/s", "rror")
+        both = [f"classes.txt · {OTHER}", f"classes.txt · {QUESTIONS[0]}"]  # the newest first
+        assert wait_listed(page, 2) == both
+    # -- the app restarted on the same data folder; the same browser (its localStorage) --
+    with app_on(data, port, tmp_path / "second.log") as url:
+        page = new_page(context, url)
+        open_sidebar(page)
+        assert wait_listed(page, 2) == both  # every conversation listed
+        assert shown_turns(page) == []
+        page.locator("#tf-conversations label").nth(1).click()
+        wait_status(page, "Opened")
+        page.wait_for_selector("#tf-docinfo:has-text('classes.txt')")  # its document, loaded again
+        assert questions_shown(page) == asked
+        assert shown_turns(page) == before  # tokens, their levels, citations and footers
+        assert page.locator("#tf-stats").inner_text() != ""
+        # rename
+        page.fill("#tf-conv-title textarea, #tf-conv-title input", "Classes, twice")
+        page.click("#tf-conv-rename")
+        page.wait_for_function("() => document.querySelector('#tf-conversations').innerText.includes('Classes, twice')")
+        assert listed(page) == [both[0], "Classes, twice"]
+        # export: every question, answer and citation
+        with page.expect_download() as download:
+            page.click("#tf-conv-export")
+        markdown = Path(download.value.path()).read_text(encoding="utf-8")
+        assert markdown.startswith("# Classes, twice\n")
+        for question, turn in zip(QUESTIONS, before):
+            assert question in markdown
+            answer = "".join(text for text, _cls in turn["tokens"])  # as rendered: Markdown's marks aside
+            assert plain(answer) in plain(markdown)
+        assert markdown.count("**Sources**") == 2 and ("- Quoted: " in markdown or "- Most read: " in markdown)
+        # a follow-up after reopening joins the same conversation
+        page.fill("#tf-message textarea", "What follows «multiple names»?")
+        page.click("#tf-send")
+        assert "tok/s" in wait_status(page, "tok/s", "rror")
+        page.wait_for_function("() => document.querySelectorAll('#tf-chat .tf-assistant').length === 3")
+        page.wait_for_function("() => document.querySelector('#tf-conversations label').innerText.includes("
+                               "'Classes, twice')")  # answered last: the newest
+        assert listed(page) == ["Classes, twice", both[0]]
+        # another browser sees nothing of them
+        other = browser.new_context(viewport={"width": 1500, "height": 1100})
+        stranger = new_page(other, url)
+        open_sidebar(stranger)
+        # its page has loaded its list: the load event gave it its own token (in its localStorage)
+        stranger.wait_for_function(f"() => localStorage.getItem({BROWSER_KEY!r}) !== null")
+        assert listed(stranger) == []
+        other.close()
+        # delete (the open one, ticked in the list), undo, delete
+        page.click("#tf-conv-delete")
+        assert wait_listed(page, 1) == [both[0]]
+        page.click("#tf-conv-undo")
+        assert wait_listed(page, 2) == ["Classes, twice", both[0]]
+        page.locator("#tf-conversations label").first.click()
+        wait_status(page, "Opened")
+        page.click("#tf-conv-delete")
+        assert wait_listed(page, 1) == [both[0]]
+        page.reload()
+        page.wait_for_selector("#tf-send")
+        open_sidebar(page)
+        assert wait_listed(page, 1) == [both[0]]
+    browser.close()
 
 
 def test_the_sidebar_refuses_ids_of_another_browser(tmp_path):

@@ -16,7 +16,6 @@ import re
 import sys
 import threading
 import urllib.request
-from pathlib import Path
 from types import SimpleNamespace
 
 import gradio as gr
@@ -26,7 +25,7 @@ from tests.helpers.models import make_hf, words
 from tests.helpers.servers import free_port, running_server
 from tests.helpers.gguf_files import write_gguf
 from tests.helpers import ROOT
-from tests.helpers.page import (CHROMIUM, SAMPLE, assert_answer_figures, document_text, number, open_page, shown_gauge,
+from tests.helpers.page import (SAMPLE, assert_answer_figures, document_text, number, open_page, shown_gauge,
                                 wait_status, watch_status)
 
 WINDOW = json.loads((ROOT / "assets" / "models" / "target" / "config.json").read_text())["max_position_embeddings"]
@@ -50,10 +49,7 @@ def shelf(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def page(shelf):
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        pytest.skip("Debian's chromium is not installed (apt-get install chromium)")
+def page(shelf, playwright_api):
     port = free_port()
     url = f"http://127.0.0.1:{port}/"
     env = {k: v for k, v in os.environ.items() if k not in ("OLLAMA_MODELS", "HF_HOME", "HF_HUB_CACHE")}
@@ -62,12 +58,11 @@ def page(shelf):
     cmd = [sys.executable, str(ROOT / "app.py"), "--target", "demo", "--port", str(port), "--max-new-tokens", str(MAX_NEW),
            "--models-dir", str(shelf["shelf"]), "--data-dir", str(shelf["root"] / "data")]
     with running_server(cmd, shelf["root"] / "app.log", lambda: urllib.request.urlopen(url, timeout=2), env, "the app"):
-        with sync_api.sync_playwright() as p:
-            browser, pg = open_page(p, url, 120_000)
-            pg.click("#tf-settings button")  # open the settings accordion
-            pg.wait_for_selector("#tf-model input")
-            yield _Page(pg, url)
-            browser.close()
+        browser, pg = open_page(playwright_api, url, 120_000)
+        pg.click("#tf-settings button")  # open the settings accordion
+        pg.wait_for_selector("#tf-model input")
+        yield _Page(pg, url)
+        browser.close()
 
 
 class _Page:

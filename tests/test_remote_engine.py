@@ -632,6 +632,8 @@ def refused(page) -> None:
     page.click("#tf-send")
     page.wait_for_selector(".toast-body:has-text('Step mode needs the engine in this process')")
     page.uncheck("#tf-stepmode input[type=checkbox]")
-    page.click("#tf-lesson-start")
-    page.wait_for_selector(".toast-body:has-text('The lesson runs round by round in this process')")
+    with page.context.expect_page() as opened:  # the lesson opens in a tab of its own, and says why it cannot run
+        page.click("#tf-lesson-start")
+    opened.value.wait_for_selector(".toast-body:has-text('The lesson runs round by round in this process')")
+    opened.value.close()
     assert page.locator("#tf-model").count() == 0  # no model picker: the model is the server's

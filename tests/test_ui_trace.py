@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from tests.helpers.models import words
-from triforce_core.config import CacheConfig, ConfigError, GenerationConfig, SpeculationConfig, DEFAULT_MODE
+from triforce_core.config import CHAT_MAX_NEW_TOKENS, DEFAULT_MODE, CacheConfig, ConfigError, GenerationConfig, SpeculationConfig
 from triforce_core.decoding.events import ChunksSelected, Committed, Drafted, Verified
 from triforce_core.serving.session import ChatSession
 from ui import AnswerTrace, context_gauge_html, segments_html
@@ -218,8 +218,9 @@ def test_settings_are_validated_with_clear_messages():
         settings_from({"budget": 8, "chunk_size": 8})
     with pytest.raises(ConfigError, match="mode"):
         settings_from({"mode": "fast"})
+    # the engine's defaults, with a chat answer's limit
     assert Settings().config() == GenerationConfig(
-        speculation=SpeculationConfig(mode=DEFAULT_MODE), cache=CacheConfig()
+        speculation=SpeculationConfig(mode=DEFAULT_MODE, max_new_tokens=CHAT_MAX_NEW_TOKENS), cache=CacheConfig()
     )
 
 
