@@ -3,7 +3,7 @@ rotary embedding, a head size apart from width / heads, tied embeddings.
 
 - A tiny random Qwen3 (4 heads of 24 on width 64, random q/k norm weights) gives Hugging Face's
   greedy answer in every mode, and its logits (a prefill, a step, a verification) are Hugging
-  Face's to float32 rounding.
+  Face's to float32 rounding; sampling from the three levels follows its law (chi-square).
 - The native layer before attention normalizes each head as the float64 reference does (the
   negative control: the q and k norms exchanged are caught), and every layer in one native call
   gives the per-layer path's logits bit for bit.
@@ -243,3 +243,21 @@ def test_a_prefix_draft_over_qwen3_is_refused_in_one_line(folder, tmp_path):
     with pytest.raises(ModelLoadError, match=r"q/k norms \(Qwen3\) is not supported") as e:
         load_draft(str(tmp_path / "draft"), t, CPU, torch.float32)
     assert "\n" not in str(e.value)
+
+
+def test_sampling_follows_hugging_faces_law():
+    """The first two sampled tokens of the three levels against the joint law Hugging Face's
+    Qwen3 gives them (chi-square over a 16-token vocabulary)."""
+    from tests.helpers.sampling import CACHE, PAPER, SMALL, chi2_pvalue, first_two_counts, first_two_law
+    from tests.helpers.models import to_ours
+    from triforce_core import GenerationConfig, SamplingConfig, SpeculationConfig
+
+    settings = {**SMALL, "head_dim": 12}
+    hf = make_hf(KIND, seed=21, **settings)
+    draft = to_ours(make_hf(KIND, seed=22, **{**settings, "num_hidden_layers": 1}))
+    prompt = torch.randint(0, 16, (48,), generator=torch.Generator().manual_seed(4)).tolist()
+    cfg = GenerationConfig(sampling=SamplingConfig(temperature=1.0, seed=0),
+                           speculation=SpeculationConfig(mode="triforce", gamma1=2, gamma2=2, max_new_tokens=2,
+                                                         ignore_eos=True, lookup=False, **PAPER), cache=CACHE)
+    counts = first_two_counts(TriForceEngine(to_ours(hf), draft), prompt, cfg, 3000)
+    assert chi2_pvalue(counts, first_two_law(hf, prompt)) > 1e-3
