@@ -35,6 +35,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -74,7 +75,8 @@ def start_server(port: int, extra: list[str]) -> subprocess.Popen:
 
     env = dict(os.environ, HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1", GRADIO_ANALYTICS_ENABLED="False")
     env.pop("TRIFORCE_API_KEY", None)
-    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), *extra], cwd=ROOT, env=env,
+    proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port),
+                             "--data-dir", tempfile.mkdtemp(prefix="triforce-api-load-data-"), *extra], cwd=ROOT, env=env,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 300
     while time.time() < deadline:

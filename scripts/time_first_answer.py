@@ -71,7 +71,8 @@ def one_opening(question: str, cache_dir: Path, app_args: list[str], log: Path, 
     t_start = time.perf_counter()
     with open(log, "a") as out:
         proc = subprocess.Popen([sys.executable, str(ROOT / "app.py"), "--port", str(port), "--kv-cache-dir",
-                                 str(cache_dir), *app_args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
+                                 str(cache_dir), "--data-dir", tempfile.mkdtemp(prefix="triforce-first-answer-data-"),
+                                 *app_args], cwd=ROOT, stdout=out, stderr=subprocess.STDOUT)
     try:
         _wait_up(proc, url)
         started_s = time.perf_counter() - t_start
