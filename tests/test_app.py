@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.page import (ACCEPTANCE_ROWS, FOOTER, SAMPLE, assert_answer_figures, document_text,
-                                last_answer_tokens, number, open_page, shown_gauge, shown_stats, status, wait_status,
-                                watch_status)
+                                last_answer_tokens, number, open_page, set_number, shown_gauge, shown_stats, status,
+                                wait_status, watch_status)
 from tests.helpers.servers import at_once, free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -240,16 +240,6 @@ def shot(page, name: str) -> None:
 def ask(page, question: str) -> None:
     page.fill("#tf-message textarea", question)
     page.click("#tf-send")
-
-
-def set_number(page, elem_id: str, value: int) -> None:
-    """Type into a slider's number box as a person would."""
-    box = page.locator(f"{elem_id} input[type=number]")
-    box.click()
-    box.press("Control+a")
-    box.type(str(value))
-    box.press("Tab")
-    assert box.input_value() == str(value)
 
 
 def ensure_sample(page) -> None:

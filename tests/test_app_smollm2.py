@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.page import SAMPLE, open_page, wait_status
+from tests.helpers.page import SAMPLE, open_page, set_number, wait_status
 from tests.helpers.servers import free_port, running_server
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,16 +60,6 @@ def api_answer(url: str, message: str, path, **kwargs) -> str:
     from gradio_client import Client, handle_file
 
     return Client(url, verbose=False).predict(message, handle_file(str(path)), api_name="/chat", **kwargs)
-
-
-def set_number(page, elem_id: str, value) -> None:
-    """Type into a slider's number box as a person would."""
-    box = page.locator(f"{elem_id} input[type=number]")
-    box.click()
-    box.press("Control+a")
-    box.type(str(value))
-    box.press("Tab")
-    assert box.input_value() == str(value)
 
 
 def last_answer_text(page) -> tuple[str | None, str]:

@@ -141,6 +141,35 @@ def test_checks_are_the_rules_values(mode, lookup, greedy):
 
 
 @pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
+def test_the_targets_checks_of_what_the_middle_level_emitted_name_the_retrieval_level(greedy):
+    """A row priced at a whole step: the target-level lookup proposes nothing, so the lookup runs
+    reach the target inside the retrieval level's speculation, drawn from its law p_mid. The
+    target's checks of those tokens report p_mid as q under the retrieval level's name, never
+    as a lookup's point mass (a path a measured row price takes only now and then). The demo
+    pair copies its document, so the retrieval level accepts lookup runs here."""
+    from tests.helpers import ROOT
+    from triforce_core.models.loading import DEMO_DRAFT, DEMO_TARGET
+
+    engine = TriForceEngine.from_pretrained(str(DEMO_TARGET), str(DEMO_DRAFT), device="cpu")
+    text = (ROOT / "assets" / "sample" / "python-tutorial-classes.txt").read_text(encoding="utf-8")[:3000]
+    config = GenerationConfig(
+        sampling=SamplingConfig(temperature=0.0 if greedy else TEMPERATURE, seed=1),
+        speculation=SpeculationConfig(mode="triforce", max_new_tokens=48, ignore_eos=True, lookup=True,
+                                      lookup_row_cost=1.0),
+        cache=CacheConfig(budget=256, chunk_size=8))
+    events = list(engine.generate(engine.encode(text + "\n\n" + text[:400]), config, inspect=True))
+    checks = {level: [c for ev in events if isinstance(ev, Verified) and ev.level == level for c in ev.checks]
+              for level in ("retrieval", "target")}
+    committed = [lvl for ev in events if isinstance(ev, Committed) for lvl in ev.levels]
+    # the path ran: the middle level accepted lookup tokens, and they were committed
+    assert any(c.proposer == "lookup" and c.accepted for c in checks["retrieval"]) and "lookup" in committed
+    assert checks["target"] and {c.proposer for c in checks["target"]} == {"retrieval"}
+    for c in checks["retrieval"] + checks["target"]:
+        if c.proposer == "lookup":
+            assert c.q == 1.0 and c.q_top == ((c.token_id, 1.0),)
+
+
+@pytest.mark.parametrize("greedy", [True, False], ids=["greedy", "sampled"])
 def test_inspect_changes_nothing_else(greedy):
     """Same tokens, same events (but for the checks) with inspect on and off; off reports none."""
     _, on = _generate("triforce", greedy, lookup=True, inspect=True, seed=3)

@@ -26,6 +26,16 @@ def open_page(playwright, url: str, timeout_ms: int):
     return browser, pg
 
 
+def set_number(page, elem_id: str, value) -> None:
+    """Type into a slider's number box as a person would."""
+    box = page.locator(f"{elem_id} input[type=number]")
+    box.click()
+    box.press("Control+a")
+    box.type(str(value))
+    box.press("Tab")
+    assert box.input_value() == str(value)
+
+
 def status(page) -> str:
     """The status line's text."""
     return page.inner_text("#tf-status")

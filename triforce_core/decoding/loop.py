@@ -299,8 +299,9 @@ class SpeculationLoop(Prefill):
                 r = _bonus_only(p[0], self.generator)
         if proposal.tokens:
             self.counters.add("target", proposal.levels, r.accepted)
-            checks = (token_checks("target", proposal.tokens, proposal.levels, proposal.laws, p, r)
-                      if self.inspect else ())
+            # who drew each token from the law q the rule used: the middle level's p_mid for all it emitted
+            proposers = [proposal.law_level] * len(proposal.tokens) if proposal.law_level else proposal.levels
+            checks = token_checks("target", proposal.tokens, proposers, proposal.laws, p, r) if self.inspect else ()
             events.append(verified_event("target", proposal.tokens, r, checks))
         if refresh is not None:
             refresh.verified(proposal, r.accepted, probe, first_row)

@@ -38,6 +38,10 @@ class Proposal:
     #                            greedy with inspect: the softmax each argmax was taken of)
     levels: list[str]
     match: int | None = None  # the lookup's proposal: its backward match (`ContextIndex.propose`); else None
+    # The level whose law `laws` is for every token, when one level emitted them all (the middle
+    # level: what it accepted of a lookup run or the small draft follows its own law p_mid, so the
+    # target's checks name it as their proposer); None: each token's proposer in `levels`.
+    law_level: str | None = None
 
 
 @dataclass
@@ -269,7 +273,7 @@ class MiddleLevel:
             if not keep:
                 break
         law = torch.cat(laws)[:n] if laws else None
-        return Proposal(tokens[:n], law, levels[:n])
+        return Proposal(tokens[:n], law, levels[:n], law_level=self.level)
 
     def commit(self, committed: list[int]) -> None:
         self.lower.commit(committed)
