@@ -228,7 +228,7 @@ def answer_html(answer: Answer, key: int, teaching: bool) -> str:
     view, its rounds and rejected drafts one click away. The Markdown is rendered again only
     when the answer has grown (the page redraws the conversation while the last answer streams)."""
     segments = answer.trace.segments
-    drawn = (len(segments), key, id(segments))  # segments are only appended to
+    drawn = (len(segments), key)  # segments are only appended to (a replaced trace is another list)
     if answer.shown is None or answer.shown[0] != drawn or answer.shown[2] is not segments:
         answer.shown = (drawn, answer_body_html(segments, key), segments)
     body = answer.shown[1]
