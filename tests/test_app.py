@@ -158,6 +158,9 @@ def test_bad_document_through_the_api_is_a_clear_error(server, documents):
 
     with pytest.raises(AppError, match="broken.pdf"):
         ask_api(server["url"], "What is it?", documents["bad"])
+    # a question over the page's cap is refused before any tokenizing, as on the page
+    with pytest.raises(AppError, match=r"That question is 20,001 characters.*send the long text as the document"):
+        ask_api(server["url"], "w" * 20_001, None)
     assert ask_api(server["url"], "Still there?", documents["a"])[-1].strip()
 
 

@@ -33,13 +33,16 @@ def paste_note(message: str = "", nonce: int = 0) -> str:
             f'aria-live="polite">{body}</div>')
 
 
-def question_refused(message: str) -> str | None:
-    """Why `message` is refused as a question (one sentence with its length and the cap), or None."""
+PAGE_ADVICE = "shorten it, or paste it into the box and press Use this text as the document"
+
+
+def question_refused(message: str, advice: str = PAGE_ADVICE) -> str | None:
+    """Why `message` is refused as a question (one sentence with its length, the cap and `advice`:
+    what the page, or the `chat` endpoint, offers instead), or None."""
     n = len(message)
     if n <= MAX_QUESTION_CHARS:
         return None
-    return (f"That question is {n:,} characters, too long for a question (the limit is {MAX_QUESTION_CHARS:,}): "
-            "shorten it, or paste it into the box and press Use this text as the document.")
+    return f"That question is {n:,} characters, too long for a question (the limit is {MAX_QUESTION_CHARS:,}): {advice}."
 
 
 def take_question(message: str) -> tuple:

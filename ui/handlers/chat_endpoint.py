@@ -26,6 +26,7 @@ from triforce_core.decoding.events import Committed
 from triforce_core.serving.remote import RemoteError
 from triforce_core.serving.session import ChatSession, SessionError
 
+from ..pasting import question_refused
 from ..state import AppContext, book_session, chat_session, reads_by_relevance
 
 ANSWER_ERRORS = (ContextLengthError, SessionError, RemoteError, ValueError)
@@ -42,6 +43,9 @@ class ChatEndpoint:
         message = (message or "").strip()
         if not message:
             raise gr.Error("the message is empty")
+        refused = question_refused(message, "shorten it, or send the long text as the document")  # as the page
+        if refused:
+            raise gr.Error(refused)
         doc = None
         if document is not None:
             path = Path(document if isinstance(document, str) else getattr(document, "path", None) or document.name)
