@@ -861,6 +861,7 @@ def test_the_chat_follows_the_newest_answer_unless_the_reader_scrolled_up(clipbo
     assert place()[1] <= 1  # at the newest answer
     pg.check("#tf-stepmode input[type=checkbox]")
     pg.check("#tf-teaching input[type=checkbox]")  # an answer's view is the one it was asked in
+    pg.wait_for_selector("#tf-legend .tf-rej")  # the teaching view's change has reached the server and back
     ask(pg, "What follows «Python adds two numbers»?")
     wait_status(pg, "Step mode: the prefill done", "rror")
     pg.click("#tf-step")
