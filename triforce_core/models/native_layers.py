@@ -56,7 +56,7 @@ class Layers:
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
         lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, P, I, I, I, P, P, P, P, P, I, I]
-        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I]
+        lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I, P, P, I]
         lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
         lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I, P]
@@ -139,8 +139,12 @@ class Layers:
         return q, k, v
 
     def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
-                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, products: int = 0) -> None:
-        """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D]."""
+                  w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, products: int = 0,
+                  post_attn_norm: torch.Tensor | None = None, post_mlp_norm: torch.Tensor | None = None,
+                  gelu: bool = False) -> None:
+        """x [S, E] += the attention output's projection, then the MLP's (in place); attn: [H, S, D].
+        `post_attn_norm`, `post_mlp_norm`: [E] norms of each output before its residual (Gemma 3's
+        sandwich), or None; `gelu`: the MLP's gate is tanh's GELU (GeGLU), not silu."""
         S, E = x.shape
         H, _, D = attn.shape
         intermediate = self._dims(w_down)[0]
@@ -150,9 +154,14 @@ class Layers:
         self._vector("the MLP norm", norm, E)
         self._matrix("the gate/up projection", w_gate_up, E, 2 * intermediate)
         self._matrix("the down projection", w_down, intermediate, E)
+        for what, t in (("the attention output's norm", post_attn_norm), ("the MLP output's norm", post_mlp_norm)):
+            if t is not None:
+                self._vector(what, t, E)
         self._check(self.lib.layer_out(
             x.data_ptr(), S, E, attn.data_ptr(), H, D, *self._parts(w_o), norm.data_ptr(), eps,
-            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), int(products)))
+            *self._parts(w_gate_up), *self._parts(w_down), intermediate, self._threads(), int(products),
+            None if post_attn_norm is None else post_attn_norm.data_ptr(),
+            None if post_mlp_norm is None else post_mlp_norm.data_ptr(), int(gelu)))
 
     def logits(self, x: torch.Tensor, norm: torch.Tensor, eps: float, lm_head: Stacked | torch.Tensor,
                products: int = 0) -> torch.Tensor:

@@ -20,18 +20,24 @@ TABLE_BLOCK = 256  # positions per block of precomputed rotary values
 class Rotary:
     """Rotary position embeddings; inverse frequencies from transformers' rope utilities."""
 
-    def __init__(self, config: Any, spec: ModelSpec, device: torch.device):
+    def __init__(self, config: Any, spec: ModelSpec, device: torch.device, layer_type: str | None = None):
+        """`layer_type`: the key of config.rope_parameters whose parameters these are (a model whose
+        layer types have parameters of their own, `ModelSpec.rope_layer_types`), else None."""
         self.config = config
         self.spec = spec
         self.device = device
-        self.rope_type = spec.rope_type
-        if spec.rope_type == "default":
-            base = config.rope_parameters["rope_theta"]
+        self.layer_type = layer_type
+        params = config.rope_parameters if layer_type is None else config.rope_parameters[layer_type]
+        self.rope_type = params.get("rope_type", "default")
+        if self.rope_type == "default":
+            base = params["rope_theta"]
             dim = spec.head_dim
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
             scaling = 1.0
+        elif layer_type is None:
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config, device)
         else:
-            inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
+            inv_freq, scaling = ROPE_INIT_FUNCTIONS[self.rope_type](config, device, layer_type=layer_type)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
         self.scaling = float(scaling)
         self._table: tuple | None = None  # ((start, dtype), (cos, sin)) of one block of positions
@@ -41,7 +47,8 @@ class Rotary:
         original = self.spec.max_position_embeddings
         seq_len = max_position + 1
         if self.rope_type == "dynamic" and seq_len > original:
-            inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len)
+            extra = {} if self.layer_type is None else {"layer_type": self.layer_type}
+            inv, scaling = ROPE_INIT_FUNCTIONS["dynamic"](self.config, self.device, seq_len=seq_len, **extra)
             return inv.to(self.device, torch.float), float(scaling)
         return self.inv_freq, self.scaling
 

@@ -52,7 +52,10 @@ def expected(spec: ModelSpec) -> tuple[dict[str, tuple[Shape, str]], dict[str, t
             p + "mlp.up_proj.weight": ((I, E), f"{mlp}, {width}"),
             p + "mlp.down_proj.weight": ((E, I), f"{width}, {mlp}"),
         })
-        if spec.qk_norm:  # Qwen3: one norm over each head's queries, one over each head's keys
+        if spec.sandwich:  # Gemma 3: a norm before the MLP, one after it (and post_attention_layernorm after attention)
+            required.update({p + "pre_feedforward_layernorm.weight": ((E,), width),
+                             p + "post_feedforward_layernorm.weight": ((E,), width)})
+        if spec.qk_norm:  # Qwen3, Gemma 3: one norm over each head's queries, one over each head's keys
             required.update({p + "self_attn.q_norm.weight": ((D,), f"head size {D}"),
                              p + "self_attn.k_norm.weight": ((D,), f"head size {D}")})
         optional.update({

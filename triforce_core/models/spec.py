@@ -1,8 +1,10 @@
 """The architecture numbers the forward needs, read from a Hugging Face (transformers) config.
 
 Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
-window), Qwen2 (q/k/v bias, tied embeddings) and dense Qwen3 (an RMSNorm on each head's queries
-and keys before the rotary embedding, `qk_norm`); multi-head and grouped-query attention.
+window), Qwen2 (q/k/v bias, tied embeddings), dense Qwen3 (an RMSNorm on each head's queries
+and keys before the rotary embedding, `qk_norm`) and Gemma 3's text decoder (`GEMMA3`: norms
+around both halves of a layer, GeGLU, an embedding scale, a query scale of its own, sliding-window
+layers with a rotary base of their own); multi-head and grouped-query attention.
 `ModelSpec.from_config` refuses anything else with `UnsupportedModelError`, and numbers that
 contradict one another or no real model has (a damaged or lying file) with
 `InconsistentModelError`: the native kernels size their buffers from these numbers.
@@ -17,10 +19,22 @@ from typing import Any
 
 from . import families
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
-# What a family adds to the one forward, beyond the config's numbers: Qwen3 normalizes each
-# head's queries and keys (its own [head size] weights, q then k) before the rotary embedding.
-QK_NORM_TYPES = ("qwen3",)
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+# What a family adds to the one forward, beyond the config's numbers: Qwen3 and Gemma 3
+# normalize each head's queries and keys (their own [head size] weights, q then k) before the
+# rotary embedding.
+QK_NORM_TYPES = ("qwen3", "gemma3_text")
+# Gemma 3's text decoder (transformers' Gemma3TextConfig; GGUF's gemma3), beside the norms:
+# - every RMSNorm weight w is applied as 1 + w (`norm_plus_one`);
+# - the attention's output and the MLP's output are normalized before their residuals, and the
+#   MLP has a norm of its own before it (`sandwich`: a layer has four norms);
+# - the MLP is GeGLU with tanh's GELU (`activation`);
+# - the embedding is multiplied by the square root of the width (`embed_scale`);
+# - queries are scaled by query_pre_attn_scalar ** -0.5, not head size ** -0.5 (`query_scale`);
+# - sliding-window and full layers take the rotary parameters of their own layer type
+#   (`rope_layer_types`: a local base of 10K, a global one of 1M).
+GEMMA3 = ("gemma3_text",)
+ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's name -> the forward's
 
 # Upper bounds on the settings. The largest model of the supported families, Llama 3.1 405B,
 # has width 16,384, MLP width 53,248, 126 layers, 128 heads (8 KV heads) of size 128, a
@@ -75,7 +89,15 @@ class ModelSpec:
     rope_type: str
     sliding_windows: tuple[int | None, ...]  # one per layer; None = full attention
     intermediate_size: int = 0  # the MLP's width (arithmetic counts only)
-    qk_norm: bool = False  # an RMSNorm on each head's q and k before the rotary embedding (Qwen3)
+    qk_norm: bool = False  # an RMSNorm on each head's q and k before the rotary embedding (Qwen3, Gemma 3)
+    activation: str = "silu"  # the MLP's gate: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma 3)
+    norm_plus_one: bool = False  # norm weights w applied as 1 + w (Gemma 3)
+    sandwich: bool = False  # norms on the attention's and the MLP's outputs, and one before the MLP (Gemma 3)
+    embed_scale: float = 1.0  # the embedding's rows are multiplied by it (Gemma 3: the width's square root)
+    query_scale: float | None = None  # attention's score scale; None: head size ** -0.5
+    # per layer, the key of config.rope_parameters its rotary parameters are under (Gemma 3's
+    # "sliding_attention" / "full_attention"); None: one set of parameters for every layer
+    rope_layer_types: tuple[str, ...] | None = None
 
     def check(self) -> "ModelSpec":
         """The settings against one another and against `LIMITS` (InconsistentModelError, one
@@ -96,6 +118,11 @@ class ModelSpec:
             raise InconsistentModelError(f"the norm's epsilon {self.rms_norm_eps!r} is not a small positive number")
         if len(self.sliding_windows) != self.num_layers:
             raise InconsistentModelError(f"{len(self.sliding_windows)} layer types for {self.num_layers} layers")
+        if self.rope_layer_types is not None and len(self.rope_layer_types) != self.num_layers:
+            raise InconsistentModelError(f"{len(self.rope_layer_types)} rotary layer types for {self.num_layers} layers")
+        for name, value in (("the embedding scale", self.embed_scale), ("the query scale", self.query_scale)):
+            if value is not None and not (isinstance(value, Real) and math.isfinite(value) and 0 < value < 1e6):
+                raise InconsistentModelError(f"{name} {value!r} is not a positive number")
         for w in self.sliding_windows:
             if w is not None:
                 check_bound("the sliding window", w, LIMITS["max_position_embeddings"])
@@ -111,9 +138,14 @@ class ModelSpec:
         refused = families.refusal(model_type, config, SUPPORTED_MODEL_TYPES)  # a family or feature left out
         if refused is not None:
             raise UnsupportedModelError(refused.line)
-        act = getattr(config, "hidden_act", "silu")
-        if act != "silu":
-            raise UnsupportedModelError(f"unsupported activation {act!r}: only SwiGLU (silu) is implemented")
+        gemma = model_type in GEMMA3
+        act = getattr(config, "hidden_activation" if gemma else "hidden_act", None) or "silu"
+        if act not in ACTIVATIONS:
+            raise UnsupportedModelError(f"unsupported activation {act!r}: the MLP's gate is silu (SwiGLU) or "
+                                        f"gelu_pytorch_tanh (GeGLU)")
+        for cap in ("final_logit_softcapping", "attn_logit_softcapping"):
+            if getattr(config, cap, None):
+                raise UnsupportedModelError(f"{cap} is set: logit soft-capping (Gemma 2) is not supported")
         num_heads = config.num_attention_heads
         num_kv = getattr(config, "num_key_value_heads", None) or num_heads
         n_layers = config.num_hidden_layers
@@ -122,13 +154,22 @@ class ModelSpec:
             check_bound(f"{WORDS[name]} ({name})", value, LIMITS[name])
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         rope = getattr(config, "rope_parameters", None) or {}
-        rope_type = rope.get("rope_type", "default")
-        if rope_type not in ("default", "linear", "dynamic", "yarn", "llama3"):
-            raise UnsupportedModelError(f"unsupported rope type {rope_type!r}")
-        if (rope.get("partial_rotary_factor") or 1.0) != 1.0:
-            raise UnsupportedModelError("partial rotary embeddings are not supported")
-        windows: list[int | None] = [None] * n_layers
         layer_types = getattr(config, "layer_types", None)
+        rope_layer_types = None
+        if gemma:  # parameters per layer type
+            if not (isinstance(layer_types, (list, tuple)) and len(layer_types) == n_layers
+                    and all(t in ("sliding_attention", "full_attention") and isinstance(rope.get(t), dict)
+                            for t in layer_types)):
+                raise InconsistentModelError("Gemma 3's layer types or their rotary parameters are missing or unknown")
+            rope_layer_types = tuple(layer_types)
+        rope_sets = [rope[t] for t in sorted(set(rope_layer_types))] if rope_layer_types else [rope]
+        for params in rope_sets:
+            if params.get("rope_type", "default") not in ("default", "linear", "dynamic", "yarn", "llama3"):
+                raise UnsupportedModelError(f"unsupported rope type {params.get('rope_type')!r}")
+            if (params.get("partial_rotary_factor") or 1.0) != 1.0:
+                raise UnsupportedModelError("partial rotary embeddings are not supported")
+        rope_type = (rope["full_attention"] if gemma else rope).get("rope_type", "default")  # Gemma 3: the full layers'
+        windows: list[int | None] = [None] * n_layers
         sliding = getattr(config, "sliding_window", None)
         if sliding is not None:
             if layer_types is not None:
@@ -149,4 +190,10 @@ class ModelSpec:
             sliding_windows=tuple(windows),
             intermediate_size=config.intermediate_size,
             qk_norm=model_type in QK_NORM_TYPES,
+            activation=ACTIVATIONS[act],
+            norm_plus_one=gemma,
+            sandwich=gemma,
+            embed_scale=config.hidden_size**0.5 if gemma else 1.0,
+            query_scale=config.query_pre_attn_scalar**-0.5 if gemma else None,
+            rope_layer_types=rope_layer_types,
         ).check()

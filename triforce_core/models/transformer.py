@@ -90,7 +90,9 @@ class _Layer:
     mlp_norm: torch.Tensor  # [hidden]
     w_gate_up: Matrix  # [2 * I, hidden]
     w_down: Matrix  # [hidden, I]
-    qk_norm: torch.Tensor | None = None  # [2 * D]: the norm over each query head, then each key head (Qwen3)
+    qk_norm: torch.Tensor | None = None  # [2 * D]: the norm over each query head, then each key head (Qwen3, Gemma 3)
+    post_attn_norm: torch.Tensor | None = None  # [hidden]: on the attention's output before its residual (Gemma 3)
+    post_mlp_norm: torch.Tensor | None = None  # [hidden]: on the MLP's output before its residual (Gemma 3)
 
 
 def _transposed(w: torch.Tensor) -> torch.Tensor:
@@ -148,6 +150,15 @@ class Transformer:
             w = w.dequantized() if isinstance(w, StoredTensor) else w
             return w.to(device=device, dtype=dtype).contiguous()
 
+        def norm(name: str) -> torch.Tensor:
+            """A norm's weights as the forward multiplies by them: Gemma's w is applied as 1 + w,
+            added in float32 as transformers' Gemma3RMSNorm adds it."""
+            if not s.norm_plus_one:
+                return get(name)
+            w = state[name]
+            w = w.dequantized() if isinstance(w, StoredTensor) else w
+            return (1.0 + w.to(device=device, dtype=torch.float32)).contiguous()  # float32 in any dtype, as there
+
         def matrix(*names: str) -> Matrix:
             stored = [state[n] for n in names]
             if keep_stored and all(isinstance(w, StoredTensor) and w.shape[1] % LANES == 0 for w in stored):
@@ -164,7 +175,7 @@ class Transformer:
         else:
             self.embed = get(embed)  # [V, hidden]
             self.lm_head = get(head) if head else self.embed
-        self.final_norm = get("model.norm.weight")
+        self.final_norm = norm("model.norm.weight")
         self.layers: list[_Layer] = []
         for i in range(s.num_layers):
             p = f"model.layers.{i}."
@@ -174,21 +185,36 @@ class Transformer:
                 bqkv = torch.cat([get(a + "q_proj.bias"), get(a + "k_proj.bias"), get(a + "v_proj.bias")])
             if a + "o_proj.bias" in state:
                 raise UnsupportedModelError("an output-projection bias is not supported")
-            qk_norm = torch.cat([get(a + "q_norm.weight"), get(a + "k_norm.weight")]) if s.qk_norm else None
+            qk_norm = torch.cat([norm(a + "q_norm.weight"), norm(a + "k_norm.weight")]) if s.qk_norm else None
+            # Llama's post_attention_layernorm is the MLP's norm; in a sandwich it is the
+            # attention output's, and the MLP's is pre_feedforward_layernorm.
+            sandwich = s.sandwich
             self.layers.append(
                 _Layer(
-                    attn_norm=get(p + "input_layernorm.weight"),
+                    attn_norm=norm(p + "input_layernorm.weight"),
                     wqkv=matrix(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
                     bqkv=bqkv,
                     wo=matrix(a + "o_proj.weight"),
-                    mlp_norm=get(p + "post_attention_layernorm.weight"),
+                    mlp_norm=norm(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
                     w_gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
                     w_down=matrix(p + "mlp.down_proj.weight"),
                     qk_norm=qk_norm,
+                    post_attn_norm=norm(p + "post_attention_layernorm.weight") if sandwich else None,
+                    post_mlp_norm=norm(p + "post_feedforward_layernorm.weight") if sandwich else None,
                 )
             )
-        self.rotary = Rotary(config, s, device)
-        self.scale = s.head_dim**-0.5
+        # One rotary per set of parameters; `layer_rotary[i]` is layer i's (Gemma 3's local and
+        # global layers differ), `rotary` the full layers' (the only one elsewhere).
+        if s.rope_layer_types is None:
+            self.rotary = Rotary(config, s, device)
+            self.layer_rotary = [self.rotary] * s.num_layers
+        else:
+            by_type = {t: Rotary(config, s, device, layer_type=t) for t in sorted(set(s.rope_layer_types))}
+            self.rotary = by_type.get("full_attention") or next(iter(by_type.values()))
+            self.layer_rotary = [by_type[t] for t in s.rope_layer_types]
+        self.scale = s.head_dim**-0.5 if s.query_scale is None else s.query_scale
+        # [] float32, as transformers' Gemma3TextScaledWordEmbedding multiplies by it; None: no scale
+        self._embed_scale = None if s.embed_scale == 1.0 else torch.tensor(s.embed_scale, dtype=dtype, device=device)
         self._layer_table: native_layers.LayerTable | None = None  # built at the first one-call forward
 
     @property
@@ -214,14 +240,18 @@ class Transformer:
 
     def _embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         """[S] ids -> [S, hidden] float."""
-        return self.embed.rows(input_ids) if isinstance(self.embed, Matrix) else self.embed[input_ids]
+        x = self.embed.rows(input_ids) if isinstance(self.embed, Matrix) else self.embed[input_ids]
+        return x if self._embed_scale is None else x * self._embed_scale
 
     def _rms_norm(self, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         if x.dtype == torch.float32:  # one fused op; the same arithmetic as below
             return F.rms_norm(x, weight.shape, weight, self.spec.rms_norm_eps)
-        # Same arithmetic as transformers' LlamaRMSNorm: statistics in float32.
+        # Same arithmetic as transformers' LlamaRMSNorm: statistics in float32; Gemma3RMSNorm
+        # multiplies by its (float32) weights before rounding to the dtype.
         xf = x.to(torch.float32)
         xf = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.spec.rms_norm_eps)
+        if self.spec.norm_plus_one:
+            return (xf * weight).to(x.dtype)
         return weight * xf.to(x.dtype)
 
     def _layer_in(self, x: torch.Tensor, layer: _Layer, cos: torch.Tensor, sin: torch.Tensor):
@@ -242,15 +272,19 @@ class Transformer:
     def _layer_out(self, x: torch.Tensor, out: torch.Tensor, layer: _Layer) -> torch.Tensor:
         """Output projection and MLP with their residuals: out [H, S, D] -> the new x [S, hidden]."""
         S = x.shape[0]
-        x = x + self._project(out.transpose(0, 1).reshape(S, -1), layer.wo)
+        o = self._project(out.transpose(0, 1).reshape(S, -1), layer.wo)
+        x = x + (o if layer.post_attn_norm is None else self._rms_norm(o, layer.post_attn_norm))
         h = self._rms_norm(x, layer.mlp_norm)
         if S > MLP_ROWS and self._integer(layer.w_gate_up) and self._integer(layer.w_down):
-            return x + torch.cat([self._mlp(h[i : i + MLP_ROWS], layer, S) for i in range(0, S, MLP_ROWS)])
-        return x + self._mlp(h, layer, S)
+            m = torch.cat([self._mlp(h[i : i + MLP_ROWS], layer, S) for i in range(0, S, MLP_ROWS)])
+        else:
+            m = self._mlp(h, layer, S)
+        return x + (m if layer.post_mlp_norm is None else self._rms_norm(m, layer.post_mlp_norm))
 
     def _mlp(self, h: torch.Tensor, layer: _Layer, forward_rows: int) -> torch.Tensor:
         gate, up = self._project(h, layer.w_gate_up, forward_rows=forward_rows).chunk(2, dim=-1)
-        return self._project(F.silu(gate) * up, layer.w_down, forward_rows=forward_rows)
+        gate = F.silu(gate) if self.spec.activation == "silu" else F.gelu(gate, approximate="tanh")
+        return self._project(gate * up, layer.w_down, forward_rows=forward_rows)
 
     def default_arithmetic(self) -> Arithmetic:
         """The arithmetic measured the default for this model on this processor
@@ -303,7 +337,7 @@ class Transformer:
         if storage is None:
             return None
         s, k = self.spec, storage[0]
-        if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows)
+        if (cache.length + S > cache.capacity or any(w is not None for w in s.sliding_windows) or s.sandwich
                 or s.num_heads // s.num_kv_heads * S > NATIVE_QUERY_ROWS or k.device.type != "cpu"):
             return None
         fused = self.arithmetic.layers()
@@ -333,7 +367,8 @@ class Transformer:
         H, Hkv, D = s.num_heads, s.num_kv_heads, s.head_dim
         G = H // Hkv
         x = self._embed(input_ids)  # [S, hidden]
-        cos, sin = self.rotary.cos_sin(positions, self.dtype)  # [S, D]
+        trig = {id(r): r.cos_sin(positions, self.dtype) for r in self.layer_rotary}  # each rotary's [S, D] cos, sin
+        cos, sin = trig[id(self.rotary)]
         masks: dict[tuple[int, int, int | None], Mask | None] = {}
         queries = [] if capture_queries else None
         # Few rows on the CPU: each side of a layer is one native call (`native_layers`).
@@ -350,7 +385,9 @@ class Transformer:
                                                   self.arithmetic.products, steps)
             if mass_all is not None:
                 key_mass.layers += [_cached_chunks(mass, cache.length // chunk, G, S) for mass in mass_all]
+        reported: list[torch.Tensor | None] = [None] * s.num_layers  # each layer's key mass, where it had one
         for i, layer in enumerate(self.layers if attention is None else ()):
+            cos, sin = trig[id(self.layer_rotary[i])]
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin,
                                          self.arithmetic.products, layer.qk_norm)
@@ -361,7 +398,10 @@ class Transformer:
             window = s.sliding_windows[i]
             keys, values, key_start = cache.view(i, k, v, window)  # [Hkv, T, D], new tokens last
             T = keys.shape[1]
-            mask_key = (T, key_start, window if cache.exact_positions else None)
+            # the window applies where the keys are the positions before the new tokens, in order
+            exact = cache.exact_positions or (window is not None and getattr(cache, "window_exact", None) is not None
+                                              and cache.window_exact(window))
+            mask_key = (T, key_start, window if exact else None)
             if mask_key not in masks:
                 masks[mask_key] = attention_mask(S, T, key_start, mask_key[2], G, x.device, x.dtype)
             mask = masks[mask_key]
@@ -371,13 +411,19 @@ class Transformer:
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
             out, mass = attend(qg, keys, values, mask, self.scale, chunk, self.arithmetic.native_attention)  # [Hkv, G*S, D]
             if mass is not None:
-                key_mass.layers.append(_cached_chunks(mass, (T - S) // chunk, G, S))
+                reported[i] = _cached_chunks(mass, (T - S) // chunk, G, S)
             out = out.reshape(H, S, D)
             if fused is not None:
                 fused.layer_out(x, out.contiguous(), layer.wo, layer.mlp_norm, eps, layer.w_gate_up, layer.w_down,
-                                self.arithmetic.products)
+                                self.arithmetic.products, layer.post_attn_norm, layer.post_mlp_norm,
+                                s.activation == "gelu_tanh")
             else:
                 x = self._layer_out(x, out, layer)
+        if any(m is not None for m in reported):
+            # A local layer whose window cuts the keys reports none: no mass on any chunk (every
+            # layer's report covers the same chunks, so that they stack).
+            n = next(m for m in reported if m is not None).shape[2]
+            key_mass.layers += [torch.zeros(Hkv, S, n) if m is None else m for m in reported]
         cache.advance(S)
         logits = None
         if logits_rows is not None:

@@ -198,31 +198,54 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
     return 0;
 }
 
+/* tanh's GELU, in the order of PyTorch's gelu(approximate="tanh"): x / 2 (1 + tanh(beta (x + kappa x^3))). */
+static inline float gelu_tanh(float x) {
+    const float beta = 0.7978845608028654f, kappa = 0.044715f;  /* sqrt(2 / pi) */
+    float inner = beta * (x + kappa * (x * x * x));
+    return 0.5f * x * (1.0f + tanhf(inner));
+}
+
 /* The layer after attention, x [S, E] updated in place. attn: [H, S, D], the heads' outputs;
  * w_o: [H D, E]; w_gate_up: [E, 2 I] (gate, then up); w_down: [I, E].
- *   x = x + o @ w_o;  x = x + (silu(g) * u) @ w_down, [g | u] = rms_norm(x) @ w_gate_up */
+ *   x = x + o @ w_o;  x = x + (silu(g) * u) @ w_down, [g | u] = rms_norm(x) @ w_gate_up
+ * post_attn_norm, post_mlp_norm: [E] or NULL, norms of o @ w_o and of the MLP's output before
+ * their residuals (Gemma 3's sandwich); gelu: the gate is tanh's GELU (GeGLU), not silu. */
 int layer_out(float *x, int S, int E, const float *attn, int H, int D, const struct part *w_o, int n_o,
               const float *norm_w, float eps, const struct part *w_gate_up, int n_gu, const struct part *w_down, int n_down,
-              int I, int threads, int int8) {
+              int I, int threads, int int8, const float *post_attn_norm, const float *post_mlp_norm, int gelu) {
     int64_t HD = (int64_t)H * D;
-    size_t floats = (size_t)S * (size_t)(HD + E + E + 2 * (int64_t)I + I);
+    size_t floats = (size_t)S * (size_t)(HD + E + E + 2 * (int64_t)I + I + E);
     float *o = malloc(sizeof(float) * floats);
     if (!o) return -1;
     float *t = o + (int64_t)S * HD, *h = t + (int64_t)S * E, *gu = h + (int64_t)S * E, *a = gu + (int64_t)S * 2 * I;
+    float *tn = a + (int64_t)S * I;  /* a sandwich's normed output */
     for (int hd = 0; hd < H; hd++)
         for (int s = 0; s < S; s++)
             memcpy(o + (int64_t)s * HD + (int64_t)hd * D, attn + ((int64_t)hd * S + s) * D, sizeof(float) * (size_t)D);
     if (weights_product(o, S, (int)HD, w_o, n_o, E, t, threads, int8)) goto failed;
-    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
+    const float *r = t;
+    if (post_attn_norm) {
+        rms_norm(t, S, E, post_attn_norm, eps, tn);
+        r = tn;
+    }
+    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + r[i];
     rms_norm(x, S, E, norm_w, eps, h);
     if (weights_product(h, S, E, w_gate_up, n_gu, 2 * (int64_t)I, gu, threads, int8)) goto failed;
     for (int s = 0; s < S; s++) {
         const float *g = gu + (int64_t)s * 2 * I, *u = g + I;
         float *as = a + (int64_t)s * I;
-        for (int i = 0; i < I; i++) as[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+        if (gelu)
+            for (int i = 0; i < I; i++) as[i] = gelu_tanh(g[i]) * u[i];
+        else
+            for (int i = 0; i < I; i++) as[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
     }
     if (weights_product(a, S, I, w_down, n_down, E, t, threads, int8)) goto failed;
-    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + t[i];
+    r = t;
+    if (post_mlp_norm) {
+        rms_norm(t, S, E, post_mlp_norm, eps, tn);
+        r = tn;
+    }
+    for (int64_t i = 0; i < (int64_t)S * E; i++) x[i] = x[i] + r[i];
     free(o);
     return 0;
 failed:
@@ -398,7 +421,7 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
         if (failed) break;
         /* 4. output projection, MLP, residuals: result [Hkv, R, D] is [H, S, D] */
         failed = layer_out(x, S, E, result, H, D, w->w_o, w->n_o, w->mlp_norm, eps, w->w_gate_up, w->n_gu, w->w_down,
-                           w->n_down, I, threads, int8);
+                           w->n_down, I, threads, int8, NULL, NULL, 0);
     }
     free(q);
     free(limits);
