@@ -207,3 +207,71 @@ def test_sampling_follows_hugging_faces_law():
                                                          ignore_eos=True, lookup=False, **PAPER), cache=CACHE)
     counts = first_two_counts(TriForceEngine(to_ours(hf), draft), prompt, cfg, 3000)
     assert chi2_pvalue(counts, first_two_law(hf, prompt)) > 1e-3
+
+
+# -- GGUF files ----------------------------------------------------------------------------------
+# Six layers: a reader of a gemma3 file takes every sixth layer as the full one (llama.cpp and
+# transformers alike), the others sliding.
+GGUF_SETTINGS = dict(vocab_size=300, num_hidden_layers=6, sliding_window_pattern=6)
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("gemma3-gguf")
+
+
+@functools.lru_cache(maxsize=None)
+def _file(folder: Path):
+    """A Gemma 3 target (Q8_0, the norms F32 as 1 + w) and a one-layer draft, ours of both,
+    Hugging Face's model of the target file and its greedy answer."""
+    target = write_gguf(make_hf(KIND, seed=0, **GGUF_SETTINGS), folder / "gemma3-target.gguf", {})
+    draft = write_gguf(make_hf(KIND, seed=5, **{**GGUF_SETTINGS, "num_hidden_layers": 1}), folder / "gemma3-draft.gguf", {})
+    hf = hf_from_gguf(target)
+    ids = torch.randint(3, 300, (120,), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = hf.generate(ids[None], attention_mask=torch.ones(1, 120, dtype=torch.long), do_sample=False,
+                          max_new_tokens=NEW, eos_token_id=None, pad_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+    ref = out.sequences[0, 120:].tolist()
+    gaps = [float(lg[0].topk(2).values[0] - lg[0].topk(2).values[1]) for lg in out.logits]
+    return hf, load_model(str(target), CPU, torch.float32), load_model(str(draft), CPU, torch.float32), ids.tolist(), ref, gaps
+
+
+@needs_compiler
+def test_a_gguf_file_equals_hugging_faces_reading_of_it(folder):
+    hf, t, _, ids, _, _ = _file(folder)
+    s = t.model.spec
+    assert t.model.quantized and s.sandwich and s.head_dim == 24 and s.sliding_windows == (24,) * 5 + (None,)
+    assert gguf_file.refusal_of(folder / "gemma3-target.gguf") is None  # the picker offers it
+    assert hf.config.model_type == "gemma3_text"
+    with torch.no_grad():
+        want = hf(torch.tensor([ids[:100]])).logits[0]
+    got = torch.cat(_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@needs_compiler
+@pytest.mark.parametrize("mode,lookup", [("autoregressive", False), ("triforce", False), ("triforce", True),
+                                         ("retrieval", False), ("draft", False)])
+def test_a_gguf_files_greedy_answer_is_hugging_faces_in_every_mode(folder, mode, lookup):
+    _, t, d, ids, ref, gaps = _file(folder)
+    got = TriForceEngine(t.model, d.model, exact=True).run(ids, greedy_config(mode, 2, 6, lookup=lookup)).token_ids
+    assert_same_as_hf(got, ref, gaps)
+
+
+def _one(target: str, how):
+    return lambda name, a: how(name, a) if name == target else [(name, a)]
+
+
+@needs_compiler
+@pytest.mark.parametrize("edit,message", [
+    (_one("blk.2.post_ffw_norm.weight", lambda n, a: []), r"blk\.2\.post_ffw_norm\.weight is missing"),
+    (_one("blk.0.post_attention_norm.weight", lambda n, a: [(n, a[:-1])]),
+     r"blk\.0\.post_attention_norm\.weight is \[63\], expected \[64\] \(width 64\)"),
+    (_one("blk.1.ffn_norm.weight", lambda n, a: [(n, np.concatenate([a, a]))]), r"blk\.1\.ffn_norm\.weight is \[128\]"),
+])
+def test_a_lying_norm_is_refused_in_one_line(tmp_path, edit, message):
+    path = write_gguf(make_hf(KIND, seed=3, **GGUF_SETTINGS), tmp_path / "lie.gguf", {}, edit=edit)
+    with pytest.raises(ModelLoadError, match=message) as e:
+        load_model(str(path), CPU, torch.float32)
+    assert "\n" not in str(e.value) and str(e.value).startswith(path.name)

@@ -81,7 +81,7 @@ Edit = Callable[[str, np.ndarray], list[tuple[str, np.ndarray]]]
 
 def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default",
                settings: dict[str, int] | None = None, edit: Edit | None = None) -> Path:
-    """Write `hf` (a transformers Llama, Qwen2 or Qwen3 model) as a GGUF file; `types` maps a GGUF tensor
+    """Write `hf` (a transformers Llama, Qwen2, Qwen3 or Gemma 3 text model) as a GGUF file; `types` maps a GGUF tensor
     name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`);
     `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it.
 
@@ -90,7 +90,8 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     `edit(name, weights)` gets each tensor by its GGUF name, as float32 [rows, cols] before it is
     quantized, and returns the tensors to write in its place (none drops it, two add one)."""
     cfg = hf.config
-    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama"}[cfg.model_type]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "gemma3_text": "gemma3"}[cfg.model_type]
+    gemma = arch == "gemma3"
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
     w.add_name("tiny test model")
@@ -99,9 +100,12 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
                   head_count=cfg.num_attention_heads, head_count_kv=cfg.num_key_value_heads)
     for key, value in {**header, **(settings or {})}.items():
         getattr(w, f"add_{key}")(value)
-    w.add_rope_freq_base(float(cfg.rope_parameters["rope_theta"]))
+    rope = cfg.rope_parameters["full_attention"] if gemma else cfg.rope_parameters
+    w.add_rope_freq_base(float(rope["rope_theta"]))
     w.add_layer_norm_rms_eps(float(cfg.rms_norm_eps))
-    if arch == "qwen3":  # a head size of its own, as llama.cpp's converter writes it
+    if gemma:  # as llama.cpp's converter writes it (readers take every sixth layer as the full one)
+        w.add_sliding_window(cfg.sliding_window)
+    if arch in ("qwen3", "gemma3"):  # a head size of its own, as llama.cpp's converter writes it
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
         w.add_rope_dimension_count(cfg.head_dim)
@@ -125,6 +129,10 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
                  "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                  "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
                  "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+    if gemma:  # a layer's four norms under Gemma's names
+        per_layer = {**per_layer, "post_attention_layernorm.weight": "post_attention_norm.weight",
+                     "pre_feedforward_layernorm.weight": "ffn_norm.weight",
+                     "post_feedforward_layernorm.weight": "post_ffw_norm.weight"}
     state = hf.state_dict()
     for name, t in state.items():
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
@@ -135,6 +143,8 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
         else:
             gname = names[name]
         a = t.detach().float().numpy()
+        if gemma and gname.endswith("norm.weight"):  # llama.cpp's converter stores Gemma's norms as 1 + w
+            a = a + np.float32(1)
         if arch == "llama" and gname.endswith(("attn_q.weight", "attn_k.weight")):
             a = _permute(a, cfg.num_attention_heads if "attn_q" in gname else cfg.num_key_value_heads)
         for gname, a in (edit(gname, a) if edit is not None else [(gname, a)]):
