@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from . import families, huge_pages
-from .gguf_header import HeaderError, header_settings
+from .gguf_header import VOCABULARY, HeaderError, header_settings
 from ..config import cache_home, one_line
 from .folders import is_gguf_file
 from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
@@ -269,12 +269,21 @@ def refusal_of(path: str | os.PathLike) -> families.Refusal | None:
     """Why the engine cannot run the GGUF file at `path` (its architecture or a feature its
     header declares: `families.refusal`), read from the header's settings alone, or None: it
     may run (a damaged file is found out when it is opened). What the model picker shows."""
+    return header_facts(path)[0]
+
+
+def header_facts(path: str | os.PathLike) -> tuple[families.Refusal | None, str | None]:
+    """(`refusal_of`, the digest of its token list or None): what the picker reads of a file,
+    from its header alone. Files with the same digest have the same tokens and ids (one can
+    draft for the other)."""
     try:
         settings = header_settings(path)
     except (HeaderError, OSError, ValueError):
-        return None
+        return None, None
     arch = settings.get("general.architecture")
-    return families.refusal(arch if isinstance(arch, str) else None, settings, ARCHITECTURES)
+    vocabulary = settings.get(VOCABULARY)
+    return (families.refusal(arch if isinstance(arch, str) else None, settings, ARCHITECTURES),
+            vocabulary if isinstance(vocabulary, str) else None)
 
 
 def _unpermute_rows(rows: int, heads: int) -> np.ndarray:

@@ -1,6 +1,7 @@
 """A GGUF file's header settings (its key-value metadata), read without the weights or the vocabulary.
 
     settings = header_settings(path)   # {"general.architecture": "qwen3moe", "qwen3moe.expert_count": 128, ...}
+    settings[VOCABULARY]               # the token list's digest: files that share it can draft for each other
 
 The model picker asks every file in the model folders what it is (`families.refusal`) before
 anyone opens it: ggml's `GGUFReader` would parse the whole header, tens of thousands of token
@@ -16,6 +17,7 @@ runs past the file's end, declares an unknown type or more entries than any mode
 
 from __future__ import annotations
 
+import hashlib
 import mmap
 import struct
 from pathlib import Path
@@ -30,6 +32,10 @@ MAX_STRINGS = 1 << 22
 SCALARS = {0: ("B", 1), 1: ("b", 1), 2: ("H", 2), 3: ("h", 2), 4: ("I", 4), 5: ("i", 4), 6: ("f", 4),
            7: ("?", 1), 10: ("Q", 8), 11: ("q", 8), 12: ("d", 8)}
 STRING, ARRAY = 8, 9
+TOKENS = "tokenizer.ggml.tokens"
+# A settings key of ours, not the file's: the sha-256 of the token list's bytes as stored (its
+# count, then each token's length and bytes), so two files with the same tokens and ids match.
+VOCABULARY = "tokenizer.ggml.tokens#sha256"
 
 
 class HeaderError(ValueError):
@@ -106,7 +112,10 @@ def _settings(data) -> dict[str, object]:
     out: dict[str, object] = {}
     for _ in range(entries):
         key = cur.string(MAX_KEY)
+        start = cur.at
         value = cur.value(cur.take("I", 4))
         if value is not None:
             out[key] = value
+        elif key == TOKENS:
+            out[VOCABULARY] = hashlib.sha256(data[start:cur.at]).hexdigest()
     return out

@@ -38,7 +38,7 @@ from typing import Callable
 from ..config import GB
 from ..engine import TriForceEngine
 from ..models.families import Refusal
-from ..models.gguf_file import SMOLLM2, GGUFError, refusal_of, smollm2_path
+from ..models.gguf_file import SMOLLM2, GGUFError, header_facts, smollm2_path
 from ..models.loading import (DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name,
                               weight_files)
 from ..models.folders import ModelFolders
@@ -48,6 +48,9 @@ DEMO_ID = "triforce-demo"
 # Of the machine's memory, what loaded models' weights may take by default: the rest is left to
 # the caches (a long document's K/V is gigabytes), the documents and the other programs.
 MEMORY_SHARE = 0.5
+# A file pairs with a draft from the same folders whose tokens and ids are its own and whose file
+# is at most this share of its size: a draft must cost far less than the target to pay.
+DRAFT_SHARE = 0.25
 TOOL_NOTES = {"lmstudio": "LM Studio", "ollama": "Ollama", "hf": "Hugging Face cache", "models-dir": "models folder",
               "file": "opened by path"}
 
@@ -189,7 +192,8 @@ class ServedModels:
         self.slots = slots
         self.started = started_choice(*started)
         self._opened: dict[str, ModelChoice] = {}  # files opened by path that discovery does not list
-        self._refusals: dict[str, tuple[tuple, Refusal | None]] = {}  # path -> (file identity, its header's verdict)
+        # path -> (file identity, (its header's verdict, its token list's digest, its size))
+        self._refusals: dict[str, tuple[tuple, tuple[Refusal | None, str | None, int]]] = {}
         self._alive: "weakref.WeakValueDictionary[str, ServedModel]" = weakref.WeakValueDictionary()
         self._recent: collections.OrderedDict[str, ServedModel] = collections.OrderedDict()
         self._pinned: ServedModel | None = None
@@ -205,10 +209,14 @@ class ServedModels:
         for c in builtin_choices():
             out.setdefault(c.id, c)
         listed = {_real(c.target) for c in out.values()}
-        for found in self.folders.discover():
-            if str(found.path) not in listed:  # the started file is listed once, under its own id
-                out.setdefault(found.id, ModelChoice(found.id, f"GGUF, {TOOL_NOTES[found.tool]}", str(found.path),
-                                                     refusal=self._refusal(found.path)))
+        found_files = [f for f in self.folders.discover() if str(f.path) not in listed]  # the started file once
+        drafts = self._drafts([(f.id, f.path) for f in found_files]
+                              + [(c.id, Path(c.target)) for c in out.values() if os.path.isfile(c.target)])
+        for found in found_files:
+            draft = drafts.get(str(found.path))
+            note = f"GGUF, {TOOL_NOTES[found.tool]}" + (f"; draft {draft[0]}" if draft else "")
+            out.setdefault(found.id, ModelChoice(found.id, note, str(found.path), draft[1] if draft else None,
+                                                 refusal=self._refusal(found.path)))
         with self._lock:
             for c in self._opened.values():
                 out.setdefault(c.id, c)
@@ -233,21 +241,44 @@ class ServedModels:
             return self._opened[choice.id]
 
     def _refusal(self, path: Path) -> Refusal | None:
-        """Why the engine cannot run the GGUF file (`gguf_file.refusal_of`: its header alone),
-        kept while the file is unchanged: the picker lists every file at each page load."""
+        """Why the engine cannot run the GGUF file (`gguf_file.refusal_of`: its header alone)."""
+        return self._facts(path)[0]
+
+    def _facts(self, path: Path) -> tuple[Refusal | None, str | None, int]:
+        """(its refusal, its token list's digest, its size) of the GGUF file
+        (`gguf_file.header_facts`), kept while the file is unchanged: the picker lists every
+        file at each page load."""
         try:
             st = os.stat(path)
         except OSError:
-            return None
+            return None, None, 0
         key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
         with self._lock:
             kept = self._refusals.get(str(path))
         if kept is not None and kept[0] == key:
             return kept[1]
-        verdict = refusal_of(path)
+        facts = (*header_facts(path), st.st_size)
         with self._lock:
-            self._refusals[str(path)] = (key, verdict)
-        return verdict
+            self._refusals[str(path)] = (key, facts)
+        return facts
+
+    def _drafts(self, files: list[tuple[str, Path]]) -> dict[str, tuple[str, str]]:
+        """For each GGUF file among `files` ((id, path)), the draft the picker pairs it with:
+        the smallest other file that the engine runs, whose token list is the same and whose
+        size is at most DRAFT_SHARE of the target's (path -> (the draft's id, its path))."""
+        facts = {}
+        for model_id, path in files:
+            if str(path) not in facts and (path.suffix.lower() == ".gguf" or os.path.isfile(path)):
+                refusal, vocabulary, size = self._facts(path)
+                if vocabulary is not None and refusal is None and size > 0:
+                    facts[str(path)] = (model_id, vocabulary, size)
+        pairs = {}
+        for target, (_, vocabulary, size) in facts.items():
+            fits = [(s, i, p) for p, (i, v, s) in facts.items() if p != target and v == vocabulary and s <= DRAFT_SHARE * size]
+            if fits:
+                _, draft_id, draft_path = min(fits)
+                pairs[target] = (draft_id, draft_path)
+        return pairs
 
     # -- loaded models ------------------------------------------------------------------------
     def loaded(self, model_id: str) -> ServedModel | None:
