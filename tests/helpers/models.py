@@ -12,6 +12,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -45,6 +47,17 @@ LLAMA3_ROPE = dict(
     high_freq_factor=4.0,
     original_max_position_embeddings=64,
 )
+# Phi-4-mini's rotary embedding, tiny: the first 12 of each head's 16 numbers turn (factor 0.75),
+# with longrope's short factors up to position 180 and its long ones from there (inside a test's
+# 160-token prompt and 40-token answer), and the attention factor its 1024 / 180 ratio gives.
+PHI4_ROPE = dict(
+    rope_type="longrope",
+    rope_theta=10000.0,
+    partial_rotary_factor=0.75,
+    short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0],
+    long_factor=[1.0, 1.4, 2.5, 4.0, 7.0, 12.0],
+    original_max_position_embeddings=180,
+)
 
 KINDS = {
     # name: (config class, model class, overrides)
@@ -64,6 +77,11 @@ KINDS = {
     "qwen2_tied": (Qwen2Config, Qwen2ForCausalLM, dict(tie_word_embeddings=True, num_key_value_heads=1)),
     # q/k norms, a head size (24) apart from width / heads (16), tied embeddings
     "qwen3_tied": (Qwen3Config, Qwen3ForCausalLM, dict(tie_word_embeddings=True, head_dim=24)),
+    # fused q/k/v and gate/up (Phi-3-mini: the whole head rotated, the default rope)
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0)),
+    # Phi-4-mini: partial rotary, longrope, tied embeddings
+    "phi4_mini": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0, tie_word_embeddings=True, rope_parameters=PHI4_ROPE,
+                                                   original_max_position_embeddings=180)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
     "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
 }

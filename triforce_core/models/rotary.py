@@ -3,6 +3,21 @@
 Inverse frequencies come from transformers' rope utilities (every rope type `ModelSpec`
 accepts). The forward rotates queries and keys with `apply_rotary`; so does the small draft's
 StreamingLLM cache when it re-bases the positions of its keys (`triforce_core.kv.streaming`).
+
+Partial rotary (Phi-4-mini): cos/sin are [S, rotary_dim] and only the first rotary_dim numbers
+of each head turn, the rest pass through (`apply_rotary`, as transformers' Phi-3 does).
+
+Longrope (Phi-3's long-context checkpoints): transformers picks the short or the long factors
+for a whole forward by its largest position (`dynamic_rope_update`: long once the length passes
+original_max_position_embeddings) and never re-rotates a cached key. Its `generate` feeds one
+token a forward after the prompt, so position p is rotated with the long factors exactly when
+p >= original_max_position_embeddings, or when the prompt itself was longer than that (then
+every position of the prompt took the long ones). Here the choice is by position alone
+(`Rotary.long_from`): the same numbers for a position whatever forward, chunk or cache computes it,
+which the engine's prefix reuse, disk blocks and verifications need; it equals transformers'
+answer for every prompt of at most original_max_position_embeddings tokens, however long the
+answer. A longer prompt would need its early keys rotated with the long factors, which no
+position-only rule gives: `Rotary.refuse_prompt` names that case and the engine refuses it.
 """
 
 from __future__ import annotations
@@ -25,15 +40,21 @@ class Rotary:
         self.spec = spec
         self.device = device
         self.rope_type = spec.rope_type
+        self.long_from: int | None = None  # longrope: the first position rotated with the long factors
+        self.long_inv_freq: torch.Tensor | None = None
         if spec.rope_type == "default":
             base = config.rope_parameters["rope_theta"]
-            dim = spec.head_dim
+            dim = spec.rotated
             inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.float, device=device) / dim))
             scaling = 1.0
         else:
             inv_freq, scaling = ROPE_INIT_FUNCTIONS[spec.rope_type](config, device)
         self.inv_freq = inv_freq.to(device=device, dtype=torch.float)
         self.scaling = float(scaling)
+        if spec.rope_type == "longrope":  # the short factors above; the long ones as transformers takes them
+            self.long_from = int(config.rope_parameters["original_max_position_embeddings"])
+            long_inv, _ = ROPE_INIT_FUNCTIONS["longrope"](config, device, seq_len=self.long_from + 1)
+            self.long_inv_freq = long_inv.to(device=device, dtype=torch.float)
         self._table: tuple | None = None  # ((start, dtype), (cos, sin)) of one block of positions
 
     def _freqs_for(self, max_position: int) -> tuple[torch.Tensor, float]:
@@ -74,10 +95,22 @@ class Rotary:
         inv_freq, scaling = self.inv_freq, self.scaling
         if self.rope_type == "dynamic":  # reading the largest position waits for the device: only here
             inv_freq, scaling = self._freqs_for(int(positions.max()) if positions.numel() else 0)
-        freqs = positions[:, None].to(torch.float) * inv_freq[None, :]  # [S, D/2]
+        if self.long_inv_freq is not None:  # longrope: each position's own factors
+            inv_freq = torch.where((positions >= self.long_from)[:, None], self.long_inv_freq[None, :], inv_freq[None, :])
+        freqs = positions[:, None].to(torch.float) * inv_freq  # [S, D/2]
         emb = torch.cat((freqs, freqs), dim=-1)  # [S, D]
         s = scaling if scaled else 1.0
         return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
+
+    def refuse_prompt(self, length: int) -> str | None:
+        """Why a prompt of `length` tokens cannot be answered as transformers answers it, or None:
+        longrope rotates a prompt longer than original_max_position_embeddings with the long
+        factors throughout, which this position-only rotation does not (module docstring)."""
+        if self.long_from is None or length <= self.long_from:
+            return None
+        return (f"a prompt of {length} tokens is over this model's {self.long_from} (its longrope "
+                f"original_max_position_embeddings): transformers rotates such a prompt with the long factors from "
+                f"its first token, which this engine's position-by-position rotation does not; shorten the prompt")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
@@ -86,5 +119,10 @@ def rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x: [..., S, D]; cos/sin: [S, D]."""
+    """x: [..., S, D]; cos/sin: [S, D], or [S, R < D] (partial rotary: the first R numbers turn,
+    the rest pass through)."""
+    rotated = cos.shape[-1]
+    if rotated < x.shape[-1]:
+        part = x[..., :rotated]
+        return torch.cat([part * cos + rotate_half(part) * sin, x[..., rotated:]], dim=-1)
     return x * cos + rotate_half(x) * sin
