@@ -160,7 +160,7 @@ class TriForceEngine:
                 f"prompt ({n} tokens) + max_new_tokens ({new}) = {n + new} "
                 f"exceeds the target's context window of {self.context_window} tokens"
             )
-        refused = self.target.rotary.refuse_prompt(n)  # longrope past its switch (`models.rotary`)
+        refused = self.target.rotary.refusal(n, new)  # longrope past its switch (`models.rotary`)
         if refused is not None:
             raise ContextLengthError(refused)
         if speculation.uses_draft_model and self.draft is None:

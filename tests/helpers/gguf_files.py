@@ -115,8 +115,10 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
             scale = cfg.max_position_embeddings / original
             w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
             w.add_rope_scaling_orig_ctx_len(original)
-            w.add_tensor("rope_factors_long.weight", np.asarray(rope["long_factor"], dtype=np.float32))
-            w.add_tensor("rope_factors_short.weight", np.asarray(rope["short_factor"], dtype=np.float32))
+            for name, key in (("rope_factors_long.weight", "long_factor"), ("rope_factors_short.weight", "short_factor")):
+                factors = np.asarray(rope[key], dtype=np.float32)
+                for name, factors in (edit(name, factors) if edit is not None else [(name, factors)]):
+                    w.add_tensor(name, factors.astype(np.float32))
     else:
         w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     tokens, merges = _vocab(cfg.vocab_size)

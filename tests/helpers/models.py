@@ -48,7 +48,7 @@ LLAMA3_ROPE = dict(
     original_max_position_embeddings=64,
 )
 # Phi-4-mini's rotary embedding, tiny: the first 12 of each head's 16 numbers turn (factor 0.75),
-# with longrope's short factors up to position 180 and its long ones from there (inside a test's
+# with longrope's short factors below position 180 and its long ones from there (inside a test's
 # 160-token prompt and 40-token answer), and the attention factor its 1024 / 180 ratio gives.
 PHI4_ROPE = dict(
     rope_type="longrope",
@@ -82,6 +82,10 @@ KINDS = {
     # Phi-4-mini: partial rotary, longrope, tied embeddings
     "phi4_mini": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0, tie_word_embeddings=True, rope_parameters=PHI4_ROPE,
                                                    original_max_position_embeddings=180)),
+    # the same with the switch at 256: a generation of the tests' 160 + 40 tokens stays short of it
+    "phi4_mini_within": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0, tie_word_embeddings=True,
+                                                          rope_parameters={**PHI4_ROPE, "original_max_position_embeddings": 256},
+                                                          original_max_position_embeddings=256)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
     "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
 }

@@ -194,6 +194,10 @@ def phi3_rope(reader, config: Any) -> None:
         if t.name in ROPE_FACTORS:  # a vector: F32, F16 or BF16 (`open_checked`)
             data = np.asarray(t.data).reshape(-1)
             values = _widened(data.view(np.uint16)) if int(t.tensor_type) == BF16 else data.astype(np.float32)
+            rotated_pairs = int(head * rope.get("partial_rotary_factor", 1.0)) // 2
+            if values.size != rotated_pairs:  # before transformers' config validation, which names no tensor
+                raise GGUFError(f"tensor {t.name} holds {values.size} factors, expected {rotated_pairs} (one per "
+                                f"rotated pair of each head)")
             factors[ROPE_FACTORS[t.name]] = [float(f) for f in values]
     if factors:
         rope.update(rope_type="longrope", **factors)

@@ -7,17 +7,15 @@ StreamingLLM cache when it re-bases the positions of its keys (`triforce_core.kv
 Partial rotary (Phi-4-mini): cos/sin are [S, rotary_dim] and only the first rotary_dim numbers
 of each head turn, the rest pass through (`apply_rotary`, as transformers' Phi-3 does).
 
-Longrope (Phi-3's long-context checkpoints): transformers picks the short or the long factors
-for a whole forward by its largest position (`dynamic_rope_update`: long once the length passes
-original_max_position_embeddings) and never re-rotates a cached key. Its `generate` feeds one
-token a forward after the prompt, so position p is rotated with the long factors exactly when
-p >= original_max_position_embeddings, or when the prompt itself was longer than that (then
-every position of the prompt took the long ones). Here the choice is by position alone
-(`Rotary.long_from`): the same numbers for a position whatever forward, chunk or cache computes it,
-which the engine's prefix reuse, disk blocks and verifications need; it equals transformers'
-answer for every prompt of at most original_max_position_embeddings tokens, however long the
-answer. A longer prompt would need its early keys rotated with the long factors, which no
-position-only rule gives: `Rotary.refuse_prompt` names that case and the engine refuses it.
+Longrope (Phi-3's long-context checkpoints): transformers' forward picks the short or the long
+factors for all its rows by its largest position (`dynamic_rope_update`: long once the length
+passes original_max_position_embeddings) and never re-rotates a cached key; here each position
+takes its own (`Rotary.long_from`), the same numbers for a position whatever forward, chunk or
+cache computes it, which equals that forward one token at a time. But Phi-3's `generate` drops
+its cache when the sequence first passes original_max_position_embeddings and recomputes every
+position with the long factors: a generation that reaches that length would need every cached
+key re-rotated, which this engine does not do, so `Rotary.refusal` names it and the engine
+refuses it (`TriForceEngine.check_prompt`); every shorter one equals transformers' answer.
 """
 
 from __future__ import annotations
@@ -102,15 +100,15 @@ class Rotary:
         s = scaling if scaled else 1.0
         return (emb.cos() * s).to(dtype), (emb.sin() * s).to(dtype)
 
-    def refuse_prompt(self, length: int) -> str | None:
-        """Why a prompt of `length` tokens cannot be answered as transformers answers it, or None:
-        longrope rotates a prompt longer than original_max_position_embeddings with the long
-        factors throughout, which this position-only rotation does not (module docstring)."""
-        if self.long_from is None or length <= self.long_from:
+    def refusal(self, prompt: int, new: int) -> str | None:
+        """Why a generation of `new` tokens after a `prompt`-token prompt cannot give transformers'
+        answer, or None: with longrope, one whose forwards reach original_max_position_embeddings
+        tokens (module docstring)."""
+        if self.long_from is None or prompt + new - 1 <= self.long_from:
             return None
-        return (f"a prompt of {length} tokens is over this model's {self.long_from} (its longrope "
-                f"original_max_position_embeddings): transformers rotates such a prompt with the long factors from "
-                f"its first token, which this engine's position-by-position rotation does not; shorten the prompt")
+        return (f"prompt ({prompt} tokens) + max_new_tokens ({new}) pass this model's longrope switch at "
+                f"{self.long_from} tokens (original_max_position_embeddings), where transformers re-rotates every "
+                f"cached key with the long factors, which this engine does not do; keep them within {self.long_from}")
 
 
 def rotate_half(x: torch.Tensor) -> torch.Tensor:
