@@ -34,7 +34,7 @@ GGUF_SUPPORTED = "supported are " + ", ".join(ARCHITECTURES)
 
 def configs() -> dict[str, tuple[object, str]]:
     """name -> (a tiny transformers config, the words its refusal must say)."""
-    from transformers import (Gemma2Config, Gemma3Config, LlamaConfig, LlavaConfig, MambaConfig, Phi3Config,
+    from transformers import (Gemma2Config, Gemma3Config, LlamaConfig, LlavaConfig, MambaConfig, PhiConfig,
                               Qwen3MoeConfig)
 
     tiny = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -49,7 +49,7 @@ def configs() -> dict[str, tuple[object, str]]:
         "llava": (LlavaConfig(), "vision tower"),
         "gemma3": (Gemma3Config(), "vision tower"),  # Gemma3ForConditionalGeneration
         "gemma2": (Gemma2Config(**tiny), "soft-capping"),
-        "phi3": (Phi3Config(**tiny), "Phi-3 is not supported yet"),
+        "phi": (PhiConfig(**tiny), "Phi-2 is not supported yet"),
     }
 
 

@@ -160,6 +160,9 @@ class TriForceEngine:
                 f"prompt ({n} tokens) + max_new_tokens ({new}) = {n + new} "
                 f"exceeds the target's context window of {self.context_window} tokens"
             )
+        refused = self.target.rotary.refusal(n, new)  # longrope past its switch (`models.rotary`)
+        if refused is not None:
+            raise ContextLengthError(refused)
         if speculation.uses_draft_model and self.draft is None:
             raise ValueError(needs_draft(speculation.mode))
 

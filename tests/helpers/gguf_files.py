@@ -12,6 +12,7 @@ A file that lies (a GGUF file comes from the internet) is written by the same fu
 
 from __future__ import annotations
 
+import math
 import struct
 from pathlib import Path
 from typing import Callable
@@ -81,7 +82,7 @@ Edit = Callable[[str, np.ndarray], list[tuple[str, np.ndarray]]]
 
 def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, seed: int = 0, pre: str = "default",
                settings: dict[str, int] | None = None, edit: Edit | None = None) -> Path:
-    """Write `hf` (a transformers Llama, Qwen2, Qwen3 or Gemma 3 text model) as a GGUF file; `types` maps a GGUF tensor
+    """Write `hf` (a transformers Llama, Qwen2, Qwen3, Gemma 3 text or Phi-3 model) as a GGUF file; `types` maps a GGUF tensor
     name's suffix (e.g. "attn_v.weight", "token_embd.weight") to its GGML type (else `default`);
     `pre` is the tokenizer's pre-tokenizer type as llama.cpp names it.
 
@@ -90,7 +91,8 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     `edit(name, weights)` gets each tensor by its GGUF name, as float32 [rows, cols] before it is
     quantized, and returns the tensors to write in its place (none drops it, two add one)."""
     cfg = hf.config
-    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "gemma3_text": "gemma3"}[cfg.model_type]
+    arch = {"llama": "llama", "qwen2": "qwen2", "qwen3": "qwen3", "mistral": "llama", "gemma3_text": "gemma3",
+            "phi3": "phi3"}[cfg.model_type]
     gemma = arch == "gemma3"
     rng = np.random.default_rng(seed)
     w = GGUFWriter(str(path), arch)
@@ -109,6 +111,19 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
         w.add_key_length(cfg.head_dim)
         w.add_value_length(cfg.head_dim)
         w.add_rope_dimension_count(cfg.head_dim)
+    elif arch == "phi3":  # as llama.cpp's converter writes Phi-3: the rotated numbers, longrope's settings
+        rope = cfg.rope_parameters
+        head = cfg.hidden_size // cfg.num_attention_heads
+        w.add_rope_dimension_count(int(head * rope.get("partial_rotary_factor", 1.0)))
+        if rope.get("rope_type") == "longrope":
+            original = rope["original_max_position_embeddings"]
+            scale = cfg.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)) if scale > 1 else 1.0)
+            w.add_rope_scaling_orig_ctx_len(original)
+            for name, key in (("rope_factors_long.weight", "long_factor"), ("rope_factors_short.weight", "short_factor")):
+                factors = np.asarray(rope[key], dtype=np.float32)
+                for name, factors in (edit(name, factors) if edit is not None else [(name, factors)]):
+                    w.add_tensor(name, factors.astype(np.float32))
     else:
         w.add_rope_dimension_count(cfg.hidden_size // cfg.num_attention_heads)
     tokens, merges = _vocab(cfg.vocab_size)
@@ -119,6 +134,8 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     w.add_token_merges(merges)
     w.add_bos_token_id(1)
     w.add_eos_token_id(2)
+    if arch == "phi3":  # else transformers' Phi-3 config keeps its padding id 32,000, past a tiny vocabulary
+        w.add_pad_token_id(0)
     w.add_chat_template(CHAT_TEMPLATE)
     names = {"model.embed_tokens.weight": "token_embd.weight", "model.norm.weight": "output_norm.weight",
              "lm_head.weight": "output.weight"}
@@ -128,7 +145,9 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
                  "self_attn.v_proj.bias": "attn_v.bias", "self_attn.o_proj.weight": "attn_output.weight",
                  "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
                  "post_attention_layernorm.weight": "ffn_norm.weight", "mlp.gate_proj.weight": "ffn_gate.weight",
-                 "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight"}
+                 "mlp.up_proj.weight": "ffn_up.weight", "mlp.down_proj.weight": "ffn_down.weight",
+                 # Phi-3's fused tensors (gate and up together in ffn_up, gate first)
+                 "self_attn.qkv_proj.weight": "attn_qkv.weight", "mlp.gate_up_proj.weight": "ffn_up.weight"}
     if gemma:  # a layer's four norms under Gemma's names
         per_layer = {**per_layer, "post_attention_layernorm.weight": "post_attention_norm.weight",
                      "pre_feedforward_layernorm.weight": "ffn_norm.weight",

@@ -14,6 +14,8 @@ from transformers import (
     LlamaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     PreTrainedTokenizerFast,
     Qwen2Config,
     Qwen2ForCausalLM,
@@ -47,6 +49,17 @@ LLAMA3_ROPE = dict(
     high_freq_factor=4.0,
     original_max_position_embeddings=64,
 )
+# Phi-4-mini's rotary embedding, tiny: the first 12 of each head's 16 numbers turn (factor 0.75),
+# with longrope's short factors below position 180 and its long ones from there (inside a test's
+# 160-token prompt and 40-token answer), and the attention factor its 1024 / 180 ratio gives.
+PHI4_ROPE = dict(
+    rope_type="longrope",
+    rope_theta=10000.0,
+    partial_rotary_factor=0.75,
+    short_factor=[1.0, 1.05, 1.1, 1.3, 1.6, 2.0],
+    long_factor=[1.0, 1.4, 2.5, 4.0, 7.0, 12.0],
+    original_max_position_embeddings=180,
+)
 
 KINDS = {
     # name: (config class, model class, overrides)
@@ -70,6 +83,15 @@ KINDS = {
     # with rotary bases of their own; a query scale apart from the head size's; sandwich norms
     "gemma3": (Gemma3TextConfig, Gemma3ForCausalLM, dict(num_hidden_layers=3, sliding_window=24, sliding_window_pattern=3,
                                                           head_dim=24, query_pre_attn_scalar=20)),
+    # fused q/k/v and gate/up (Phi-3-mini: the whole head rotated, the default rope)
+    "phi3": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0)),
+    # Phi-4-mini: partial rotary, longrope, tied embeddings
+    "phi4_mini": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0, tie_word_embeddings=True, rope_parameters=PHI4_ROPE,
+                                                   original_max_position_embeddings=180)),
+    # the same with the switch at 256: a generation of the tests' 160 + 40 tokens stays short of it
+    "phi4_mini_within": (Phi3Config, Phi3ForCausalLM, dict(pad_token_id=0, tie_word_embeddings=True,
+                                                          rope_parameters={**PHI4_ROPE, "original_max_position_embeddings": 256},
+                                                          original_max_position_embeddings=256)),
     "mistral": (MistralConfig, MistralForCausalLM, dict(sliding_window=None)),
     "mistral_window": (MistralConfig, MistralForCausalLM, dict(sliding_window=48)),
 }

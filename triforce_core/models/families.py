@@ -10,7 +10,7 @@ refused whatever their family: mixtures of experts (a router picks a few of many
 token), hybrid recurrent layers (a state-space or linear-attention state that cannot be rolled
 back by setting a length), and vision towers (an image encoder beside the decoder). Gemma 2's
 soft-capping of the attention scores is not implemented either. A dense family the forward does
-not describe yet (Gemma 3 and Phi-3 until they are added) is "not supported yet".
+not describe yet (Gemma 3 until it is added) is "not supported yet".
 
 What is supported is the caller's list (`spec.SUPPORTED_MODEL_TYPES` for a Hugging Face config,
 `gguf_file.ARCHITECTURES` for a GGUF header), so a family added there is accepted here at once;

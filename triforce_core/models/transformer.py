@@ -186,17 +186,22 @@ class Transformer:
             if a + "o_proj.bias" in state:
                 raise UnsupportedModelError("an output-projection bias is not supported")
             qk_norm = torch.cat([norm(a + "q_norm.weight"), norm(a + "k_norm.weight")]) if s.qk_norm else None
+            # Phi-3 keeps q/k/v and gate/up fused, each already one matrix stacked by output: taken as it is
+            qkv = (a + "qkv_proj.weight",) if a + "qkv_proj.weight" in state else (
+                a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight")
+            gate_up = (p + "mlp.gate_up_proj.weight",) if p + "mlp.gate_up_proj.weight" in state else (
+                p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight")
             # Llama's post_attention_layernorm is the MLP's norm; in a sandwich it is the
             # attention output's, and the MLP's is pre_feedforward_layernorm.
             sandwich = s.sandwich
             self.layers.append(
                 _Layer(
                     attn_norm=norm(p + "input_layernorm.weight"),
-                    wqkv=matrix(a + "q_proj.weight", a + "k_proj.weight", a + "v_proj.weight"),
+                    wqkv=matrix(*qkv),
                     bqkv=bqkv,
                     wo=matrix(a + "o_proj.weight"),
                     mlp_norm=norm(p + ("pre_feedforward_layernorm.weight" if sandwich else "post_attention_layernorm.weight")),
-                    w_gate_up=matrix(p + "mlp.gate_proj.weight", p + "mlp.up_proj.weight"),
+                    w_gate_up=matrix(*gate_up),
                     w_down=matrix(p + "mlp.down_proj.weight"),
                     qk_norm=qk_norm,
                     post_attn_norm=norm(p + "post_attention_layernorm.weight") if sandwich else None,
@@ -390,7 +395,7 @@ class Transformer:
             cos, sin = trig[id(self.layer_rotary[i])]
             if fused is not None:
                 q, k, v = fused.layer_in(x, layer.attn_norm, eps, layer.wqkv, layer.bqkv, H, Hkv, cos, sin,
-                                         self.arithmetic.products, layer.qk_norm)
+                                         self.arithmetic.products, layer.qk_norm, D)
             else:
                 q, k, v = self._layer_in(x, layer, cos, sin)  # [H, S, D], [Hkv, S, D], [Hkv, S, D]
             if queries is not None:

@@ -160,13 +160,15 @@ static void product(const float *x, int S, int K, const float *w, int64_t ldw, i
 
 /* The layer before attention. x: [S, E]; w_qkv: [E, (H + 2 Hkv) D]; bias: [(H + 2 Hkv) D] or
  * NULL; qk_norm: [2 D], the weights of an RMSNorm over each query head and each key head before
- * the rotation (Qwen3: q's, then k's), or NULL; cos, sin: [S, D]. Writes q [H, S, D] and
- * k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
+ * the rotation (Qwen3: q's, then k's), or NULL; cos, sin: [S, rot]: the first rot numbers of each
+ * head turn (rot = D, or fewer: partial rotary, Phi-4-mini), the rest pass through as they are.
+ * Writes q [H, S, D] and k [Hkv, S, D] (both rotated) and v [Hkv, S, D].
  * Returns non-zero when scratch memory could not be had. */
 int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const struct part *w_qkv, int n_qkv, const float *bias,
              const float *qk_norm, int H, int Hkv, int D, const float *cos, const float *sin, float *q, float *k, float *v,
-             int threads, int int8) {
+             int threads, int int8, int rot) {
     int64_t N = (int64_t)(H + 2 * Hkv) * D;
+    if (rot <= 0 || rot > D) rot = D;
     float *h = malloc(sizeof(float) * ((size_t)S * (size_t)(E + N) + (size_t)D));
     if (!h) return -1;
     float *qkv = h + (int64_t)S * E, *head = qkv + (int64_t)S * N;
@@ -175,12 +177,12 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
         free(h);
         return -1;
     }
-    int half = D / 2;
+    int half = rot / 2;
     for (int s = 0; s < S; s++) {
         float *row = qkv + (int64_t)s * N;
         if (bias)
             for (int64_t n = 0; n < N; n++) row[n] = bias[n] + row[n];
-        const float *c = cos + (int64_t)s * D, *sn = sin + (int64_t)s * D;
+        const float *c = cos + (int64_t)s * rot, *sn = sin + (int64_t)s * rot;
         for (int j = 0; j < H + Hkv; j++) {  /* x cos + rotate_half(x) sin, rotate_half(x) = (-x2, x1) */
             const float *src = row + (int64_t)j * D;
             if (qk_norm) {  /* the head normalized on its own, then rotated */
@@ -189,7 +191,8 @@ int layer_in(const float *x, int S, int E, const float *norm_w, float eps, const
             }
             float *dst = j < H ? q + ((int64_t)j * S + s) * D : k + ((int64_t)(j - H) * S + s) * D;
             for (int d = 0; d < half; d++) dst[d] = src[d] * c[d] - src[d + half] * sn[d];
-            for (int d = half; d < D; d++) dst[d] = src[d] * c[d] + src[d - half] * sn[d];
+            for (int d = half; d < rot; d++) dst[d] = src[d] * c[d] + src[d - half] * sn[d];
+            for (int d = rot; d < D; d++) dst[d] = src[d];
         }
         for (int j = 0; j < Hkv; j++)
             memcpy(v + ((int64_t)j * S + s) * D, row + (int64_t)(H + Hkv + j) * D, sizeof(float) * (size_t)D);
@@ -362,13 +365,14 @@ int decode_layers_takes(int kind) {
  * chunk_sum [L, Hkv, R, T / chunk] gets each layer's attention probability per whole chunk of
  * keys (the attention's own `chunk_sum`). An int16 cache (kind CACHE_I16) is `planes`, which
  * writes and attends with its own functions (k_cache, v_cache and the strides are then unused).
+ * cos, sin: [S, rot], layer_in's (rot: the numbers of each head the rotary embedding turns).
  * Returns non-zero when scratch memory could not be had or a call failed (-2: a cache dtype this
  * build cannot write). */
 int decode_layers(float *x, int S, int E, const struct layer_weights *layers, int L, float eps, int H, int Hkv, int D,
                   int I, const float *cos, const float *sin, float scale, void *k_cache, void *v_cache, int kind,
                   int64_t layer_stride, int64_t head_stride, int64_t length, attention_fn attention, int block,
                   float *queries, int chunk, float *chunk_sum, int attn_threads, int threads, int int8,
-                  const struct int16_cache *planes) {
+                  const struct int16_cache *planes, int rot) {
     if (!decode_layers_takes(kind) || (kind == CACHE_I16 && !planes)) return -2;
     int64_t T = length + S, nb = (T + block - 1) / block;
     int R = (H / Hkv) * S, es = kind == CACHE_F32 ? 4 : 2;
@@ -388,7 +392,7 @@ int decode_layers(float *x, int S, int E, const struct layer_weights *layers, in
     for (int i = 0; i < L && !failed; i++) {
         const struct layer_weights *w = &layers[i];
         /* 1. norm, q/k/v, rotary: q [H, S, D], k, v [Hkv, S, D] */
-        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, w->qk_norm, H, Hkv, D, cos, sin, q, k, v, threads, int8);
+        failed = layer_in(x, S, E, w->attn_norm, eps, w->w_qkv, w->n_qkv, w->bias, w->qk_norm, H, Hkv, D, cos, sin, q, k, v, threads, int8, rot);
         if (failed) break;
         /* 2. the new keys and values into the cache, after the `length` cached ones */
         char *kl = NULL, *vl = NULL;
