@@ -28,6 +28,10 @@ CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</
 # A Q4_K_M file's mix: q/k Q4_K, v and down Q6_K; the others spread over the remaining types.
 K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
          "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
+# The 5-bit 32-weight types: q/k Q5_0 stacked with v Q8_0 (a Q4_K_M file's projections whose rows
+# are not a multiple of 256, as Gemma 3 270M's), the others Q5_1 and Q5_0.
+Q5_MIX = {"attn_q.weight": Q.Q5_0, "attn_k.weight": Q.Q5_0, "attn_v.weight": Q.Q8_0, "attn_output.weight": Q.Q5_1,
+          "ffn_gate.weight": Q.Q5_0, "ffn_up.weight": Q.Q5_1, "ffn_down.weight": Q.Q5_0, "token_embd.weight": Q.Q5_1}
 LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)  # K types need 256 inputs
 
 
