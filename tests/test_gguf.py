@@ -6,9 +6,11 @@
   (a verification) gives the logits of seven 1-token steps bit for bit.
 - With `exact` (float32 K/V and float products), greedy output of every mode equals Hugging
   Face's on the same file (transformers dequantizes it), on a Llama with the Q4_K_M mix of types
-  (Q4_K, Q6_K, Q5_K beside Q4_0/Q4_1/Q8_0) and a Qwen2 with biases, tied embeddings and F16/F32
-  matrices; so do the logits (and, the control, not the default's, with float16 K/V). Negative
-  control: without undoing llama.cpp's row order of q and k, the output differs.
+  (Q4_K, Q6_K, Q5_K beside Q4_0/Q4_1/Q8_0), on Llamas of Q5_0 (q/k Q5_0 stacked with v Q8_0, as
+  a Q4_K_M file keeps the projections whose rows are not a multiple of 256) and of Q5_1 (beside
+  Q5_0), and a Qwen2 with biases, tied embeddings and F16/F32 matrices; so do the logits (and,
+  the control, not the default's, with float16 K/V). Negative control: without undoing
+  llama.cpp's row order of q and k, the output differs.
 - By default a GGUF file keeps K/V in float16 (a Hugging Face folder in float32); greedy output
   of every mode on that path equals our own autoregressive decoding on it, token for token;
   negative control: a verifier that accepts every proposal is caught.
@@ -45,9 +47,17 @@ from triforce_core.models.loading import ModelLoadError, load_model
 from triforce_core.models.quantized import Matrix, StoredTensor
 
 pytestmark = needs_compiler
-STORED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
+STORED_TYPES = [Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0, Q.Q4_K, Q.Q5_K, Q.Q6_K]
 QWEN = dict(vocab_size=300)
 QWEN_TYPES = {"attn_v.weight": Q.F16, "attn_output.weight": Q.F32}
+# The 5-bit 32-weight types everywhere but v (Gemma 3 270M's Q4_K_M file: q and k Q5_0, v Q8_0)
+Q5_0_MIX = {**{name: Q.Q5_0 for name in K_MIX}, "attn_v.weight": Q.Q8_0, "output.weight": Q.Q5_0}
+Q5_1_MIX = {**{name: Q.Q5_1 for name in K_MIX}, "attn_v.weight": Q.Q5_0, "output.weight": Q.Q5_1}
+LLAMA_MIXES = {"llama": K_MIX, "llama_q5_0": Q5_0_MIX, "llama_q5_1": Q5_1_MIX}
+KINDS = ["llama", "qwen2", "llama_q5_0", "llama_q5_1"]
+# each kind's layer 0 q/k/v parts
+QKV_TYPES = {"llama": ["Q4_K", "Q4_K", "Q6_K"], "qwen2": ["Q8_0", "Q8_0", "F16"], "llama_q5_0": ["Q5_0", "Q5_0", "Q8_0"],
+             "llama_q5_1": ["Q5_1", "Q5_1", "Q5_0"]}
 PROMPT_LEN, NEW = 120, 32
 TIE_GAP = 1e-4
 CACHE = CacheConfig(budget=48, chunk_size=4, recent_tokens=12, draft_sinks=4, draft_window=24, refresh_every=16)
@@ -68,21 +78,28 @@ def test_dequantization_equals_the_gguf_package_bit_for_bit(qtype):
     assert np.array_equal(got.numpy(), quants.dequantize(raw, qtype))
 
 
-def _stacked(rng) -> tuple[Matrix, torch.Tensor]:
+# Stacked matrices' parts (type, rows): a Q4_K_M file's q/k/v of K types beside Q8_0; one
+# 5-bit type alone; q/k/v of Q5_0 and v Q8_0 (Gemma 3 270M's Q4_K_M file); Q5_1 beside Q5_0.
+STACKS = {"k_types": ((Q.Q4_K, 40), (Q.Q6_K, 24), (Q.Q8_0, 17)), "q5_0": ((Q.Q5_0, 37),), "q5_1": ((Q.Q5_1, 37),),
+          "q5_0_qkv": ((Q.Q5_0, 24), (Q.Q5_0, 8), (Q.Q8_0, 8)), "q5_1_q5_0": ((Q.Q5_1, 21), (Q.Q5_0, 19))}
+
+
+def _stacked(rng, stack: str = "k_types") -> tuple[Matrix, torch.Tensor]:
     parts = [StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 256, rng)), (rows, 256))
-             for q, rows in ((Q.Q4_K, 40), (Q.Q6_K, 24), (Q.Q8_0, 17))]
+             for q, rows in STACKS[stack]]
     return Matrix(stored=tuple(parts)), torch.cat([p.dequantized() for p in parts])
 
 
-def test_stacked_product_rows_are_independent_and_exact():
+@pytest.mark.parametrize("stack", list(STACKS))
+def test_stacked_product_rows_are_independent_and_exact(stack):
     from triforce_core.models import native_layers
 
     kernel = native_layers.kernel()
-    m, dense = _stacked(np.random.default_rng(3))
+    m, dense = _stacked(np.random.default_rng(3), stack)
     x = torch.randn(17, 256, generator=torch.Generator().manual_seed(0))
     ones = torch.ones(256)
     alone = [kernel.logits(x[i : i + 1], ones, 1e-6, m)[0] for i in range(17)]
-    for n in (2, 5, 7, 8, 11, 17):  # every size of the groups that share a dequantized block
+    for n in range(2, 18):  # every size of the groups that share a dequantized block
         together = kernel.logits(x[:n], ones, 1e-6, m)
         for i in range(n):
             assert torch.equal(alone[i], together[i]), f"row {i} of {n}"
@@ -104,7 +121,8 @@ def test_the_avx512_path_equals_the_avx2_path_bit_for_bit(tmp_path):
                                                      tmp_path))
     rng = np.random.default_rng(4)
     parts = [StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, 256, rng)), (rows, 256))
-             for q, rows in ((Q.Q4_0, 19), (Q.Q4_1, 21), (Q.Q8_0, 17), (Q.Q4_K, 9), (Q.Q5_K, 7), (Q.Q6_K, 11))]
+             for q, rows in ((Q.Q4_0, 19), (Q.Q4_1, 21), (Q.Q5_0, 13), (Q.Q5_1, 15), (Q.Q8_0, 17), (Q.Q4_K, 9), (Q.Q5_K, 7),
+                             (Q.Q6_K, 11))]
     m = Matrix(stored=tuple(parts))
     x = torch.randn(33, 256, generator=torch.Generator().manual_seed(1))
     ones = torch.ones(256)
@@ -116,10 +134,9 @@ def test_the_avx512_path_equals_the_avx2_path_bit_for_bit(tmp_path):
 def _files(folder: Path, kind: str):
     """A target and a small draft of one vocabulary, written as GGUF; HF's model of the target
     file, ours of both, and HF's greedy reference."""
-    over, types = (LLAMA, K_MIX) if kind == "llama" else (QWEN, QWEN_TYPES)
-    hf_kind = "llama_gqa_llama3" if kind == "llama" else "qwen2_tied"
-    if kind == "llama":
-        hf_kind = "llama_mha"  # GGUF metadata carries no llama3 rope scaling here
+    over, types = (LLAMA, LLAMA_MIXES[kind]) if kind in LLAMA_MIXES else (QWEN, QWEN_TYPES)
+    # llama_mha: GGUF metadata carries no llama3 rope scaling here
+    hf_kind = "llama_mha" if kind in LLAMA_MIXES else "qwen2_tied"
     target = write_gguf(make_hf(hf_kind, seed=0, **over), folder / f"{kind}-target.gguf", types)
     draft = write_gguf(make_hf(hf_kind, seed=5, **{**over, "num_hidden_layers": 1}), folder / f"{kind}-draft.gguf", types)
     hf = hf_from_gguf(target)
@@ -150,17 +167,16 @@ def _run(t, d, ids, mode: str, paper: bool, exact: bool = True):
     return TriForceEngine(t.model, d.model, exact=exact).run(ids, cfg).token_ids
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_weights_are_kept_as_stored(folder, kind):
     t, _, _, _, _ = _files(folder, kind)
     layer = t.model.layers[0]
     assert t.model.quantized
-    expected = ["Q4_K", "Q4_K", "Q6_K"] if kind == "llama" else ["Q8_0", "Q8_0", "F16"]
-    assert layer.wqkv.type_names() == expected
+    assert layer.wqkv.type_names() == QKV_TYPES[kind]
     assert t.tokenizer is not None and t.tokenizer.chat_template
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode,paper", MODES)
 def test_greedy_equals_hf_on_the_same_file(folder, kind, mode, paper):
     t, d, ids, ref, gaps = _files(folder, kind)
@@ -177,7 +193,7 @@ def _teacher_forced(model, ids: list[int], kv_dtype: torch.dtype) -> torch.Tenso
     return model.forward(torch.tensor(ids), torch.arange(len(ids)), cache).logits
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_default_kv_is_float16_for_a_gguf_file_and_exact_keeps_float32(folder, kind, tiny_pair_dir):
     """The default's K/V dtype: float16 for a GGUF file (as llama.cpp), float32 for a Hugging Face
     folder; `exact` keeps float32, and its logits are Hugging Face's where the default's, with
@@ -224,7 +240,7 @@ def row_by_row(monkeypatch):
     monkeypatch.setattr(native_attention, "MIN_KEYS", 0)
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", KINDS)
 @pytest.mark.parametrize("mode,paper", MODES)
 def test_greedy_on_the_default_path_equals_its_autoregressive_decoding(folder, kind, mode, paper, row_by_row):
     t, d, ids, _, _ = _files(folder, kind)
@@ -302,8 +318,9 @@ def test_negative_control_broken_verifier_is_caught_on_a_quantized_pair(folder, 
 
 # --- bad files and the command line ----------------------------------------------------------
 def test_unsupported_tensor_type_is_refused_in_one_line(folder):
-    path = write_gguf(make_hf("llama_mha", seed=1, **QWEN), folder / "q5_0.gguf", {"ffn_up.weight": Q.Q5_0})
-    with pytest.raises(ModelLoadError, match=r"ffn_up.weight is Q5_0, which is not supported") as e:
+    path = write_gguf(make_hf("llama_mha", seed=1, **QWEN), folder / "iq4_nl.gguf", {"ffn_up.weight": Q.IQ4_NL})
+    with pytest.raises(ModelLoadError, match=r"ffn_up.weight is IQ4_NL, which is not supported \(supported: F32, F16, "
+                                             r"Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, BF16\)") as e:
         load_model(str(path), CPU, torch.float32)
     assert "\n" not in str(e.value)
 

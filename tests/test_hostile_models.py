@@ -42,6 +42,9 @@ from triforce_core.models.loading import ModelLoadError, load_model
 pytestmark = needs_compiler
 # 6 layers: the measured lies were in layers 0, 3 and 5. Width 64, 4 heads (2 KV) of 16, MLP 128.
 TINY = dict(num_hidden_layers=6, num_key_value_heads=2)
+# The valid file's q and k are Q5_0, its other matrices Q8_0 (as a Q4_K_M file keeps the
+# projections whose rows are not a multiple of 256): the lies that edit its bytes lie about those.
+VALID_TYPES = {"attn_q.weight": Q.Q5_0, "attn_k.weight": Q.Q5_0}
 CHILD_TIMEOUT_S = 240  # a heap overrun may hang instead of abort (seen): then the test fails, naming the file
 
 
@@ -79,7 +82,10 @@ LIES = {
                     r"blk\.6\.ffn_up\.weight belongs to layer 6, but the file declares 6 layers \(0-5\)"),
     "unknown_tensor": (dict(edit=_one("blk.1.ffn_up.weight", lambda n, a: [(n, a), ("blk.1.ffn_up_exps.weight", a)])),
                        r"unexpected tensor blk\.1\.ffn_up_exps\.weight for a llama decoder"),
-    "q5_0": (dict(types={"ffn_up.weight": Q.Q5_0}), r"tensor blk\.0\.ffn_up\.weight is Q5_0, which is not supported"),
+    "iq4_nl": (dict(types={"ffn_up.weight": Q.IQ4_NL}), r"tensor blk\.0\.ffn_up\.weight is IQ4_NL, which is not supported"),
+    # 48 inputs a row: not a whole number of Q5_0's 32-weight blocks (33 bytes a row)
+    "q5_0_rows_of_48": (lambda path: patch_tensor_info(path, "blk.2.attn_q.weight", dims=(48, 64)),
+                        r"is not a readable GGUF file \(Quantized tensor row size \(48\) is not a multiple of Q5_0"),
     "type_99": (lambda path: patch_tensor_info(path, "blk.1.attn_k.weight", qtype=99),
                 r"is not a readable GGUF file \(.*99\)? is not a valid GGMLQuantizationType"),
     "offset_past_end": (lambda path: patch_tensor_info(path, "blk.5.ffn_down.weight", offset=1 << 40),
@@ -153,7 +159,7 @@ def files(tmp_path_factory) -> dict[str, Path]:
     """The valid file and every lying variant of it."""
     folder = tmp_path_factory.mktemp("hostile")
     hf = make_hf("llama_mha", seed=3, **TINY)
-    made = {"valid": write_gguf(hf, folder / "valid.gguf", {})}
+    made = {"valid": write_gguf(hf, folder / "valid.gguf", VALID_TYPES)}
     for name, (how, _) in LIES.items():
         path = folder / f"{name}.gguf"
         if callable(how):

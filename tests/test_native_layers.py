@@ -257,7 +257,7 @@ def _forwards(model, news, kv_dtype, one_call: bool, prompt: int = 1100, length=
     return out, cache.k[:, :, :n].float(), cache.v[:, :, :n].float()
 
 
-ONE_CALL_MODELS = [k for k in TARGETS if k != "mistral_window"] + ["gguf_k_mix"]
+ONE_CALL_MODELS = [k for k in TARGETS if k != "mistral_window"] + ["gguf_k_mix", "gguf_q5_mix"]
 
 
 @pytest.mark.parametrize("kind", ONE_CALL_MODELS)
@@ -266,14 +266,16 @@ def test_one_call_forward_equals_the_per_layer_forward_bit_for_bit(counted, kind
     cache, bit for bit, and the queries and per-chunk attention a retrieval level reads: steps
     and verifications of 1, 3 and 7 rows over 1,100 cached keys (where the per-layer path takes
     the native attention too), float32, float16 and bfloat16 K/V, GQA and multi-head, q/k/v
-    bias (qwen2), and a GGUF file mixing the stored types as Q4_K_M does."""
-    if kind == "gguf_k_mix":
-        from tests.helpers.gguf_files import K_MIX, LLAMA, write_gguf
+    bias (qwen2), and GGUF files mixing the stored types as Q4_K_M does (and of the 5-bit
+    32-weight types, q/k Q5_0 stacked with v Q8_0)."""
+    if kind in ("gguf_k_mix", "gguf_q5_mix"):
+        from tests.helpers.gguf_files import K_MIX, LLAMA, Q5_MIX, write_gguf
 
         from tests.helpers.models import make_hf
         from triforce_core.models.loading import load_model
 
-        path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path_factory.mktemp("one-call") / "t.gguf", K_MIX)
+        path = write_gguf(make_hf("llama_mha", seed=0, **LLAMA), tmp_path_factory.mktemp("one-call") / "t.gguf",
+                          K_MIX if kind == "gguf_k_mix" else Q5_MIX)
         model = load_model(str(path), torch.device("cpu"), torch.float32).model
         assert model.quantized
     else:

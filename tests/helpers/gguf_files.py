@@ -1,9 +1,10 @@
 """Tiny GGUF files written with ggml's own `gguf` package from tiny random Hugging Face models.
 
 The weights are written as llama.cpp's converter writes them (Llama's q and k rows reordered for
-its rotary layout), quantized to the asked types: Q4_0, Q4_1 and Q8_0 by the package's
-quantizer; the K types (which it cannot quantize) as random blocks with sane scales, which is
-a valid checkpoint too. Hugging Face's model loaded from the same file is the oracle.
+its rotary layout), quantized to the asked types: Q4_0, Q4_1, Q5_0, Q5_1 and Q8_0 by the
+package's quantizer; the K types (which it cannot quantize at these sizes) as random blocks with
+sane scales, which is a valid checkpoint too; a type the engine does not read as random bytes
+(to be refused). Hugging Face's model loaded from the same file is the oracle.
 
 A file that lies (a GGUF file comes from the internet) is written by the same function with
 `settings` (header numbers changed) or `edit` (tensors changed, dropped or added), or by
@@ -21,14 +22,17 @@ import numpy as np
 import torch
 from gguf import GGMLQuantizationType as Q
 from gguf import GGUFWriter, quants
-
-from triforce_core.models.ggml_types import BLOCKS
+from gguf.constants import GGML_QUANT_SIZES
 
 TOKENS = ["<unk>", "<s>", "</s>"]
 CHAT_TEMPLATE = "{% for m in messages %}<s>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<s>assistant: {% endif %}"
 # A Q4_K_M file's mix: q/k Q4_K, v and down Q6_K; the others spread over the remaining types.
 K_MIX = {"attn_q.weight": Q.Q4_K, "attn_k.weight": Q.Q4_K, "attn_v.weight": Q.Q6_K, "attn_output.weight": Q.Q5_K,
          "ffn_gate.weight": Q.Q4_0, "ffn_up.weight": Q.Q4_1, "ffn_down.weight": Q.Q6_K, "token_embd.weight": Q.Q8_0}
+# The 5-bit 32-weight types: q/k Q5_0 stacked with v Q8_0 (a Q4_K_M file's projections whose rows
+# are not a multiple of 256, as Gemma 3 270M's), the others Q5_1 and Q5_0.
+Q5_MIX = {"attn_q.weight": Q.Q5_0, "attn_k.weight": Q.Q5_0, "attn_v.weight": Q.Q8_0, "attn_output.weight": Q.Q5_1,
+          "ffn_gate.weight": Q.Q5_0, "ffn_up.weight": Q.Q5_1, "ffn_down.weight": Q.Q5_0, "token_embd.weight": Q.Q5_1}
 LLAMA = dict(hidden_size=256, intermediate_size=512, vocab_size=300)  # K types need 256 inputs
 
 
@@ -47,8 +51,8 @@ def _vocab(size: int) -> tuple[list[str], list[str]]:
 
 def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) -> np.ndarray:
     """[rows, bytes] of random blocks whose 16-bit scales are small positive numbers (weights of
-    order 0.1 to 1, as a trained model's)."""
-    per_block, nbytes = BLOCKS[qtype]
+    order 0.1 to 1, as a trained model's); random bytes for a type the engine does not read."""
+    per_block, nbytes = GGML_QUANT_SIZES[Q(qtype)]
     blocks = rng.integers(0, 256, size=(rows * cols // per_block, nbytes), dtype=np.uint8)
     low, high = (0.0002, 0.002) if per_block == 256 else (0.002, 0.02)
     scale = lambda n: (rng.uniform(low, high, size=(blocks.shape[0], n)).astype(np.float16).view(np.uint8))  # noqa: E731
@@ -57,9 +61,9 @@ def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) ->
     elif qtype == Q.Q6_K:
         blocks[:, 192:208] = rng.integers(-20, 21, size=(blocks.shape[0], 16)).astype(np.int8).view(np.uint8)
         blocks[:, 208:210] = scale(1)
-    elif qtype == Q.Q4_1:
-        blocks[:, 0:4] = scale(2)
-    else:
+    elif qtype in (Q.Q4_1, Q.Q5_1):
+        blocks[:, 0:4] = scale(2)  # d and m
+    elif qtype in (Q.Q4_0, Q.Q5_0, Q.Q8_0):
         blocks[:, 0:2] = scale(1)
     return blocks.reshape(rows, -1)
 
@@ -67,7 +71,7 @@ def random_blocks(qtype: int, rows: int, cols: int, rng: np.random.Generator) ->
 def _stored(w: np.ndarray, qtype: int, rng: np.random.Generator) -> tuple[np.ndarray, int]:
     if qtype in (Q.F32, Q.F16):
         return w.astype(np.float32 if qtype == Q.F32 else np.float16), qtype
-    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q8_0, Q.Q5_0):
+    if qtype in (Q.Q4_0, Q.Q4_1, Q.Q5_0, Q.Q5_1, Q.Q8_0):
         return quants.quantize(w.astype(np.float32), Q(qtype)), qtype
     return random_blocks(qtype, *w.shape, rng), qtype
 
@@ -180,10 +184,12 @@ def write_gguf(hf, path: Path, types: dict[str, int], default: int = Q.Q8_0, see
     return path
 
 
-def patch_tensor_info(path: Path, name: str, qtype: int | None = None, offset: int | None = None) -> Path:
-    """Rewrite, in place, a written tensor's type number or data offset (relative to the data
-    section) in its header entry: what no writer would write. The entry is the name (a u64
-    length and its bytes), n_dims (u32), the dims (u64 each), the type (u32), the offset (u64)."""
+def patch_tensor_info(path: Path, name: str, qtype: int | None = None, offset: int | None = None,
+                      dims: tuple[int, ...] | None = None) -> Path:
+    """Rewrite, in place, a written tensor's type number, data offset (relative to the data
+    section) or dims (as many as it has, the file's order: inputs first) in its header entry:
+    what no writer would write. The entry is the name (a u64 length and its bytes), n_dims (u32),
+    the dims (u64 each), the type (u32), the offset (u64)."""
     data = bytearray(path.read_bytes())
     key = struct.pack("<Q", len(name)) + name.encode()
     at = data.find(key)
@@ -191,6 +197,10 @@ def patch_tensor_info(path: Path, name: str, qtype: int | None = None, offset: i
         raise ValueError(f"{path.name}: tensor {name} is not in the header exactly once")
     at += len(key)
     n_dims = struct.unpack_from("<I", data, at)[0]
+    if dims is not None:
+        if len(dims) != n_dims:
+            raise ValueError(f"{path.name}: tensor {name} has {n_dims} dims, not {len(dims)}")
+        struct.pack_into(f"<{n_dims}Q", data, at + 4, *dims)
     at += 4 + 8 * n_dims
     if qtype is not None:
         struct.pack_into("<I", data, at, qtype)

@@ -86,9 +86,9 @@ def assert_16_bit_products(kernels, qtype, mode: int, rows: int) -> torch.Tensor
 
 
 def mixed_stack(rng, K: int) -> dict:
-    """One matrix's parts of every kind, by type: the three K types, two 32-weight ones, float16."""
+    """One matrix's parts of every kind, by type: the three K types, four 32-weight ones, float16."""
     parts = {q: StoredTensor(int(q), torch.from_numpy(random_blocks(q, rows, K, rng)), (rows, K))
-             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5), (Q.Q5_K, 3))}
+             for q, rows in ((Q.Q4_K, 20), (Q.Q8_0, 9), (Q.Q6_K, 17), (Q.Q4_1, 5), (Q.Q5_0, 6), (Q.Q5_K, 3), (Q.Q5_1, 4))}
     parts[Q.F16] = StoredTensor(int(Q.F16), torch.from_numpy(rng.standard_normal((6, K)).astype(np.float16).view(np.uint8)), (6, K))
     return parts
 

@@ -6,7 +6,7 @@ On desktop-size models (1B-8B, Q4_K_M) the native layers' float32 products are c
 each weight is widened to a float and multiplied by a float. The integer products quantize each
 activation row to 16 bits in blocks of 256 (about 16 bits of each input: a weight times its
 sub-block's integer scale fits 16 bits too, so `vpdpwssd` multiplies them) and multiply integers;
-the 32-weight types (Q4_0, Q4_1, Q8_0) and float parts keep the float path, where the integer
+the 32-weight types (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0) and float parts keep the float path, where the integer
 products do not pay. Why 16 bits and not llama.cpp's 8: an 8-bit activation moves the model's
 top token too often to be a default (the measurements: docs/benchmarks.md).
 

@@ -1,5 +1,5 @@
 /* Matrix products over weights kept as GGUF files store them: blocks of small integers with
- * 16-bit scales (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K), or plain float32/float16 rows.
+ * 16-bit scales (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K), or plain float32/float16 rows.
  *
  * Included by layers.c (one library). A matrix is one or more `part`s stacked by output row,
  * each [outputs, inputs] with the blocks running along the inputs, as llama.cpp writes them:
@@ -20,7 +20,7 @@
 #include <stdint.h>
 
 enum {
-    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
+    T_F32 = 0, T_F16 = 1, T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14,
     T_F32_IN_OUT = 255, /* layers.c's float32 weights, stored [inputs, outputs] */
 };
 
@@ -64,7 +64,7 @@ static inline float half_at(const uint8_t *p) {
 
 static int block_weights(int type) {
     switch (type) {
-    case T_Q4_0: case T_Q4_1: case T_Q8_0: return 32;
+    case T_Q4_0: case T_Q4_1: case T_Q5_0: case T_Q5_1: case T_Q8_0: return 32;
     case T_Q4_K: case T_Q5_K: case T_Q6_K: return 256;
     default: return 1;
     }
@@ -76,6 +76,8 @@ static int block_bytes(int type) {
     case T_F16: return 2;
     case T_Q4_0: return 18;
     case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
     case T_Q8_0: return 34;
     case T_Q4_K: return 144;
     case T_Q5_K: return 176;
@@ -93,6 +95,14 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
         *sc = (q[j + 4] & 0xf) | ((q[j - 4] >> 6) << 4);
         *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4);
     }
+}
+
+/* Q5_0 and Q5_1 (32 weights): Q4_0's and Q4_1's nibbles (weight i the low nibble of qs[i],
+ * weight 16 + i its high one) with a fifth bit each, bit i of the 32-bit word qh, stored
+ * little-endian as ggml writes it (and as the gguf package reads it). Q5_0: d (q - 16); Q5_1:
+ * d q + m, where d q is exact (11 bits of d times 5), so one rounding as Q4_1's. */
+static inline uint32_t q5_high_bits(const uint8_t *qh) {
+    return (uint32_t)qh[0] | (uint32_t)qh[1] << 8 | (uint32_t)qh[2] << 16 | (uint32_t)qh[3] << 24;
 }
 
 #ifdef HAVE_AVX2
@@ -128,6 +138,36 @@ static void dequant_q4_1(const uint8_t *b, float *w) {
     _mm256_storeu_ps(w + 24, _mm256_add_ps(_mm256_mul_ps(d, bytes_u8(_mm_srli_si128(hi, 8))), m));
 }
 
+/* Weights 8i .. 8i + 7's fifth bits (i = 0..3) as 16 or 0. */
+static inline __m256i q5_high(uint32_t qh, int i) {
+    const __m256i bit = _mm256_setr_epi32(1, 2, 4, 8, 16, 32, 64, 128);
+    __m256i h = _mm256_set1_epi32((int)(qh >> (8 * i)));
+    return _mm256_and_si256(_mm256_cmpeq_epi32(_mm256_and_si256(h, bit), bit), _mm256_set1_epi32(16));
+}
+
+/* A Q5_0/Q5_1 block's 32 unsigned 5-bit values, weights 8i .. 8i + 7 in n[i]. */
+static inline void q5_values(const uint8_t *qs, uint32_t qh, __m256i n[4]) {
+    __m256i v0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)qs));
+    __m256i v1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(qs + 8))), mask = _mm256_set1_epi32(15);
+    n[0] = _mm256_and_si256(v0, mask), n[1] = _mm256_and_si256(v1, mask);
+    n[2] = _mm256_srli_epi32(v0, 4), n[3] = _mm256_srli_epi32(v1, 4);
+    for (int i = 0; i < 4; i++) n[i] = _mm256_or_si256(n[i], q5_high(qh, i));
+}
+
+static void dequant_q5_0(const uint8_t *b, float *w) {
+    __m256 d = _mm256_set1_ps(half_at(b));
+    __m256i n[4], sixteen = _mm256_set1_epi32(16);
+    q5_values(b + 6, q5_high_bits(b + 2), n);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(w + 8 * i, _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], sixteen))));
+}
+
+static void dequant_q5_1(const uint8_t *b, float *w) {
+    __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
+    __m256i n[4];
+    q5_values(b + 8, q5_high_bits(b + 4), n);
+    for (int i = 0; i < 4; i++) _mm256_storeu_ps(w + 8 * i, _mm256_add_ps(_mm256_mul_ps(d, _mm256_cvtepi32_ps(n[i])), m));
+}
+
 static void dequant_q8_0(const uint8_t *b, float *w) {
     __m256 d = _mm256_set1_ps(half_at(b));
     for (int i = 0; i < 32; i += 8)
@@ -149,6 +189,26 @@ static void dequant_q4_1(const uint8_t *b, float *w) {
     for (int i = 0; i < 16; i++) {
         w[i] = d * (float)(qs[i] & 15) + m;
         w[i + 16] = d * (float)(qs[i] >> 4) + m;
+    }
+}
+
+static void dequant_q5_0(const uint8_t *b, float *w) {
+    float d = half_at(b);
+    uint32_t qh = q5_high_bits(b + 2);
+    const uint8_t *qs = b + 6;
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)((int)((qs[i] & 15) | ((qh >> i) & 1) << 4) - 16);
+        w[i + 16] = d * (float)((int)((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) - 16);
+    }
+}
+
+static void dequant_q5_1(const uint8_t *b, float *w) {
+    float d = half_at(b), m = half_at(b + 2);
+    uint32_t qh = q5_high_bits(b + 4);
+    const uint8_t *qs = b + 8;
+    for (int i = 0; i < 16; i++) {
+        w[i] = d * (float)((qs[i] & 15) | ((qh >> i) & 1) << 4) + m;
+        w[i + 16] = d * (float)((qs[i] >> 4) | ((qh >> (i + 16)) & 1) << 4) + m;
     }
 }
 
@@ -244,6 +304,8 @@ static void dequant_row(const struct part *p, int64_t r, int K, float *w) {
         switch (p->type) {
         case T_Q4_0: dequant_q4_0(row, w + k); break;
         case T_Q4_1: dequant_q4_1(row, w + k); break;
+        case T_Q5_0: dequant_q5_0(row, w + k); break;
+        case T_Q5_1: dequant_q5_1(row, w + k); break;
         case T_Q8_0: dequant_q8_0(row, w + k); break;
         case T_Q4_K: dequant_q4_k(row, w + k); break;
         case T_Q5_K: dequant_q5_k(row, w + k); break;
@@ -303,7 +365,7 @@ static void dot_rows(const float *w, const float *x, int64_t ldx, int g, int K, 
 }
 #endif
 
-/* Q4_1's scale and minimum, two halves side by side, converted by one instruction: [d, m, 0, 0]. */
+/* Q4_1's (and Q5_1's) scale and minimum, two halves side by side, converted by one instruction: [d, m, 0, 0]. */
 static inline __m128 half_pair(const uint8_t *b) {
 #ifdef __F16C__
     int32_t pair;
@@ -321,6 +383,20 @@ static inline __attribute__((always_inline)) void block32(const int type, const 
         __m256 d = _mm256_set1_ps(half_at(b));
         for (int i = 0; i < 4; i++)
             w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(b + 2 + 8 * i)))));
+        return;
+    }
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        __m256i n[4];
+        q5_values(b + (type == T_Q5_1 ? 8 : 6), q5_high_bits(b + (type == T_Q5_1 ? 4 : 2)), n);
+        if (type == T_Q5_0) {
+            __m256 d = _mm256_set1_ps(half_at(b));
+            __m256i sixteen = _mm256_set1_epi32(16);
+            for (int i = 0; i < 4; i++) w[i] = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_sub_epi32(n[i], sixteen)));
+        } else {
+            __m128 dm = half_pair(b);
+            __m256 d = _mm256_broadcastss_ps(dm), m = _mm256_broadcastss_ps(_mm_movehdup_ps(dm));
+            for (int i = 0; i < 4; i++) w[i] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(n[i]), m);
+        }
         return;
     }
     const uint8_t *qs = b + (type == T_Q4_1 ? 4 : 2);
@@ -346,6 +422,30 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
         __m512 d = _mm512_set1_ps(half_at(b));
         for (int i = 0; i < 2; i++)
             w[i] = _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(b + 2 + 16 * i)))));
+        return;
+    }
+    if (type == T_Q5_0 || type == T_Q5_1) {
+        /* Q4_0's and Q4_1's tables over 5 bits: the 32 values a q can stand for in two
+           registers (Q5_0: d (q - 16); Q5_1: d q + m, one rounding), and vpermt2ps picks by
+           an index's low 5 bits: the nibble (the low one masked, its byte's bit 4 being the
+           high nibble's) with bit 4 set where qh has the weight's bit (a mask register: bits
+           0-15 of qh for weights 0-15, 16-31 for 16-31). The same values as computing each. */
+        uint32_t qh = q5_high_bits(b + (type == T_Q5_1 ? 4 : 2));
+        __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(b + (type == T_Q5_1 ? 8 : 6))));
+        __m512 lo, hi;
+        if (type == T_Q5_0) {
+            __m512 d = _mm512_set1_ps(half_at(b));
+            lo = _mm512_mul_ps(d, _mm512_setr_ps(-16, -15, -14, -13, -12, -11, -10, -9, -8, -7, -6, -5, -4, -3, -2, -1));
+            hi = _mm512_mul_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15));
+        } else {
+            __m512 dm = _mm512_cvtph_ps(_mm256_castps_si256(_mm256_broadcast_ss((const float *)b)));
+            __m512 d = _mm512_moveldup_ps(dm), m = _mm512_movehdup_ps(dm);
+            lo = _mm512_fmadd_ps(d, _mm512_setr_ps(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), m);
+            hi = _mm512_fmadd_ps(d, _mm512_setr_ps(16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 31), m);
+        }
+        __m512i sixteen = _mm512_set1_epi32(16), low = _mm512_and_si512(v, _mm512_set1_epi32(15)), high = _mm512_srli_epi32(v, 4);
+        w[0] = _mm512_permutex2var_ps(lo, _mm512_mask_or_epi32(low, (__mmask16)(qh & 0xffff), low, sixteen), hi);
+        w[1] = _mm512_permutex2var_ps(lo, _mm512_mask_or_epi32(high, (__mmask16)(qh >> 16), high, sixteen), hi);
         return;
     }
     /* byte i holds weight i (low nibble) and weight 16 + i (high nibble). The 16 values a
@@ -385,7 +485,7 @@ static inline __attribute__((always_inline)) void block32_512(const int type, co
 #ifdef USE_AVX512
 static inline __attribute__((always_inline)) void q32_float_rows(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
-    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    const int bb = block_bytes(type);
     __m512 a[FUSED_ROWS];
     for (int s = 0; s < G; s++) a[s] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 2 * LANES, row += bb) {
@@ -399,7 +499,7 @@ static inline __attribute__((always_inline)) void q32_float_rows(const int type,
 
 static inline __attribute__((always_inline)) void q32_float_outs(const int type, const uint8_t *row, int64_t ldw, const float *x,
                                                               const int O, int K, float *y) {
-    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    const int bb = block_bytes(type);
     __m512 a[FUSED_OUTS];
     for (int o = 0; o < O; o++) a[o] = _mm512_setzero_ps();
     for (int k = 0; k < K; k += 2 * LANES, row += bb)
@@ -414,7 +514,7 @@ static inline __attribute__((always_inline)) void q32_float_outs(const int type,
 #else
 static inline __attribute__((always_inline)) void q32_float_rows(const int type, const uint8_t *row, const float *x, int64_t ldx,
                                                               const int G, int K, float *y, int64_t ldy) {
-    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    const int bb = block_bytes(type);
     __m256 a[FUSED_ROWS][2];
     for (int s = 0; s < G; s++) a[s][0] = a[s][1] = _mm256_setzero_ps();
     for (int k = 0; k < K; k += 2 * LANES, row += bb) {
@@ -432,7 +532,7 @@ static inline __attribute__((always_inline)) void q32_float_rows(const int type,
  * its two chains' latency (2 FMAs a block each) and the machine's FMA units stand idle. */
 static inline __attribute__((always_inline)) void q32_float_outs(const int type, const uint8_t *row, int64_t ldw, const float *x,
                                                               const int O, int K, float *y) {
-    const int bb = type == T_Q8_0 ? 34 : type == T_Q4_1 ? 20 : 18;
+    const int bb = block_bytes(type);
     __m256 a[FUSED_OUTS][2];
     for (int o = 0; o < O; o++) a[o][0] = a[o][1] = _mm256_setzero_ps();
     for (int k = 0; k < K; k += 2 * LANES, row += bb)
@@ -460,6 +560,8 @@ static int fused_outs(int type, const uint8_t *base, int64_t ldw, int64_t r0, in
     switch (type) {
     case T_Q4_0: FUSED_OUTS_RUN(T_Q4_0)
     case T_Q4_1: FUSED_OUTS_RUN(T_Q4_1)
+    case T_Q5_0: FUSED_OUTS_RUN(T_Q5_0)
+    case T_Q5_1: FUSED_OUTS_RUN(T_Q5_1)
     case T_Q8_0: FUSED_OUTS_RUN(T_Q8_0)
     default: return 0;
     }
@@ -571,6 +673,8 @@ static int fused_rows(int type, const uint8_t *row, const float *x, int64_t ldx,
     switch (type) {
     case T_Q4_0: FUSED_GROUPS(T_Q4_0)
     case T_Q4_1: FUSED_GROUPS(T_Q4_1)
+    case T_Q5_0: FUSED_GROUPS(T_Q5_0)
+    case T_Q5_1: FUSED_GROUPS(T_Q5_1)
     case T_Q8_0: FUSED_GROUPS(T_Q8_0)
     case T_Q4_K: K_GROUPS(T_Q4_K)
     case T_Q5_K: K_GROUPS(T_Q5_K)

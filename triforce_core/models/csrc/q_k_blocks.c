@@ -65,7 +65,7 @@ static inline float i8_result(const struct i8acc *A) {
 
 /* The GGUF block types the kernels read (float parts aside). */
 static inline int is_block_type(int type) {
-    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
+    return type == T_Q4_0 || type == T_Q4_1 || type == T_Q5_0 || type == T_Q5_1 || type == T_Q8_0 || type == T_Q4_K || type == T_Q5_K || type == T_Q6_K;
 }
 
 static inline int is_k_type(int type) { return type == T_Q4_K || type == T_Q5_K || type == T_Q6_K; }
