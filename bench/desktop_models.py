@@ -3,16 +3,28 @@
 Speed on a 135M model says little about the 1-8B models people run on a desktop; their weights
 are gigabytes behind a licence click. Speed depends on the shapes, not on the numbers, so this
 writes files with those models' exact shapes (layers, width, MLP width, heads, KV heads, head
-size, rope base, norm epsilon, tied embeddings, Qwen's q/k/v biases) and random weights, with
-SmolLM2's tokenizer and vocabulary (49,152 tokens, copied with every tokenizer.* key from the
-`smollm2` file): the vocabulary, and so the embedding and the head, is SmolLM2's size, not the
-real model's (128,256 for Llama 3, 151,936 for Qwen2.5). Their text is noise: for speed only.
-The 8B shape's F16 file takes 14.8 GB of disk until it is quantized (4.47 GB at Q4_K_M).
+size, rope base, norm epsilon, tied embeddings, Qwen2's q/k/v biases, Qwen3's and Gemma 3's
+norms on each head's q and k, Gemma 3's sandwich norms and sliding window) and random weights,
+with SmolLM2's tokenizer and vocabulary (49,152 tokens, copied with every tokenizer.* key from
+the `smollm2` file): the vocabulary, and so the embedding and the head, is SmolLM2's size, not
+the real model's (128,256 for Llama 3, 151,936 for Qwen2.5 and Qwen3, 262,144 for Gemma 3), so
+the head and the embedding are smaller than the real models'. Their text is noise: for speed
+only. The 8B shape's F16 file takes 14.8 GB of disk until it is quantized (4.47 GB at Q4_K_M).
+
+Qwen3 (`qwen3-4b`) and Gemma 3 (`gemma-3-4b`, the text decoder) are written as llama.cpp's
+converter writes them: the head size as `<arch>.attention.key_length`/`value_length` (theirs is
+not width / heads), Gemma's `sliding_window` (readers take every sixth layer as a full one, the
+others sliding; the local layers' rope base of 10K is implicit) and the full layers' rope
+scaling (linear, factor 8, as Gemma 3 4B has). Transformers 5.24's reading of a gemma3 header,
+which our loader goes through, ignores the rope scaling: the full layers then rotate with the
+plain base, which changes no cost (speed only: it does not matter here).
 
 Steps, per shape:
 1. Write an F16 file with ggml's `gguf` writer, one tensor at a time (at most one tensor in
    memory: the 3B shape's largest is the 302 MB embedding). Weights ~ N(0, 0.02²) from a
-   generator seeded by `--seed` and the tensor's name; norm weights 1; biases ~ N(0, 0.02²).
+   generator seeded by `--seed` and the tensor's name; norm weights 1 (Gemma's files store a
+   norm as 1 + w: ones are w = 0, the weights Gemma's norms start from, which is fine for
+   speed); biases ~ N(0, 0.02²).
 2. Quantize it with llama.cpp's `llama-quantize` (built by `bench.llama_cpp`) to each type.
 3. Delete the F16 file, unless `--keep-f16` (or F16 is one of `--types`).
 
@@ -20,6 +32,9 @@ A file that exists is not written again; each is written under a temporary name 
 
     python -m bench.desktop_models [--shapes llama-3.2-1b,llama-3.2-3b] [--types Q4_K_M,Q8_0] \\
                                    [--out DIR] [--seed 0] [--keep-f16] [--llama-cpp-bin DIR]
+
+Shapes: llama-3.2-1b, llama-3.2-3b (the default), llama-3.1-8b, qwen2.5-1.5b, qwen3-4b,
+gemma-3-4b.
 
 Files: `<out>/<shape>-shape.<type>.gguf`, e.g. `llama-3.2-1b-shape.Q4_K_M.gguf` (default out:
 `cache_home()/desktop-models`).
@@ -45,17 +60,22 @@ from gguf import (
     GGUFValueType,
     GGUFWriter,
     LlamaFileType,
+    RopeScalingType,
 )
 
 from triforce_core.config import cache_home
 from triforce_core.models.gguf_file import GGUFError, resolve
 
 
+# GGUF architectures whose header states the head size (key_length), as llama.cpp's converter writes it
+OWN_HEAD_SIZE = ("qwen3", "gemma3")
+
+
 @dataclass(frozen=True)
 class Shape:
     """A decoder's shape as GGUF's header states it."""
     label: str
-    arch: str  # GGUF's architecture name: "llama" or "qwen2"
+    arch: str  # GGUF's architecture name: "llama", "qwen2", "qwen3" or "gemma3"
     layers: int
     width: int
     mlp: int
@@ -67,6 +87,19 @@ class Shape:
     context: int
     qkv_bias: bool = False
     tied: bool = True
+    qk_norm: bool = False  # a [head size] norm on each head's q and on its k (Qwen3, Gemma 3)
+    sandwich: bool = False  # Gemma 3's norms on the attention's and the MLP's outputs (ffn_norm is the pre-MLP one)
+    window: int | None = None  # the sliding-window layers' window (Gemma 3: every sixth layer is a full one)
+    rope_scaling: tuple[str, float] | None = None  # the full layers' (type, factor), e.g. ("linear", 8.0)
+
+    @property
+    def key_length(self) -> int | None:
+        """The head size as `<arch>.attention.key_length` states it, where the header has it:
+        llama.cpp's converter writes it for Qwen3 and Gemma 3 (whose configs name a head size),
+        and it must be there wherever the head size is not width / heads."""
+        if self.arch in OWN_HEAD_SIZE or self.heads * self.head_dim != self.width:
+            return self.head_dim
+        return None
 
 
 SHAPES = {
@@ -79,6 +112,12 @@ SHAPES = {
                           head_dim=128, rope_theta=500000.0, rms_eps=1e-5, context=131072, tied=False),
     "qwen2.5-1.5b": Shape("Qwen2.5-1.5B", "qwen2", layers=28, width=1536, mlp=8960, heads=12, kv_heads=2,
                           head_dim=128, rope_theta=1000000.0, rms_eps=1e-6, context=32768, qkv_bias=True),
+    "qwen3-4b": Shape("Qwen3-4B", "qwen3", layers=36, width=2560, mlp=9728, heads=32, kv_heads=8,
+                      head_dim=128, rope_theta=1000000.0, rms_eps=1e-6, context=40960, qk_norm=True),
+    # the text decoder; the local layers' rope base (10K) is implicit in a gemma3 header
+    "gemma-3-4b": Shape("Gemma-3-4B", "gemma3", layers=34, width=2560, mlp=10240, heads=8, kv_heads=4,
+                        head_dim=256, rope_theta=1000000.0, rms_eps=1e-6, context=131072, qk_norm=True,
+                        sandwich=True, window=1024, rope_scaling=("linear", 8.0)),
 }
 DEFAULT_SHAPES = ("llama-3.2-1b", "llama-3.2-3b")
 # llama-quantize's types whose every tensor type our GGUF loader reads (ggml_types.TYPE_NAMES):
@@ -106,7 +145,10 @@ def file_name(key: str, qtype: str) -> str:
 
 
 def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
-    """Every tensor's GGUF name and [rows, cols] (a vector: [n]), in llama.cpp's converter's order."""
+    """Every tensor's GGUF name and [rows, cols] (a vector: [n]), under llama.cpp's names, a
+    layer's in the forward's order (q/k norms after the projections, Gemma's output norms after
+    the attention's output and after the MLP's down projection). llama.cpp's converter writes
+    them in the order of the checkpoint's own files; the order changes no tensor."""
     w, q, kv = shape.width, shape.heads * shape.head_dim, shape.kv_heads * shape.head_dim
     out = [("token_embd.weight", (vocab, w))]
     for i in range(shape.layers):
@@ -115,8 +157,15 @@ def tensors(shape: Shape, vocab: int) -> list[tuple[str, tuple[int, ...]]]:
                 (b + "attn_v.weight", (kv, w))]
         if shape.qkv_bias:
             out += [(b + "attn_q.bias", (q,)), (b + "attn_k.bias", (kv,)), (b + "attn_v.bias", (kv,))]
-        out += [(b + "attn_output.weight", (w, q)), (b + "ffn_norm.weight", (w,)), (b + "ffn_gate.weight", (shape.mlp, w)),
+        if shape.qk_norm:
+            out += [(b + "attn_q_norm.weight", (shape.head_dim,)), (b + "attn_k_norm.weight", (shape.head_dim,))]
+        out.append((b + "attn_output.weight", (w, q)))
+        if shape.sandwich:
+            out.append((b + "post_attention_norm.weight", (w,)))
+        out += [(b + "ffn_norm.weight", (w,)), (b + "ffn_gate.weight", (shape.mlp, w)),
                 (b + "ffn_up.weight", (shape.mlp, w)), (b + "ffn_down.weight", (w, shape.mlp))]
+        if shape.sandwich:
+            out.append((b + "post_ffw_norm.weight", (w,)))
     out.append(("output_norm.weight", (w,)))
     if not shape.tied:
         out.append(("output.weight", (vocab, w)))
@@ -129,8 +178,9 @@ def parameter_count(shape: Shape, vocab: int) -> int:
 
 def random_tensor(name: str, dims: tuple[int, ...], seed: int) -> np.ndarray:
     """A matrix as float16 ~ N(0, STD²), drawn a few rows at a time (float32 only per chunk); a
-    norm's vector as float32 ones, a bias's ~ N(0, STD²). The same numbers for the same seed and
-    name, whatever else the file holds."""
+    norm's vector (q/k norms too) as float32 ones, a bias's ~ N(0, STD²). Gemma's files store a
+    norm as 1 + w, so its ones are w = 0 (the weights Gemma's norms start from): as good as any
+    for speed. The same numbers for the same seed and name, whatever else the file holds."""
     rng = np.random.default_rng([seed, zlib.crc32(name.encode())])
     if len(dims) == 1:
         if "norm" in name:
@@ -186,7 +236,16 @@ def write_f16(shape: Shape, path: Path, tokenizer_from: Path, seed: int = 0, pro
     writer.add_head_count(shape.heads)
     writer.add_head_count_kv(shape.kv_heads)
     writer.add_rope_dimension_count(shape.head_dim)
+    if shape.key_length is not None:
+        writer.add_key_length(shape.key_length)
+        writer.add_value_length(shape.key_length)
     writer.add_rope_freq_base(shape.rope_theta)
+    if shape.rope_scaling is not None:
+        kind, factor = shape.rope_scaling
+        writer.add_rope_scaling_type(RopeScalingType(kind))
+        writer.add_rope_scaling_factor(factor)
+    if shape.window is not None:
+        writer.add_sliding_window(shape.window)
     writer.add_layer_norm_rms_eps(shape.rms_eps)
     vocab = copy_tokenizer(writer, tokenizer_from)
     writer.add_vocab_size(vocab)

@@ -210,8 +210,14 @@ def patch_tensor_info(path: Path, name: str, qtype: int | None = None, offset: i
     return path
 
 
-def hf_from_gguf(path: Path):
-    """Hugging Face's own model read from the file (transformers dequantizes it): the oracle."""
-    from transformers import AutoModelForCausalLM
+def hf_from_gguf(path: Path, head_dim: int | None = None):
+    """Hugging Face's own model read from the file (transformers dequantizes it): the oracle.
+    `head_dim`: the head size its config takes instead of the one transformers reads (its
+    reading of a qwen3 header skips the key length, and keeps Qwen3's default of 128)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32).eval()
+    extra = {}
+    if head_dim is not None:
+        extra["config"] = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
+        extra["config"].head_dim = head_dim
+    return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **extra).eval()
