@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--modes", default="autoregressive,lookup,retrieval", help="comma-separated modes of ours")
     p.add_argument("--kv-dtypes", default="float32,float16", help=f"comma-separated, of {', '.join(KV_DTYPES)}")
     p.add_argument("--tie-gap", type=float, default=1e-3, help="HF top-2 logit gap below which a difference is a near-tie")
+    p.add_argument("--exact", action="store_true",
+                   help="ours in `--exact` arithmetic (float32 K/V only), as `generate --exact` runs")
     p.add_argument("--json", type=Path, help="write the report here")
     a = p.parse_args(argv)
     modes = [m for m in a.modes.split(",") if m]
@@ -89,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:
         print(f"error: cannot read {a.document}: {e.strerror}", file=sys.stderr)
         return 2
-    engine = TriForceEngine.from_pretrained(a.target, None, device="cpu")
+    if a.exact and kv_dtypes != ["float32"]:
+        print("error: --exact keeps K/V in float32: pass --kv-dtypes float32", file=sys.stderr)
+        return 2
+    engine = TriForceEngine.from_pretrained(a.target, None, device="cpu", exact=a.exact)
     hf = _hf_model(a.target)
     session = ChatSession(engine, text)
     rows = []
@@ -115,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
         summary[key] = {"answers": len(cells), "equal": sum(c["equal"] for c in cells),
                         "near_tie": sum(c.get("near_tie", False) for c in cells),
                         "differ": sum(not c["equal"] and not c.get("near_tie", False) for c in cells)}
-    report = {"target": a.target, "document": a.document.name,  # its name: no folder of the machine it ran on
+    report = {"target": a.target, "exact": a.exact, "document": a.document.name,  # its name: no folder of the machine it ran on
               "max_new_tokens": a.max_new_tokens,
               "tie_gap": a.tie_gap, "summary": summary, "answers": rows}
     for key, s in summary.items():
