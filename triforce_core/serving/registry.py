@@ -37,8 +37,10 @@ from typing import Callable
 
 from ..config import GB
 from ..engine import TriForceEngine
+from ..models import families
 from ..models.families import Refusal
-from ..models.gguf_file import SMOLLM2, GGUFError, refusal_of, smollm2_path
+from ..models.chunked_file import GEMMA3 as GEMMA3_FILE
+from ..models.gguf_file import ARCHITECTURES, GEMMA3, SMOLLM2, GGUFError, refusal_of, smollm2_path
 from ..models.loading import (DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name,
                               weight_files)
 from ..models.folders import ModelFolders
@@ -122,11 +124,15 @@ class ServedModel:
 
 DEMO_NOTE = "a 64K-window copier for demonstrations"
 SMOLLM2_NOTE = "SmolLM2-135M-Instruct: real language"
+# A base model: it continues text; a chat over a document is laid out as plain text (`prompting`).
+GEMMA3_NOTE = "Gemma 3 270M, base model, no chat template"
 DEMO_NAMES = ("demo", DEMO_ID)  # what `python app.py --target` takes for the embedded demo pair
 
 
 def builtin_choices() -> list[ModelChoice]:
-    """SmolLM2 (where installed), then the embedded demo pair."""
+    """SmolLM2 and Gemma 3 270M (each where installed), then the embedded demo pair. Gemma 3's
+    file is not assembled here (only its packages are looked for): the first load assembles it;
+    whether the engine runs it is said by its family (`families.refusal`), as for any file."""
     out = []
     try:
         smollm2_path()
@@ -135,9 +141,20 @@ def builtin_choices() -> list[ModelChoice]:
     else:
         # its small draft by the same rule as on the command line
         out.append(ModelChoice(SMOLLM2, SMOLLM2_NOTE, SMOLLM2, default_model_names(SMOLLM2, None)[1]))
+    if GEMMA3_FILE.installed():
+        out.append(ModelChoice(GEMMA3, GEMMA3_NOTE, GEMMA3, refusal=gemma3_refusal()))
     if DEMO_TARGET.is_dir():
         out.append(ModelChoice(DEMO_ID, DEMO_NOTE, str(DEMO_TARGET), str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None))
     return out
+
+
+def gemma3_refusal() -> Refusal | None:
+    """Why the engine cannot run Gemma 3 270M, or None: its assembled file's header where the
+    file is there, else its architecture alone (the file is not assembled to be listed)."""
+    final = GEMMA3_FILE.final_path()
+    if final.is_file() and final.stat().st_size == GEMMA3_FILE.size:
+        return refusal_of(final)
+    return families.refusal(GEMMA3_FILE.architecture, {}, ARCHITECTURES)
 
 
 def app_model_names(target: str | None, draft: str | None) -> tuple[str, str | None]:
