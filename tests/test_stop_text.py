@@ -181,3 +181,28 @@ def test_the_app_and_the_chat_command_say_a_base_model_has_no_chat_template(plai
     assert err.count(PLAIN_LAYOUT_NOTE) == 1  # once, not per question
     turns = json.loads(out)["turns"]
     assert [t["answer"] for t in turns] == [" Yes", " Yes"] and turns[0]["stats"]["stop_reason"] == "stop_text"
+
+
+def test_the_http_api_ends_a_base_models_answer_as_the_app_does(plain_engine):
+    """A chat-completions request to the base model (its prompt the plain layout): the answer is
+    cut before the next "Question:", `finish_reason` stop, the tokens as many as kept."""
+    from starlette.testclient import TestClient
+
+    from triforce_core.serving.guard import AccessPolicy
+    from triforce_core.serving.openai import ChatCompletionsAPI, create_app
+    from triforce_core.serving.slots import SlotPool
+    from triforce_core.serving.worker import EngineWorker
+
+    worker = EngineWorker()
+    api = ChatCompletionsAPI(plain_engine, worker, SlotPool(plain_engine), model_name="plain",
+                             base_config=plain_config("lookup"))
+    body = {"model": "plain", "messages": [{"role": "user", "content": f"{DOC}\n\n{QUESTION}"}],
+            "temperature": 0, "max_tokens": 16}
+    try:
+        with TestClient(create_app(api, AccessPolicy()), base_url="http://127.0.0.1:8000") as client:
+            done = client.post("/v1/chat/completions", json=body).json()
+    finally:
+        worker.close()
+    choice = done["choices"][0]
+    assert choice["message"]["content"].rstrip() == " Yes" and choice["finish_reason"] == "stop"
+    assert done["usage"]["completion_tokens"] < 16  # ended by the stop, not the limit
