@@ -119,7 +119,12 @@ def test_a_base_model_answers_up_to_its_next_question(plain_engine, mode):
     assert len(finished) == 1 and finished[0].stats.new_tokens == len(turn.token_ids)
     # the next turn: the conversation in the plain layout, the earlier answer as cut
     list(session.ask(QUESTION))
-    assert session.turns[-1].answer == " Yes" and "Answer:  Yes\n\nQuestion: " + QUESTION in session.prompt_text(QUESTION)
+    assert session.turns[-1].answer == " Yes" and "Answer: Yes\n\nQuestion: " + QUESTION in session.prompt_text(QUESTION)
+    # the earlier answer is laid out as the model wrote it: the conversation's tokens begin with
+    # the first prompt and the tokens the model committed, which the caches hold
+    first = list(session.turns[0].token_ids)
+    assert session.prompt_ids(QUESTION)[: len(prompt) + len(first)] == prompt + first
+    assert session.turns[-1].stats.reused_tokens >= len(prompt) + len(first) - 1  # the last one is pending
 
 
 @pytest.fixture(scope="module")

@@ -36,7 +36,9 @@ def render_prompt(tokenizer, messages: list[dict]) -> tuple[str, list[int]]:
 
     With a chat template the rendered text already holds the special tokens, so none are added
     when tokenizing; a model without one gets "Question: ... Answer:" turns after its usual
-    special tokens (e.g. BOS).
+    special tokens (e.g. BOS). An earlier answer follows "Answer: " without the space it began
+    with (a model's answer after "Answer:" begins with its own), so the conversation reads as the
+    model wrote it and its tokens match those the model committed.
     """
     if has_chat_template(tokenizer):
         text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
@@ -48,7 +50,7 @@ def render_prompt(tokenizer, messages: list[dict]) -> tuple[str, list[int]]:
         elif m["role"] == "user":
             parts.append(f"Question: {m['content']}\n")
         else:
-            parts.append(f"Answer: {m['content']}\n\n")
+            parts.append(f"Answer: {m['content'].lstrip()}\n\n")
     parts.append("Answer:")
     text = "".join(parts)
     return text, list(tokenizer(text)["input_ids"])

@@ -269,8 +269,8 @@ class SpeculationLoop(Prefill):
             rounds += 1
             # 3. Commit the accepted tokens and the target's own, up to EOS (kept) or the limit.
             new, by, eos = _accepted(proposal, r, speculation.max_new_tokens - len(levels), self.eos_ids)
-            #    A stop text in them ends the answer before it (the tokens it begins in and after are
-            #    dropped, as a rejection's are: what is kept is what the round would have committed).
+            #    A stop text in them ends the answer: the tokens whose text begins at it or after are
+            #    dropped, as a rejection's are (those kept are what the round commits without a stop).
             keep = stop.push(new) if stop is not None else None
             if keep is not None:
                 new, by, eos = new[:keep], by[:keep], False
