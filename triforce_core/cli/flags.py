@@ -36,8 +36,9 @@ def add_model_args(g) -> None:
     models = g.add_argument_group("models")
     models.add_argument(
         "--target",
-        help="target: hub id, local folder, a .gguf file (weights kept quantized), or smollm2 (SmolLM2-135M-Instruct, "
-        "installed by make; default: the embedded demo target)",
+        help="target: hub id, local folder, a .gguf file (weights kept quantized), smollm2 (SmolLM2-135M-Instruct, "
+        "installed by make) or gemma3-270m (Gemma 3 270M, a base model, installed by make and assembled once into "
+        "the cache folder) (default: the embedded demo target)",
     )
     models.add_argument(
         "--draft",

@@ -144,7 +144,7 @@ class GenerationStats:
     acceptance: dict[str, float] = field(default_factory=dict)  # accepted / proposed
     committed_by_level: dict[str, int] = field(default_factory=dict)
     refreshes: int = 0  # retrieval re-selections after the first
-    stop_reason: str = ""  # "eos" | "max_new_tokens"
+    stop_reason: str = ""  # "eos" | "max_new_tokens" | "stop_text" (`stop_text.StopText`)
     mode: str = ""
     reused_tokens: int = 0
     disk_tokens: int = 0  # of the reused tokens, those whose KV was read from a disk cache

@@ -54,6 +54,7 @@ from .proposers import Counters, Lookup, MiddleLevel, ModelDraft, Proposal, Roun
 from .refresh import RetrievalRefresh
 from .sampling import VerifyResult, sample, verify_greedy, verify_stochastic, warp
 from .row_cost import measured_row_cost
+from .stop_text import StopText
 
 
 class SpeculationLoop(Prefill):
@@ -157,11 +158,12 @@ class SpeculationLoop(Prefill):
         self._mark: tuple | None = None
         self.inspect = False
         self.answer_start: int | None = None  # `generate`'s: where a continued answer began in the prompt
+        self.stops: tuple[str, ...] = ()  # `generate`'s: texts that end the answer (`stop_text`)
 
     # -- a generation: prefill (`Prefill`), then decoding ------------------------------------
     def generate(self, prompt: list[int], on_prefill_progress=None, progress_events: bool = False,
                  inspect: bool = False, boundary: int | None = None,
-                 answer_start: int | None = None) -> Iterator[Event]:
+                 answer_start: int | None = None, stops: tuple[str, ...] = ()) -> Iterator[Event]:
         """One generation: prefill `prompt` (reusing the cached prefix), then decode.
 
         The one way the engine, chat sessions, cache slots and the bench run a generation.
@@ -172,10 +174,16 @@ class SpeculationLoop(Prefill):
         document ends in the prompt (`Prefill.prefill_steps`). `answer_start`: where the answer
         begins in `prompt` when the prompt ends with an answer's first part (a continued answer):
         the penalties count the answer from there, as one longer generation's would, and the
-        events' text follows that part's (None: the answer begins after the prompt).
+        events' text follows that part's (None: the answer begins after the prompt). `stops`:
+        texts that end the answer where its text reaches one (`stop_text.StopText`: the tokens
+        before it are kept, the last event's text is cut there, the stop reason is "stop_text");
+        they need the engine's detokenizer.
         """
+        if stops and self.detokenize is None:
+            raise ValueError("a stop text needs the model's tokenizer")
         self.set_inspect(inspect)
         self.answer_start = answer_start
+        self.stops = tuple(stops)
         if progress_events:
             prefilled = yield from self.prefill_steps(prompt, on_prefill_progress, boundary)
         else:
@@ -244,10 +252,12 @@ class SpeculationLoop(Prefill):
         detok = IncrementalDetokenizer(self.detokenize) if self.detokenize is not None else None
         if detok is not None:
             detok.ids = committed[start:]  # a continued answer's text goes on from its first part's
+        stop = StopText(self.stops, self.detokenize, committed[start:]) if self.stops else None
+        sent = len(stop.text) if stop is not None else 0  # characters of the answer's text said so far
         levels: list[str] = []  # who proposed each committed token of the answer
         rounds, stop_reason = 0, "max_new_tokens"
         t0 = time.perf_counter()
-        while stop_reason != "eos" and len(levels) < speculation.max_new_tokens:
+        while stop_reason == "max_new_tokens" and len(levels) < speculation.max_new_tokens:
             events: list[Event] = []
             # 1. Propose: lookup where the sequence's end recurs in the context and its tokens pay
             #    for their rows, else the levels below the target (lower levels first; they
@@ -259,14 +269,24 @@ class SpeculationLoop(Prefill):
             rounds += 1
             # 3. Commit the accepted tokens and the target's own, up to EOS (kept) or the limit.
             new, by, eos = _accepted(proposal, r, speculation.max_new_tokens - len(levels), self.eos_ids)
+            #    A stop text in them ends the answer: the tokens whose text begins at it or after are
+            #    dropped, as a rejection's are (those kept are what the round commits without a stop).
+            keep = stop.push(new) if stop is not None else None
+            if keep is not None:
+                new, by, eos = new[:keep], by[:keep], False
+                stop_reason = "stop_text"
             committed += new
             levels += by
             stop_reason = "eos" if eos else stop_reason
+            text = detok.push_text(new) if detok else ""
+            if stop is not None and stop.cut is not None:
+                text = text[: max(stop.cut - sent, 0)]
+            sent += len(text)
             # Committed precedes a refresh's ChunksSelected (the order documented in events.py).
-            events.append(Committed(tuple(new), tuple(by), detok.push_text(new) if detok else ""))
+            events.append(Committed(tuple(new), tuple(by), text))
             # 4. Refresh: every lane rolls back to the committed sequence (O(1) per cache), and the
             #    retrieval level selects its chunks again when they are stale.
-            done = eos or len(levels) >= speculation.max_new_tokens
+            done = stop_reason != "max_new_tokens" or len(levels) >= speculation.max_new_tokens
             self._roll_back(committed, len(new), done, refresh, queries, r.accepted, rounds, events)
             yield from events
         sync_device(self.target.device)

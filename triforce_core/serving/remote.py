@@ -202,8 +202,10 @@ class RemoteSlot:
         self._tokens: list[int] = []
 
     def generate(self, prompt_ids: Sequence[int], config: GenerationConfig, on_prefill_progress=None,
-                 progress_events: bool = False, inspect: bool = False, boundary: int | None = None) -> Iterator[Event]:
-        """As `Slot.generate` (`boundary`: the server keeps its own disk cache)."""
+                 progress_events: bool = False, inspect: bool = False, boundary: int | None = None,
+                 stops: tuple[str, ...] = ()) -> Iterator[Event]:
+        """As `Slot.generate` (`boundary`: the server keeps its own disk cache; `stops`: the server
+        ends the answer at the same texts, `prompting.answer_stops` of the same tokenizer)."""
         events = self.engine.stream(self._messages_of(prompt_ids), config, inspect)
         self._tokens = list(prompt_ids)
         check = AnswerCheck(self.engine.url, len(prompt_ids), config.speculation.max_new_tokens)

@@ -33,7 +33,8 @@ from ..config import GenerationConfig
 from ..engine import ContextLengthError, TriForceEngine
 from ..documents.citations import answer_passages, question_tokens
 from ..decoding.events import ChunksSelected, Committed, Event, Finished, Prefilled
-from ..prompting import render_prompt
+from ..decoding.stop_text import cut_text
+from ..prompting import answer_stops, render_prompt
 from .slots import Slot
 from .turns import Truncation, Turn, TurnStats
 
@@ -349,7 +350,8 @@ class ChatSession:
         selections: list[ChunksSelected] = []
         try:
             for ev in self._slot.generate(prompt + answer, config, on_prefill_progress, progress_events, inspect,
-                                          boundary=self.document_end(prompt), answer_start=len(prompt)):
+                                          boundary=self.document_end(prompt), answer_start=len(prompt),
+                                          stops=answer_stops(self.engine.tokenizer)):
                 if isinstance(ev, Prefilled):
                     prefilled = ev
                 elif isinstance(ev, ChunksSelected):
@@ -370,7 +372,7 @@ class ChatSession:
             raise
         finally:  # what was generated is kept, as in `_turn`
             ids = [t for t in turn.token_ids if t not in self.engine.eos_token_ids]
-            turn.answer = self.engine.detokenize(ids)
+            turn.answer = self._answer_text(ids, turn.stats)
 
     def cache_lengths(self) -> dict[str, int]:
         """Tokens held by each cache (0 when there is none yet)."""
@@ -469,7 +471,7 @@ class ChatSession:
         selections: list[ChunksSelected] = []
         try:
             for ev in self._slot.generate(prompt, config, on_prefill_progress, progress_events, inspect,
-                                          boundary=self.document_end(prompt)):
+                                          boundary=self.document_end(prompt), stops=answer_stops(self.engine.tokenizer)):
                 if isinstance(ev, Prefilled):
                     prefilled = ev
                 elif isinstance(ev, ChunksSelected):
@@ -505,4 +507,13 @@ class ChatSession:
             # Whatever happened (finished, stopped, failed), what was generated is kept. The text
             # is not stripped: re-tokenized next turn, it then matches the cached ids.
             ids = [t for t in answer_ids if t not in self.engine.eos_token_ids]
-            turn.answer = self.engine.detokenize(ids)
+            turn.answer = self._answer_text(ids, turn.stats)
+
+    def _answer_text(self, ids: list[int], stats: TurnStats | None) -> str:
+        """The answer's text: its tokens' (not stripped: re-tokenized next turn, it then matches
+        the cached ids), cut where a stop text begins (`prompting.answer_stops`: the plain
+        layout's next "Question:", `stop_text.cut_text`), and then without the whitespace before
+        it, so the next turn lays the conversation out as the model wrote it."""
+        stops = answer_stops(self.engine.tokenizer)
+        text = self.engine.detokenize(ids)
+        return cut_text(text, stops, stats is not None and stats.stop_reason == "stop_text") if stops else text

@@ -73,11 +73,13 @@ class Slot:
         inspect: bool = False,
         boundary: int | None = None,
         answer_start: int | None = None,
+        stops: tuple[str, ...] = (),
     ) -> Iterator[Event]:
         """The events of one generation after `prompt_ids` (checks raise here, before anything runs).
         With `inspect`, each `Verified` event carries its `TokenCheck`s; `boundary`: where a
         document ends in the prompt (its K/V kept on disk up to there: `Prefill.prefill_steps`);
-        `answer_start`: where a continued answer began in the prompt (`SpeculationLoop.generate`).
+        `answer_start`: where a continued answer began in the prompt (`SpeculationLoop.generate`);
+        `stops`: texts that end the answer (`prompting.answer_stops`, `decoding.stop_text`).
 
         Stopped (the generator closed), the caches keep what was committed and stay usable;
         failed (an exception, e.g. out of memory), they are freed, since they may be half-written.
@@ -85,13 +87,15 @@ class Slot:
         prompt = [int(i) for i in prompt_ids]
         self.engine.check_prompt(prompt, config)
         self.last_used = time.monotonic()
-        return self._generate(prompt, config, on_prefill_progress, progress_events, inspect, boundary, answer_start)
+        return self._generate(prompt, config, on_prefill_progress, progress_events, inspect, boundary, answer_start,
+                              stops)
 
     def _generate(self, prompt, config, on_prefill_progress, progress_events, inspect, boundary,
-                  answer_start=None) -> Iterator[Event]:
+                  answer_start=None, stops=()) -> Iterator[Event]:
         try:
             loop = self._loop_for(config, len(prompt))
-            yield from loop.generate(prompt, on_prefill_progress, progress_events, inspect, boundary, answer_start)
+            yield from loop.generate(prompt, on_prefill_progress, progress_events, inspect, boundary, answer_start,
+                                     stops)
         except Exception:
             self.release()
             raise

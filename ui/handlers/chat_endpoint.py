@@ -23,6 +23,7 @@ from triforce_core.config import ConfigError
 from triforce_core.documents import DocumentError, load_document
 from triforce_core.engine import ContextLengthError
 from triforce_core.decoding.events import Committed
+from triforce_core.prompting import answer_stops
 from triforce_core.serving.remote import RemoteError
 from triforce_core.serving.session import ChatSession, SessionError
 
@@ -70,7 +71,8 @@ class ChatEndpoint:
         except (ContextLengthError, ValueError) as e:
             raise gr.Error(str(e))
         slot, _ = ctx.slots.take(prompt)
-        job = ctx.worker.submit(lambda: slot.generate(prompt, config, progress_events=True))
+        job = ctx.worker.submit(lambda: slot.generate(prompt, config, progress_events=True,
+                                                      stops=answer_stops(engine.tokenizer)))
         text = ""
         ok = False
         try:

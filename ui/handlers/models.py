@@ -24,6 +24,7 @@ import gradio as gr
 from triforce_core.config import DEFAULT_MODE, DRAFTLESS_MODES, MODES, default_sampling
 from triforce_core.models.loading import ModelLoadError
 from triforce_core.models.folders import PathRefused
+from triforce_core.prompting import PLAIN_LAYOUT_NOTE, has_chat_template
 from triforce_core.serving.registry import ServedModel, UnknownModel
 from triforce_core.serving.book import BookSession
 from triforce_core.serving.session import ChatSession
@@ -46,14 +47,18 @@ def modes_for(engine) -> list[str]:
 
 
 def model_info(served_id: str | None, note: str | None, engine) -> str:
-    """One line on the user's model: its name, what it is, its context window, its draft."""
+    """One line on the user's model: its name, what it is, its context window, its draft, and for a
+    model without a chat template how a chat is laid out for it (PLAIN_LAYOUT_NOTE)."""
     draft = "with its small draft" if engine.draft is not None else "no small draft (modes without one)"
     name = f"<b>{html.escape(served_id)}</b>" if served_id else "<b>the model</b>"
     what = f" ({html.escape(note)})" if note else ""
     url = getattr(engine, "url", None)  # a remote engine's server
     where = f" · served by {html.escape(url)}" if url else ""
+    tokenizer = getattr(engine, "tokenizer", None)
+    plain = ("" if tokenizer is None or has_chat_template(tokenizer)
+             else f' · <span class="tf-plain-layout">{html.escape(PLAIN_LAYOUT_NOTE)}</span>')
     return (f'<div class="tf-model-info">Model: {name}{what} · context window '
-            f"<b>{engine.context_window:,}</b> tokens · {draft}{where}</div>")
+            f"<b>{engine.context_window:,}</b> tokens · {draft}{where}{plain}</div>")
 
 
 def message_placeholder(engine) -> str:

@@ -45,7 +45,7 @@ from starlette.requests import ClientDisconnect
 from ...config import DEFAULT_MODE, DRAFT_MODES, ConfigError, GenerationConfig, SamplingConfig, needs_draft, one_line
 from ...engine import ContextLengthError, TriForceEngine
 from ...models.loading import ModelLoadError
-from ...prompting import render_prompt
+from ...prompting import answer_stops, render_prompt
 from ..metrics import ServingMetrics
 from ..registry import ServedModels, UnknownModel
 from ..slots import SlotPool
@@ -171,7 +171,10 @@ class ChatCompletionsAPI:
         # On the worker, which owns the tokenizer as it owns the caches.
         prompt, config = await run_in_threadpool(self.worker.call, lambda: self._prepare(req, engine))
         slot, _ = slots.take(prompt)
-        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True, inspect=req.inspect))
+        # the plain layout's answer ends at the next "Question:" (`prompting.answer_stops`), as a
+        # chat session's does; a request's own `stop` sequences cut the text after that
+        job = self.worker.submit(lambda: slot.generate(prompt, config, progress_events=True, inspect=req.inspect,
+                                                       stops=answer_stops(engine.tokenizer)))
         self.metrics.started(name)
         return Completion(req, prompt, config, slots, slot, job, name,
                           on_end=lambda call, ok: self._ended(call, ok, received))
