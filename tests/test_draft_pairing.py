@@ -6,6 +6,7 @@ large to pay as a draft, or one the engine does not run is never offered; a pick
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -69,3 +70,30 @@ def test_a_draft_too_large_to_pay_is_not_offered(tmp_path):
     write_gguf(make_hf("gemma3", seed=2, **{**BIG, "num_hidden_layers": 3}), tmp_path / "half.gguf", {})
     files = [c for c in _served(tmp_path).choices() if c.target.startswith(str(tmp_path))]
     assert len(files) == 2 and all(c.draft is None for c in files)
+
+
+def test_gemma_3_270m_is_offered_as_a_gemma_3_targets_draft(tmp_path):
+    """A file with Gemma 3's own token list, four times the 270M file's size or more (a sparse
+    file: only its header is read to list it), is paired with `gemma3-270m` by its name."""
+    from gguf import GGUFWriter
+
+    from bench.desktop_models import copy_tokenizer
+    from triforce_core.models.chunked_file import GEMMA3 as FILE
+    from triforce_core.models.gguf_file import GEMMA3, resolve
+
+    if not FILE.installed():
+        pytest.skip("the gemma3-270m packages are not installed (make install installs them)")
+    small = resolve(GEMMA3)  # assembled into this run's cache
+    big = tmp_path / "gemma-3-4b-like.gguf"
+    writer = GGUFWriter(str(big), "gemma3")
+    writer.add_block_count(34)
+    copy_tokenizer(writer, small)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    os.truncate(big, 4 * small.stat().st_size + 1)
+    choices = {c.id: c for c in _served(tmp_path).choices()}
+    target = next(c for i, c in choices.items() if "gemma-3-4b-like" in i)
+    assert target.draft == GEMMA3 and f"draft {GEMMA3}" in target.note
+    assert choices[GEMMA3].draft is None
