@@ -465,6 +465,8 @@ def main(argv=None) -> int:
     p.add_argument("--target", help="target model (default: the embedded demo target)")
     p.add_argument("--draft", help="draft model (default: the embedded demo draft)")
     p.add_argument("--document", type=Path, default=DOCUMENT, help="a text file (default: bundled held-out text)")
+    p.add_argument("--chars", type=int, default=None,
+                   help="only the document's first N characters (a conversation at that length; default: all)")
     p.add_argument("--quotes", type=int, default=4, help="quote questions (default 4)")
     p.add_argument("--open", type=int, default=2, help=f"open questions, at most {len(OPEN_QUESTIONS)} (default 2)")
     p.add_argument("--seed", type=int, default=5, help="picks the quoted phrases (default 5)")
@@ -508,6 +510,10 @@ def main(argv=None) -> int:
         if not a.document.is_file():
             raise ChatBenchError(f"no such document: {a.document}")
         text = a.document.read_text(encoding="utf-8", errors="replace")
+        if a.chars is not None:
+            if a.chars < 1:
+                raise ChatBenchError("--chars must be >= 1")
+            text = text[: a.chars]
         turns = workload(text, a.quotes, a.open, a.seed)
         sampling = SamplingConfig(temperature=a.temperature, top_p=a.top_p, seed=a.sample_seed,
                                   repetition_penalty=a.repetition_penalty)
@@ -529,6 +535,7 @@ def main(argv=None) -> int:
                  repeats=a.repeats, peer=peer)
     report["machine"] = machine_info(engine, load, load_average())
     report["document"] = str(a.document.name)
+    report["document_chars"] = len(text)
     # by name, not path: reports are committed
     report["models"] = {"target": Path(t).name if t else None, "draft": Path(d).name if d else None}
     print_table(report)

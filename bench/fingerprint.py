@@ -42,7 +42,7 @@ def _forwards(engine: TriForceEngine, ids: list[int], kv_dtype: str | None) -> d
     from triforce_core.kv import new_full_cache, resolve_kv_dtype
     model = engine.target
     s = model.spec
-    dtype = resolve_kv_dtype(kv_dtype or engine.kv_dtype, model.dtype, model.device, model.quantized, s.head_dim, 8)
+    dtype = resolve_kv_dtype(kv_dtype or engine.kv_dtype, model.dtype, model.device, model.quantized, s.head_dim, 8, s.windowed)
     cache = new_full_cache(s.num_layers, s.num_kv_heads, s.head_dim, len(ids) + 16, dtype, model.device)
     out = {}
     n = len(ids) - 8

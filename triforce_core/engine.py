@@ -173,7 +173,7 @@ class TriForceEngine:
         check_exact(self.exact, config.cache.kv_dtype)
         t = self.target
         return resolve_kv_dtype(config.cache.kv_dtype or self.kv_dtype, t.dtype, t.device, t.quantized,
-                                t.spec.head_dim, config.cache.chunk_size)
+                                t.spec.head_dim, config.cache.chunk_size, t.spec.windowed)
 
     def arithmetic_for(self, config: GenerationConfig) -> str:
         """"exact" when a generation under `config` computes as `exact` does (float32 weights and

@@ -97,7 +97,7 @@ class SpeculationLoop(Prefill):
         margin = self.margin = speculation.cache_margin
         kv_name = cc.kv_dtype or kv_dtype
         self.kv_dtype = resolve_kv_dtype(kv_name, target.dtype, target.device, target.quantized, shape.head_dim,
-                                         cc.chunk_size)
+                                         cc.chunk_size, shape.windowed)
         if self.kv_dtype == INT16:
             check_int16(shape.head_dim, cc.chunk_size)
         if full_cache is not None and full_cache.dtype != self.kv_dtype:

@@ -22,7 +22,8 @@ GROW_SLACK = 4096  # the most tokens `make_room` adds beyond what is needed
 
 
 def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.device | str,
-                     quantized: bool = False, head_dim: int | None = None, chunk_size: int = 8) -> torch.dtype:
+                     quantized: bool = False, head_dim: int | None = None, chunk_size: int = 8,
+                     windowed: bool = False) -> torch.dtype:
     """The torch dtype of a cache's K/V: `name` ("float32", "float16", "bfloat16"; "int16" is
     torch.int16, a full cache's integer planes, `kv.int16`, for a float32 model on the CPU), or for None /
     "auto", when the model computes in float32 on the CPU with the native few-row attention
@@ -31,7 +32,10 @@ def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.d
     `Transformer.quantized`) and `config.DEFAULT_KV_DTYPE` for any other, except int16 for a
     GGUF model's full cache (`head_dim` given) with heads of `config.INT16_KV_MIN_HEAD` or more
     where the integer kernel's vector paths run and the retrieval level's `chunk_size` divides
-    its blocks of 256 keys; elsewhere the model's own dtype. (`exact`
+    its blocks of 256 keys and no layer has a sliding window (`windowed`: a float cache gives a
+    local layer its window as a slice of its keys, which the native kernels read; the int16
+    cache's planes, kept in groups of tokens, cannot be sliced at any token, so every local layer
+    would read its keys widened to float32); elsewhere the model's own dtype. (`exact`
     engines name float32: `TriForceEngine`.)"""
     if name is None or name == "auto":
         if torch.device(device).type == "cpu" and model_dtype == torch.float32:
@@ -39,7 +43,7 @@ def resolve_kv_dtype(name: str | None, model_dtype: torch.dtype, device: torch.d
 
             kernel = native_attention.kernel()
             if kernel is not None:
-                if (quantized and head_dim is not None and head_dim >= INT16_KV_MIN_HEAD and head_dim % 64 == 0
+                if (quantized and not windowed and head_dim is not None and head_dim >= INT16_KV_MIN_HEAD and head_dim % 64 == 0
                         and head_dim <= 256 and 256 % chunk_size == 0 and {"vnni", "tiles"} & set(kernel.integer_paths())):
                     return torch.int16
                 return _TORCH_DTYPES[GGUF_KV_DTYPE if quantized else DEFAULT_KV_DTYPE]

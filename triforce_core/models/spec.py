@@ -145,6 +145,11 @@ class ModelSpec:
         """How many numbers of each head the rotary embedding turns (the first ones)."""
         return self.rotary_dim or self.head_dim
 
+    @property
+    def windowed(self) -> bool:
+        """Whether some layer has a sliding window."""
+        return any(w is not None for w in self.sliding_windows)
+
     def kv_bytes(self, tokens: int = 1, element_size: int = 4) -> int:
         """Bytes of K and V that `tokens` tokens occupy over all layers (float32 by default)."""
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * element_size * tokens
