@@ -217,11 +217,21 @@ def test_full_cache_sliding_window_view():
     assert start == 0 and keys.shape[1] == 12  # nothing to cut yet
     full.advance(12)
     keys, values, start = full.view(0, k[:, 12:15], v[:, 12:15], 8)
-    # The first new query (position 12) sees keys > 12 - 8, i.e. from position 5 on.
-    assert start == 5
-    assert torch.equal(keys, k[:, 5:15]) and torch.equal(values, v[:, 5:15])
+    # The first new query (position 12) sees keys > 12 - 8, i.e. from position 5 on; the view
+    # begins at the multiple of the attention's blocks below it (here 0), the mask does the rest.
+    assert start == 0
+    assert torch.equal(keys, k[:, :15]) and torch.equal(values, v[:, :15])
     keys, _, start = full.view(0, k[:, 12:15], v[:, 12:15], None)
     assert start == 0 and torch.equal(keys, k[:, :15])
+    # past a block: from the block that holds the first query's window (position 600 - 8 + 1 = 593)
+    from triforce_core.models.native_attention import BLOCK
+
+    long = FullCache(1, 2, 4, capacity=700, dtype=F32, device=CPU)
+    kl = torch.randn(2, 603, 4, generator=torch.Generator().manual_seed(2))
+    long.view(0, kl[:, :600], kl[:, :600], 8)
+    long.advance(600)
+    keys, _, start = long.view(0, kl[:, 600:], kl[:, 600:], 8)
+    assert start == 593 // BLOCK * BLOCK == 512 and torch.equal(keys, kl[:, 512:603])
 
 
 # -- 2. StreamingLLM eviction ------------------------------------------------------------------

@@ -275,3 +275,40 @@ def test_a_lying_norm_is_refused_in_one_line(tmp_path, edit, message):
     with pytest.raises(ModelLoadError, match=message) as e:
         load_model(str(path), CPU, torch.float32)
     assert "\n" not in str(e.value) and str(e.value).startswith(path.name)
+
+
+@needs_compiler
+@pytest.mark.parametrize("at", [100, 400, 700])
+def test_a_verification_equals_its_one_token_steps_bit_for_bit(at):
+    """Past a window of 300 (wider than the kernel's blocks of 256 keys), on float16 K/V (a
+    windowed model's default): the local layers' band of keys is read by the native kernel in the
+    same blocks for a 7-row verification as for each one-token step (`kv.full.window_start`,
+    `attention.Mask.firsts`), so speculation decides on the very logits plain decoding has. The
+    negative control: the view cut at the window's own first key, not at a block's, gives other
+    bits."""
+    from triforce_core.kv import full as full_module
+
+    t = _wide_window()
+    s = t.spec
+    ids = torch.randint(3, 97, (at + 7,), generator=torch.Generator().manual_seed(at)).tolist()
+
+    def both():
+        cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, at + 16, torch.float16, CPU)
+        t.forward(torch.tensor(ids[:at]), torch.arange(at), cache, logits_rows=None)
+        steps = torch.cat([t.forward(torch.tensor([x]), torch.tensor([at + i]), cache).logits
+                           for i, x in enumerate(ids[at:])])
+        cache.truncate(at)
+        return t.forward(torch.tensor(ids[at:]), torch.arange(at, at + 7), cache).logits, steps
+
+    rows, steps = both()
+    assert torch.equal(rows, steps)
+    if at == 700:  # a window's start that is not a block's, its band across two blocks
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(full_module, "ATTENTION_BLOCK", 1)
+            rows, steps = both()
+        assert not torch.equal(rows, steps)
+
+
+@functools.lru_cache(maxsize=None)
+def _wide_window():
+    return to_ours(make_hf(KIND, seed=4, sliding_window=300))

@@ -180,7 +180,9 @@ def test_greedy_every_mode_equals_autoregressive_with_the_same_kv_dtype(kind, dt
     for mode, lookup in MODES:
         res = engine.run(PROMPT, kv_config(mode, NAMES[dtype], lookup=lookup))
         _assert_same(res.token_ids, ref, gaps)
-        if not lookup:
+        # (a model whose every layer slides keeps its window exactly in the retrieval level,
+        # which the target then accepts whole: `kv.retrieval`)
+        if not lookup and not (kind == "mistral_window" and mode != "draft"):
             assert res.stats.acceptance["target"] < 0.9  # proposals really were rejected
 
 

@@ -92,6 +92,27 @@ def test_kernel_matches_float64_reference(kernel, H, R, T, D, chunk):
         assert mass is None
 
 
+@pytest.mark.parametrize("R,T,window,dtype", [(1, 700, 300, torch.float32), (7, 700, 300, torch.float16),
+                                              (16, 1300, 512, torch.float32), (3, 260, 100, torch.bfloat16)])
+def test_a_band_of_keys_matches_the_float64_reference(kernel, R, T, window, dtype):
+    """A sliding window's band (row r sees keys firsts[r] <= t < limits[r]), the keys in the
+    cache's dtype; the negative control: the same call without the firsts sees older keys."""
+    g = torch.Generator().manual_seed(R * 7 + T)
+    H, D = 2, 64
+    q = torch.randn(H, R, D, generator=g)
+    k, v = (torch.randn(H, T, D, generator=g) * 2).to(dtype), torch.randn(H, T, D, generator=g).to(dtype)
+    limits = torch.arange(T - R + 1, T + 1)
+    firsts = (limits - window).clamp(min=0)
+    out, mass = kernel.attention(q, k, v, limits, 0.125, 8, firsts=firsts)
+    ref_out, ref_mass = attention_reference(q, k.float(), v.float(), limits, 0.125, 8, firsts)
+    assert (out.double() - ref_out).abs().max() < 2e-5
+    assert (mass.double() - ref_mass).abs().max() < 2e-6
+    blind, _ = kernel.attention(q, k, v, limits, 0.125)
+    assert (blind.double() - ref_out).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="first keys come with limits"):
+        kernel.attention(q, k, v, None, 0.125, firsts=firsts)
+
+
 @pytest.mark.parametrize("D", [64, 48])  # the vector path for every product; a scalar weighted sum
 def test_a_row_is_the_same_bit_for_bit_whatever_the_rows_beside_it(kernel, D):
     """Rows run in groups that share each key loaded; a row's result must not depend on its

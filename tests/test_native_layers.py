@@ -383,7 +383,11 @@ def test_attention_mask_equals_its_definition(S, T, window, G):
         return
     assert torch.equal(mask.visible, want)
     assert not want[:, : mask.start].logical_not().any() and torch.equal(mask.hidden, ~want[:, mask.start :])
-    if mask.limits is not None:  # every row sees a prefix: its length
+    if mask.firsts is not None:  # a window cut: every row sees a band of keys, [first, limit)
+        band = [(want[r].nonzero().min().item(), want[r].nonzero().max().item() + 1) for r in range(want.shape[0])]
+        assert [(int(a), int(b)) for a, b in zip(mask.firsts, mask.limits)] == band
+        assert all(want[r, a:b].all() for r, (a, b) in enumerate(band))
+    elif mask.limits is not None:  # every row sees a prefix: its length
         assert torch.equal(mask.limits, want.sum(1)) and all(want[r, : int(n)].all() for r, n in enumerate(mask.limits))
     if mask.new_bias is not None:
         assert torch.equal(mask.new_bias == 0, want[:, T - S :])

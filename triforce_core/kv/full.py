@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from ..models.native_attention import BLOCK as ATTENTION_BLOCK
 from .store import KVStore
 
 
@@ -30,8 +31,14 @@ class FullCache(KVStore):
         self._means_valid = 0  # chunks whose mean is up to date
 
     def window_start(self, window: int | None) -> int:
-        # Slot == position: keys older than the first new query's window need not be read.
-        return 0 if window is None else max(0, self.length - window + 1)
+        # Slot == position: keys older than the first new query's window need not be read. The
+        # slice begins at a multiple of the native attention's blocks of keys: a row's result
+        # depends on which keys share a block, so a verification's rows and the one-token steps
+        # at the same positions read their windows in the same blocks and agree bit for bit
+        # (the keys before each row's window are masked out, `attention.Mask.firsts`).
+        if window is None:
+            return 0
+        return max(0, self.length - window + 1) // ATTENTION_BLOCK * ATTENTION_BLOCK
 
     def truncate(self, length: int) -> None:
         super().truncate(length)

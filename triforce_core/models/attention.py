@@ -101,6 +101,9 @@ class Mask:
     # When every row sees a prefix of the keys (causal among the new ones, no window cut): the
     # length of each row's prefix [R] int64, for the native kernel; else None.
     limits: torch.Tensor | None = None
+    # With a window cut: each row's first visible key [R] int64 (it sees keys firsts..limits - 1,
+    # a band), for the float native kernel; else None.
+    firsts: torch.Tensor | None = None
 
     @cached_property
     def visible(self) -> torch.Tensor:
@@ -140,7 +143,8 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
     cpu = q.device.type == "cpu"
     if isinstance(k, Int16Heads):  # an int16 cache (`kv.int16`): the integer kernel for few rows
         kernel = native_attention.kernel()
-        if R <= NATIVE_QUERY_ROWS and q.dtype == torch.float32 and (mask is None or mask.limits is not None):
+        if (R <= NATIVE_QUERY_ROWS and q.dtype == torch.float32
+                and (mask is None or (mask.limits is not None and mask.firsts is None))):
             return kernel.integer_attention(q, k, None if mask is None else mask.limits, scale, chunk)
         # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
         k, v = kernel.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
@@ -150,10 +154,12 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
             and (mask is None or mask.limits is not None)):
         kernel = native_attention.kernel() if native else None
         if kernel is not None:
+            if mask is not None and mask.firsts is not None:  # a band: a window cut
+                return kernel.attention(q, k, v, mask.limits, scale, chunk, firsts=mask.firsts)
             return kernel.attention(q, k, v, None if mask is None else mask.limits, scale, chunk)
     if (not cpu and R <= CUDA_FEW_ROWS and CUDA_FLASH is not None and q.dtype in (torch.float16, torch.bfloat16)
             and k.dtype == q.dtype and q.shape[-1] % 8 == 0 and q.shape[-1] <= 256
-            and (mask is None or (mask.limits is not None and T >= CUDA_SPLIT_KEYS))):
+            and (mask is None or (mask.limits is not None and mask.firsts is None and T >= CUDA_SPLIT_KEYS))):
         return cuda_few_rows(q, k, v, mask, scale), None
     if k.dtype != q.dtype:  # a 16-bit cache: PyTorch's kernels want one dtype (exact when widening)
         k, v = widened(k, v, q.dtype)
@@ -266,5 +272,9 @@ def attention_mask(
     new_bias = None
     if start >= past and device.type == "cpu" and G * S > SMALL_QUERY_ROWS:
         new_bias = torch.zeros(G * S, S, dtype=dtype, device=device).masked_fill_(~visible[:, past:], float("-inf"))
-    # A window cut leaves some row without the oldest keys: no row limits (no native kernel).
-    return Mask(start, ~visible[:, start:], new_bias, None)
+    # A window cut leaves some row without the oldest keys: each row sees a band of the keys,
+    # [firsts, limits) (the float native kernel reads bands; the integer one prefixes only).
+    rows = torch.arange(S, device=device)
+    limits = (past + 1 + rows).repeat(G)
+    firsts = (past + rows - window + 1).clamp(min=0).repeat(G)
+    return Mask(start, ~visible[:, start:], new_bias, limits, firsts)

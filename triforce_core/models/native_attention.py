@@ -65,7 +65,9 @@ class Kernel:
         lib = lib if isinstance(lib, ctypes.CDLL) else ctypes.CDLL(str(lib))
         P, I64, I = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int
         lib.attention.argtypes = [P, P, P, I64, I, I, I, I, I64, P, I, I, P, P, P, I, P, P]
+        lib.attention_band.argtypes = [P, P, P, I64, I, I, I, I, I64, P, P, I, I, P, P, P, I, P, P]
         lib.attention.restype = I
+        lib.attention_band.restype = I
         lib.integer_attention.argtypes = [P, P, P, P, P, I64, I64, I, I, I, I64, P, I, I, I, P, P, P, I, P, P]
         lib.integer_attention.restype = I
         lib.integer_attention_paths.argtypes = []
@@ -92,10 +94,11 @@ class Kernel:
         return block, min(threads, H * -(-T // block))
 
     def attention(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, limits: torch.Tensor | None, scale: float,
-                  chunk: int = 0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                  chunk: int = 0, firsts: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """q: [H, R, D] float32; k/v: [H, T, D] float32, float16 or bfloat16, both alike (token
         rows contiguous, any head stride);
-        limits: [R] int64, row r attends to keys t < limits[r] (each >= 1); None: every key.
+        limits: [R] int64, row r attends to keys t < limits[r] (each >= 1); None: every key;
+        firsts: [R] int64, and to keys t >= firsts[r] (a sliding window; given with limits), or None.
 
         Returns the output [H, R, D] and, when `chunk` > 0, the attention probability of every
         whole chunk of `chunk` keys, [H, R, T // chunk]."""
@@ -111,11 +114,15 @@ class Kernel:
                              f"[heads {H}, keys, head size {D}] as the queries {tuple(q.shape)}")
         if limits is not None and limits.numel() != R:
             raise ValueError(f"few-row attention: {limits.numel()} limits for {R} query rows")
+        if firsts is not None and (limits is None or firsts.numel() != R):
+            raise ValueError(f"few-row attention: a window's first keys come with limits, one a row ({R})")
         block, threads = self.plan(H, R, T, chunk)
         q, limits, out, m, l, result, chunk_sum = _call_buffers(q, scale, limits, -(-T // block), T, chunk)
-        failed = self.lib.attention(
+        if firsts is not None:
+            firsts = firsts.to(torch.int64).contiguous()
+        failed = self.lib.attention_band(
             q.data_ptr(), k.data_ptr(), v.data_ptr(), k.stride(0), KINDS[k.dtype], H, R, D, T,
-            limits.data_ptr() if limits is not None else None, block,
+            limits.data_ptr() if limits is not None else None, firsts.data_ptr() if firsts is not None else None, block,
             threads, out.data_ptr(), m.data_ptr(), l.data_ptr(), max(chunk, 0),
             chunk_sum.data_ptr() if chunk_sum is not None else None, result.data_ptr())
         if failed:

@@ -375,17 +375,20 @@ static inline __m512 exp_nonpositive_16(__m512 x) { EXP_NONPOSITIVE_VECTOR(512, 
 #endif
 
 /* A block's softmax: per row r of the scores s (rows `ss` apart, n keys from t0), the visible
- * part (keys t < limit[r]), its max m and the exponentials exp(s - m) in place (zero past what
- * the row sees), their sum l (at m_out, l_out [stat + r]), and with chunk_sum each whole chunk's
- * sum, as `blocks` documents them. */
-static void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, int64_t T, int64_t t0, int n, int64_t h,
-                          int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum, float *m_out, float *l_out) {
+ * part (keys first[r] <= t < limit[r]), its max m and the exponentials exp(s - m) in place (zero
+ * where the row does not see), their sum l (at m_out, l_out [stat + r]), and with chunk_sum each
+ * whole chunk's sum, as `blocks` documents them. */
+static void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, const int64_t *first, int64_t T, int64_t t0,
+                          int n, int64_t h, int64_t stat, int chunk, int64_t n_chunks, float *chunk_sum, float *m_out,
+                          float *l_out) {
     for (int r = 0; r < R; r++) {
         float *sr = s + (int64_t)r * ss;
-        int64_t lim = (limit ? limit[r] : T) - t0;
+        int64_t lim = (limit ? limit[r] : T) - t0, low = (first ? first[r] : 0) - t0;
         int seen = lim <= 0 ? 0 : (lim < n ? (int)lim : n);
-        float m = row_max(sr, seen);
-        float l = seen ? exponentiate(sr, seen, m) : 0.0f;
+        int lo = low <= 0 ? 0 : (low < seen ? (int)low : seen);  /* keys [lo, seen) of the block */
+        float m = row_max(sr + lo, seen - lo);
+        float l = seen > lo ? exponentiate(sr + lo, seen - lo, m) : 0.0f;
+        for (int t = 0; t < lo; t++) sr[t] = 0.0f;
         for (int t = seen; t < n; t++) sr[t] = 0.0f;
         m_out[stat + r] = m;
         l_out[stat + r] = l;
@@ -401,12 +404,15 @@ static void block_softmax(float *s, int64_t ss, int R, const int64_t *limit, int
 }
 
 /* q: [H, R, D] pre-scaled; k, v (`kind`): head h at element h * head_stride, token t at + t * D;
- * limit[r]: row r sees keys t < limit[r] (limit NULL: every key). Blocks of `block` keys, nb = ceil(T / block).
+ * limit[r]: row r sees keys t < limit[r] (limit NULL: every key), and first[r] <= t (first NULL:
+ * from the first; a sliding window). Blocks of `block` keys, nb = ceil(T / block): a row's
+ * result depends on which keys share a block, so a window's keys are given from a multiple of
+ * `block` (`kv.full`) for its rows to equal its one-token steps bit for bit.
  * out: [H, nb, R, D]; m_out, l_out: [H, nb, R] (m = -inf for a block the row cannot see).
  * chunk_sum (optional, block % chunk == 0): [H, R, T / chunk], the sum of exp(s - m) of the
  * block over each whole chunk of keys the row sees (zero past what it sees). */
 INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_stride,
-                  int H, int R, int D, int64_t T, const int64_t *limit, int block,
+                  int H, int R, int D, int64_t T, const int64_t *limit, const int64_t *first, int block,
                   int64_t job_begin, int64_t job_end, float *out, float *m_out, float *l_out,
                   int chunk, float *chunk_sum, const int kind) {
     int64_t nb = (T + block - 1) / block;
@@ -442,7 +448,7 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
         /* 2. per row: the visible part, its max, exponentials and their sum */
         int64_t stat = (h * nb + b) * R;
         float *o = out + stat * D;
-        block_softmax(s, block, R, limit, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
+        block_softmax(s, block, R, limit, first, T, t0, n, h, stat, chunk, n_chunks, chunk_sum, m_out, l_out);
         /* 3. the block's partial output, piece by piece as the scores (each row's running sum
            is stored between pieces and taken up again in the same order) */
         Prefetch pv = {vh + (int64_t)n * D * es, vh + (int64_t)n * D * es + (last ? 0 : bytes), step, ahead};
@@ -457,22 +463,22 @@ INLINE int blocks(const float *q, const void *k, const void *v, int64_t head_str
 
 /* `blocks` compiled once per kind of K/V, each with its loads fixed. */
 static int blocks_f32(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
-                      const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
-                      int chunk, float *cs) {
-    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F32);
+                      const int64_t *limit, const int64_t *first, int block, int64_t j0, int64_t j1, float *out,
+                      float *m, float *l, int chunk, float *cs) {
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, first, block, j0, j1, out, m, l, chunk, cs, KV_F32);
 }
 static int blocks_f16(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
-                      const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
-                      int chunk, float *cs) {
-    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_F16);
+                      const int64_t *limit, const int64_t *first, int block, int64_t j0, int64_t j1, float *out,
+                      float *m, float *l, int chunk, float *cs) {
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, first, block, j0, j1, out, m, l, chunk, cs, KV_F16);
 }
 static int blocks_bf16(const void *q, const void *k, const void *v, int64_t hs, int H, int R, int D, int64_t T,
-                       const int64_t *limit, int block, int64_t j0, int64_t j1, float *out, float *m, float *l,
-                       int chunk, float *cs) {
-    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
+                       const int64_t *limit, const int64_t *first, int block, int64_t j0, int64_t j1, float *out,
+                       float *m, float *l, int chunk, float *cs) {
+    return blocks((const float *)q, k, v, hs, H, R, D, T, limit, first, block, j0, j1, out, m, l, chunk, cs, KV_BF16);
 }
 typedef int (*BlocksFn)(const void *, const void *, const void *, int64_t, int, int, int, int64_t, const int64_t *,
-                        int, int64_t, int64_t, float *, float *, float *, int, float *);
+                        const int64_t *, int, int64_t, int64_t, float *, float *, float *, int, float *);
 
 
 /* heads x rows x blocks x head size from which the merge is split over the threads. */
@@ -527,9 +533,9 @@ static void merge(int H, int R, int D, int64_t nb, const float *out, float *m_ou
  * they neither wait for each other nor compete for the cores), then the merge. Arguments as
  * for `blocks` and `merge`, `kind` what k and v hold (KV_F32, KV_F16, KV_BF16); returns -1 when
  * a scratch buffer could not be allocated, -2 for an unknown kind. */
-int attention(const float *q, const void *k, const void *v, int64_t head_stride, int kind,
-              int H, int R, int D, int64_t T, const int64_t *limit, int block, int threads,
-              float *out, float *m_out, float *l_out, int chunk, float *chunk_sum, float *result) {
+int attention_band(const float *q, const void *k, const void *v, int64_t head_stride, int kind,
+                   int H, int R, int D, int64_t T, const int64_t *limit, const int64_t *first, int block, int threads,
+                   float *out, float *m_out, float *l_out, int chunk, float *chunk_sum, float *result) {
     int64_t nb = (T + block - 1) / block, jobs = H * nb;
     BlocksFn blocks_of = kind == KV_F16 ? blocks_f16 : kind == KV_BF16 ? blocks_bf16 : blocks_f32;
     if (kind != KV_F32 && kind != KV_F16 && kind != KV_BF16) return -2;
@@ -539,15 +545,24 @@ int attention(const float *q, const void *k, const void *v, int64_t head_stride,
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
         int64_t n = omp_get_num_threads(), i = omp_get_thread_num();
-        failed |= blocks_of(qa, k, v, head_stride, H, R, D, T, limit, block, jobs * i / n, jobs * (i + 1) / n,
+        failed |= blocks_of(qa, k, v, head_stride, H, R, D, T, limit, first, block, jobs * i / n, jobs * (i + 1) / n,
                             out, m_out, l_out, chunk, chunk_sum);
     }
 #else
     (void)threads;
-    failed = blocks_of(qa, k, v, head_stride, H, R, D, T, limit, block, 0, jobs, out, m_out, l_out, chunk, chunk_sum);
+    failed = blocks_of(qa, k, v, head_stride, H, R, D, T, limit, first, block, 0, jobs, out, m_out, l_out, chunk,
+                       chunk_sum);
 #endif
     if (!failed) merge(H, R, D, nb, out, m_out, l_out, result, T, block, chunk, chunk > 0 ? chunk_sum : NULL, threads);
     return failed;
+}
+
+/* `attention_band` with every row seeing keys from the first (no window). */
+int attention(const float *q, const void *k, const void *v, int64_t head_stride, int kind,
+              int H, int R, int D, int64_t T, const int64_t *limit, int block, int threads,
+              float *out, float *m_out, float *l_out, int chunk, float *chunk_sum, float *result) {
+    return attention_band(q, k, v, head_stride, kind, H, R, D, T, limit, NULL, block, threads, out, m_out, l_out, chunk,
+                          chunk_sum, result);
 }
 
 #include <string.h>
