@@ -281,7 +281,8 @@ def test_a_lying_norm_is_refused_in_one_line(tmp_path, edit, message):
 @pytest.mark.parametrize("at", [100, 400, 700])
 def test_a_verification_equals_its_one_token_steps_bit_for_bit(at):
     """Past a window of 300 (wider than the kernel's blocks of 256 keys), on float16 K/V (a
-    windowed model's default): the local layers' band of keys is read by the native kernel in the
+    windowed model's default; float32 keys shorter than the kernel's minimum go to PyTorch's
+    paths in every model, the full layers' here too): the local layers' band of keys is read by the native kernel in the
     same blocks for a 7-row verification as for each one-token step (`kv.full.window_start`,
     `attention.Mask.firsts`), so speculation decides on the very logits plain decoding has. The
     negative control: the view cut at the window's own first key, not at a block's, gives other

@@ -120,7 +120,7 @@ FLASH_LSE = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu
 
 
 def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None, mask: Mask | None, scale: float,
-           chunk: int = 0, native: bool = True) -> tuple[torch.Tensor, torch.Tensor | None]:
+           chunk: int = 0, native: bool = True, windowed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """q: [Hkv, R, D], k/v: [Hkv, T, D], mask: see `attention_mask` (None: all visible)
     -> the output [Hkv, R, D] and, when `chunk` > 0 and the rows are few, the attention
     probability of each whole chunk of `chunk` keys [Hkv, R, >= (T - new keys) // chunk]
@@ -138,6 +138,8 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
     `k` may instead be an int16 cache's heads (`Int16Heads`, `v` None): up to NATIVE_QUERY_ROWS
     rows seeing a prefix of the keys go to the integer kernel, whose rows give the same bits
     whatever rows share the call; others read the integers widened to float32.
+    `windowed`: a sliding-window layer's keys, which take the native kernel at any length (a
+    verification's band and a step's window are then read alike, bit for bit).
     """
     R, T = q.shape[1], k.shape[1]
     cpu = q.device.type == "cpu"
@@ -149,7 +151,7 @@ def attend(q: torch.Tensor, k: torch.Tensor | Int16Heads, v: torch.Tensor | None
         # many rows (prefill) or a window cut: PyTorch's paths over the integers widened to float32
         k, v = kernel.integer_tokens(k, torch.arange(T).expand(k.heads, T), _buffer((k.heads, T, k.head_dim), q.dtype))
     # 16-bit K/V take the kernel at any length: PyTorch's path would widen them first
-    if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype)
+    if (cpu and R <= NATIVE_QUERY_ROWS and (T >= native_attention.MIN_KEYS or k.dtype != q.dtype or windowed)
             and q.dtype == torch.float32
             and (mask is None or mask.limits is not None)):
         kernel = native_attention.kernel() if native else None

@@ -414,7 +414,8 @@ class Transformer:
             # KV head are folded into the query-length dimension.
             qg = q.reshape(Hkv, G * S, D)  # rows ordered (g, s)
             chunk = key_mass.chunk if key_mass is not None and cache.exact_positions and key_start == 0 else 0
-            out, mass = attend(qg, keys, values, mask, self.scale, chunk, self.arithmetic.native_attention)  # [Hkv, G*S, D]
+            out, mass = attend(qg, keys, values, mask, self.scale, chunk, self.arithmetic.native_attention,
+                               window is not None and exact)  # [Hkv, G*S, D]
             if mass is not None:
                 reported[i] = _cached_chunks(mass, (T - S) // chunk, G, S)
             out = out.reshape(H, S, D)
