@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from tests.helpers.gguf_files import hf_from_gguf, write_gguf
+from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greedy
 from tests.helpers.models import CPU, make_hf, to_ours
 from tests.helpers.native import built, needs_compiler
@@ -224,17 +224,7 @@ def folder(tmp_path_factory) -> Path:
 def _file(folder: Path):
     """A Gemma 3 target (Q8_0, the norms F32 as 1 + w) and a one-layer draft, ours of both,
     Hugging Face's model of the target file and its greedy answer."""
-    target = write_gguf(make_hf(KIND, seed=0, **GGUF_SETTINGS), folder / "gemma3-target.gguf", {})
-    draft = write_gguf(make_hf(KIND, seed=5, **{**GGUF_SETTINGS, "num_hidden_layers": 1}), folder / "gemma3-draft.gguf", {})
-    hf = hf_from_gguf(target)
-    ids = torch.randint(3, 300, (120,), generator=torch.Generator().manual_seed(7))
-    with torch.no_grad():
-        out = hf.generate(ids[None], attention_mask=torch.ones(1, 120, dtype=torch.long), do_sample=False,
-                          max_new_tokens=NEW, eos_token_id=None, pad_token_id=0, output_logits=True,
-                          return_dict_in_generate=True)
-    ref = out.sequences[0, 120:].tolist()
-    gaps = [float(lg[0].topk(2).values[0] - lg[0].topk(2).values[1]) for lg in out.logits]
-    return hf, load_model(str(target), CPU, torch.float32), load_model(str(draft), CPU, torch.float32), ids.tolist(), ref, gaps
+    return file_pair(folder, "gemma3", make_hf(KIND, seed=0, **GGUF_SETTINGS), make_hf(KIND, seed=5, **{**GGUF_SETTINGS, "num_hidden_layers": 1}), NEW)
 
 
 @needs_compiler

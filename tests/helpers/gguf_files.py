@@ -221,3 +221,26 @@ def hf_from_gguf(path: Path, head_dim: int | None = None):
         extra["config"] = AutoConfig.from_pretrained(path.parent, gguf_file=path.name)
         extra["config"].head_dim = head_dim
     return AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32, **extra).eval()
+
+
+def file_pair(folder: Path, name: str, target_hf, draft_hf, new: int, prompt: int = 120):
+    """A target and a draft written as GGUF files (Q8_0, vectors F32) in `folder` as
+    `name`-target.gguf / `name`-draft.gguf: (Hugging Face's model read from the target file, ours
+    of the target, ours of the draft, a random prompt's ids, HF's greedy `new` tokens after it,
+    HF's top-2 logit gap at each)."""
+    from triforce_core.models.loading import load_model
+
+    target = write_gguf(target_hf, folder / f"{name}-target.gguf", {})
+    draft = write_gguf(draft_hf, folder / f"{name}-draft.gguf", {})
+    hf = hf_from_gguf(target)
+    vocab = target_hf.config.vocab_size
+    ids = torch.randint(3, vocab, (prompt,), generator=torch.Generator().manual_seed(7))
+    with torch.no_grad():
+        out = hf.generate(ids[None], attention_mask=torch.ones(1, prompt, dtype=torch.long), do_sample=False,
+                          max_new_tokens=new, eos_token_id=None, pad_token_id=0, output_logits=True,
+                          return_dict_in_generate=True)
+    ref = out.sequences[0, prompt:].tolist()
+    gaps = [float(lg[0].topk(2).values[0] - lg[0].topk(2).values[1]) for lg in out.logits]
+    cpu = torch.device("cpu")
+    return (hf, load_model(str(target), cpu, torch.float32), load_model(str(draft), cpu, torch.float32),
+            ids.tolist(), ref, gaps)
