@@ -111,7 +111,9 @@ class KernelAttention:
         self.kernel, self.capacity, self.group = kernel, capacity, group  # group: query heads a KV head
         self.layers: dict[int, int16_kv.Int16Heads] = {}
 
-    def __call__(self, q, k, v, mask, scale, chunk=0, native=True):
+    def __call__(self, q, k, v, mask, scale, chunk=0, native=True, windowed=False):
+        if windowed:
+            raise ValueError("the int16 planes hold every key: a sliding-window layer's band is not read through them")
         H, T, D = k.shape
         heads = self.layers.get(k.data_ptr())
         if heads is None:

@@ -43,7 +43,7 @@ def sha256_of(path: Path) -> str:
 
 def write_package(root: Path, name: str, chunks: list[bytes], sha256: str | None = None) -> ChunkedFile:
     """A chunked package `name` (with `name`_part1.. holding `chunks`) under `root`, importable
-    once `root` is on sys.path; the ChunkedFile that describes it (its pins: the chunks' bytes)."""
+    once `root` is on the import path; the ChunkedFile that describes it (its pins: the chunks' bytes)."""
     whole = b"".join(chunks)
     sha = sha256 or hashlib.sha256(whole).hexdigest()
     (root / name).mkdir()
@@ -67,7 +67,7 @@ def write_package(root: Path, name: str, chunks: list[bytes], sha256: str | None
 
 @pytest.fixture
 def package(tmp_path, monkeypatch):
-    """A chunked package of three chunks, on sys.path; (ChunkedFile, its chunk files, the folder to assemble in)."""
+    """A chunked package of three chunks, importable; (ChunkedFile, its chunk files, the folder to assemble in)."""
     root = tmp_path / "site"
     root.mkdir()
     chunks = [os.urandom(300_000), os.urandom(200_001), os.urandom(17)]
@@ -165,14 +165,14 @@ def test_two_processes_assembling_at_once_leave_the_one_right_file(package):
     spec, chunks, folder = package
     site = str(chunks[0].parents[2])
     code = textwrap.dedent(f"""
-        import sys; sys.path.insert(0, {site!r})
         from pathlib import Path
         from triforce_core.models.chunked_file import ChunkedFile
         spec = ChunkedFile(**{dataclasses.asdict(spec)!r})
         print(spec.path(Path({str(folder)!r})))
     """)
-    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              text=True) for _ in range(2)]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (site, os.environ.get("PYTHONPATH"))))}
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
     outs = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], outs
     assert {out.strip() for out, _ in outs} == {str(folder / spec.file_name)}

@@ -88,9 +88,11 @@ def cmd_chat(args) -> int:
     if engine.tokenizer is None:
         raise UsageError("the target has no tokenizer; chat needs one")
     apply_kv_cache_args(engine, args)
-    if not has_chat_template(engine.tokenizer):  # said once, as the app's model line says it
-        print(f"note: {PLAIN_LAYOUT_NOTE}", file=sys.stderr)
     session = _chat_session(engine, document, spec, picked, config, args)
+    # said once, as the app's model line says it, and after the document was found to fit (a
+    # refusal stays one line)
+    if not has_chat_template(engine.tokenizer):
+        print(f"note: {PLAIN_LAYOUT_NOTE}", file=sys.stderr)
     colour = sys.stdout.isatty() and "NO_COLOR" not in os.environ and not args.json
     out_turns = []
     for q in args.question:
