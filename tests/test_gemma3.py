@@ -26,6 +26,7 @@ import pytest
 import torch
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.forwards import chunk_logits
 from tests.helpers.models import CPU, make_hf, to_ours
 from tests.helpers.native import built, needs_compiler
 
@@ -39,16 +40,6 @@ from triforce_core.models.spec import ModelSpec, UnsupportedModelError
 
 KIND = "gemma3"
 
-
-def _logits(model, chunks: list[list[int]]) -> list[torch.Tensor]:
-    """Our logits of each chunk of ids, fed one after another over one float32 cache."""
-    s = model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, sum(map(len, chunks)) + 8, torch.float32, CPU)
-    out = []
-    for ids in chunks:
-        pos = torch.arange(cache.length, cache.length + len(ids))
-        out.append(model.forward(torch.tensor(ids), pos, cache).logits)
-    return out
 
 
 def test_the_spec_reads_what_gemma_3_adds():
@@ -78,7 +69,7 @@ def test_logits_equal_hugging_face_past_the_window():
     chunks = [ids[:100], ids[100:101], ids[101:108]]
     with torch.no_grad():
         want = hf(torch.tensor([ids[:108]])).logits[0]
-    got = torch.cat(_logits(t, chunks))
+    got = torch.cat(chunk_logits(t, chunks))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -93,7 +84,7 @@ def test_the_window_matters():
     wide = Transformer(config, hf.state_dict(), CPU, torch.float32)
     with torch.no_grad():
         want = hf(torch.tensor([ids[:100]])).logits[0]
-    got = torch.cat(_logits(wide, [ids[:100]]))
+    got = torch.cat(chunk_logits(wide, [ids[:100]]))
     assert (got - want).abs().max() > 1e-2
 
 
@@ -236,7 +227,7 @@ def test_a_gguf_file_equals_hugging_faces_reading_of_it(folder):
     assert hf.config.model_type == "gemma3_text"
     with torch.no_grad():
         want = hf(torch.tensor([ids[:100]])).logits[0]
-    got = torch.cat(_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
+    got = torch.cat(chunk_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -30,6 +30,7 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, PROMPT_LEN, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import built, needs_compiler
 
@@ -37,7 +38,6 @@ import triforce_core.models.gguf_file as gguf_file
 import triforce_core.models.native_layers as native_layers
 from triforce_core import TriForceEngine
 from triforce_core.engine import ContextLengthError
-from triforce_core.kv import FullCache
 from triforce_core.models.loading import ModelLoadError, load_model
 from triforce_core.models.spec import InconsistentModelError, ModelSpec
 
@@ -45,16 +45,6 @@ KINDS = ("phi3", "phi4_mini")
 GREEDY_KINDS = ("phi3", "phi4_mini_within")  # phi4_mini_within: longrope's switch at 256, past the answer
 SWITCH = 180  # phi4_mini's original_max_position_embeddings (tests/helpers/models.PHI4_ROPE)
 
-
-def _logits(model, chunks: list[list[int]]) -> list[torch.Tensor]:
-    """Our logits of each chunk of ids, fed one after another over one float32 cache."""
-    s = model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, sum(map(len, chunks)) + 8, torch.float32, CPU)
-    out = []
-    for ids in chunks:
-        pos = torch.arange(cache.length, cache.length + len(ids))
-        out.append(model.forward(torch.tensor(ids), pos, cache).logits)
-    return out
 
 
 def _hf_cached(hf, ids: list[int], prompt: int) -> torch.Tensor:
@@ -87,7 +77,7 @@ def test_logits_equal_hugging_face(kind):
     hf, t, _, ids, _, _ = hf_greedy(kind)
     with torch.no_grad():
         want = hf(torch.tensor([ids[:108]])).logits[0]
-    got = torch.cat(_logits(t, [ids[:100], ids[100:101], ids[101:108]]))
+    got = torch.cat(chunk_logits(t, [ids[:100], ids[100:101], ids[101:108]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -98,7 +88,7 @@ def test_logits_across_the_longrope_switch_equal_hugging_faces_cached_forward():
     hf, t, _, ids, _, _ = hf_greedy("phi4_mini")
     ids = ids + list(range(3, 40))  # past the 160-token prompt
     want = _hf_cached(hf, ids[:190], 170)
-    got = torch.cat(_logits(t, [ids[:170], ids[170:171], ids[171:178], ids[178:185], ids[185:190]]))
+    got = torch.cat(chunk_logits(t, [ids[:170], ids[170:171], ids[171:178], ids[178:185], ids[185:190]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
     with torch.no_grad():
         all_long = hf(torch.tensor([ids[:190]])).logits[0]
@@ -210,27 +200,7 @@ def test_one_native_call_equals_the_per_layer_path_bit_for_bit():
     native attention too): every layer in one call (`decode_layers`, partial rotary, the long
     factors) against a native call per side of each layer."""
     t = hf_greedy("phi4_mini")[1]
-    ids = torch.randint(3, t.vocab_size, (1109,), generator=torch.Generator().manual_seed(5)).tolist()
-    calls = []
-    original = native_layers.Layers.decode_layers
-
-    def counting(self, x, *args, **kwargs):
-        calls.append(x.shape[0])
-        return original(self, x, *args, **kwargs)
-
-    chunks = [ids[:1100], ids[1100:1101], ids[1101:1108], ids[1108:1109]]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_layers.Layers, "decode_layers", counting)
-        one = _logits(t, chunks)
-        assert calls == [1, 7, 1], "the one-call path did not run"
-        t.one_call = False
-        try:
-            per_layer = _logits(t, chunks)
-        finally:
-            del t.one_call
-        assert calls == [1, 7, 1]
-    for a, b in zip(one, per_layer):
-        assert torch.equal(a, b)
+    assert_one_call_equals_per_layer(t)
 
 
 def test_sampling_follows_hugging_faces_law():
@@ -276,7 +246,7 @@ def test_a_gguf_file_equals_hugging_faces_reading_of_it(folder):
     assert t.model.layers[0].wqkv.type_names() == ["Q8_0"] and t.model.layers[0].w_gate_up.type_names() == ["Q8_0"]
     with torch.no_grad():
         want = hf(torch.tensor([ids[:100]])).logits[0]
-    got = torch.cat(_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
+    got = torch.cat(chunk_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -300,7 +270,7 @@ def test_a_phi4_mini_gguf_file_keeps_its_partial_rotary_and_longrope(folder):
     assert t.spec.rotary_dim == 12 and t.spec.rope_type == "longrope" and t.rotary.long_from == SWITCH
     ids = torch.randint(3, 300, (190,), generator=torch.Generator().manual_seed(1)).tolist()
     want = _hf_cached(hf, ids, 170)
-    got = torch.cat(_logits(t, [ids[:170], ids[170:171], ids[171:178], ids[178:190]]))
+    got = torch.cat(chunk_logits(t, [ids[:170], ids[170:171], ids[171:178], ids[178:190]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 

@@ -25,13 +25,13 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greedy
+from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import built, needs_compiler
 
 import triforce_core.models.gguf_file as gguf_file
 import triforce_core.models.native_layers as native_layers
 from triforce_core import TriForceEngine
-from triforce_core.kv import FullCache
 from triforce_core.models.loading import ModelLoadError, load_model
 from triforce_core.models.spec import ModelSpec
 
@@ -39,16 +39,6 @@ KIND = "qwen3_tied"
 GGUF_SETTINGS = dict(vocab_size=300, head_dim=128)  # Qwen3's own head size, the one transformers reads
 TIE_GAP = 1e-4
 
-
-def _logits(model, chunks: list[list[int]]) -> list[torch.Tensor]:
-    """Our logits of each chunk of ids, fed one after another over one float32 cache."""
-    s = model.spec
-    cache = FullCache(s.num_layers, s.num_kv_heads, s.head_dim, sum(map(len, chunks)) + 8, torch.float32, CPU)
-    out = []
-    for ids in chunks:
-        pos = torch.arange(cache.length, cache.length + len(ids))
-        out.append(model.forward(torch.tensor(ids), pos, cache).logits)
-    return out
 
 
 def test_the_spec_reads_qwen3_and_only_qwen3_has_q_k_norms():
@@ -64,7 +54,7 @@ def test_logits_equal_hugging_face():
     chunks = [ids[:100], ids[100:101], ids[101:108]]
     with torch.no_grad():
         want = hf(torch.tensor([ids[:108]])).logits[0]
-    got = torch.cat(_logits(t, chunks))
+    got = torch.cat(chunk_logits(t, chunks))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -127,27 +117,7 @@ def test_one_native_call_equals_the_per_layer_path_bit_for_bit():
     native attention too): every layer in one call (`decode_layers`, the norms read from its
     table) against a native call per side of each layer."""
     t = hf_greedy(KIND)[1]
-    ids = torch.randint(3, t.vocab_size, (1109,), generator=torch.Generator().manual_seed(5)).tolist()
-    calls = []
-    original = native_layers.Layers.decode_layers
-
-    def counting(self, x, *args, **kwargs):
-        calls.append(x.shape[0])
-        return original(self, x, *args, **kwargs)
-
-    chunks = [ids[:1100], ids[1100:1101], ids[1101:1108], ids[1108:1109]]
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(native_layers.Layers, "decode_layers", counting)
-        one = _logits(t, chunks)
-        assert calls == [1, 7, 1], "the one-call path did not run"
-        t.one_call = False
-        try:
-            per_layer = _logits(t, chunks)
-        finally:
-            del t.one_call
-        assert calls == [1, 7, 1]
-    for a, b in zip(one, per_layer):
-        assert torch.equal(a, b)
+    assert_one_call_equals_per_layer(t)
 
 
 # -- GGUF files ----------------------------------------------------------------------------------
@@ -171,7 +141,7 @@ def test_a_gguf_file_equals_hugging_faces_reading_of_it(folder):
     assert t.model.layers[0].wqkv.type_names() == ["Q8_0", "Q8_0", "Q8_0"]
     with torch.no_grad():
         want = hf(torch.tensor([ids[:100]])).logits[0]
-    got = torch.cat(_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
+    got = torch.cat(chunk_logits(t.model, [ids[:90], ids[90:91], ids[91:98], ids[98:100]]))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
 
 
@@ -197,7 +167,7 @@ def test_a_gguf_file_is_read_at_its_own_key_length(folder):
     ids = list(range(3, 60))
     with torch.no_grad():
         want = hf(torch.tensor([ids])).logits[0]
-    torch.testing.assert_close(torch.cat(_logits(t, [ids[:50], ids[50:51], ids[51:]])), want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(torch.cat(chunk_logits(t, [ids[:50], ids[50:51], ids[51:]])), want, rtol=1e-4, atol=1e-4)
 
 
 def _one(target: str, how):
