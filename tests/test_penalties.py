@@ -213,7 +213,7 @@ def test_command_line_flags_and_model_defaults():
 
 
 def test_which_models_are_instruct_models():
-    """SmolLM2 and chat GGUF files get the instruct defaults; the demo pair, which has a chat
+    """SmolLM2 and every GGUF file get the chat defaults; the demo pair, which has a chat
     template too, keeps greedy decoding."""
     from transformers import AutoTokenizer
 
@@ -225,7 +225,9 @@ def test_which_models_are_instruct_models():
     assert is_instruct("smollm2", tok) and is_instruct("Qwen/Qwen2.5-0.5B-Instruct", tok)
     assert is_instruct("/models/tiny-chat.Q8_0.gguf", tok)
     tok.chat_template = None
-    assert not is_instruct("smollm2", tok)
+    # a base model's GGUF file too (its greedy answers loop); a folder without a template keeps greedy decoding
+    assert is_instruct("smollm2", tok) and is_instruct("gemma3-270m", tok)
+    assert not is_instruct("/models/Qwen2.5-0.5B-Instruct", tok)
 
 
 def test_http_request_penalties():

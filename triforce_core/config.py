@@ -139,8 +139,8 @@ class SamplingConfig:
         return self.temperature == 0.0
 
 
-# The sampling an instruct model (`loading.is_instruct`: SmolLM2-135M-Instruct, a chat GGUF file)
-# gets when the user sets none; the demo pair keeps `SamplingConfig()` (greedy, no penalty).
+# The sampling a chat model (`loading.is_instruct`: SmolLM2-135M-Instruct, any GGUF file, base
+# models' too) gets when the user sets none; the demo pair keeps `SamplingConfig()` (greedy, no penalty).
 # Repetition penalty 1.2: the mildest that stopped the looping answers measured on SmolLM2
 # (`scripts.measure_loops`), with greedy decoding, which keeps an answer reproducible and equal to
 # autoregressive decoding (assets/models/README.md, "Default sampling").

@@ -90,7 +90,7 @@ class TriForceEngine:
         self.tokenizer = tokenizer
         self.eos_token_ids = frozenset(int(i) for i in eos_token_ids)
         self.kv_dtype = kv_dtype or (EXACT_DTYPE if exact else None)
-        self.instruct = instruct  # gets an instruct model's default sampling (`loading.is_instruct`)
+        self.instruct = instruct  # gets a chat model's default sampling (`loading.is_instruct`)
         self.disk_cache: DiskCache | None = None  # see `use_disk_cache`
         self.source: str | None = None  # what the target was loaded from (`from_pretrained`'s name)
 

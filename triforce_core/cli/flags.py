@@ -79,7 +79,7 @@ def add_decoding_args(g, mode: bool = True, sampling: bool = True, max_new: int 
         dec.add_argument("--repetition-penalty", type=float, default=None, metavar="R",
                          help="Hugging Face's repetition penalty over the answer's own tokens (never the prompt): "
                          "a seen token's logit / R when positive, * R when negative; 1 = off. Exact at every "
-                         "level (default: 1 for the demo pair; an instruct model's measured default, "
+                         "level (default: 1 for the demo pair; a chat model's (SmolLM2, any GGUF file) measured default, "
                          f"{_INSTRUCT.repetition_penalty:g} -- see assets/models/README.md)")
         dec.add_argument("--frequency-penalty", type=float, default=None, metavar="F",
                          help="OpenAI's: minus F times a token's count in the answer so far, in [-2, 2] (default 0)")

@@ -44,14 +44,17 @@ class ModelLoadError(ValueError):
 
 
 def is_instruct(target: str, tokenizer) -> bool:
-    """Whether `target` gets an instruct model's default sampling (`config.INSTRUCT_SAMPLING`):
-    it has a chat template and is a GGUF file (SmolLM2, the files desktop chat tools keep) or a
-    name that says Instruct or Chat. The demo pair has a chat template too but is neither: it
-    keeps greedy decoding without a penalty, which its tests and lesson rely on."""
+    """Whether `target` gets a chat model's default sampling (`config.INSTRUCT_SAMPLING`): a GGUF
+    file (SmolLM2, Gemma 3 270M, the files desktop chat tools keep; a base model's too, whose
+    greedy answers loop as an instruct model's do, assets/models/README.md) or a model with a
+    chat template whose name says Instruct or Chat. The demo pair has a chat template too but is
+    neither: it keeps greedy decoding without a penalty, which its tests and lesson rely on."""
+    if is_gguf(target):
+        return True
     if not getattr(tokenizer, "chat_template", None):
         return False
     name = Path(target).name.lower()
-    return is_gguf(target) or "instruct" in name or "chat" in name
+    return "instruct" in name or "chat" in name
 
 
 @dataclass
