@@ -238,9 +238,11 @@ def test_attention_bench_reports_both_paths_and_refuses_bad_input(tmp_path, kern
     # with --integer, the int16 cache on the integer kernel's vector paths that run here
     assert attention.main(["--keys", "2048", "--rows", "4,1", "--repeats", "1", "--kv-dtypes", "float16", "--integer",
                            "--json", str(out)]) == 0
-    rows = json.loads(out.read_text())["results"][:2]  # 4 rows, then 1 (no mask)
+    results = json.loads(out.read_text())["results"]  # 4 rows, then 1 (no mask); each row count's dtypes in turn
     vector = set(kernel.integer_paths()) - {"scalar"}
-    assert [r["kv_dtype"] for r in rows] == ["float16"] + (["int16"] if vector else [])
+    dtypes = ["float16"] + (["int16"] if vector else [])  # no int16 rows where only the scalar path runs
+    assert [(r["rows"], r["kv_dtype"]) for r in results] == [(n, d) for n in (4, 1) for d in dtypes]
+    rows = results[:2]
     assert not vector or (set(rows[1]["ms"]) == vector and rows[1]["kv_bytes"] == 2 * 2 * 4 * 2048 * 64 + 2 * 4 * 4 * 2048)
     assert attention.main(["--keys", "4096", "--rows", "140"]) == 2
     assert "--rows in 1..136" in capsys.readouterr().err
