@@ -258,6 +258,10 @@ def main(argv: list[str] | None = None) -> int:
     if max(contexts) + 64 > limit:
         print(f"error: the target reads at most {limit} tokens; --context {max(contexts)} leaves no room", file=sys.stderr)
         return 2
+    if "integer" in attention and any(w is not None for w in bench.engine.target.spec.sliding_windows):
+        print("error: --attention integer reads every key of the int16 planes: a model with sliding-window layers "
+              "takes float", file=sys.stderr)
+        return 2
     report = measure(bench, contexts, a.repeats, kv_dtypes=kv_dtypes, pytorch_layers=not a.no_pytorch_layers,
                      pages=pages, products=products, attention=attention)
     report.update(machine={"cpu": cpu_model(), "threads": torch.get_num_threads(),

@@ -40,3 +40,15 @@ def test_the_retrieval_levels_rows_say_which_configuration_they_belong_to(tmp_pa
     target = {(r["kv_dtype"], r.get("configured_kv_dtype")) for r in rows if r["level"] == "target"}
     assert target == {("float16", None), ("int16", None)}
     assert "float16 K/V (of the int16 configuration)" in capsys.readouterr().out
+
+
+def test_the_integer_reader_is_refused_for_a_model_with_sliding_windows(tmp_path, capsys):
+    from tests.helpers.models import make_hf, make_tokenizer, save_checkpoint
+
+    hf = make_hf("gemma3")  # two sliding-window layers, then a full one
+    target = save_checkpoint(tmp_path / "gemma3", hf, make_tokenizer(vocab=hf.config.vocab_size))
+    capsys.readouterr()  # what saving it printed
+    assert level_steps.main(["--target", target, "--context", "100", "--attention", "float,integer"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == ("error: --attention integer reads every key of the int16 planes: a model with sliding-window "
+                   "layers takes float")

@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from tests.helpers.forwards import chunk_logits
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greedy
-from tests.helpers.forwards import chunk_logits
 from tests.helpers.models import CPU, make_hf, to_ours
 from tests.helpers.native import built, needs_compiler
 
@@ -39,7 +39,6 @@ from triforce_core.models.loading import ModelLoadError, load_model
 from triforce_core.models.spec import ModelSpec, UnsupportedModelError
 
 KIND = "gemma3"
-
 
 
 def test_the_spec_reads_what_gemma_3_adds():

@@ -28,9 +28,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, PROMPT_LEN, assert_same_as_hf, greedy_config, hf_greedy
-from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import built, needs_compiler
 
@@ -44,7 +44,6 @@ from triforce_core.models.spec import InconsistentModelError, ModelSpec
 KINDS = ("phi3", "phi4_mini")
 GREEDY_KINDS = ("phi3", "phi4_mini_within")  # phi4_mini_within: longrope's switch at 256, past the answer
 SWITCH = 180  # phi4_mini's original_max_position_embeddings (tests/helpers/models.PHI4_ROPE)
-
 
 
 def _hf_cached(hf, ids: list[int], prompt: int) -> torch.Tensor:

@@ -23,9 +23,9 @@ import numpy as np
 import pytest
 import torch
 from gguf import GGMLQuantizationType as Q
+from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.gguf_files import file_pair, write_gguf
 from tests.helpers.greedy import NEW, assert_same_as_hf, greedy_config, hf_greedy
-from tests.helpers.forwards import assert_one_call_equals_per_layer, chunk_logits
 from tests.helpers.models import CPU, make_hf
 from tests.helpers.native import built, needs_compiler
 
@@ -38,7 +38,6 @@ from triforce_core.models.spec import ModelSpec
 KIND = "qwen3_tied"
 GGUF_SETTINGS = dict(vocab_size=300, head_dim=128)  # Qwen3's own head size, the one transformers reads
 TIE_GAP = 1e-4
-
 
 
 def test_the_spec_reads_qwen3_and_only_qwen3_has_q_k_norms():
